@@ -1,0 +1,9 @@
+"""A distributed, politely rate-limited web crawler on Redis and RQ.
+
+Spider authors need only the names below; everything else is internal.
+"""
+
+from .spider import Page, Request, Spider
+
+__all__ = ["Page", "Request", "Spider"]
+__version__ = "0.1.0"

@@ -1,0 +1,232 @@
+"""The two job functions RQ runs: ``download`` and ``parse``. Arguments are plain JSON.
+
+download: robots.txt → gate → GET → record → (HTML) store the compressed body and
+enqueue a parse job | (3xx) send the target through the frontier | (5xx/429/timeout)
+schedule a retry with backoff | (4xx, refused) record and stop.
+
+parse: load the body → run the spider callback → upsert items → new requests through
+the frontier → record → delete the body.
+"""
+
+from __future__ import annotations
+
+import secrets
+import traceback
+import zlib
+from datetime import timedelta
+from typing import Any
+
+from rq import Queue, get_current_job
+from rq.serializers import JSONSerializer
+
+from . import keys, runtime
+from .errors import ClientStatus, PermanentError, RefusedURL, RetryableStatus, TooManyRedirects, TransientError
+from .fetch import Response
+from .frontier import DOWNLOAD_FUNC, DownloadTask, Frontier
+from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
+from .spider import Page, Request
+from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Item, utcnow
+
+#: Dotted path of the parse job function.
+PARSE_FUNC = "crawler.jobs.parse"
+
+#: Response headers handed on to the parse step.
+KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
+
+
+def _worker_name() -> str | None:
+    job = get_current_job()
+    return job.worker_name if job is not None else None
+
+
+def download(payload: dict[str, Any]) -> None:
+    """Download one URL for one site (see the module docstring for what follows)."""
+    rt = runtime.current()
+    task = DownloadTask.from_json(payload)
+    spider = rt.spider(task.site)
+    policy = rt.policy(task.site)
+    gate = rt.gate(task.site)
+    user_agent = spider.user_agent or rt.settings.user_agent
+    started = utcnow()
+
+    def record(outcome: str, url: str = task.url, response: Response | None = None,
+               error: str | None = None, status: int | None = None) -> None:
+        finished = utcnow()
+        rt.store.record_fetches([FetchRecord(
+            site=task.site, url=url, outcome=outcome, started=response.started if response else started,
+            finished=finished, status=response.status if response else status,
+            bytes=len(response.body) if response else None,
+            elapsed=response.elapsed if response else (finished - started).total_seconds(),
+            worker=_worker_name(), attempt=task.attempt, error=error,
+        )])
+        counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
+        if counter and url == task.url:
+            rt.connection.hincrby(keys.stats(task.site), counter, 1)
+
+    if policy.obey_robots:
+        def robots_fetched(url: str, status: int | None, error: str | None) -> None:
+            record(OK if status and status < 500 else FAILED, url=url, status=status, error=error)
+
+        if not rt.robots.allowed(task.site, task.url, user_agent, gate, robots_fetched):
+            record(REFUSED, error="disallowed by robots.txt")
+            return
+
+    gate.acquire()
+    try:
+        response = rt.fetcher.get(task.url, user_agent=spider.user_agent)
+        _raise_for_status(response)
+    except TransientError as exc:
+        _retry_or_fail(rt, task, exc, record)
+        return
+    except PermanentError as exc:
+        record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+        return
+
+    if 300 <= response.status < 400 and response.location:
+        _follow_redirect(rt, task, response, record)
+    elif 300 <= response.status < 400:
+        record(FAILED, response=response, error="redirect without Location")
+    elif not response.is_html:
+        record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+    else:
+        _hand_to_parser(rt, task, response)
+        record(OK, response=response)
+
+
+def _raise_for_status(response: Response) -> None:
+    if response.status == 429 or response.status >= 500:
+        raise RetryableStatus(response.status, response.retry_after())
+    if 400 <= response.status < 500:
+        raise ClientStatus(response.status)
+
+
+def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any) -> None:
+    settings = rt.settings
+    status = getattr(exc, "status", None)
+    if task.attempt > settings.max_retries:
+        record(FAILED, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        return
+    delay = settings.backoff * 2 ** (task.attempt - 1)
+    if exc.retry_after is not None:
+        delay = max(delay, min(exc.retry_after, settings.max_retry_after))
+    record(RETRY, error=f"{exc}; retry in {delay:g}s", status=status)
+    retry = DownloadTask(task.site, task.url, task.callback, task.meta, task.depth, task.hops, task.attempt + 1)
+    frontier = rt.frontier(task.site)
+    frontier.queue.enqueue_in(
+        timedelta(seconds=delay),
+        DOWNLOAD_FUNC,
+        retry.to_json(),
+        result_ttl=0,
+        failure_ttl=settings.failure_ttl,
+        job_timeout=frontier.job_timeout,
+        description=task.url,
+    )
+
+
+def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+    """Send a redirect's target through the frontier as a request of its own."""
+    target = Page(task.url, b"").urljoin(response.location or "")
+    if task.hops + 1 > rt.settings.max_redirects:
+        record(FAILED, response=response, error=str(TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")))
+        return
+    frontier: Frontier = rt.frontier(task.site)
+    request = Request(target, callback=task.callback, meta=task.meta or {})
+    result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
+    if result.refused:
+        record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")
+    elif result.duplicates:
+        record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
+    else:
+        record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
+
+
+def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response) -> None:
+    page_id = secrets.token_hex(12)
+    rt.connection.set(keys.body(page_id), zlib.compress(response.body, 6), ex=DEFAULT_BODY_TTL)
+    payload = {
+        "site": task.site,
+        "url": task.url,
+        "body": page_id,
+        "status": response.status,
+        "headers": {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers},
+        "encoding": response.encoding,
+        "callback": task.callback,
+        "meta": task.meta or {},
+        "depth": task.depth,
+    }
+    parse_queue(rt.connection).enqueue(
+        PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
+        job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url,
+    )
+
+
+def parse_queue(connection: Any) -> Queue:
+    """The RQ queue of parse jobs (JSON payloads only)."""
+    return Queue(keys.PARSE_QUEUE, connection=connection, serializer=JSONSerializer)
+
+
+def parse(payload: dict[str, Any]) -> None:
+    """Run the spider callback on a downloaded page; store items; enqueue its links."""
+    rt = runtime.current()
+    if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
+        raise ValueError(f"not a parse task: {payload!r:.200}")
+    site, url, body_key = payload["site"], str(payload["url"]), keys.body(str(payload["body"]))
+    started = utcnow()
+
+    def record(outcome: str, error: str | None = None) -> None:
+        rt.store.record_fetches([FetchRecord(
+            site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
+            status=payload.get("status"), worker=_worker_name(), error=error,
+            elapsed=(utcnow() - started).total_seconds(),
+        )])
+
+    raw = rt.connection.get(body_key)
+    if raw is None:
+        record(FAILED, error="page body missing (expired before it was parsed)")
+        rt.connection.hincrby(keys.stats(site), "failed", 1)
+        return
+    spider = rt.spider(site)
+    page = Page(url, zlib.decompress(raw), status=int(payload.get("status", 200)),
+                headers=payload.get("headers") or {}, meta=payload.get("meta") or {},
+                encoding=payload.get("encoding"))
+    items: list[Item] = []
+    requests: list[Request] = []
+    try:
+        callback = spider.callback(str(payload.get("callback") or "parse"))
+        for output in callback(page) or ():
+            if isinstance(output, Request):
+                requests.append(output)
+            elif isinstance(output, dict):
+                items.append(Item(_item_key(spider.item_key, output, url, len(items)), url, output))
+            elif output is not None:
+                raise TypeError(f"callback yielded {type(output).__name__}; expected dict or Request")
+    except Exception:
+        # The spider's bug fails this page only; the traceback is kept for `crawler failed`.
+        record(FAILED, error=traceback.format_exc(limit=20))
+        rt.connection.hincrby(keys.stats(site), "failed", 1)
+        rt.connection.delete(body_key)
+        return
+    rt.store.upsert_items(site, items)
+    added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
+    record(OK, error=_refusals(added.refused) if added.refused else None)
+    with rt.connection.pipeline(transaction=False) as pipe:
+        pipe.hincrby(keys.stats(site), "parsed", 1)
+        pipe.hincrby(keys.stats(site), "items", len(items))
+        pipe.delete(body_key)
+        pipe.execute()
+
+
+def _item_key(field: str | None, item: dict[str, Any], url: str, position: int) -> str:
+    """The item's key: its ``field`` value, else the page URL and its position on the page."""
+    if field and item.get(field) not in (None, ""):
+        return str(item[field])
+    return f"{url}#{position}"
+
+
+def _refusals(refused: list[tuple[str, str]]) -> str:
+    shown = "; ".join(reason for _, reason in refused[:3])
+    more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
+    return f"{len(refused)} links refused: {shown}{more}"
+
+
+__all__ = ["download", "parse", "PARSE_FUNC", "RefusedURL"]

@@ -1,0 +1,57 @@
+"""Every Redis key and RQ queue name the crawler writes, built in one place.
+
+RQ adds its own ``rq:`` keys for the queues named here (``rq:queue:download:SITE``
+and the job hashes and registries); everything else lives under ``crawler:``.
+"""
+
+from __future__ import annotations
+
+PREFIX = "crawler:"
+
+#: RQ queue that parse workers serve.
+PARSE_QUEUE = "parse"
+
+
+def download_queue(site: str) -> str:
+    """RQ queue name holding ``site``'s download jobs."""
+    return f"download:{site}"
+
+
+def gate(site: str) -> str:
+    """The site's time-limited mutex (``SET NX PX``)."""
+    return f"{PREFIX}gate:{site}"
+
+
+def seen(site: str) -> str:
+    """Set of fingerprints of canonical URLs already scheduled for ``site``."""
+    return f"{PREFIX}seen:{site}"
+
+
+def robots(site: str, origin: str) -> str:
+    """Cached robots.txt body for one origin (scheme://host:port) of ``site``."""
+    return f"{PREFIX}robots:{site}:{origin}"
+
+
+def body(page_id: str) -> str:
+    """A downloaded page's compressed body, waiting to be parsed."""
+    return f"{PREFIX}body:{page_id}"
+
+
+def stats(site: str) -> str:
+    """Hash of counters for ``site``: fetched, failed, items, …"""
+    return f"{PREFIX}stats:{site}"
+
+
+def live_settings(site: str) -> str:
+    """Hash of settings changed at run time (``crawler set``), read by every worker."""
+    return f"{PREFIX}settings:{site}"
+
+
+def sites() -> str:
+    """Set of every site name that was ever seeded on this Redis."""
+    return f"{PREFIX}sites"
+
+
+def promote_lock(queue_name: str) -> str:
+    """Short lock so one worker at a time moves due retries into ``queue_name``."""
+    return f"{PREFIX}lock:promote:{queue_name}"

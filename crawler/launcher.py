@@ -1,0 +1,107 @@
+"""Start worker processes (each with one or more worker threads) and wait for them.
+
+Processes are started with ``spawn``: each builds its own Redis connection, HTTP pool
+and database engine, sharing nothing with the parent but plain settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .connection import connect
+from .runtime import Runtime, install
+from .settings import Settings
+from .workers import CrawlWorker, DownloadWorker, ParseWorker
+
+KINDS = ("download", "parse")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process runs."""
+
+    kind: str  # download | parse
+    sites: tuple[str, ...]
+    threads: int = 1
+    burst: bool = False
+    log_level: str = "WARNING"
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("rq").setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> None:
+    """Body of one worker process: ``spec.threads`` workers until stopped or drained."""
+    configure_logging(spec.log_level)
+    connection = connect(redis_url)
+    rt = Runtime(connection, settings)
+    install(rt)
+    stop = threading.Event()
+    worker_class = DownloadWorker if spec.kind == "download" else ParseWorker
+    workers: list[CrawlWorker] = [
+        worker_class(connection, spec.sites, stop_event=stop) for _ in range(spec.threads)
+    ]
+    threads = [
+        threading.Thread(target=w.work, kwargs={"burst": spec.burst}, name=f"{spec.kind}-{i}", daemon=True)
+        for i, w in enumerate(workers[1:], start=1)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        workers[0].work(burst=spec.burst)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        rt.close()
+
+
+def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: str) -> list[Any]:
+    """Start one process per spec; returns the processes."""
+    context = multiprocessing.get_context("spawn")
+    processes = []
+    for i, spec in enumerate(specs):
+        process = context.Process(
+            target=run_worker_process, args=(spec, settings, redis_url), name=f"crawler-{spec.kind}-{i}"
+        )
+        process.start()
+        processes.append(process)
+    return processes
+
+
+def stop_workers(processes: Sequence[Any], timeout: float = 30.0) -> None:
+    """Ask every process to stop after its current job (SIGTERM), then wait."""
+    for process in processes:
+        if process.is_alive() and process.pid:
+            try:
+                os.kill(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def wait_for(processes: Sequence[Any]) -> int:
+    """Wait for every process; Ctrl-C or SIGTERM stops them gracefully. Returns the worst exit code."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_workers(processes))
+    try:
+        for process in processes:
+            process.join()
+    except KeyboardInterrupt:
+        stop_workers(processes)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return max((abs(p.exitcode or 0) for p in processes), default=0)

@@ -1,0 +1,212 @@
+"""Settings: named defaults, the config file, the environment, and their precedence.
+
+Precedence, highest first: CLI flag > environment (``REDIS_URL``, ``DATABASE_URL``,
+``CRAWLER_<KEY>``) > config file > spider attribute > default. Every value is checked
+when the settings are built, and a wrong one is named in the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+DEFAULT_DATABASE_URL = "sqlite:///crawler.db"
+"""SQLite file in the working directory: zero set-up for one machine."""
+
+DEFAULT_SITES_DIR = "sites"
+"""Directory scanned for spider modules."""
+
+DEFAULT_STATE_DIR = ".crawler"
+"""Where the embedded Redis server keeps its socket, pid and log."""
+
+DEFAULT_TIMEOUT = 30.0
+"""Seconds allowed for connecting and for the whole body of one response."""
+
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+"""Largest body accepted, after decompression; larger ones are refused and recorded."""
+
+DEFAULT_MAX_REDIRECTS = 5
+"""Redirect hops followed from one URL before the chain is refused."""
+
+DEFAULT_MAX_RETRIES = 3
+"""Retries of a timeout, connection error, 5xx or 429 before the page is failed."""
+
+DEFAULT_BACKOFF = 2.0
+"""Seconds before the first retry; doubled each attempt unless Retry-After says more."""
+
+DEFAULT_MAX_RETRY_AFTER = 3600.0
+"""Longest Retry-After honoured, in seconds; longer ones are capped to this."""
+
+DEFAULT_GATE_MARGIN = 0.01
+"""Seconds added to every gate interval, absorbing jitter between gate and wire."""
+
+DEFAULT_FAILURE_TTL = 7 * 24 * 3600
+"""Seconds a failed RQ job is kept in Redis for inspection."""
+
+DEFAULT_DOWNLOAD_TIMEOUT = 300
+"""RQ job timeout for one download job, seconds (covers a gate wait and the fetch)."""
+
+DEFAULT_PARSE_TIMEOUT = 120
+"""RQ job timeout for one parse job, seconds."""
+
+DEFAULT_USER_AGENT = "crawler/0.1 (+https://example.invalid/crawler)"
+"""User-Agent sent when the spider names none."""
+
+DEFAULT_BODY_TTL = 24 * 3600
+"""Seconds a downloaded body may wait in Redis for a parse worker before it expires."""
+
+REDIS_EMBEDDED = "embedded"
+"""``REDIS_URL`` value that asks for a private embedded Redis server."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Global settings of one crawler process. Build with ``load_settings``."""
+
+    redis_url: str | None = None
+    database_url: str = DEFAULT_DATABASE_URL
+    sites_dir: str = DEFAULT_SITES_DIR
+    state_dir: str = DEFAULT_STATE_DIR
+    timeout: float = DEFAULT_TIMEOUT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_redirects: int = DEFAULT_MAX_REDIRECTS
+    max_retries: int = DEFAULT_MAX_RETRIES
+    backoff: float = DEFAULT_BACKOFF
+    max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
+    gate_margin: float = DEFAULT_GATE_MARGIN
+    failure_ttl: int = DEFAULT_FAILURE_TTL
+    user_agent: str = DEFAULT_USER_AGENT
+    #: Per-site overrides from the config file: {site: {"interval": 2.0, ...}}.
+    sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("timeout", "backoff", "max_retry_after"):
+            _require(getattr(self, name) > 0, name, "must be greater than 0")
+        _require(self.gate_margin >= 0, "gate_margin", "must be 0 or more")
+        for name in ("max_body_bytes", "failure_ttl"):
+            _require(getattr(self, name) > 0, name, "must be greater than 0")
+        for name in ("max_redirects", "max_retries"):
+            _require(getattr(self, name) >= 0, name, "must be 0 or more")
+        for site, overrides in self.sites.items():
+            if not isinstance(overrides, Mapping):
+                raise ConfigError(f"config: sites.{site} must be a mapping")
+            for key, value in overrides.items():
+                if key not in SITE_KEYS:
+                    raise ConfigError(f"config: sites.{site}.{key} is not a site setting")
+                SITE_KEYS[key](f"sites.{site}.{key}", value)
+
+
+def _require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config: {name} {message}")
+
+
+def check_interval(name: str, value: Any) -> float:
+    """An interval in seconds: a number greater than 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"config: {name} must be a number of seconds greater than 0, got {value!r}")
+    return float(value)
+
+
+def check_concurrency(name: str, value: Any) -> int:
+    """A concurrency cap: a whole number of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"config: {name} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"config: {name} must be true or false, got {value!r}")
+    return value
+
+
+#: Site settings a config file may override, with their checks.
+SITE_KEYS = {"interval": check_interval, "concurrency": check_concurrency, "obey_robots": check_bool}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """``value`` converted to the type of setting ``name``; ConfigError naming it if it can't be."""
+    kind = type(getattr(Settings, name, None)) if name != "redis_url" else str
+    if name == "sites":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: sites must be a mapping of site name to settings")
+        return dict(value)
+    try:
+        if kind is bool or isinstance(value, bool) and kind is not str:
+            raise TypeError
+        if isinstance(value, str) and kind in (int, float):
+            value = kind(value.strip())
+        if kind is int and not isinstance(value, int):
+            raise TypeError
+        if kind is float and not isinstance(value, (int, float)):
+            raise TypeError
+        if kind is str and not isinstance(value, str):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The settings in a YAML config file; ConfigError for a missing or malformed one."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must be a mapping of settings")
+    unknown = sorted(set(data) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting {unknown[0]!r}")
+    return {name: _coerce(name, value, f"config file {path}") for name, value in data.items()}
+
+
+def read_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Settings given by ``REDIS_URL``, ``DATABASE_URL`` and ``CRAWLER_<KEY>`` variables."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for name in _FIELDS:
+        if name == "sites":
+            continue
+        variable = name.upper() if name in ("redis_url", "database_url") else f"CRAWLER_{name.upper()}"
+        if environ.get(variable):
+            found[name] = _coerce(name, environ[variable], f"environment {variable}")
+    return found
+
+
+def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settings:
+    """Settings from defaults < config file < environment < ``flags`` (None flags ignored)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(read_config_file(config_file))
+    values.update(read_environment())
+    values.update({k: v for k, v in flags.items() if v is not None})
+    return Settings(**values)
+
+
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^@/]*@)", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any user and password replaced by ``***``, for logs and output."""
+    return _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", url)

@@ -1,0 +1,255 @@
+"""The database: items upserted on a key, and a fetch record for every request.
+
+One schema for SQLite (the default, a file) and PostgreSQL (``DATABASE_URL``), written
+with SQLAlchemy Core. Items are upserted on (site, key), so a re-parse never duplicates
+an item; ``first_seen``/``last_seen``/``changed`` keep the history a recrawl needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    case,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
+
+from .errors import ConfigError
+from .settings import redact_url
+
+metadata = MetaData()
+
+items = Table(
+    "items",
+    metadata,
+    Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
+    Column("site", String(200), nullable=False),
+    Column("key", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("digest", String(32), nullable=False),
+    Column("first_seen", DateTime(timezone=True), nullable=False),
+    Column("last_seen", DateTime(timezone=True), nullable=False),
+    Column("changed", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("site", "key", name="items_site_key"),
+)
+
+fetches = Table(
+    "fetches",
+    metadata,
+    Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
+    Column("site", String(200), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("kind", String(16), nullable=False),  # download | parse
+    Column("outcome", String(16), nullable=False),  # ok | redirect | retry | failed | refused | skipped
+    Column("status", Integer),
+    Column("bytes", Integer),
+    Column("elapsed", Float),
+    Column("started", DateTime(timezone=True), nullable=False),
+    Column("finished", DateTime(timezone=True), nullable=False),
+    Column("worker", String(200)),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("error", Text),
+    Index("fetches_site_outcome", "site", "outcome"),
+    Index("fetches_site_url", "site", "url"),
+)
+
+#: Outcomes of a fetch record.
+OK, REDIRECT, RETRY, FAILED, REFUSED, SKIPPED = "ok", "redirect", "retry", "failed", "refused", "skipped"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class FetchRecord:
+    """One row of ``fetches``: what happened to one request (or one parse)."""
+
+    site: str
+    url: str
+    outcome: str
+    started: datetime
+    finished: datetime
+    kind: str = "download"
+    status: int | None = None
+    bytes: int | None = None
+    elapsed: float | None = None
+    worker: str | None = None
+    attempt: int = 1
+    error: str | None = None
+
+
+@dataclass
+class Item:
+    """An item as the parse step hands it to the store."""
+
+    key: str
+    url: str
+    data: dict[str, Any]
+
+
+def item_digest(data: dict[str, Any]) -> str:
+    """Stable digest of an item's data, to tell a changed item from a re-seen one."""
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+class Store:
+    """Items and fetch records in one SQL database; creates the schema on first use."""
+
+    def __init__(self, url: str):
+        self.url = url
+        try:
+            self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True)
+        except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+            raise ConfigError(f"invalid database URL {redact_url(url)}: {exc}") from None
+        except ImportError as exc:
+            raise ConfigError(f"database driver missing for {redact_url(url)}: {exc.name}") from None
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        for attempt in range(3):
+            try:
+                metadata.create_all(self.engine, checkfirst=True)
+                return
+            except IntegrityError:  # another process created it at the same moment
+                if attempt == 2:
+                    raise
+            except (OperationalError, DBAPIError) as exc:
+                raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+
+    def upsert_items(self, site: str, batch: Iterable[Item]) -> int:
+        """Insert or update items on (site, key). Returns how many were written."""
+        now = utcnow()
+        rows = {}
+        for item in batch:  # the last of repeated keys in one batch wins
+            rows[item.key] = {
+                "site": site,
+                "key": item.key,
+                "url": item.url,
+                "data": item.data,
+                "digest": item_digest(item.data),
+                "first_seen": now,
+                "last_seen": now,
+                "changed": now,
+            }
+        if not rows:
+            return 0
+        with self.engine.begin() as conn:
+            conn.execute(self._upsert_statement(), list(rows.values()))
+        return len(rows)
+
+    def _upsert_statement(self) -> Any:
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        elif dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        else:  # pragma: no cover - only SQLite and PostgreSQL are supported
+            raise ConfigError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+        stmt = insert(items)
+        new = stmt.excluded
+        return stmt.on_conflict_do_update(
+            index_elements=["site", "key"],
+            set_={
+                "url": new.url,
+                "data": new.data,
+                "digest": new.digest,
+                "last_seen": new.last_seen,
+                "changed": case((items.c.digest != new.digest, new.changed), else_=items.c.changed),
+            },
+        )
+
+    def record_fetches(self, records: Iterable[FetchRecord]) -> None:
+        """Append fetch records."""
+        rows = [vars(r) for r in records]
+        if rows:
+            with self.engine.begin() as conn:
+                conn.execute(fetches.insert(), rows)
+
+    def items(self, site: str) -> Iterator[dict[str, Any]]:
+        """The site's item data, in key order."""
+        query = select(items.c.data).where(items.c.site == site).order_by(items.c.key)
+        with self.engine.connect() as conn:
+            for (data,) in conn.execute(query):
+                yield data
+
+    def item_rows(self, site: str) -> list[dict[str, Any]]:
+        """The site's items with key, url and history columns."""
+        query = select(items).where(items.c.site == site).order_by(items.c.key)
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query)]
+
+    def count_items(self, site: str) -> int:
+        query = select(func.count()).select_from(items).where(items.c.site == site)
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def fetch_rows(self, site: str, outcome: str | None = None) -> list[dict[str, Any]]:
+        """The site's fetch records, oldest first (only one outcome's when given)."""
+        query = select(fetches).where(fetches.c.site == site).order_by(fetches.c.id)
+        if outcome is not None:
+            query = query.where(fetches.c.outcome == outcome)
+        with self.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query)]
+
+    def outcome_counts(self, site: str) -> dict[str, int]:
+        """Number of fetch records per outcome for ``site``."""
+        query = (
+            select(fetches.c.outcome, func.count())
+            .where(fetches.c.site == site, fetches.c.kind == "download")
+            .group_by(fetches.c.outcome)
+        )
+        with self.engine.connect() as conn:
+            return {outcome: int(n) for outcome, n in conn.execute(query)}
+
+    def ping(self) -> None:
+        """ConfigError unless the database answers."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(select(1))
+        except (OperationalError, DBAPIError) as exc:
+            raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets parse and download workers in several processes write without
+    # "database is locked"; the busy timeout makes writers queue instead of failing.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
