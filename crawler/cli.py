@@ -1,0 +1,390 @@
+"""The ``crawler`` command line. Commands are thin: they call library functions.
+
+Every expected error (``CrawlerError``, unreachable services) is one line on stderr
+and exit status 1; tracebacks are for bugs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+import redis
+from redis import Redis
+
+from . import keys
+from .connection import EmbeddedRedis, connect, resolve_redis_url
+from .errors import ConfigError, CrawlerError
+from .export import FORMATS, write_items
+from .frontier import seed as seed_urls
+from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
+from .policy import read_live, resolve_policy, set_live
+from .runtime import BUNDLED_SPIDERS, Runtime
+from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url
+from .spider import SpiderSet, load_spiders
+from .status import RateMeter, SiteStatus, known_sites, site_status
+from .store import Store
+from .workers import crawl_drained
+
+
+@dataclass
+class Context:
+    """What every command shares: settings, the spiders, and (lazily) Redis."""
+
+    settings: Settings
+    embedded: EmbeddedRedis | None = None
+    started_embedded: bool = False
+    #: Stop an embedded Redis this command started when it ends (set by crawl and demo).
+    stop_embedded: bool = False
+    _redis_url: str | None = field(default=None, repr=False)
+
+    @cached_property
+    def spider_set(self) -> SpiderSet:
+        found = load_spiders(self.settings.sites_dir, extra=BUNDLED_SPIDERS)
+        for error in found.errors:
+            click.echo(f"warning: {error}", err=True)
+        return found
+
+    @property
+    def redis_url(self) -> str:
+        if self._redis_url is None:
+            url, embedded = resolve_redis_url(self.settings.redis_url, self.settings.state_dir)
+            if embedded is not None:
+                self.started_embedded = embedded.start()
+                self.embedded = embedded
+            self._redis_url = url
+        return self._redis_url
+
+    @cached_property
+    def redis(self) -> Redis:
+        return connect(self.redis_url)
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        return Runtime(self.redis, self.settings, self.spider_set)
+
+    def site(self, name: str) -> str:
+        """``name`` if it is a known site; ConfigError otherwise."""
+        self.spider_set.get(name)
+        return name
+
+    def close(self) -> None:
+        if "runtime" in self.__dict__:
+            self.runtime.close()
+        if self.stop_embedded and self.started_embedded and self.embedded is not None:
+            self.embedded.stop()
+
+
+class CrawlerGroup(click.Group):
+    """Turns expected errors into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CrawlerError as exc:
+            raise click.ClickException(str(exc)) from None
+        except redis.RedisError as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise click.ClickException(f"Redis error: {reason}") from None
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+@click.group(cls=CrawlerGroup)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--sites", "sites_dir", type=click.Path(file_okay=False), help="Directory of spider modules [./sites].")
+@click.option("--redis-url", help="Redis URL ('embedded' for a private server) [env REDIS_URL].")
+@click.option("--database-url", help="SQLAlchemy database URL [env DATABASE_URL, sqlite:///crawler.db].")
+@click.version_option(package_name="crawler")
+@click.pass_context
+def cli(ctx: click.Context, config_file: str | None, sites_dir: str | None,
+        redis_url: str | None, database_url: str | None) -> None:
+    """Crawl many sites politely, with workers on any number of machines."""
+    try:
+        settings = load_settings(config_file, sites_dir=sites_dir, redis_url=redis_url, database_url=database_url)
+    except CrawlerError as exc:
+        raise click.ClickException(str(exc)) from None
+    context = Context(settings)
+    ctx.obj = context
+    ctx.call_on_close(context.close)
+
+
+@cli.command()
+@pass_context
+def sites(obj: Context) -> None:
+    """List the spiders found, with their politeness settings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
+    for name, spider in sorted(obj.spider_set.spiders.items()):
+        policy = resolve_policy(spider, obj.settings, {})
+        table.add_row(name, f"{policy.interval:g}", policy.sources["interval"], "yes" if policy.obey_robots else "no",
+                      ", ".join(spider().domains()) or "-", str(len(spider.start_urls)))
+    Console().print(table)
+
+
+@cli.command()
+@click.argument("site")
+@click.argument("urls", nargs=-1)
+@click.option("--force", is_flag=True, help="Enqueue even URLs already seen.")
+@pass_context
+def seed(obj: Context, site: str, urls: tuple[str, ...], force: bool) -> None:
+    """Enqueue start URLs for SITE (the spider's own when none are given)."""
+    spider = obj.runtime.spider(obj.site(site))
+    chosen = list(urls) or [r.url for r in spider.start_requests()]
+    if not chosen:
+        raise ConfigError(f"site {site!r} has no start_urls: give URLs to seed")
+    result = seed_urls(obj.runtime.frontier(site), chosen, force=force)
+    click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
+    if not value:
+        return tuple(sorted(obj.spider_set.spiders))
+    return tuple(obj.site(name.strip()) for name in value.split(",") if name.strip())
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(KINDS))
+@click.option("--sites", "site_list", help="Comma-separated sites to serve [all].")
+@click.option("-n", "--processes", default=1, show_default=True, type=click.IntRange(1, 256), help="Worker processes.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="Workers per process.")
+@click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every job.")
+@pass_context
+def worker(obj: Context, kind: str, site_list: str | None, processes: int, threads: int, burst: bool,
+           verbose: bool) -> None:
+    """Run N download or parse worker processes."""
+    served = _sites_option(site_list, obj)
+    Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
+    obj.redis.ping()
+    spec = WorkerSpec(kind, served, threads, burst, "INFO" if verbose else "WARNING")
+    click.echo(f"{processes} {kind} worker process(es) x {threads} on {redact_url(obj.redis_url)}", err=True)
+    code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
+    sys.exit(code)
+
+
+@cli.command()
+@click.argument("site")
+@click.argument("urls", nargs=-1)
+@click.option("-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 256),
+              help="Download worker processes.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 64), help="Download workers per process.")
+@click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
+@pass_context
+def crawl(obj: Context, site: str, urls: tuple[str, ...], processes: int, threads: int, parsers: int) -> None:
+    """Seed SITE and run workers until the crawl is drained, showing progress."""
+    obj.site(site)
+    click.get_current_context().invoke(seed, site=site, urls=urls, force=False)
+    run_crawl(obj, [site], processes, threads, parsers)
+    obj.stop_embedded = True  # drained: nothing left in a private Redis worth keeping
+
+
+def run_crawl(obj: Context, sites_: list[str], processes: int, threads: int, parsers: int,
+              out: TextIO | None = None) -> list[SiteStatus]:
+    """Run burst workers for ``sites_`` with a progress display; returns the final status."""
+    Store(obj.settings.database_url).close()
+    specs = [WorkerSpec("download", tuple(sites_), threads, True)] * processes
+    specs += [WorkerSpec("parse", tuple(sites_), 1, True)] * parsers
+    started = time.monotonic()
+    workers = start_workers(specs, obj.settings, obj.redis_url)
+    try:
+        with _progress(obj.redis, sites_) as refresh:
+            while any(p.is_alive() for p in workers):
+                refresh()
+                time.sleep(0.25)
+            refresh()
+    except KeyboardInterrupt:
+        stop_workers(workers)
+        raise click.ClickException("interrupted: work left in the queues resumes with `crawler worker`") from None
+    final = site_status(obj.redis, sites_)
+    elapsed = time.monotonic() - started
+    for status in final:
+        click.echo(
+            f"{status.site}: {status.fetched} fetched, {status.parsed} parsed, {status.items} items, "
+            f"{status.failed} failed, {status.refused} refused in {elapsed:.1f}s"
+            f" ({status.fetched / elapsed if elapsed else 0:.1f} pages/s)",
+            file=out,
+        )
+    if not crawl_drained(obj.redis, sites_):
+        raise click.ClickException("workers stopped before the crawl was drained (see the log above)")
+    return final
+
+
+@contextmanager
+def _progress(connection: Redis, sites_: list[str]) -> Iterator[Callable[[], None]]:
+    """A live table on a terminal; a log line every 5 s otherwise."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    meter = RateMeter()
+    console = Console(stderr=True)
+
+    def table() -> Table:
+        statuses = site_status(connection, sites_)
+        meter.update(statuses)
+        grid = Table("site", "queued", "in flight", "retrying", "fetched", "parsed", "items", "failed", "pages/s")
+        for s in statuses:
+            grid.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.fetched), str(s.parsed),
+                         str(s.items), str(s.failed), f"{meter.rates.get(s.site, 0.0):.1f}")
+        return grid
+
+    if console.is_terminal:
+        with Live(table(), console=console, refresh_per_second=4) as live:
+            yield lambda: live.update(table())
+    else:
+        last = [0.0]
+
+        def log_line() -> None:
+            if time.monotonic() - last[0] >= 5:
+                last[0] = time.monotonic()
+                for s in site_status(connection, sites_):
+                    console.print(f"{s.site}: queued {s.queued}, in flight {s.in_flight}, fetched {s.fetched}, "
+                                  f"items {s.items}, failed {s.failed}", highlight=False)
+
+        yield log_line
+
+
+@cli.command()
+@click.argument("site", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_context
+def status(obj: Context, site: str | None, as_json: bool) -> None:
+    """Per site: queued, in flight, done, failed."""
+    names = [obj.site(site)] if site else sorted(set(known_sites(obj.redis)) | set(obj.spider_set.spiders))
+    statuses = site_status(obj.redis, names)
+    for s in statuses:
+        if s.site in obj.spider_set.spiders:
+            policy = resolve_policy(obj.spider_set.spiders[s.site], obj.settings, read_live(obj.redis, s.site))
+            s.interval, s.paused = policy.interval, policy.paused
+    if as_json:
+        click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("site", "queued", "in flight", "retrying", "fetched", "parsed", "items", "failed", "refused",
+                  "interval (s)", "state")
+    for s in statuses:
+        table.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.fetched), str(s.parsed),
+                      str(s.items), str(s.failed), str(s.refused), f"{s.interval:g}" if s.interval else "-",
+                      "paused" if s.paused else "running")
+    Console().print(table)
+
+
+@cli.command("set")
+@click.argument("site")
+@click.option("--interval", type=float, help="Seconds between requests to SITE.")
+@click.option("--concurrency", type=int, help="Most requests to SITE at once.")
+@pass_context
+def set_(obj: Context, site: str, interval: float | None, concurrency: int | None) -> None:
+    """Change SITE's politeness for every running worker, without a restart."""
+    set_live(obj.redis, obj.site(site), interval=interval, concurrency=concurrency)
+    click.echo(f"{site}: updated")
+
+
+def _pause(obj: Context, site: str | None, all_sites: bool, paused: bool) -> None:
+    if not site and not all_sites:
+        raise ConfigError("name a SITE or give --all")
+    names = sorted(obj.spider_set.spiders) if all_sites else [obj.site(str(site))]
+    for name in names:
+        set_live(obj.redis, name, paused=paused)
+    click.echo(f"{', '.join(names)}: {'paused' if paused else 'resumed'}")
+
+
+@cli.command()
+@click.argument("site", required=False)
+@click.option("--all", "all_sites", is_flag=True, help="Every site.")
+@pass_context
+def pause(obj: Context, site: str | None, all_sites: bool) -> None:
+    """Stop downloading from SITE (queued work is kept)."""
+    _pause(obj, site, all_sites, True)
+
+
+@cli.command()
+@click.argument("site", required=False)
+@click.option("--all", "all_sites", is_flag=True, help="Every site.")
+@pass_context
+def resume(obj: Context, site: str | None, all_sites: bool) -> None:
+    """Resume downloading from SITE."""
+    _pause(obj, site, all_sites, False)
+
+
+@cli.command()
+@click.argument("site")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write [stdout].")
+@pass_context
+def export(obj: Context, site: str, fmt: str, output: str | None) -> None:
+    """Write SITE's items as JSON lines or CSV."""
+    obj.site(site)
+    store = Store(obj.settings.database_url)
+    try:
+        if output is None:
+            count = write_items(store.items(site), sys.stdout, fmt)
+        else:
+            with open(output, "w", newline="", encoding="utf-8") as out:
+                count = write_items(store.items(site), out, fmt)
+    finally:
+        store.close()
+    click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)
+
+
+@cli.command()
+@click.option("--products", default=300, show_default=True, type=click.IntRange(1, 100000))
+@click.option("-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 64))
+@pass_context
+def demo(obj: Context, products: int, processes: int) -> None:
+    """Serve a bundled demo shop on loopback and crawl it end to end."""
+    from .demo import ShopSite
+
+    if obj.settings.redis_url is None:  # the demo keeps to itself: a private Redis
+        obj.settings = _replace(obj.settings, redis_url=REDIS_EMBEDDED)
+    # Quick retries, so the shop's failing pages do not hold the demo for long.
+    obj.settings = _replace(obj.settings, backoff=min(obj.settings.backoff, 0.5))
+    if obj.settings.database_url == DEFAULT_DATABASE_URL:
+        Path(obj.settings.state_dir).mkdir(parents=True, exist_ok=True)
+        db = Path(obj.settings.state_dir) / "demo.db"
+        db.unlink(missing_ok=True)
+        obj.settings = _replace(obj.settings, database_url=f"sqlite:///{db}")
+    obj.stop_embedded = True
+    with ShopSite(products=products, slow_every=50, slow_seconds=0.5) as shop:
+        click.echo(f"demo shop with {products} products at {shop.url}; Redis {redact_url(obj.redis_url)}; "
+                   f"database {redact_url(obj.settings.database_url)}", err=True)
+        obj.redis.delete(keys.seen("demo"), keys.stats("demo"))
+        seed_urls(obj.runtime.frontier("demo"), [shop.url + "/"], force=True)
+        run_crawl(obj, ["demo"], processes, 2, 1)
+        store = Store(obj.settings.database_url)
+        got = {item["sku"]: item for item in store.items("demo")}
+        expected = shop.expected_items()
+        gap = shop.min_gap()
+        store.close()
+    wrong = sum(1 for sku, item in expected.items() if got.get(sku) != item)
+    click.echo(f"items: {len(got)} stored, {len(expected)} expected, {wrong} missing or wrong; "
+               f"requests: {len(shop.requests)}, closest two {gap * 1000 if gap else 0:.1f} ms apart "
+               f"(interval {obj.runtime.policy('demo').interval * 1000:g} ms)")
+    click.echo(f"export them with: crawler --database-url {obj.settings.database_url} export demo")
+    if wrong:
+        raise ConfigError(f"demo crawl is incomplete: {wrong} items missing or wrong")
+
+
+def _replace(settings: Settings, **changes: Any) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(settings, **changes)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="crawler")

@@ -1,0 +1,82 @@
+"""Per-site crawl status from Redis: queued, in flight, scheduled, done, failed, rate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from redis import Redis
+
+from . import keys
+from .workers import queues_for
+
+
+@dataclass
+class SiteStatus:
+    """A snapshot of one site's crawl."""
+
+    site: str
+    queued: int
+    in_flight: int
+    scheduled: int
+    fetched: int
+    parsed: int
+    failed: int
+    refused: int
+    items: int
+    interval: float | None = None
+    paused: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def known_sites(connection: Redis) -> list[str]:
+    """Sites that have ever been seeded on this Redis."""
+    return sorted(s.decode() for s in connection.smembers(keys.sites()))
+
+
+def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
+    """Status of each site, read in one round trip."""
+    sites = list(sites)
+    queues = queues_for(connection, (keys.download_queue(s) for s in sites))
+    with connection.pipeline(transaction=False) as pipe:
+        for site, queue in zip(sites, queues):
+            pipe.llen(queue.key)
+            pipe.llen(queue.intermediate_queue_key)
+            pipe.zcard(queue.started_job_registry.key)
+            pipe.zcard(queue.scheduled_job_registry.key)
+            pipe.hgetall(keys.stats(site))
+        replies = pipe.execute()
+    result = []
+    for i, site in enumerate(sites):
+        queued, moving, started, scheduled, raw = replies[5 * i: 5 * i + 5]
+        stats = {k.decode(): int(v) for k, v in raw.items()}
+        result.append(SiteStatus(
+            site=site, queued=int(queued), in_flight=int(moving) + int(started), scheduled=int(scheduled),
+            fetched=stats.get("fetched", 0), parsed=stats.get("parsed", 0), failed=stats.get("failed", 0),
+            refused=stats.get("refused", 0), items=stats.get("items", 0),
+        ))
+    return result
+
+
+class RateMeter:
+    """Pages fetched per second per site, from successive snapshots."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[float, int]] = {}
+        self.rates: dict[str, float] = {}
+
+    def update(self, statuses: Iterable[SiteStatus]) -> None:
+        now = time.monotonic()
+        for status in statuses:
+            done = status.fetched + status.failed + status.refused
+            if status.site in self._last:
+                then, before = self._last[status.site]
+                if now - then >= 0.5:
+                    self.rates[status.site] = (done - before) / (now - then)
+                    self._last[status.site] = (now, done)
+            else:
+                self._last[status.site] = (now, done)
