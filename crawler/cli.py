@@ -179,7 +179,8 @@ def worker(obj: Context, kind: str, site_list: str | None, processes: int, threa
 @click.argument("urls", nargs=-1)
 @click.option("-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 256),
               help="Download worker processes.")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 64), help="Download workers per process.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 64),
+              help="Download workers per process.")
 @click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
 @pass_context
 def crawl(obj: Context, site: str, urls: tuple[str, ...], processes: int, threads: int, parsers: int) -> None:

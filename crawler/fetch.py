@@ -11,7 +11,7 @@ from __future__ import annotations
 import email.utils
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 
@@ -63,7 +63,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
@@ -83,7 +83,7 @@ class Fetcher:
     def get(self, url: str, user_agent: str | None = None) -> Response:
         """GET ``url``. Raises TransientError (timeouts, connection) or BodyTooLarge."""
         headers = {"user-agent": user_agent} if user_agent else None
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         clock = time.monotonic()
         deadline = clock + self.timeout
         try:

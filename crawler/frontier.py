@@ -100,15 +100,12 @@ class DownloadTask:
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
             raise ValueError("download task meta must be an object")
-        return cls(
-            site=data["site"],
-            url=data["url"],
-            callback=str(data.get("callback") or "parse"),
-            meta=meta,
-            depth=int(data.get("depth", 0)),
-            hops=int(data.get("hops", 0)),
-            attempt=int(data.get("attempt", 1)),
-        )
+        try:
+            counters = {name: int(data.get(name, default)) for name, default in (("depth", 0), ("hops", 0), ("attempt", 1))}
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad download task counters: {data!r:.200}") from exc
+        return cls(site=data["site"], url=data["url"], callback=str(data.get("callback") or "parse"), meta=meta,
+                   **counters)
 
 
 @dataclass

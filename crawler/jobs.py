@@ -20,7 +20,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from . import keys, runtime
-from .errors import ClientStatus, PermanentError, RefusedURL, RetryableStatus, TooManyRedirects, TransientError
+from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedirects, TransientError
 from .fetch import Response
 from .frontier import DOWNLOAD_FUNC, DownloadTask, Frontier
 from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
@@ -127,7 +127,8 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
     """Send a redirect's target through the frontier as a request of its own."""
     target = Page(task.url, b"").urljoin(response.location or "")
     if task.hops + 1 > rt.settings.max_redirects:
-        record(FAILED, response=response, error=str(TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")))
+        too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
+        record(FAILED, response=response, error=str(too_many))
         return
     frontier: Frontier = rt.frontier(task.site)
     request = Request(target, callback=task.callback, meta=task.meta or {})
@@ -228,5 +229,3 @@ def _refusals(refused: list[tuple[str, str]]) -> str:
     more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
     return f"{len(refused)} links refused: {shown}{more}"
 
-
-__all__ = ["download", "parse", "PARSE_FUNC", "RefusedURL"]

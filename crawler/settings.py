@@ -134,15 +134,19 @@ def check_bool(name: str, value: Any) -> bool:
 SITE_KEYS = {"interval": check_interval, "concurrency": check_concurrency, "obey_robots": check_bool}
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+#: The type each setting's value must have (``redis_url`` defaults to None but is a str).
+_KINDS: dict[str, type] = {
+    name: str if f.default is None else type(f.default) for name, f in _FIELDS.items() if name != "sites"
+}
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """``value`` converted to the type of setting ``name``; ConfigError naming it if it can't be."""
-    kind = type(getattr(Settings, name, None)) if name != "redis_url" else str
     if name == "sites":
         if not isinstance(value, Mapping):
             raise ConfigError(f"{source}: sites must be a mapping of site name to settings")
         return dict(value)
+    kind: type = _KINDS[name]
     try:
         if kind is bool or isinstance(value, bool) and kind is not str:
             raise TypeError
@@ -200,11 +204,11 @@ def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settin
     if config_file is not None:
         values.update(read_config_file(config_file))
     values.update(read_environment())
-    values.update({k: v for k, v in flags.items() if v is not None})
+    values.update({k: _coerce(k, v, f"option {k}") for k, v in flags.items() if v is not None})
     return Settings(**values)
 
 
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^@/]*@)", re.IGNORECASE)
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^/?#]*@)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -81,7 +81,7 @@ OK, REDIRECT, RETRY, FAILED, REFUSED, SKIPPED = "ok", "redirect", "retry", "fail
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass

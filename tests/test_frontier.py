@@ -1,0 +1,254 @@
+"""The frontier: canonical URLs, allowed domains, dedup in Redis, JSON jobs in RQ."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zlib
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from crawler import keys
+from crawler.errors import RefusedURL
+from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, canonicalize, host_allowed, seed
+from crawler.spider import Request
+
+SITE = "shop"
+FAILURE_TTL = 3600
+JOB_TIMEOUT = 120
+
+
+@pytest.fixture
+def frontier(redis_conn: Redis) -> Frontier:
+    return Frontier(redis_conn, SITE, ["example.com"], failure_ttl=FAILURE_TTL, job_timeout=JOB_TIMEOUT)
+
+
+def queued_urls(frontier: Frontier) -> list[str]:
+    return [job.args[0]["url"] for job in frontier.queue.get_jobs()]
+
+
+def raw_job(connection: Redis, job_id: str) -> dict[bytes, bytes]:
+    return connection.hgetall(f"rq:job:{job_id}")
+
+
+# canonicalize ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://example.com/a#frag", "http://example.com/a"),
+        ("http://example.com/a?b=2&a=1", "http://example.com/a?a=1&b=2"),
+        ("http://example.com:80/a", "http://example.com/a"),
+        ("https://example.com:443/a", "https://example.com/a"),
+        ("https://example.com:8443/a", "https://example.com:8443/a"),
+        ("HTTP://Example.COM/a", "http://example.com/a"),
+        ("http://example.com", "http://example.com/"),
+        ("  http://example.com/p  ", "http://example.com/p"),
+    ],
+)
+def test_canonicalize_normalizes_one_spelling(url: str, expected: str) -> None:
+    assert canonicalize(url) == expected
+
+
+def test_different_spellings_of_one_url_canonicalize_the_same() -> None:
+    spellings = [
+        "http://example.com/list?page=2&sort=price",
+        "HTTP://EXAMPLE.com:80/list?sort=price&page=2#top",
+        "http://Example.Com/list?sort=price&page=2",
+        " http://example.com:80/list?page=2&sort=price#",
+    ]
+    assert len({canonicalize(u) for u in spellings}) == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "mailto:someone@example.com",
+        "javascript:alert(1)",
+        "ftp://example.com/file",
+        "data:text/html,hi",
+        "/relative/path",
+        "",
+        "http:///no-host",
+        "http://",
+        "http://example.com:99999/",
+        "http://example.com:abc/",
+        "http://exa mple.com/",
+    ],
+)
+def test_canonicalize_refuses_non_http_hostless_and_malformed(url: str) -> None:
+    with pytest.raises(RefusedURL):
+        canonicalize(url)
+
+
+# host_allowed ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://example.com/", True),
+        ("http://www.example.com/", True),
+        ("http://a.b.example.com/x", True),
+        ("http://EXAMPLE.com/", True),
+        ("http://evilexample.com/", False),
+        ("http://example.com.evil.net/", False),
+        ("http://other.org/", False),
+        ("not a url", False),
+    ],
+)
+def test_host_allowed_takes_subdomains_but_not_lookalikes(url: str, allowed: bool) -> None:
+    assert host_allowed(url, ["example.com"]) is allowed
+
+
+# Frontier.add ------------------------------------------------------------------------
+
+
+def test_add_enqueues_each_url_once_across_calls_and_spellings(frontier: Frontier) -> None:
+    first = frontier.add([Request("http://example.com/a?x=1&y=2"), Request("http://example.com/b")])
+    assert first.enqueued == ["http://example.com/a?x=1&y=2", "http://example.com/b"]
+    assert first.duplicates == 0
+
+    again = frontier.add([Request("HTTP://EXAMPLE.COM:80/a?y=2&x=1#f"), Request("http://example.com/b")])
+    assert again.enqueued == []
+    assert again.duplicates == 2
+    assert sorted(queued_urls(frontier)) == ["http://example.com/a?x=1&y=2", "http://example.com/b"]
+
+
+def test_add_deduplicates_within_one_batch(frontier: Frontier) -> None:
+    result = frontier.add([Request("http://example.com/a"), Request("http://example.com/a#x")])
+    assert result.enqueued == ["http://example.com/a"]
+    assert result.duplicates == 1
+    assert frontier.queue.count == 1
+
+
+def test_dont_filter_enqueues_a_seen_url_again(frontier: Frontier) -> None:
+    frontier.add([Request("http://example.com/a")])
+    result = frontier.add([Request("http://example.com/a", dont_filter=True)])
+    assert result.enqueued == ["http://example.com/a"]
+    assert frontier.queue.count == 2
+
+
+def test_forget_lets_a_url_be_enqueued_again(frontier: Frontier) -> None:
+    frontier.add([Request("http://example.com/a")])
+    frontier.forget("http://EXAMPLE.com/a#frag")
+    assert frontier.add([Request("http://example.com/a")]).enqueued == ["http://example.com/a"]
+
+
+def test_off_domain_and_bad_links_are_returned_not_raised(frontier: Frontier, redis_conn: Redis) -> None:
+    result = frontier.add([
+        Request("http://evilexample.com/x"),
+        Request("mailto:a@example.com"),
+        Request("http://sub.example.com/ok"),
+    ])
+    assert result.enqueued == ["http://sub.example.com/ok"]
+    assert result.refused is not None
+    refused = dict(result.refused)
+    assert set(refused) == {"http://evilexample.com/x", "mailto:a@example.com"}
+    assert "allowed domains" in refused["http://evilexample.com/x"]
+    assert redis_conn.scard(keys.seen(SITE)) == 1  # refused URLs are not marked seen
+
+
+def test_add_with_only_refused_links_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
+    result = frontier.add([Request("http://other.org/")])
+    assert result.enqueued == [] and len(result.refused or []) == 1
+    assert frontier.queue.count == 0
+    assert not redis_conn.exists(keys.seen(SITE))
+
+
+def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redis_conn: Redis) -> None:
+    frontier.add([Request("http://example.com/p", callback="parse_product", meta={"k": [1, 2]})], depth=3, hops=1)
+    assert frontier.queue.name == "download:shop"
+    job_ids = redis_conn.lrange("rq:queue:download:shop", 0, -1)
+    assert len(job_ids) == 1
+    raw = raw_job(redis_conn, job_ids[0].decode())
+
+    data = zlib.decompress(raw[b"data"])
+    assert not data.startswith(b"\x80"), "job data is a pickle"
+    with pytest.raises(pickle.UnpicklingError):
+        pickle.loads(data)
+    func, _instance, args, kwargs = json.loads(data)
+    assert func == DOWNLOAD_FUNC
+    assert kwargs == {}
+    assert args == [{
+        "site": SITE, "url": "http://example.com/p", "callback": "parse_product",
+        "meta": {"k": [1, 2]}, "depth": 3, "hops": 1, "attempt": 1,
+    }]
+    assert raw[b"result_ttl"] == b"0"
+    assert raw[b"failure_ttl"] == str(FAILURE_TTL).encode()
+    assert raw[b"timeout"] == str(JOB_TIMEOUT).encode()
+    assert raw[b"description"] == b"http://example.com/p"
+    assert redis_conn.smembers(keys.sites()) == {SITE.encode()}
+
+
+def test_callback_method_is_stored_by_name(frontier: Frontier) -> None:
+    class Owner:
+        def parse_item(self, page: Any) -> None: ...
+
+    frontier.add([Request("http://example.com/i", callback=Owner().parse_item)])
+    (job,) = frontier.queue.get_jobs()
+    assert job.args[0]["callback"] == "parse_item"
+
+
+# seed ----------------------------------------------------------------------------------
+
+
+def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
+    with pytest.raises(RefusedURL, match="evil.org"):
+        seed(frontier, ["http://example.com/1", "http://evil.org/2", "http://example.com/3"])
+    assert frontier.queue.count == 0
+    assert not redis_conn.exists(keys.seen(SITE))
+
+
+def test_seed_refuses_a_malformed_url(frontier: Frontier) -> None:
+    with pytest.raises(RefusedURL):
+        seed(frontier, ["http://example.com:notaport/"])
+    assert frontier.queue.count == 0
+
+
+def test_seed_skips_seen_urls_unless_forced(frontier: Frontier) -> None:
+    assert seed(frontier, ["http://example.com/"]).enqueued == ["http://example.com/"]
+    assert seed(frontier, ["http://example.com/"]).enqueued == []
+    assert seed(frontier, ["http://example.com/"], force=True).enqueued == ["http://example.com/"]
+    assert frontier.queue.count == 2
+
+
+# DownloadTask ----------------------------------------------------------------------------
+
+
+def test_download_task_round_trips_through_json() -> None:
+    task = DownloadTask("shop", "http://example.com/", "parse_x", {"a": 1}, depth=2, hops=1, attempt=3)
+    assert DownloadTask.from_json(json.loads(json.dumps(task.to_json()))) == task
+
+
+def test_download_task_fills_defaults() -> None:
+    task = DownloadTask.from_json({"site": "shop", "url": "http://example.com/"})
+    assert (task.callback, task.meta, task.depth, task.hops, task.attempt) == ("parse", {}, 0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,
+        "http://example.com/",
+        ["shop", "http://example.com/"],
+        {"url": "http://example.com/"},
+        {"site": "shop"},
+        {"site": 1, "url": "http://example.com/"},
+        {"site": "shop", "url": b"http://example.com/"},
+        {"site": "shop", "url": "http://example.com/", "meta": ["not", "a", "dict"]},
+        {"site": "shop", "url": "http://example.com/", "depth": "deep"},
+    ],
+)
+def test_download_task_rejects_bad_shapes(data: Any) -> None:
+    with pytest.raises(ValueError):
+        DownloadTask.from_json(data)
+
+
+@pytest.mark.parametrize("field", ["depth", "hops", "attempt"])
+def test_download_task_rejects_non_numeric_counters_with_value_error(field: str) -> None:
+    with pytest.raises(ValueError):
+        DownloadTask.from_json({"site": "shop", "url": "http://example.com/", field: None})

@@ -1,0 +1,257 @@
+"""The gate: a time-limited Redis mutex, tested on a real Redis server.
+
+Spacing is measured where the lock lives: right after ``acquire`` returns, the holder
+reads Redis' clock and the key's PTTL in one MULTI, so the lock's start on the
+server is ``TIME - (expire - PTTL)``. A client-side ``time.time()`` would add the
+holder's own scheduling delay after the SET, which a loaded machine makes noisy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from crawler.gate import NAMESPACE, Gate, site_gate
+
+INTERVAL = 0.05
+RUN_FOR = 1.0
+#: Redis reports PTTL in whole milliseconds.
+CLOCK_EPSILON = 0.002
+
+
+def server_start_of_lock(connection: Redis, gate: Gate) -> float | None:
+    """When (server clock, seconds) ``gate``'s lock was taken; None if it is no longer ours."""
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.time()
+        pipe.pttl(gate.key)
+        pipe.get(gate.key)
+        (seconds, micros), pttl, holder = pipe.execute()
+    if holder is None or holder.decode() != gate.token or pttl < 0:
+        return None
+    now = seconds + micros / 1e6
+    return now - (gate.expire - pttl / 1000.0)
+
+
+def hammer(connection: Redis, name: str, until: float, out: list[float | None]) -> None:
+    """Acquire ``name`` again and again until ``until``; record each lock's server start."""
+    gate = Gate(connection, name, INTERVAL)
+    while True:
+        left = until - time.time()
+        if left <= 0:
+            return
+        if gate.acquire(timeout=left):
+            out.append(server_start_of_lock(connection, gate))
+
+
+def process_hammer(url: str, name: str, ready: Any, until: Any, threads: int, results: Any) -> None:
+    """One process: ``threads`` threads, each with its own connection, once all are ready."""
+    from crawler.connection import connect
+
+    out: list[float | None] = []
+    connections = [connect(url) for _ in range(threads)]
+    ready.wait()  # connected
+    ready.wait()  # the parent has set `until`
+    workers = [threading.Thread(target=hammer, args=(c, name, until.value, out)) for c in connections]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    results.put(out)
+
+
+def assert_spaced_and_busy(samples: list[float | None], duration: float) -> None:
+    starts = sorted(s for s in samples if s is not None)
+    assert len(starts) >= len(samples) // 2, "most holders should still hold their lock when measured"
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= INTERVAL - CLOCK_EPSILON, f"two acquisitions {min(gaps) * 1000:.2f} ms apart"
+    budget = duration / INTERVAL
+    assert len(samples) >= 0.7 * budget, f"only {len(samples)} acquisitions in {duration:.2f}s (budget {budget:.0f})"
+
+
+@pytest.fixture
+def gate_factory(redis_conn: Redis) -> Callable[..., Gate]:
+    def make(name: str = "site", expire: float = INTERVAL, **kwargs: object) -> Gate:
+        return Gate(redis_conn, name, expire, **kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+def test_eight_threads_never_acquire_closer_than_interval(redis_url: str, redis_conn: Redis) -> None:
+    from crawler.connection import connect
+
+    samples: list[float | None] = []
+    connections = [connect(redis_url) for _ in range(8)]
+    started = time.time()
+    until = started + RUN_FOR
+    threads = [threading.Thread(target=hammer, args=(c, "threads", until, samples)) for c in connections]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for connection in connections:
+        connection.close()
+    assert_spaced_and_busy(samples, until - started)
+
+
+def test_three_processes_never_acquire_closer_than_interval(redis_url: str, redis_conn: Redis) -> None:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    # Spawned interpreters take a while to import; all start hammering together.
+    ready = context.Barrier(4)
+    until = context.Value("d", 0.0)
+    processes = [
+        context.Process(target=process_hammer, args=(redis_url, "procs", ready, until, 2, results))
+        for _ in range(3)
+    ]
+    for process in processes:
+        process.start()
+    ready.wait(timeout=30)  # every child has connected
+    start = time.time()
+    until.value = start + RUN_FOR
+    ready.wait(timeout=30)  # go
+    samples: list[float | None] = []
+    for _ in processes:
+        samples.extend(results.get(timeout=30))
+    for process in processes:
+        process.join(timeout=10)
+        assert process.exitcode == 0
+    assert_spaced_and_busy(samples, until.value - start)
+
+
+def test_nonblocking_acquire_fails_while_held(gate_factory: Callable[..., Gate]) -> None:
+    holder, other = gate_factory(expire=5), gate_factory(expire=5)
+    assert holder.acquire(blocking=False)
+    assert other.acquire(blocking=False) is False
+    assert other.token is None
+
+
+def test_try_acquire_returns_time_until_open(gate_factory: Callable[..., Gate]) -> None:
+    holder, other = gate_factory(expire=2), gate_factory(expire=2)
+    assert holder.try_acquire() == 0.0
+    wait = other.try_acquire()
+    assert 1.0 < wait <= 2.0
+    assert 1.0 < holder.remaining() <= 2.0
+
+
+def test_only_the_token_holder_can_release(gate_factory: Callable[..., Gate], redis_conn: Redis) -> None:
+    owner, stranger = gate_factory(expire=5), gate_factory(expire=5)
+    assert owner.acquire(blocking=False)
+    assert stranger.release() is False  # never acquired: no token
+    stranger.token = "not-the-owners-token"
+    assert stranger.release() is False
+    assert owner.locked()
+    assert owner.release() is True
+    assert not owner.locked()
+    assert redis_conn.get(owner.key) is None
+
+
+def test_release_after_expiry_leaves_the_new_holders_lock(gate_factory: Callable[..., Gate], redis_conn: Redis) -> None:
+    first, second = gate_factory(expire=0.05), gate_factory(expire=5)
+    assert first.acquire(blocking=False)
+    time.sleep(0.1)
+    assert second.acquire(blocking=False)
+    assert first.release() is False
+    assert redis_conn.get(second.key) == second.token.encode()  # type: ignore[union-attr]
+
+
+def test_lock_expires_on_its_own(gate_factory: Callable[..., Gate]) -> None:
+    gate = gate_factory(expire=0.1)
+    assert gate.acquire(blocking=False)
+    assert gate.locked()
+    time.sleep(0.2)
+    assert not gate.locked()
+    assert gate.remaining() == 0.0
+
+
+def test_acquire_with_timeout_gives_up_about_the_timeout(gate_factory: Callable[..., Gate]) -> None:
+    holder, waiter = gate_factory(expire=5), gate_factory(expire=5)
+    assert holder.acquire(blocking=False)
+    started = time.monotonic()
+    assert waiter.acquire(timeout=0.2) is False
+    elapsed = time.monotonic() - started
+    assert 0.19 <= elapsed < 0.6
+    assert waiter.token is None
+
+
+def test_blocked_acquirer_wakes_when_the_lock_expires(gate_factory: Callable[..., Gate]) -> None:
+    holder, waiter = gate_factory(expire=0.3), gate_factory(expire=5)
+    assert holder.acquire(blocking=False)
+    started = time.monotonic()
+    assert waiter.acquire(timeout=5) is True
+    elapsed = time.monotonic() - started
+    assert 0.2 <= elapsed <= 0.4, f"woke after {elapsed:.3f}s for a 0.3s lock"
+
+
+def test_context_manager_with_auto_release_releases_on_exit(gate_factory: Callable[..., Gate]) -> None:
+    gate = gate_factory(expire=5, auto_release=True)
+    with gate as entered:
+        assert entered is gate
+        assert gate.locked()
+    assert not gate.locked()
+
+
+def test_context_manager_releases_on_exception(gate_factory: Callable[..., Gate]) -> None:
+    gate = gate_factory(expire=5, auto_release=True)
+    with pytest.raises(RuntimeError):
+        with gate:
+            raise RuntimeError("boom")
+    assert not gate.locked()
+
+
+def test_context_manager_without_auto_release_leaves_lock_to_expire(gate_factory: Callable[..., Gate]) -> None:
+    gate = gate_factory(expire=0.15)
+    with gate:
+        pass
+    assert gate.locked()
+    time.sleep(0.25)
+    assert not gate.locked()
+
+
+def test_synchronize_holds_the_gate_during_the_call(gate_factory: Callable[..., Gate]) -> None:
+    released = gate_factory(expire=5, auto_release=True)
+    seen: list[bool] = []
+
+    @released.synchronize
+    def work(x: int, *, y: int) -> int:
+        """Doc kept."""
+        seen.append(released.locked())
+        return x + y
+
+    assert work(1, y=2) == 3
+    assert seen == [True]
+    assert not released.locked()
+    assert work.__name__ == "work" and work.__doc__ == "Doc kept."
+
+    kept = gate_factory(name="other", expire=5)
+    kept.synchronize(lambda: None)()
+    assert kept.locked()
+
+
+def test_namespaces_keep_gates_apart(redis_conn: Redis) -> None:
+    a = Gate(redis_conn, "site", 5, namespace="one")
+    b = Gate(redis_conn, "site", 5, namespace="two")
+    default = Gate(redis_conn, "site", 5)
+    assert a.acquire(blocking=False)
+    assert b.acquire(blocking=False)
+    assert default.acquire(blocking=False)
+    assert {a.key, b.key, default.key} == {"one:site", "two:site", f"{NAMESPACE}:site"}
+    assert Gate(redis_conn, "site", 5, namespace="one").acquire(blocking=False) is False
+
+
+@pytest.mark.parametrize("expire", [0, -1, -0.5])
+def test_non_positive_expire_is_refused(redis_conn: Redis, expire: float) -> None:
+    with pytest.raises(ValueError, match="expire"):
+        Gate(redis_conn, "site", expire)
+
+
+def test_site_gate_adds_the_margin_to_the_interval(redis_conn: Redis) -> None:
+    gate = site_gate(redis_conn, "shop", 0.2, margin=0.01)
+    assert gate.expire == pytest.approx(0.21)
+    assert gate.acquire(blocking=False)
+    assert 150 < redis_conn.pttl(gate.key) <= 210

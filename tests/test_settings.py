@@ -1,0 +1,196 @@
+"""Settings: precedence, validation of file, environment and flags, and URL redaction."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from crawler.errors import ConfigError
+from crawler.settings import DEFAULT_DATABASE_URL, DEFAULT_TIMEOUT, Settings, load_settings, redact_url
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No crawler variable from the machine running the tests leaks in."""
+    for field in dataclasses.fields(Settings):
+        monkeypatch.delenv(field.name.upper(), raising=False)
+        monkeypatch.delenv(f"CRAWLER_{field.name.upper()}", raising=False)
+
+
+@pytest.fixture
+def config(tmp_path: Path):  # type: ignore[no-untyped-def]
+    def write(text: str) -> Path:
+        path = tmp_path / "crawler.yaml"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+# precedence ------------------------------------------------------------------------------
+
+
+def test_defaults_apply_when_nothing_is_given() -> None:
+    settings = load_settings()
+    assert settings.timeout == DEFAULT_TIMEOUT
+    assert settings.database_url == DEFAULT_DATABASE_URL
+    assert settings.redis_url is None
+
+
+def test_flag_beats_environment_beats_file_beats_default(config, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    path = config("timeout: 5\nredis_url: redis://file/0\ndatabase_url: sqlite:///file.db\n")
+    assert load_settings(path).timeout == 5.0
+
+    monkeypatch.setenv("CRAWLER_TIMEOUT", "7")
+    monkeypatch.setenv("REDIS_URL", "redis://env/0")
+    monkeypatch.setenv("DATABASE_URL", "sqlite:///env.db")
+    from_env = load_settings(path)
+    assert (from_env.timeout, from_env.redis_url, from_env.database_url) == (7.0, "redis://env/0", "sqlite:///env.db")
+
+    flagged = load_settings(path, timeout=9, redis_url="redis://flag/0", database_url=None)
+    assert (flagged.timeout, flagged.redis_url, flagged.database_url) == (9.0, "redis://flag/0", "sqlite:///env.db")
+
+
+def test_empty_environment_variable_is_ignored(config, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CRAWLER_TIMEOUT", "")
+    assert load_settings(config("timeout: 5\n")).timeout == 5.0
+
+
+def test_environment_value_of_wrong_type_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRAWLER_TIMEOUT", "abc")
+    with pytest.raises(ConfigError, match=r"environment CRAWLER_TIMEOUT: timeout must be float, got 'abc'"):
+        load_settings()
+
+
+def test_environment_numbers_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRAWLER_MAX_RETRIES", " 4 ")
+    monkeypatch.setenv("CRAWLER_BACKOFF", "0.5")
+    settings = load_settings()
+    assert settings.max_retries == 4 and isinstance(settings.max_retries, int)
+    assert settings.backoff == 0.5
+
+
+def test_empty_config_file_gives_defaults(config) -> None:  # type: ignore[no-untyped-def]
+    assert load_settings(config("")) == Settings()
+
+
+# malformed config --------------------------------------------------------------------------
+
+
+def test_malformed_yaml_names_the_line(config) -> None:  # type: ignore[no-untyped-def]
+    path = config("timeout: 5\nbackoff: 1\nsites: [\n  a\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML \(line \d+\)") as info:
+        load_settings(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "absent.yaml")
+
+
+def test_unknown_key_is_named(config) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=r"unknown setting 'timout'"):
+        load_settings(config("timout: 5\n"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('timeout: "abc"\n', r"timeout must be float, got 'abc'"),
+        ("timeout: true\n", r"timeout must be float, got True"),
+        ("max_retries: 1.5\n", r"max_retries must be int, got 1.5"),
+        ("max_body_bytes: [1]\n", r"max_body_bytes must be int"),
+        ("redis_url: 5\n", r"redis_url must be str, got 5"),
+        ("user_agent: {a: 1}\n", r"user_agent must be str"),
+    ],
+)
+def test_wrong_type_is_named_in_the_error(config, text: str, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=message):
+        load_settings(config(text))
+
+
+def test_number_strings_in_the_file_are_accepted(config) -> None:  # type: ignore[no-untyped-def]
+    assert load_settings(config('max_retries: "2"\ntimeout: "2.5"\n')).max_retries == 2
+
+
+@pytest.mark.parametrize("text", ["- timeout\n- 5\n", "just a string\n", "42\n"])
+def test_non_mapping_file_is_refused(config, text: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_settings(config(text))
+
+
+@pytest.mark.parametrize(
+    ("values", "name"),
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"backoff": -1}, "backoff"),
+        ({"gate_margin": -0.1}, "gate_margin"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+    ],
+)
+def test_out_of_range_values_are_named(values: dict[str, float], name: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config: {name} must be"):
+        Settings(**values)  # type: ignore[arg-type]
+
+
+# per-site overrides --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sites", "message"),
+    [
+        ({"x": {"interval": 0}}, r"sites\.x\.interval must be a number of seconds greater than 0, got 0"),
+        ({"x": {"interval": "fast"}}, r"sites\.x\.interval must be"),
+        ({"x": {"concurrency": 1.5}}, r"sites\.x\.concurrency must be a whole number"),
+        ({"x": {"obey_robots": "yes"}}, r"sites\.x\.obey_robots must be true or false"),
+        ({"x": {"speed": 1}}, r"sites\.x\.speed is not a site setting"),
+        ({"x": 3}, r"sites\.x must be a mapping"),
+    ],
+)
+def test_site_overrides_are_validated_when_built(sites: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ConfigError, match=message):
+        Settings(sites=sites)
+
+
+def test_site_overrides_in_the_file_are_validated(config) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match=r"sites\.x\.interval"):
+        load_settings(config("sites: {x: {interval: 0}}\n"))
+
+
+def test_site_overrides_in_the_file_are_kept(config) -> None:  # type: ignore[no-untyped-def]
+    settings = load_settings(config("sites:\n  shop: {interval: 0.5, concurrency: 2, obey_robots: false}\n"))
+    assert settings.sites == {"shop": {"interval": 0.5, "concurrency": 2, "obey_robots": False}}
+
+
+def test_sites_that_is_not_a_mapping_is_refused(config) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="sites must be a mapping"):
+        load_settings(config("sites: [shop]\n"))
+
+
+# redact_url -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        ("redis://:s3cret@cache:6379/0", "redis://***@cache:6379/0"),
+        ("redis://user:s3cret@cache:6379/0", "redis://***@cache:6379/0"),
+        ("rediss://default:s3cret@cache.example:6380", "rediss://***@cache.example:6380"),
+        ("postgresql://crawler:s3cret@db:5432/crawl", "postgresql://***@db:5432/crawl"),
+        ("postgresql+psycopg://crawler:s3cret@db/crawl?sslmode=require", "postgresql+psycopg://***@db/crawl?sslmode=require"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("unix:///tmp/redis.sock?db=0", "unix:///tmp/redis.sock?db=0"),
+        ("sqlite:///crawl.db", "sqlite:///crawl.db"),
+    ],
+)
+def test_redact_url_hides_user_and_password(url: str, redacted: str) -> None:
+    assert redact_url(url) == redacted
+    assert "s3cret" not in redact_url(url)
+
+
+def test_redact_url_hides_a_password_containing_at_sign() -> None:
+    assert redact_url("redis://:p@ssw0rd@cache:6379/0") == "redis://***@cache:6379/0"

@@ -1,0 +1,273 @@
+"""The spider author's API: Page, Request, Spider, and loading spiders from a directory."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import crawler
+from crawler.errors import ConfigError, SpiderLoadError
+from crawler.spider import Page, Request, Spider, SpiderSet, callback_name, load_spiders
+
+HTML = b"""<!doctype html>
+<html><head><title>Catalogue</title></head>
+<body>
+  <h1> Shoes </h1>
+  <ul>
+    <li class="prod"><a href="/p/1">One</a> <span class="price">9.99</span></li>
+    <li class="prod"><a href="p/2?x=1">Two</a> <span class="price">19.99</span></li>
+    <li class="prod"><a href="">Empty</a></li>
+    <li class="prod"><a href="   ">Blank</a></li>
+    <li class="prod"><a>No href</a></li>
+  </ul>
+  <a class="next" href="https://other.example/page/2">next</a>
+</body></html>
+"""
+
+
+class Shop(Spider):
+    name = "shop"
+    start_urls = ["https://Shop.Example:8443/start", "http://cdn.shop.example/x", "/relative"]
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield from page.follow_all("li.prod a", callback=self.parse_product)
+
+    def parse_product(self, page: Page) -> Iterator[Any]:
+        yield {"title": page.text("h1")}
+
+    def _helper(self, page: Page) -> None: ...
+
+
+@pytest.fixture
+def page() -> Page:
+    return Page("http://shop.example/cat/shoes", HTML, headers={"Content-Type": "text/html"})
+
+
+def test_public_surface_is_pinned() -> None:
+    assert crawler.__all__ == ["Page", "Request", "Spider"]
+
+
+# Page ----------------------------------------------------------------------------------
+
+
+def test_css_returns_every_match_and_css_first_the_first(page: Page) -> None:
+    prices = page.css("span.price")
+    assert [n.text() for n in prices] == ["9.99", "19.99"]
+    assert page.css_first("span.price").text() == "9.99"
+    assert page.css_first("table") is None
+    assert page.css_first("table", default="none") == "none"
+    assert page.css("table") == []
+
+
+def test_text_strips_by_default_and_falls_back_to_default(page: Page) -> None:
+    assert page.text("h1") == "Shoes"
+    assert page.text("h1", strip=False) == " Shoes "
+    assert page.text("table", default="?") == "?"
+    assert "Shoes" in page.text()
+
+
+def test_headers_are_lowercased(page: Page) -> None:
+    assert page.headers == {"content-type": "text/html"}
+
+
+def test_urljoin_is_relative_to_the_page(page: Page) -> None:
+    assert page.urljoin("p/2") == "http://shop.example/cat/p/2"
+    assert page.urljoin("/p/1") == "http://shop.example/p/1"
+    assert page.urljoin("  /p/1 ") == "http://shop.example/p/1"
+    assert page.urljoin("https://else.example/") == "https://else.example/"
+
+
+def test_urljoin_honours_base_href() -> None:
+    page = Page("http://shop.example/a/b", b'<head><base href="/base/dir/"></head><body></body>')
+    assert page.urljoin("c") == "http://shop.example/base/dir/c"
+    absolute = Page("http://shop.example/a/b", b'<base href="https://mirror.example/root/">')
+    assert absolute.urljoin("c?q=1") == "https://mirror.example/root/c?q=1"
+
+
+def test_follow_accepts_a_node_and_names_the_callback(page: Page) -> None:
+    node = page.css_first("a.next")
+    request = page.follow(node, callback="parse_next", meta={"n": 2})
+    assert request.url == "https://other.example/page/2"
+    assert request.callback == "parse_next"
+    assert request.meta == {"n": 2}
+
+
+def test_follow_all_skips_empty_and_missing_hrefs(page: Page) -> None:
+    spider = Shop()
+    requests = list(page.follow_all("li.prod a", callback=spider.parse_product))
+    assert [r.url for r in requests] == ["http://shop.example/p/1", "http://shop.example/cat/p/2?x=1"]
+    assert {r.callback for r in requests} == {"parse_product"}
+
+
+def test_invalid_bytes_decode_with_replacement() -> None:
+    page = Page("http://shop.example/", b"<p>caf\xe9 \xff\xfe ok</p>", encoding="utf-8")
+    assert page.text("p") == "caf\ufffd \ufffd\ufffd ok"
+
+
+def test_declared_charset_is_used() -> None:
+    page = Page("http://shop.example/", b"<p>caf\xe9</p>", encoding="latin-1")
+    assert page.text("p") == "café"
+
+
+def test_unknown_charset_falls_back_to_utf8() -> None:
+    page = Page("http://shop.example/", "<p>café</p>".encode(), encoding="no-such-charset")
+    assert page.text("p") == "café"
+
+
+def test_empty_body_parses_to_nothing() -> None:
+    page = Page("http://shop.example/", b"")
+    assert page.css("a") == []
+    assert page.text("h1") == ""
+
+
+# Request -------------------------------------------------------------------------------
+
+
+def test_request_names_a_bound_method_callback() -> None:
+    request = Request("http://shop.example/", callback=Shop().parse_product)
+    assert request.callback == "parse_product"
+
+
+def test_request_keeps_a_string_callback_and_defaults_to_parse() -> None:
+    assert Request("http://shop.example/", callback="parse_product").callback == "parse_product"
+    assert Request("http://shop.example/").callback == "parse"
+    assert callback_name(None) == "parse"
+
+
+def plain_function(page: Page) -> None: ...
+
+
+@pytest.mark.parametrize("bad", [plain_function, lambda page: None, Shop.parse_product, 42])
+def test_request_refuses_a_callback_that_is_not_a_bound_method(bad: Any) -> None:
+    with pytest.raises(TypeError, match="callback"):
+        Request("http://shop.example/", callback=bad)
+
+
+# Spider --------------------------------------------------------------------------------
+
+
+def test_spider_callback_returns_the_bound_method() -> None:
+    spider = Shop()
+    assert spider.callback("parse_product") == spider.parse_product
+    assert spider.callback("parse") == spider.parse
+
+
+@pytest.mark.parametrize("name", ["missing", "_helper", "__init__", "__class__", "name", "start_urls"])
+def test_spider_callback_refuses_unknown_private_and_non_callable_names(name: str) -> None:
+    with pytest.raises(AttributeError, match=repr(name)):
+        Shop().callback(name)
+
+
+def test_default_parse_says_it_is_not_defined(page: Page) -> None:
+    class Bare(Spider):
+        name = "bare"
+
+    with pytest.raises(NotImplementedError, match="Bare.parse"):
+        Bare().parse(page)
+
+
+def test_domains_default_to_the_start_urls_hosts() -> None:
+    assert Shop().domains() == ["cdn.shop.example", "shop.example"]
+
+
+def test_allowed_domains_are_lowercased_and_undotted() -> None:
+    class Listed(Shop):
+        allowed_domains = [".Shop.Example", "cdn.example"]
+
+    assert Listed().domains() == ["shop.example", "cdn.example"]
+
+
+def test_start_requests_follow_start_urls() -> None:
+    assert [r.url for r in Shop().start_requests()] == Shop.start_urls
+
+
+# load_spiders ----------------------------------------------------------------------------
+
+GOOD = """
+from crawler import Spider, Page
+from crawler.spider import Spider as SameSpider
+
+
+class Books(Spider):
+    name = "books"
+    start_urls = ["http://books.example/"]
+    interval = 0.5
+
+
+class Nameless(Spider):
+    pass
+"""
+
+REEXPORT = """
+from crawler_sites.good import Books  # imported, not defined here: not registered twice
+
+
+class Music(Books):
+    name = "music"
+"""
+
+
+@pytest.fixture
+def sites_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "sites"
+    directory.mkdir()
+    (directory / "good.py").write_text(GOOD)
+    (directory / "raises.py").write_text("raise RuntimeError('no API key configured')\n")
+    (directory / "syntax.py").write_text("class Broken(:\n    pass\n")
+    (directory / "_private.py").write_text("raise SystemExit('must not be imported')\n")
+    (directory / "notes.txt").write_text("not python")
+    before = set(sys.modules)
+    yield directory
+    for name in set(sys.modules) - before:
+        if name.startswith("crawler_sites"):
+            del sys.modules[name]
+
+
+def test_load_spiders_keeps_good_modules_and_names_the_broken_ones(sites_dir: Path) -> None:
+    found = load_spiders(sites_dir)
+    assert set(found.spiders) == {"books"}
+    assert found.spiders["books"].interval == 0.5
+    errors = {e.module: e for e in found.errors}
+    assert set(errors) == {"raises", "syntax"}
+    assert "RuntimeError: no API key configured" in errors["raises"].reason
+    assert "SyntaxError" in errors["syntax"].reason
+    assert "'raises'" in str(errors["raises"])
+    assert "crawler_sites.raises" not in sys.modules
+
+
+def test_load_spiders_registers_a_class_only_where_it_is_defined(sites_dir: Path) -> None:
+    (sites_dir / "reexport.py").write_text(REEXPORT)
+    found = load_spiders(sites_dir)
+    assert set(found.spiders) == {"books", "music"}
+    assert found.spiders["books"].__module__ == "crawler_sites.good"
+
+
+def test_load_spiders_adds_extra_spiders_and_tolerates_a_missing_directory(tmp_path: Path) -> None:
+    found = load_spiders(tmp_path / "does-not-exist", extra=[Shop])
+    assert found.spiders == {"shop": Shop}
+    assert found.errors == []
+
+
+def test_spider_set_get_unknown_site_lists_the_known_ones(sites_dir: Path) -> None:
+    found = load_spiders(sites_dir, extra=[Shop])
+    assert found.get("books").name == "books"
+    with pytest.raises(ConfigError, match=r"unknown site 'nope' \(known: books, shop\)"):
+        found.get("nope")
+
+
+def test_spider_set_get_failed_module_raises_its_load_error(sites_dir: Path) -> None:
+    found = load_spiders(sites_dir)
+    with pytest.raises(SpiderLoadError) as info:
+        found.get("raises")
+    assert info.value.module == "raises"
+    assert "no API key configured" in str(info.value)
+
+
+def test_empty_spider_set_says_none_are_known() -> None:
+    with pytest.raises(ConfigError, match=r"known: none"):
+        SpiderSet({}, []).get("shop")

@@ -1,0 +1,160 @@
+"""The store on SQLite and PostgreSQL: item upserts with history, fetch records, errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from crawler.errors import ConfigError
+from crawler.store import FAILED, OK, RETRY, FetchRecord, Item, Store, item_digest
+
+SITE = "shop"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The same test on each supported database (PostgreSQL skips unless configured)."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    s = Store(database_url)
+    yield s
+    s.close()
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands back naive UTC datetimes, PostgreSQL aware ones: compare them alike."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def tick() -> None:
+    """Let the clock move, so a timestamp that should change visibly does."""
+    time.sleep(0.01)
+
+
+def test_upsert_twice_keeps_one_row_with_the_new_data(store: Store) -> None:
+    assert store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 10})]) == 1
+    assert store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1b", {"price": 12})]) == 1
+    assert store.count_items(SITE) == 1
+    (row,) = store.item_rows(SITE)
+    assert row["data"] == {"price": 12}
+    assert row["url"] == "http://shop.example/1b"
+    assert row["digest"] == item_digest({"price": 12})
+
+
+def test_changed_moves_only_when_the_data_changes_and_first_seen_stays(store: Store) -> None:
+    store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 10, "stock": 3})])
+    (first,) = store.item_rows(SITE)
+    tick()
+    # Same data, keys in another order: not a change.
+    store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"stock": 3, "price": 10})])
+    (same,) = store.item_rows(SITE)
+    assert same["first_seen"] == first["first_seen"]
+    assert same["changed"] == first["changed"]
+    assert same["last_seen"] > first["last_seen"]
+    tick()
+    store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 9, "stock": 3})])
+    (moved,) = store.item_rows(SITE)
+    assert moved["first_seen"] == first["first_seen"]
+    assert moved["changed"] > same["changed"]
+    assert moved["changed"] == moved["last_seen"]
+
+
+def test_repeated_keys_in_one_batch_keep_the_last(store: Store) -> None:
+    written = store.upsert_items(SITE, [
+        Item("a", "http://shop.example/a", {"v": 1}),
+        Item("b", "http://shop.example/b", {"v": 2}),
+        Item("a", "http://shop.example/a", {"v": 3}),
+    ])
+    assert written == 2
+    assert list(store.items(SITE)) == [{"v": 3}, {"v": 2}]
+
+
+def test_empty_batch_writes_nothing(store: Store) -> None:
+    assert store.upsert_items(SITE, []) == 0
+    assert store.count_items(SITE) == 0
+
+
+def test_same_key_on_two_sites_is_two_items(store: Store) -> None:
+    store.upsert_items("one", [Item("k", "http://one.example/", {"site": 1})])
+    store.upsert_items("two", [Item("k", "http://two.example/", {"site": 2})])
+    assert list(store.items("one")) == [{"site": 1}]
+    assert list(store.items("two")) == [{"site": 2}]
+
+
+def test_items_keep_nested_and_unicode_data(store: Store) -> None:
+    data = {"title": "Crème brûlée — 日本", "tags": ["a", "b"], "dims": {"w": 1.5, "h": None}, "ok": True}
+    store.upsert_items(SITE, [Item("x", "http://shop.example/x", data)])
+    assert list(store.items(SITE)) == [data]
+
+
+def test_fetch_records_round_trip(store: Store) -> None:
+    started = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    record = FetchRecord(
+        site=SITE, url="http://shop.example/p/1", outcome=FAILED, started=started,
+        finished=started + timedelta(seconds=1.5), status=503, bytes=1234, elapsed=1.5,
+        worker="host.1234", attempt=2, error="HTTP 503; retry in 4s\nsecond line",
+    )
+    parse = FetchRecord(site=SITE, url="http://shop.example/p/1", outcome=OK, kind="parse",
+                        started=started, finished=started)
+    store.record_fetches([record, parse])
+    first, second = store.fetch_rows(SITE)
+    assert {k: first[k] for k in ("site", "url", "kind", "outcome", "status", "bytes", "elapsed", "worker", "attempt", "error")} == {
+        "site": SITE, "url": "http://shop.example/p/1", "kind": "download", "outcome": FAILED, "status": 503,
+        "bytes": 1234, "elapsed": 1.5, "worker": "host.1234", "attempt": 2, "error": "HTTP 503; retry in 4s\nsecond line",
+    }
+    assert as_utc(first["started"]) == started
+    assert as_utc(first["finished"]) == started + timedelta(seconds=1.5)
+    assert (second["kind"], second["status"], second["attempt"]) == ("parse", None, 1)
+    assert [r["outcome"] for r in store.fetch_rows(SITE, outcome=OK)] == [OK]
+
+
+def test_outcome_counts_count_downloads_per_outcome(store: Store) -> None:
+    now = datetime.now(UTC)
+
+    def record(outcome: str, kind: str = "download", site: str = SITE) -> FetchRecord:
+        return FetchRecord(site=site, url="http://shop.example/", outcome=outcome, started=now, finished=now, kind=kind)
+
+    store.record_fetches([record(OK), record(OK), record(RETRY), record(FAILED),
+                          record(OK, kind="parse"), record(OK, site="other")])
+    assert store.outcome_counts(SITE) == {OK: 2, RETRY: 1, FAILED: 1}
+    assert store.outcome_counts("nobody") == {}
+
+
+def test_second_store_on_the_same_database_reuses_the_schema(store: Store, database_url: str) -> None:
+    store.upsert_items(SITE, [Item("k", "http://shop.example/", {"v": 1})])
+    again = Store(database_url)
+    try:
+        assert again.count_items(SITE) == 1
+        again.ping()
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("url", ["not a url", "nosuchdb://host/db", "postgresql+nosuchdriver://u:pw@host/db"])
+def test_invalid_database_url_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Store(url)
+    assert "pw@" not in str(info.value)
+
+
+def test_unreachable_postgres_is_a_config_error_without_the_password() -> None:
+    pytest.importorskip("psycopg")
+    url = "postgresql+psycopg://crawler:Sup3rS3cret@127.0.0.1:1/crawl?connect_timeout=3"
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="cannot reach database") as info:
+        Store(url)
+    assert "Sup3rS3cret" not in str(info.value)
+    assert "***@127.0.0.1:1" in str(info.value)
+    assert time.monotonic() - started < 10
+
+
+def test_unwritable_sqlite_path_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot reach database"):
+        Store(f"sqlite:///{tmp_path}/no/such/dir/crawl.db")
