@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import traceback
 import zlib
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rq import Queue, get_current_job
@@ -112,8 +112,11 @@ def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError,
     record(RETRY, error=f"{exc}; retry in {delay:g}s", status=status)
     retry = DownloadTask(task.site, task.url, task.callback, task.meta, task.depth, task.hops, task.attempt + 1)
     frontier = rt.frontier(task.site)
-    frontier.queue.enqueue_in(
-        timedelta(seconds=delay),
+    when = datetime.now(timezone.utc) + timedelta(seconds=delay)
+    if when.microsecond:  # RQ's scheduled registry keeps whole seconds: round up, never early
+        when = when.replace(microsecond=0) + timedelta(seconds=1)
+    frontier.queue.enqueue_at(
+        when,
         DOWNLOAD_FUNC,
         retry.to_json(),
         result_ttl=0,

@@ -1,0 +1,339 @@
+"""The ``crawler`` command line: one clear line and a non-zero exit for bad input, and the good paths.
+
+Commands run in-process with click's CliRunner (stdout and stderr kept apart), against
+the session's Redis, a per-test SQLite file and a per-test sites directory; two run
+the installed console script in a subprocess, to show no traceback reaches the real stderr.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from redis import Redis
+
+from crawler.cli import cli
+from crawler.store import Item, Store
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+UNREACHABLE_DATABASE = "postgresql+psycopg://u:secret@127.0.0.1:1/x"
+
+BROKEN_SPIDER = "import a_module_that_does_not_exist_anywhere\n"
+GOOD_SPIDER = '''
+from crawler import Spider
+
+
+class Good(Spider):
+    name = "good"
+    start_urls = ["http://good.example/"]
+    interval = 0.5
+
+    def parse(self, page):
+        return []
+'''
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name in ("REDIS_URL", "DATABASE_URL") or name.startswith("CRAWLER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def sites_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "sites"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def base_args(redis_url: str, redis_conn: Redis, sqlite_url: str, sites_dir: Path) -> list[str]:
+    """Global options that keep a command to this test's Redis, database and sites."""
+    return ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(sites_dir)]
+
+
+@pytest.fixture
+def invoke(base_args: list[str]) -> Invoke:
+    runner = CliRunner()
+
+    def run(*args: str, base: list[str] | None = None) -> Result:
+        return runner.invoke(cli, [*(base_args if base is None else base), *args], env={"COLUMNS": "200"})
+
+    return run
+
+
+def stderr_lines(result: Result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> str:
+    """A clean failure: exit 1, no exception escaped, exactly one line on stderr holding ``fragments``."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an uncaught error
+    assert "Traceback" not in result.output
+    lines = stderr_lines(result)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("Error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("crawler")
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli import main; main()"]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")}
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def seed_items(database_url: str, site: str, items: list[dict]) -> None:
+    store = Store(database_url)
+    try:
+        store.upsert_items(site, [Item(item["sku"], item["url"], item) for item in items])
+    finally:
+        store.close()
+
+
+ITEMS = [
+    {"sku": "SKU-00001", "name": "Product 1", "price": 79.19, "in_stock": True, "url": "http://127.0.0.1/product/1"},
+    {"sku": "SKU-00002", "name": "Prodüct 2, \"quoted\"", "price": 158.38, "in_stock": False,
+     "url": "http://127.0.0.1/product/2"},
+]
+
+
+# -- bad input: one line, non-zero exit -------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["seed", "nosuch", "http://127.0.0.1/"],
+    ["export", "nosuch"],
+    ["status", "nosuch"],
+    ["set", "nosuch", "--interval", "1"],
+], ids=["seed", "export", "status", "set"])
+def test_unknown_site_is_one_line_error_naming_the_known_sites(invoke: Invoke, args: list[str]) -> None:
+    assert_one_line_error(invoke(*args), "unknown site 'nosuch'", "demo")
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("not a url", "not an http(s) URL"),
+    ("ftp://x", "not an http(s) URL"),
+    ("http://", "no valid host"),
+], ids=["words", "ftp", "no-host"])
+def test_invalid_seed_url_is_one_line_error(invoke: Invoke, redis_conn: Redis, url: str, reason: str) -> None:
+    assert_one_line_error(invoke("seed", "demo", url), reason)
+    assert redis_conn.keys("rq:queue:*") == []
+
+
+def test_off_domain_seed_url_is_refused_and_nothing_is_enqueued(invoke: Invoke, redis_conn: Redis) -> None:
+    # The good URL comes first: every URL is checked before any is enqueued.
+    result = invoke("seed", "demo", "http://127.0.0.1:9/", "http://example.com/")
+    assert_one_line_error(result, "http://example.com/", "outside the allowed domains")
+    assert redis_conn.llen("rq:queue:download:demo") == 0
+    assert redis_conn.scard("crawler:seen:demo") == 0
+
+
+def test_broken_spider_module_is_a_warning_and_the_others_still_load(invoke: Invoke, sites_dir: Path) -> None:
+    (sites_dir / "broken.py").write_text(BROKEN_SPIDER)
+    (sites_dir / "good.py").write_text(GOOD_SPIDER)
+
+    result = invoke("sites")
+
+    assert result.exit_code == 0, result.output
+    assert "demo" in result.stdout and "good" in result.stdout
+    (warning,) = stderr_lines(result)
+    assert warning.startswith("warning: ") and "'broken'" in warning
+    assert "a_module_that_does_not_exist_anywhere" in warning
+    assert "Traceback" not in result.output
+
+    seeded = invoke("seed", "good", "http://good.example/a")
+    assert seeded.exit_code == 0, seeded.output
+    assert "good: 1 enqueued" in seeded.stdout
+
+
+def test_seeding_the_broken_spider_fails_naming_the_module(invoke: Invoke, sites_dir: Path) -> None:
+    (sites_dir / "broken.py").write_text(BROKEN_SPIDER)
+    result = invoke("seed", "broken")
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    error = stderr_lines(result)[-1]
+    assert error.startswith("Error: ") and "'broken'" in error and "ModuleNotFoundError" in error
+
+
+def test_seeding_the_broken_spider_is_exactly_one_line(invoke: Invoke, sites_dir: Path) -> None:
+    (sites_dir / "broken.py").write_text(BROKEN_SPIDER)
+    assert_one_line_error(invoke("seed", "broken"), "'broken'")
+
+
+@pytest.mark.parametrize("args", [
+    ["seed", "demo", "http://127.0.0.1/"],
+    ["status"],
+    ["set", "demo", "--interval", "1"],
+    ["pause", "demo"],
+], ids=["seed", "status", "set", "pause"])
+def test_unreachable_redis_is_one_line_error(invoke: Invoke, sqlite_url: str, sites_dir: Path,
+                                             args: list[str]) -> None:
+    base = ["--redis-url", UNREACHABLE_REDIS, "--database-url", sqlite_url, "--sites", str(sites_dir)]
+    assert_one_line_error(invoke(*args, base=base), "cannot reach Redis", "127.0.0.1:1")
+
+
+def test_unreachable_redis_error_hides_the_password(invoke: Invoke, sqlite_url: str, sites_dir: Path) -> None:
+    base = ["--redis-url", "redis://:hunter2@127.0.0.1:1/0", "--database-url", sqlite_url, "--sites", str(sites_dir)]
+    result = invoke("status", base=base)
+    assert_one_line_error(result, "cannot reach Redis", "***@127.0.0.1:1")
+    assert "hunter2" not in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["worker", "download", "--burst"],
+    ["worker", "parse", "--burst"],
+], ids=["download", "parse"])
+def test_worker_with_unreachable_redis_or_database_is_one_line_error(invoke: Invoke, redis_url: str,
+                                                                     sqlite_url: str, sites_dir: Path,
+                                                                     args: list[str]) -> None:
+    no_redis = ["--redis-url", UNREACHABLE_REDIS, "--database-url", sqlite_url, "--sites", str(sites_dir)]
+    assert_one_line_error(invoke(*args, base=no_redis), "cannot reach Redis")
+    no_database = ["--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE, "--sites", str(sites_dir)]
+    result = invoke(*args, base=no_database)
+    assert_one_line_error(result, "cannot reach database")
+    assert "secret" not in result.output
+
+
+def test_invalid_database_url_is_one_line_error(invoke: Invoke, redis_url: str, sites_dir: Path) -> None:
+    base = ["--redis-url", redis_url, "--database-url", "nosuchdialect://u:secret@host/db", "--sites", str(sites_dir)]
+    result = invoke("export", "demo", base=base)
+    assert_one_line_error(result, "database URL")
+    assert "secret" not in result.output
+
+
+def test_pause_without_a_site_is_one_line_error(invoke: Invoke) -> None:
+    assert_one_line_error(invoke("pause"), "name a SITE or give --all")
+
+
+def test_unreachable_database_is_one_line_error_without_the_password(invoke: Invoke, redis_url: str,
+                                                                     sites_dir: Path) -> None:
+    base = ["--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE, "--sites", str(sites_dir)]
+    result = invoke("export", "demo", base=base)
+    assert_one_line_error(result, "cannot reach database", "127.0.0.1:1")
+    assert "secret" not in result.output
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ("timeout: [1, 2\n", ("not valid YAML",)),
+    ("timeout: abc\n", ("timeout", "'abc'")),
+    ("bogus_setting: 1\n", ("unknown setting", "bogus_setting")),
+    ("- just\n- a list\n", ("must be a mapping",)),
+    ("sites:\n  demo:\n    interval: 0\n", ("sites.demo.interval",)),
+], ids=["bad-yaml", "wrong-type", "unknown-key", "not-a-mapping", "bad-site-interval"])
+def test_malformed_config_file_is_one_line_error(invoke: Invoke, tmp_path: Path, text: str,
+                                                 fragments: tuple[str, ...]) -> None:
+    config = tmp_path / "crawler.yaml"
+    config.write_text(text)
+    assert_one_line_error(invoke("--config", str(config), "sites"), *fragments)
+
+
+def test_missing_config_file_is_one_line_error(invoke: Invoke, tmp_path: Path) -> None:
+    assert_one_line_error(invoke("--config", str(tmp_path / "nope.yaml"), "sites"), "cannot read config file")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "-0.5"])
+def test_set_rejects_an_interval_that_is_not_positive(invoke: Invoke, redis_conn: Redis, value: str) -> None:
+    assert_one_line_error(invoke("set", "demo", "--interval", value), "--interval", "greater than 0")
+    assert redis_conn.exists("crawler:settings:demo") == 0
+
+
+def test_set_without_a_value_is_one_line_error(invoke: Invoke) -> None:
+    assert_one_line_error(invoke("set", "demo"), "nothing to set")
+
+
+def test_console_script_reports_bad_seed_in_one_line_on_real_stderr(base_args: list[str], tmp_path: Path) -> None:
+    result = run_console_script(*base_args, "seed", "demo", "http://example.com/", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "Error: http://example.com/ is outside the allowed domains (127.0.0.1, localhost)"]
+
+
+def test_console_script_reports_unreachable_database_in_one_line(redis_url: str, sites_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    result = run_console_script("--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE,
+                                "--sites", str(sites_dir), "export", "demo", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot reach database"), result.stderr
+    assert "Traceback" not in result.stderr and "secret" not in result.stderr + result.stdout
+
+
+# -- good paths --------------------------------------------------------------------------
+
+
+def test_sites_lists_the_bundled_demo_with_its_interval(invoke: Invoke) -> None:
+    result = invoke("sites")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    (row,) = [line for line in result.stdout.splitlines() if " demo " in line]
+    assert "0.02" in row and "127.0.0.1, localhost" in row
+
+
+def test_seed_then_status_json_shows_the_queued_urls(invoke: Invoke) -> None:
+    seeded = invoke("seed", "demo", "http://127.0.0.1:9/", "http://127.0.0.1:9/a#frag")
+    assert seeded.exit_code == 0, seeded.output
+    assert seeded.stdout.strip() == "demo: 2 enqueued, 0 already seen"
+    again = invoke("seed", "demo", "http://127.0.0.1:9/a")
+    assert again.stdout.strip() == "demo: 0 enqueued, 1 already seen"
+
+    result = invoke("status", "demo", "--json")
+    assert result.exit_code == 0, result.output
+    (status,) = json.loads(result.stdout)
+    assert status["site"] == "demo"
+    assert (status["queued"], status["in_flight"], status["fetched"], status["failed"]) == (2, 0, 0, 0)
+    assert status["interval"] == 0.02 and status["paused"] is False
+
+
+def test_set_and_pause_show_in_status(invoke: Invoke) -> None:
+    assert invoke("set", "demo", "--interval", "0.5").exit_code == 0
+    assert invoke("pause", "demo").stdout.strip() == "demo: paused"
+    (status,) = json.loads(invoke("status", "demo", "--json").stdout)
+    assert (status["interval"], status["paused"]) == (0.5, True)
+    assert invoke("resume", "demo").exit_code == 0
+    (status,) = json.loads(invoke("status", "demo", "--json").stdout)
+    assert status["paused"] is False
+
+
+def test_export_jsonl_writes_only_items_on_stdout_and_the_count_on_stderr(invoke: Invoke, sqlite_url: str) -> None:
+    seed_items(sqlite_url, "demo", ITEMS)
+    result = invoke("export", "demo", "--format", "jsonl")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert [json.loads(line) for line in lines] == ITEMS
+    assert result.stderr.strip() == "demo: 2 items exported"
+
+
+def test_export_csv_to_a_file(invoke: Invoke, sqlite_url: str, tmp_path: Path) -> None:
+    seed_items(sqlite_url, "demo", ITEMS)
+    out = tmp_path / "items.csv"
+    result = invoke("export", "demo", "--format", "csv", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert result.stderr.strip() == f"demo: 2 items exported to {out}"
+    with out.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{k: str(v) for k, v in item.items()} for item in ITEMS]
+
+
+def test_export_of_a_site_without_items_is_empty_and_succeeds(invoke: Invoke, sqlite_url: str) -> None:
+    seed_items(sqlite_url, "other", ITEMS)  # another site's items are not exported
+    result = invoke("export", "demo")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert result.stderr.strip() == "demo: 0 items exported"

@@ -1,0 +1,334 @@
+"""The job functions, called directly (no worker) on single URLs of a real loopback shop.
+
+Each test pins one outcome of ``crawler.jobs.download`` / ``crawler.jobs.parse``: what
+is recorded in the database and what is left in Redis (bodies, parse jobs, retries).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.serializers import JSONSerializer
+
+from crawler import jobs, keys
+from crawler.demo import ShopSite
+from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, fingerprint
+from crawler.runtime import Runtime
+from crawler.spider import Request
+from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
+from crawler.workers import DownloadWorker, promote_due_retries
+
+SITE = "demo"
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def payload(url: str, callback: str = "parse", **fields: Any) -> dict[str, Any]:
+    return DownloadTask(SITE, url, callback, **fields).to_json()
+
+
+def download_queue(connection: Redis) -> Queue:
+    return Queue(keys.download_queue(SITE), connection=connection, serializer=JSONSerializer)
+
+
+def parse_queue(connection: Redis) -> Queue:
+    return Queue(keys.PARSE_QUEUE, connection=connection, serializer=JSONSerializer)
+
+
+def queued_payloads(queue: Queue) -> list[dict[str, Any]]:
+    return [job.args[0] for job in queue.get_jobs()]
+
+
+def records(rt: Runtime, url: str, kind: str = "download") -> list[dict[str, Any]]:
+    return [r for r in rt.store.fetch_rows(SITE) if r["url"] == url and r["kind"] == kind]
+
+
+def stats(connection: Redis) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(SITE)).items()}
+
+
+def take_next(queue: Queue) -> dict[str, Any]:
+    """Remove the only job from ``queue`` and return its payload."""
+    (job,) = queue.get_jobs()
+    job.delete()
+    return job.args[0]
+
+
+class Redirector:
+    """A loopback server of redirects: /away leaves the allowed domains, /hop/N goes to /hop/N+1."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                owner.paths.append(self.path)
+                if self.path == "/away":
+                    self._send(301, "http://offsite.invalid/landing")
+                elif self.path.startswith("/hop/"):
+                    self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
+                else:
+                    self._send(404)
+
+            def _send(self, status: int, location: str | None = None) -> None:
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> Redirector:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def redirector() -> Iterator[Redirector]:
+    with Redirector() as server:
+        yield server
+
+
+# -- download -------------------------------------------------------------------------
+
+
+def test_html_page_stores_compressed_body_and_enqueues_a_parse_job(runtime: Runtime, redis_conn: Redis,
+                                                                   shop: ShopSite) -> None:
+    url = f"{shop.url}/product/1"
+    jobs.download(payload(url, "parse_product", meta={"from": "test"}, depth=2))
+
+    (parse_job,) = parse_queue(redis_conn).get_jobs()
+    task = parse_job.args[0]
+    assert parse_job.func_name == jobs.PARSE_FUNC
+    assert (task["site"], task["url"], task["callback"], task["meta"], task["depth"], task["status"]) == (
+        SITE, url, "parse_product", {"from": "test"}, 2, 200)
+    assert task["headers"]["content-type"].startswith("text/html")
+    body_keys = redis_conn.keys(keys.body("*"))
+    assert body_keys == [keys.body(task["body"]).encode()]
+    body = zlib.decompress(redis_conn.get(keys.body(task["body"])))
+    assert b'<span class="sku">SKU-00001</span>' in body
+    assert 0 < redis_conn.ttl(keys.body(task["body"]))  # transient: it expires if never parsed
+
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"], record["bytes"], record["attempt"]) == (OK, 200, len(body), 1)
+    assert [e.path for e in shop.requests] == ["/robots.txt", "/product/1"]
+    assert stats(redis_conn)["fetched"] == 1
+
+
+def test_parse_stores_items_enqueues_new_links_and_deletes_the_body(runtime: Runtime, redis_conn: Redis,
+                                                                     shop: ShopSite) -> None:
+    url = f"{shop.url}/product/1"
+    jobs.download(payload(url, "parse_product"))
+    task = take_next(parse_queue(redis_conn))
+
+    jobs.parse(task)
+
+    assert redis_conn.exists(keys.body(task["body"])) == 0
+    assert list(runtime.store.items(SITE)) == [shop.expected_items()["SKU-00001"]]
+    related = queued_payloads(download_queue(redis_conn))
+    assert [(p["url"], p["callback"], p["depth"]) for p in related] == [(f"{shop.url}/product/2", "parse_product", 1)]
+    assert [r["outcome"] for r in records(runtime, url, kind="parse")] == [OK]
+    assert stats(redis_conn)["items"] == 1
+
+
+def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(runtime: Runtime, redis_conn: Redis,
+                                                                          shop: ShopSite) -> None:
+    url = f"{shop.url}/catalogue.pdf"
+    jobs.download(payload(url))
+
+    assert parse_queue(redis_conn).count == 0
+    assert redis_conn.keys(keys.body("*")) == []
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"]) == (SKIPPED, 200)
+    assert "application/pdf" in record["error"]
+
+
+def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
+    url = f"{shop.url}/product/3"
+    assert runtime.settings.backoff < 1  # so only Retry-After: 1 can make the delay 1 s
+    jobs.download(payload(url, "parse_product"))
+
+    queue = download_queue(redis_conn)
+    registry = ScheduledJobRegistry(queue=queue, serializer=JSONSerializer)
+    (job_id,) = registry.get_job_ids()
+    retry = Job.fetch(job_id, connection=redis_conn, serializer=JSONSerializer)
+    assert retry.func_name == DOWNLOAD_FUNC
+    assert retry.args[0] == payload(url, "parse_product", attempt=2)
+    assert queue.count == 0 and parse_queue(redis_conn).count == 0
+    (arrival,) = [e.time for e in shop.requests_for("/product/3")]
+    assert registry.get_scheduled_time(retry).timestamp() >= int(arrival) + 1  # rq keeps whole seconds
+
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"], record["attempt"]) == (RETRY, 503, 1)
+    assert "retry in 1s" in record["error"]
+
+
+def test_retry_is_not_released_before_retry_after_has_passed(runtime: Runtime, redis_conn: Redis,
+                                                             shop: ShopSite) -> None:
+    # Start early in a second, where truncating "now + 1 s" to whole seconds loses the most.
+    time.sleep((1.2 - time.time() % 1) % 1)
+    jobs.download(payload(f"{shop.url}/product/3", "parse_product"))
+    (arrival,) = [e.time for e in shop.requests_for("/product/3")]
+    queue = download_queue(redis_conn)
+
+    deadline = arrival + 3
+    while not promote_due_retries(redis_conn, queue):
+        assert time.time() < deadline, "the retry was never released"
+        time.sleep(0.02)
+    released = time.time()
+    assert queue.count == 1
+    assert released - arrival >= 1.0, f"released {released - arrival:.2f}s after a 503 with Retry-After: 1"
+
+
+def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
+    url = f"{shop.url}/missing"
+    jobs.download(payload(url))
+
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"], record["error"]) == (FAILED, 404, "HTTP 404")
+    queue = download_queue(redis_conn)
+    assert queue.count == 0
+    assert ScheduledJobRegistry(queue=queue, serializer=JSONSerializer).count == 0
+    assert parse_queue(redis_conn).count == 0
+    assert stats(redis_conn)["failed"] == 1
+
+
+def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(runtime: Runtime, redis_conn: Redis,
+                                                                        shop: ShopSite) -> None:
+    old, new = f"{shop.url}/old/product/5", f"{shop.url}/product/5"
+    queue = download_queue(redis_conn)
+
+    jobs.download(payload(old, "parse_product"))
+    assert queued_payloads(queue) == [payload(new, "parse_product", hops=1)]
+
+    jobs.download(payload(old, "parse_product"))  # the target is in the seen set now
+    assert queue.count == 1
+    first, second = records(runtime, old)
+    assert (first["outcome"], first["status"], second["outcome"]) == (REDIRECT, 301, REDIRECT)
+    assert "already seen" in second["error"]
+    assert len(shop.requests_for("/product/5")) == 0  # a redirect is a job of its own, not followed inline
+
+
+def test_redirect_off_the_allowed_domains_is_refused_and_recorded(runtime: Runtime, redis_conn: Redis,
+                                                                  redirector: Redirector) -> None:
+    url = f"{redirector.url}/away"
+    jobs.download(payload(url))
+
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"]) == (FAILED, 301)
+    assert record["error"].startswith("redirect refused")
+    assert "offsite.invalid" in record["error"]
+    assert download_queue(redis_conn).count == 0
+    assert not redis_conn.sismember(keys.seen(SITE), fingerprint("http://offsite.invalid/landing"))
+
+
+def test_redirect_chain_longer_than_max_redirects_fails(runtime: Runtime, redis_conn: Redis,
+                                                        redirector: Redirector) -> None:
+    limit = runtime.settings.max_redirects
+    queue = download_queue(redis_conn)
+    task = payload(f"{redirector.url}/hop/0")
+    for hop in range(limit):
+        jobs.download(task)
+        task = take_next(queue)
+        assert (task["url"], task["hops"]) == (f"{redirector.url}/hop/{hop + 1}", hop + 1)
+    jobs.download(task)  # one hop too many
+
+    assert queue.count == 0
+    assert [p for p in redirector.paths if p.startswith("/hop/")] == [f"/hop/{n}" for n in range(limit + 1)]
+    (last,) = records(runtime, f"{redirector.url}/hop/{limit}")
+    assert (last["outcome"], last["status"]) == (FAILED, 302)
+    assert f"more than {limit} redirects" in last["error"]
+    assert [r["outcome"] for r in runtime.store.fetch_rows(SITE) if "/hop/" in r["url"]] == (
+        [REDIRECT] * limit + [FAILED])
+
+
+def test_parse_of_an_expired_body_is_recorded_failed(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
+    url = f"{shop.url}/product/2"
+    jobs.download(payload(url, "parse_product"))
+    task = take_next(parse_queue(redis_conn))
+    redis_conn.delete(keys.body(task["body"]))
+
+    jobs.parse(task)
+
+    (record,) = records(runtime, url, kind="parse")
+    assert record["outcome"] == FAILED and "body missing" in record["error"]
+    assert list(runtime.store.items(SITE)) == []
+
+
+# -- serialization --------------------------------------------------------------------
+
+
+class _Canary:
+    """Unpickling this creates a file: proof that a pickle ran code."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self) -> Any:
+        return (open, (str(self.path), "w"))
+
+
+def test_pickled_job_in_a_download_queue_is_failed_without_running_code(runtime: Runtime, redis_conn: Redis,
+                                                                        tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    # A writer to Redis enqueues a job the way a pickle-serializing RQ client would.
+    evil = Queue(keys.download_queue(SITE), connection=redis_conn).enqueue(DOWNLOAD_FUNC, _Canary(canary))
+    raw = redis_conn.hget(evil.key, "data")
+    assert b"canary" in zlib.decompress(raw)  # pickle bytes, not JSON
+
+    DownloadWorker(redis_conn, [SITE]).work(burst=True)
+
+    assert not canary.exists(), "the worker unpickled a job argument"
+    failed = FailedJobRegistry(keys.download_queue(SITE), connection=redis_conn, serializer=JSONSerializer)
+    assert failed.get_job_ids() == [evil.id]
+    assert redis_conn.hget(evil.key, "status") == b"failed"
+    assert runtime.store.fetch_rows(SITE) == []  # the download function never ran
+    # Control: the same bytes, unpickled, do run code.
+    pickle.loads(zlib.decompress(raw))
+    assert canary.exists()
+
+
+def test_download_rejects_a_payload_that_is_not_a_download_task(runtime: Runtime) -> None:
+    with pytest.raises(ValueError, match="not a download task"):
+        jobs.download(["demo", "http://127.0.0.1/"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a parse task"):
+        jobs.parse("crawler:body:x")  # type: ignore[arg-type]
+    assert runtime.store.fetch_rows(SITE) == []
+
+
+def test_seeded_request_and_redirect_target_share_one_seen_entry(runtime: Runtime, redis_conn: Redis,
+                                                                   shop: ShopSite) -> None:
+    frontier = runtime.frontier(SITE)
+    added = frontier.add([Request(f"{shop.url}/product/5#reviews", callback="parse_product")])
+    assert added.enqueued == [f"{shop.url}/product/5"]
+
+    jobs.download(payload(f"{shop.url}/old/product/5", "parse_product"))
+
+    assert [p["url"] for p in queued_payloads(download_queue(redis_conn))] == [f"{shop.url}/product/5"]
