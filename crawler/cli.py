@@ -171,7 +171,7 @@ def worker(obj: Context, kind: str, site_list: str | None, processes: int, threa
     served = _sites_option(site_list, obj)
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
     obj.redis.ping()
-    spec = WorkerSpec(kind, served, threads, burst, "INFO" if verbose else "WARNING")
+    spec = WorkerSpec(kind, served, threads, burst, "INFO" if verbose else "WARNING", all_sites=not site_list)
     click.echo(f"{processes} {kind} worker process(es) x {threads} on {redact_url(obj.redis_url)}", err=True)
     code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
     sys.exit(code)
@@ -295,6 +295,7 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
 def set_(obj: Context, site: str, interval: float | None, concurrency: int | None) -> None:
     """Change SITE's politeness for every running worker, without a restart."""
     set_live(obj.redis, obj.site(site), interval=interval, concurrency=concurrency)
+    obj.runtime.publish(site, force=True)
     click.echo(f"{site}: updated")
 
 
@@ -304,6 +305,7 @@ def _pause(obj: Context, site: str | None, all_sites: bool, paused: bool) -> Non
     names = sorted(obj.spider_set.spiders) if all_sites else [obj.site(str(site))]
     for name in names:
         set_live(obj.redis, name, paused=paused)
+        obj.runtime.publish(name, force=True)
     click.echo(f"{', '.join(names)}: {'paused' if paused else 'resumed'}")
 
 

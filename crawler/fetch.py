@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 
@@ -80,14 +82,19 @@ class Fetcher:
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
         )
 
-    def get(self, url: str, user_agent: str | None = None) -> Response:
-        """GET ``url``. Raises TransientError (timeouts, connection) or BodyTooLarge."""
+    def get(self, url: str, user_agent: str | None = None, on_sent: Callable[[], Any] | None = None) -> Response:
+        """GET ``url``. Raises TransientError (timeouts, connection) or BodyTooLarge.
+
+        ``on_sent()`` is called once the request has been written to the connection,
+        before the response is read (the gate is rearmed there).
+        """
         headers = {"user-agent": user_agent} if user_agent else None
+        extensions = {"trace": _on_sent_tracer(on_sent)} if on_sent else None
         started = datetime.now(UTC)
         clock = time.monotonic()
         deadline = clock + self.timeout
         try:
-            with self.client.stream("GET", url, headers=headers) as response:
+            with self.client.stream("GET", url, headers=headers, extensions=extensions) as response:
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise BodyTooLarge(f"Content-Length {declared} exceeds the cap of {self.max_body_bytes} bytes")
@@ -120,3 +127,13 @@ class Fetcher:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _on_sent_tracer(on_sent: Callable[[], Any]) -> Callable[[str, dict[str, Any]], None]:
+    """An httpcore trace hook that calls ``on_sent`` when the response starts being awaited."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event.endswith("receive_response_headers.started"):
+            on_sent()
+
+    return trace

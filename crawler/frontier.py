@@ -1,6 +1,6 @@
 """The frontier: canonicalize URLs, keep to allowed domains, deduplicate, enqueue.
 
-Every URL that enters a site's download queue passes ``Frontier.add``: it is
+Every URL that enters a site's queue passes ``Frontier.add``: it is
 canonicalized (w3lib; fragments dropped, query sorted, default port removed), refused
 unless http(s) and within the spider's allowed domains, and enqueued only if its
 fingerprint is new to the site's seen set in Redis. Redirect targets go through the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,12 +22,15 @@ from w3lib.url import canonicalize_url
 
 from . import keys
 from .errors import RefusedURL
+from .gate import Gate
+from .scheduler import decode_entry, encode_entry
 from .spider import Request
 
 #: Dotted path of the download job function.
 DOWNLOAD_FUNC = "crawler.jobs.download"
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+COUNTERS = (("depth", 0), ("hops", 0), ("attempt", 1))
 
 
 def canonicalize(url: str) -> str:
@@ -76,7 +79,7 @@ class DownloadTask:
     site: str
     url: str
     callback: str = "parse"
-    meta: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
     depth: int = 0
     hops: int = 0
     attempt: int = 1
@@ -92,6 +95,15 @@ class DownloadTask:
             "attempt": self.attempt,
         }
 
+    def to_entry(self) -> str:
+        """The compact frontier entry for this task (the site is implied by the list)."""
+        return encode_entry(self.url, self.callback, self.depth, self.hops, self.attempt, self.meta)
+
+    @classmethod
+    def from_entry(cls, site: str, entry: str | bytes) -> DownloadTask:
+        """Rebuild a task from a compact frontier entry; ValueError for a malformed one."""
+        return cls.from_json({"site": site, **decode_entry(entry)})
+
     @classmethod
     def from_json(cls, data: Any) -> DownloadTask:
         """Rebuild a task from a job argument; ValueError unless it has the right shape."""
@@ -101,7 +113,7 @@ class DownloadTask:
         if not isinstance(meta, dict):
             raise ValueError("download task meta must be an object")
         try:
-            counters = {name: int(data.get(name, default)) for name, default in (("depth", 0), ("hops", 0), ("attempt", 1))}
+            counters = {name: int(data.get(name, default)) for name, default in COUNTERS}
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad download task counters: {data!r:.200}") from exc
         return cls(site=data["site"], url=data["url"], callback=str(data.get("callback") or "parse"), meta=meta,
@@ -123,7 +135,11 @@ def download_queue(connection: Redis, site: str) -> Queue:
 
 
 class Frontier:
-    """Admits requests for one site into its download queue, each URL once."""
+    """Admits requests for one site, each URL once, and feeds its RQ queue just in time.
+
+    Admitted URLs wait in the site's compact frontier list (``scheduler``); ``refill``
+    turns a few of them at a time into RQ jobs on ``download:SITE``.
+    """
 
     def __init__(self, connection: Redis, site: str, domains: Iterable[str], failure_ttl: int, job_timeout: int):
         self.connection = connection
@@ -141,7 +157,7 @@ class Frontier:
         return canonical
 
     def add(self, requests: Iterable[Request], depth: int = 0, hops: int = 0) -> AddResult:
-        """Enqueue the requests whose canonical URL is new to the site.
+        """Queue the requests whose canonical URL is new to the site.
 
         ``dont_filter`` requests skip the seen set. Refused URLs are returned, not raised.
         """
@@ -160,20 +176,56 @@ class Frontier:
                 pipe.sadd(keys.seen(self.site), fingerprint(url))
             fresh = pipe.execute()
         tasks = []
-        for (url, request), is_new in zip(candidates, fresh):
+        for (url, request), is_new in zip(candidates, fresh, strict=True):
             if is_new or request.dont_filter:
                 tasks.append(DownloadTask(self.site, url, str(request.callback), request.meta, depth, hops))
             else:
                 result.duplicates += 1
-        self.enqueue(tasks)
+        self.push(tasks)
         result.enqueued = [t.url for t in tasks]
         return result
 
-    def enqueue(self, tasks: list[DownloadTask], at_front: bool = False) -> None:
-        """Put tasks on the download queue without dedup (retries, seeds already checked)."""
+    def push(self, tasks: list[DownloadTask]) -> None:
+        """Append tasks to the compact frontier, without dedup, and mark the site ready."""
         if not tasks:
             return
-        jobs = [
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.rpush(keys.frontier(self.site), *(task.to_entry() for task in tasks))
+            pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
+            pipe.sadd(keys.sites(), self.site)
+            pipe.execute()
+
+    def refill(self, jobs_ahead: int) -> int:
+        """Turn compact entries into RQ jobs until ``jobs_ahead`` are queued. Returns how many.
+
+        A short per-site lock keeps two workers from turning the same entries into jobs;
+        the jobs and the trim of the frontier are written in one transaction.
+        """
+        lock = Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True,
+                    namespace=keys.PREFIX + "lock")
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            wanted = jobs_ahead - int(self.connection.llen(self.queue.key))
+            if wanted <= 0:
+                return 0
+            entries = self.connection.lrange(keys.frontier(self.site), 0, wanted - 1)
+            tasks = []
+            for entry in entries:
+                try:
+                    tasks.append(DownloadTask.from_entry(self.site, entry))
+                except ValueError:  # a malformed entry (written by hand?) is dropped, not retried forever
+                    continue
+            with self.connection.pipeline(transaction=True) as pipe:
+                self.queue.enqueue_many(self._jobs(tasks), pipeline=pipe)
+                pipe.ltrim(keys.frontier(self.site), len(entries), -1)
+                pipe.execute()
+            return len(tasks)
+        finally:
+            lock.release()
+
+    def _jobs(self, tasks: list[DownloadTask]) -> list[Any]:
+        return [
             Queue.prepare_data(
                 DOWNLOAD_FUNC,
                 args=(task.to_json(),),
@@ -181,12 +233,9 @@ class Frontier:
                 failure_ttl=self.failure_ttl,
                 timeout=self.job_timeout,
                 description=task.url,
-                at_front=at_front,
             )
             for task in tasks
         ]
-        self.queue.enqueue_many(jobs)
-        self.connection.sadd(keys.sites(), self.site)
 
     def forget(self, url: str) -> None:
         """Drop ``url`` from the seen set, so it may be enqueued again."""

@@ -37,6 +37,22 @@ if ttl < 1 then ttl = 1 end
 return ttl
 """
 
+# KEYS[1] = lock key; ARGV[1] = token, ARGV[2] = lifetime in ms from now.
+# Restarts the lock's lifetime if the token holds it, or takes it if nobody does.
+# Returns 1 (restarted), 2 (taken again after it had expired), 0 (someone else holds it).
+REARM = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+end
+if not holder then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 2
+end
+return 0
+"""
+
 # KEYS[1] = lock key; ARGV[1] = token. Deletes the lock only if the token still holds it.
 RELEASE_IF_OWNER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -54,8 +70,11 @@ class Gate:
     """A named, time-limited mutex in Redis.
 
     ``expire`` (seconds) is the lock's lifetime: for a site's gate, its interval plus
-    a safety margin. ``auto_release`` makes the context manager and ``synchronize``
-    release on exit; otherwise the lock expires on its own.
+    a safety margin plus a grace for sending. ``rearm()`` restarts the lifetime as
+    ``rearm_expire`` (default ``expire``) from now: a site's gate is rearmed when its
+    request is on the wire, so the interval counts from the send, not from the
+    acquisition. ``auto_release`` makes the context manager and ``synchronize`` release
+    on exit; otherwise the lock expires on its own.
     """
 
     def __init__(
@@ -66,6 +85,7 @@ class Gate:
         *,
         auto_release: bool = False,
         namespace: str = NAMESPACE,
+        rearm_expire: float | None = None,
     ):
         if expire <= 0:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
@@ -73,10 +93,12 @@ class Gate:
         self.name = name
         self.key = f"{namespace}:{name}"
         self.expire = expire
+        self.rearm_expire = expire if rearm_expire is None else rearm_expire
         self.auto_release = auto_release
         self.token: str | None = None
         self._acquire = connection.register_script(ACQUIRE_OR_PTTL)
         self._release = connection.register_script(RELEASE_IF_OWNER)
+        self._rearm = connection.register_script(REARM)
 
     def try_acquire(self) -> float:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
@@ -116,6 +138,21 @@ class Gate:
         self.token = None
         return released
 
+    def rearm(self) -> bool:
+        """Restart the held lock's lifetime (``rearm_expire``) from now.
+
+        Returns False if another holder took the gate meanwhile: the time between
+        ``acquire`` and this call outlasted ``expire``, and spacing may have been lost.
+        """
+        if self.token is None:
+            return False
+        expire_ms = max(1, int(round(self.rearm_expire * 1000)))
+        return int(self._rearm(keys=[self.key], args=[self.token, expire_ms])) != 0
+
+    def release_token(self, token: str) -> bool:
+        """Delete the lock if ``token`` holds it (a turn taken by a script, not by ``acquire``)."""
+        return bool(self._release(keys=[self.key], args=[token]))
+
     def locked(self) -> bool:
         """Whether anyone holds the gate now."""
         return bool(self.connection.exists(self.key))
@@ -149,6 +186,15 @@ class Gate:
         return f"<Gate {self.key} expire={self.expire}s auto_release={self.auto_release}>"
 
 
+#: Seconds a site's gate stays closed beyond its interval until the request is sent
+#: (connection set-up); the rearm at send time then counts the interval from the send.
+SEND_GRACE = 0.25
+
+
 def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0) -> Gate:
-    """The gate that spaces requests to ``site`` by ``interval`` (+ ``margin``) seconds."""
-    return Gate(connection, site, interval + margin)
+    """The gate that spaces requests to ``site`` by ``interval`` (+ ``margin``) seconds.
+
+    Taken before a request, it stays closed for interval + margin + SEND_GRACE; rearmed
+    when the request is sent, it then closes interval + margin from that moment.
+    """
+    return Gate(connection, site, interval + margin + SEND_GRACE, rearm_expire=interval + margin)

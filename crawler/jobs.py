@@ -13,7 +13,6 @@ from __future__ import annotations
 import secrets
 import traceback
 import zlib
-from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from rq import Queue, get_current_job
@@ -22,13 +21,18 @@ from rq.serializers import JSONSerializer
 from . import keys, runtime
 from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedirects, TransientError
 from .fetch import Response
-from .frontier import DOWNLOAD_FUNC, DownloadTask, Frontier
+from .frontier import DownloadTask, Frontier
 from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
 from .spider import Page, Request
 from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Item, utcnow
 
 #: Dotted path of the parse job function.
 PARSE_FUNC = "crawler.jobs.parse"
+
+#: Transient errors in a row from one site before its gate is closed for everyone.
+ERRORS_BEFORE_PAUSE = 3
+#: Longest such pause, seconds.
+MAX_ERROR_PAUSE = 300.0
 
 #: Response headers handed on to the parse step.
 KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
@@ -45,7 +49,6 @@ def download(payload: dict[str, Any]) -> None:
     task = DownloadTask.from_json(payload)
     spider = rt.spider(task.site)
     policy = rt.policy(task.site)
-    gate = rt.gate(task.site)
     user_agent = spider.user_agent or rt.settings.user_agent
     started = utcnow()
 
@@ -61,19 +64,24 @@ def download(payload: dict[str, Any]) -> None:
         )])
         counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
         if counter and url == task.url:
-            rt.connection.hincrby(keys.stats(task.site), counter, 1)
+            with rt.connection.pipeline(transaction=False) as pipe:
+                pipe.hincrby(keys.stats(task.site), counter, 1)
+                if outcome in (OK, REDIRECT):  # the site answers again: end any run of errors
+                    pipe.delete(keys.errors(task.site))
+                pipe.execute()
 
     if policy.obey_robots:
         def robots_fetched(url: str, status: int | None, error: str | None) -> None:
             record(OK if status and status < 500 else FAILED, url=url, status=status, error=error)
 
-        if not rt.robots.allowed(task.site, task.url, user_agent, gate, robots_fetched):
+        allowed = rt.robots.allowed(task.site, task.url, user_agent, lambda: rt.take_gate(task.site), robots_fetched)
+        if not allowed:
             record(REFUSED, error="disallowed by robots.txt")
             return
 
-    gate.acquire()
+    gate = rt.take_gate(task.site)
     try:
-        response = rt.fetcher.get(task.url, user_agent=spider.user_agent)
+        response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=gate.rearm)
         _raise_for_status(response)
     except TransientError as exc:
         _retry_or_fail(rt, task, exc, record)
@@ -101,8 +109,19 @@ def _raise_for_status(response: Response) -> None:
 
 
 def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any) -> None:
+    """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
+
+    Retry-After, and a run of errors from one site, close the site's gate for every
+    worker, not only delay this one URL.
+    """
     settings = rt.settings
     status = getattr(exc, "status", None)
+    errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
+    if exc.retry_after is not None:
+        rt.scheduler.close_gate(task.site, min(exc.retry_after, settings.max_retry_after))
+    elif errors_in_a_row >= ERRORS_BEFORE_PAUSE:
+        pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
+        rt.scheduler.close_gate(task.site, pause)
     if task.attempt > settings.max_retries:
         record(FAILED, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
         return
@@ -111,19 +130,7 @@ def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError,
         delay = max(delay, min(exc.retry_after, settings.max_retry_after))
     record(RETRY, error=f"{exc}; retry in {delay:g}s", status=status)
     retry = DownloadTask(task.site, task.url, task.callback, task.meta, task.depth, task.hops, task.attempt + 1)
-    frontier = rt.frontier(task.site)
-    when = datetime.now(timezone.utc) + timedelta(seconds=delay)
-    if when.microsecond:  # RQ's scheduled registry keeps whole seconds: round up, never early
-        when = when.replace(microsecond=0) + timedelta(seconds=1)
-    frontier.queue.enqueue_at(
-        when,
-        DOWNLOAD_FUNC,
-        retry.to_json(),
-        result_ttl=0,
-        failure_ttl=settings.failure_ttl,
-        job_timeout=frontier.job_timeout,
-        description=task.url,
-    )
+    rt.scheduler.schedule(task.site, retry.to_entry(), delay)
 
 
 def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:

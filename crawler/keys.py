@@ -1,12 +1,16 @@
 """Every Redis key and RQ queue name the crawler writes, built in one place.
 
 RQ adds its own ``rq:`` keys for the queues named here (``rq:queue:download:SITE``
-and the job hashes and registries); everything else lives under ``crawler:``.
+and the job hashes and registries); everything else lives under ``crawler:``. The Lua
+scripts in ``scheduler`` build the same names from ``PREFIX``; keep them in step.
 """
 
 from __future__ import annotations
 
 PREFIX = "crawler:"
+
+#: Prefix RQ puts before a queue's name to make its list key.
+RQ_QUEUE_PREFIX = "rq:queue:"
 
 #: RQ queue that parse workers serve.
 PARSE_QUEUE = "parse"
@@ -52,6 +56,31 @@ def sites() -> str:
     return f"{PREFIX}sites"
 
 
-def promote_lock(queue_name: str) -> str:
-    """Short lock so one worker at a time moves due retries into ``queue_name``."""
-    return f"{PREFIX}lock:promote:{queue_name}"
+def frontier(site: str) -> str:
+    """List of compact entries: the bulk of ``site``'s queued URLs (see ``scheduler``)."""
+    return f"{PREFIX}frontier:{site}"
+
+
+def ready() -> str:
+    """Sorted set of sites with work, scored by when (ms, Redis clock) their gate opens."""
+    return f"{PREFIX}ready"
+
+
+def delayed() -> str:
+    """Sorted set of retries (``site\\tnonce\\tentry``) scored by when they are due (ms)."""
+    return f"{PREFIX}delayed"
+
+
+def conf(site: str) -> str:
+    """Hash of the politeness the scheduler obeys for ``site``: interval_ms, paused, concurrency."""
+    return f"{PREFIX}conf:{site}"
+
+
+def errors(site: str) -> str:
+    """Count of consecutive transient errors from ``site`` (closes its gate when high)."""
+    return f"{PREFIX}errors:{site}"
+
+
+def lock(name: str) -> str:
+    """A short mutex (refill, robots fetch)."""
+    return f"{PREFIX}lock:{name}"

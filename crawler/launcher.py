@@ -32,6 +32,8 @@ class WorkerSpec:
     threads: int = 1
     burst: bool = False
     log_level: str = "WARNING"
+    #: Serve every site seeded on this Redis (no ``--sites`` given), not only ``sites``.
+    all_sites: bool = False
 
 
 def configure_logging(level: str) -> None:
@@ -47,9 +49,11 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> 
     rt = Runtime(connection, settings)
     install(rt)
     stop = threading.Event()
-    worker_class = DownloadWorker if spec.kind == "download" else ParseWorker
     workers: list[CrawlWorker] = [
-        worker_class(connection, spec.sites, stop_event=stop) for _ in range(spec.threads)
+        DownloadWorker(connection, spec.sites, all_sites=spec.all_sites, stop_event=stop)
+        if spec.kind == "download"
+        else ParseWorker(connection, spec.sites, stop_event=stop)
+        for _ in range(spec.threads)
     ]
     threads = [
         threading.Thread(target=w.work, kwargs={"burst": spec.burst}, name=f"{spec.kind}-{i}", daemon=True)

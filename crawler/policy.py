@@ -88,10 +88,11 @@ class PolicyCache:
         self.spiders = spiders
         self._cache: dict[str, tuple[float, SitePolicy]] = {}
 
-    def get(self, site: str) -> SitePolicy:
+    def get(self, site: str, fresh: bool = False) -> SitePolicy:
+        """The policy of ``site``, read from Redis again if older than LIVE_REFRESH (or ``fresh``)."""
         now = time.monotonic()
         cached = self._cache.get(site)
-        if cached is not None and now - cached[0] < LIVE_REFRESH:
+        if not fresh and cached is not None and now - cached[0] < LIVE_REFRESH:
             return cached[1]
         policy = resolve_policy(self.spiders[site], self.settings, read_live(self.connection, site))
         self._cache[site] = (now, policy)

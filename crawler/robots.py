@@ -19,6 +19,8 @@ from .errors import CrawlerError
 from .fetch import Fetcher
 from .gate import Gate
 
+TakeTurn = Callable[[], Gate]
+
 #: Seconds a fetched robots.txt is trusted.
 ROBOTS_TTL = 24 * 3600
 #: Seconds an unreachable robots.txt (5xx, timeout) is treated as "allow all".
@@ -39,22 +41,24 @@ class RobotsCache:
         self.connection = connection
         self.fetcher = fetcher
         self._parsed: dict[str, tuple[float, Protego]] = {}
+        self._published_delay: dict[str, float] = {}
 
-    def allowed(self, site: str, url: str, user_agent: str, gate: Gate,
+    def allowed(self, site: str, url: str, user_agent: str, take_turn: TakeTurn,
                 on_fetch: Callable[[str, int | None, str | None], None] | None = None) -> bool:
         """Whether robots.txt lets ``user_agent`` fetch ``url``.
 
-        When the rules are not cached, robots.txt is fetched after taking ``gate``;
-        ``on_fetch(url, status, error)`` is told about that request.
+        When the rules are not cached, robots.txt is fetched after ``take_turn()`` (the
+        site's gate); ``on_fetch(url, status, error)`` is told about that request. A
+        ``Crawl-delay`` longer than the site's interval becomes its interval.
         """
-        rules = self._rules(site, origin_of(url), gate, on_fetch)
+        rules = self._rules(site, origin_of(url), take_turn, on_fetch)
+        delay = rules.crawl_delay(user_agent)
+        if delay and self._published_delay.get(site) != delay:  # once per process and value
+            self._published_delay[site] = delay
+            self.connection.hset(keys.conf(site), "robots_delay_ms", int(float(delay) * 1000))
         return bool(rules.can_fetch(url, user_agent))
 
-    def crawl_delay(self, site: str, url: str, user_agent: str) -> float | None:
-        cached = self._parsed.get(origin_of(url))
-        return cached[1].crawl_delay(user_agent) if cached else None
-
-    def _rules(self, site: str, origin: str, gate: Gate,
+    def _rules(self, site: str, origin: str, take_turn: TakeTurn,
                on_fetch: Callable[[str, int | None, str | None], None] | None) -> Protego:
         now = time.monotonic()
         cached = self._parsed.get(origin)
@@ -68,7 +72,7 @@ class RobotsCache:
             with lock:
                 text = self.connection.get(key)
                 if text is None:
-                    body, ttl = self._download(origin, gate, on_fetch)
+                    body, ttl = self._download(origin, take_turn, on_fetch)
                     self.connection.set(key, body, ex=ttl)
                     text = body.encode()
         rules = Protego.parse(text.decode("utf-8", errors="replace"))
@@ -76,12 +80,12 @@ class RobotsCache:
         self._parsed[origin] = (now + max(1, min(int(ttl), 300)), rules)
         return rules
 
-    def _download(self, origin: str, gate: Gate,
+    def _download(self, origin: str, take_turn: TakeTurn,
                   on_fetch: Callable[[str, int | None, str | None], None] | None) -> tuple[str, int]:
         url = origin + "/robots.txt"
-        gate.acquire()
+        gate = take_turn()
         try:
-            response = self.fetcher.get(url)
+            response = self.fetcher.get(url, on_sent=gate.rearm)
         except CrawlerError as exc:
             if on_fetch:
                 on_fetch(url, None, str(exc))

@@ -8,6 +8,7 @@ Everything in it is safe to share between a process's worker threads.
 from __future__ import annotations
 
 import threading
+import time
 from functools import cached_property
 
 from redis import Redis
@@ -16,8 +17,9 @@ from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
 from .gate import Gate, site_gate
-from .policy import PolicyCache, SitePolicy
+from .policy import LIVE_REFRESH, PolicyCache, SitePolicy
 from .robots import RobotsCache
+from .scheduler import Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from .spider import Spider, SpiderSet, load_spiders
 from .store import Store
@@ -36,6 +38,11 @@ class Runtime:
         self.policies = PolicyCache(connection, settings, self.spider_set.spiders)
         self._spiders: dict[str, Spider] = {}
         self._lock = threading.Lock()
+        self._published: dict[str, float] = {}
+
+    @cached_property
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.connection)
 
     @cached_property
     def fetcher(self) -> Fetcher:
@@ -64,8 +71,30 @@ class Runtime:
         return site_gate(self.connection, site, self.policy(site).interval, self.settings.gate_margin)
 
     def frontier(self, site: str) -> Frontier:
+        """The site's frontier; also (re)publishes the site's politeness for the scheduler."""
         spider = self.spider(site)
+        self.publish(site)
         return Frontier(self.connection, site, spider.domains(), self.settings.failure_ttl, DEFAULT_DOWNLOAD_TIMEOUT)
+
+    def publish(self, site: str, force: bool = False) -> None:
+        """Write the site's policy in force where the scheduler reads it (at most once a second)."""
+        now = time.monotonic()
+        if not force and now - self._published.get(site, -LIVE_REFRESH) < LIVE_REFRESH:
+            return
+        self._published[site] = now
+        policy = self.policies.get(site, fresh=force)
+        publish_conf(self.connection, site, policy.interval, self.settings.gate_margin, policy.paused,
+                     policy.concurrency)
+
+    def take_gate(self, site: str) -> Gate:
+        """Wait for ``site``'s gate and take it: one request may start now.
+
+        Pass the gate's ``rearm`` as the fetch's ``on_sent``, so the interval counts
+        from the moment the request is on the wire.
+        """
+        gate = self.gate(site)
+        gate.acquire()
+        return gate
 
     def close(self) -> None:
         if "fetcher" in self.__dict__:

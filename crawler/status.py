@@ -43,7 +43,8 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
     sites = list(sites)
     queues = queues_for(connection, (keys.download_queue(s) for s in sites))
     with connection.pipeline(transaction=False) as pipe:
-        for site, queue in zip(sites, queues):
+        for site, queue in zip(sites, queues, strict=True):
+            pipe.llen(keys.frontier(site))
             pipe.llen(queue.key)
             pipe.llen(queue.intermediate_queue_key)
             pipe.zcard(queue.started_job_registry.key)
@@ -52,10 +53,11 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
         replies = pipe.execute()
     result = []
     for i, site in enumerate(sites):
-        queued, moving, started, scheduled, raw = replies[5 * i: 5 * i + 5]
+        compact, queued, moving, started, _, raw = replies[6 * i: 6 * i + 6]
         stats = {k.decode(): int(v) for k, v in raw.items()}
         result.append(SiteStatus(
-            site=site, queued=int(queued), in_flight=int(moving) + int(started), scheduled=int(scheduled),
+            site=site, queued=int(compact) + int(queued), in_flight=int(moving) + int(started),
+            scheduled=stats.get("delayed", 0),
             fetched=stats.get("fetched", 0), parsed=stats.get("parsed", 0), failed=stats.get("failed", 0),
             refused=stats.get("refused", 0), items=stats.get("items", 0),
         ))

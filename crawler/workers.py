@@ -2,10 +2,10 @@
 
 Both are ``rq.SimpleWorker`` subclasses (jobs run in the worker's own process and
 thread, so the HTTP pool and database engine live across jobs) that keep RQ's
-registries, heartbeats and failure records. The download worker picks, on each
-dequeue, a site that has work *and* whose gate is open, so it never sits behind one
-closed gate while another site has budget; when every gate with work is closed it
-sleeps exactly until the first one opens.
+registries, heartbeats and failure records. The download worker asks the scheduler
+(one Lua call, whatever the number of sites) for a site that has work *and* whose gate
+is open, so it never sits behind one closed gate while another site has budget; when
+every gate with work is closed it sleeps exactly until the first one opens.
 
 ``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
 scheduled for the download queues served and the parse queue), not when one queue
@@ -15,7 +15,6 @@ is momentarily empty.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -23,21 +22,24 @@ from typing import Any
 
 from redis import Redis
 from rq import Queue, SimpleWorker
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
-from rq.registry import ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
-from rq.utils import current_timestamp
 
 from . import keys, runtime
-from .gate import Gate
+from .scheduler import JOBS_AHEAD, Next, Scheduler
 
 log = logging.getLogger("crawler.workers")
 
 #: Longest sleep when there is no work, so new work and stop requests are seen soon.
 IDLE_SLEEP = 0.1
 #: Seconds between two looks for retries that have come due.
-PROMOTE_EVERY = 0.5
+PROMOTE_EVERY = 0.2
+#: Seconds between two idle looks for sites with work missing from the ready set.
+REPAIR_EVERY = 1.0
+#: Sites refilled in one dequeue before the worker loops back to its checks.
+MAX_REFILLS = 8
 
 
 def queues_for(connection: Redis, names: Iterable[str]) -> list[Queue]:
@@ -56,42 +58,29 @@ def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
-    """Whether nothing is left to do for ``sites``: downloads and every parse job.
-
-    Checked twice a moment apart, so a job passing between two lists is not missed.
-    """
+def pending_work(connection: Redis, sites: Iterable[str]) -> int:
+    """Everything left for ``sites``: compact frontiers, delayed retries, RQ jobs, parse jobs."""
+    sites = list(sites)
+    with connection.pipeline(transaction=False) as pipe:
+        for site in sites:
+            pipe.llen(keys.frontier(site))
+            pipe.hget(keys.stats(site), "delayed")
+        replies = pipe.execute()
+    waiting = sum(int(n or 0) for n in replies)
     names = [keys.download_queue(site) for site in sites] + [keys.PARSE_QUEUE]
-    if pending_jobs(connection, names):
+    return waiting + pending_jobs(connection, names)
+
+
+def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
+    """Whether nothing is left to do for ``sites``: downloads, retries, every parse job.
+
+    Checked twice a moment apart, so work passing between two lists is not missed.
+    """
+    sites = list(sites)
+    if pending_work(connection, sites):
         return False
     time.sleep(0.05)
-    return pending_jobs(connection, names) == 0
-
-
-def promote_due_retries(connection: Redis, queue: Queue) -> int:
-    """Move ``queue``'s scheduled jobs that are due into the queue. Returns how many.
-
-    A short lock makes one worker at a time do it, so no job is enqueued twice.
-    """
-    registry = ScheduledJobRegistry(queue=queue, serializer=JSONSerializer)
-    job_ids = registry.get_jobs_to_schedule(current_timestamp())
-    if not job_ids:
-        return 0
-    lock = Gate(connection, queue.name, expire=5, auto_release=True, namespace=keys.PREFIX + "lock:promote")
-    if not lock.acquire(blocking=False):
-        return 0
-    try:
-        job_ids = registry.get_jobs_to_schedule(current_timestamp())
-        jobs = Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
-        with connection.pipeline() as pipe:
-            for job_id, job in zip(job_ids, jobs):
-                if job is not None:
-                    queue._enqueue_job(job, pipeline=pipe)
-                registry.remove(job_id, pipeline=pipe)
-            pipe.execute()
-        return len(job_ids)
-    finally:
-        lock.release()
+    return pending_work(connection, sites) == 0
 
 
 class CrawlWorker(SimpleWorker):
@@ -138,16 +127,19 @@ class CrawlWorker(SimpleWorker):
             if wait is None:  # no work anywhere we serve
                 if self._burst and crawl_drained(self.connection, self.sites):
                     return None
+                self.when_idle()
                 wait = IDLE_SLEEP
             self.stop_event.wait(min(wait, IDLE_SLEEP * 10))
         return None
+
+    def when_idle(self) -> None:
+        """Housekeeping done only when there is no work (subclasses add theirs)."""
 
     def _promote_retries(self) -> None:
         now = time.monotonic()
         if now - self._last_promote >= PROMOTE_EVERY:
             self._last_promote = now
-            for queue in self.queues:
-                promote_due_retries(self.connection, queue)
+            runtime.current().scheduler.promote_due()
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """A job to run now, else how long until one may be ready (None: no work)."""
@@ -168,37 +160,92 @@ class CrawlWorker(SimpleWorker):
 
 
 class DownloadWorker(CrawlWorker):
-    """Serves the download queues of ``sites``, always taking a site whose gate is open."""
+    """Serves the download queues of ``sites``, always taking a site whose gate is open.
 
-    def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
+    One Lua call (``scheduler.NEXT_JOB``) picks the first due site whose gate is open
+    and hands over one of its jobs; the job takes the gate right before its request.
+    After the job, the site's RQ queue is topped up from its compact frontier if the
+    call asked for it.
+    """
+
+    def __init__(self, connection: Redis, sites: Sequence[str], all_sites: bool = True, **kwargs: Any):
         queues = queues_for(connection, (keys.download_queue(s) for s in sites))
         super().__init__(queues, connection, sites, **kwargs)
-        self._by_site = dict(zip(sites, queues))
+        self._by_site = dict(zip(sites, queues, strict=True))
+        self.site_scheduler = Scheduler(connection, () if all_sites else sites)
+        self._refill: str | None = None
+        self._warned: set[str] = set()
+        self._last_repair = 0.0
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         rt = runtime.current()
+        for _ in range(MAX_REFILLS):
+            step = self.site_scheduler.next()
+            if step.site is not None and step.site not in self._by_site:
+                self._give_back(step)
+                continue
+            if step.job_id is not None:
+                assert step.site is not None
+                queue = self._by_site[step.site]
+                job = self._fetch(step.job_id, queue)
+                if job is None:
+                    continue
+                self._refill = step.site if step.refill else None
+                return (job, queue), None
+            if step.site is not None:  # its RQ queue ran dry: turn compact entries into jobs
+                rt.frontier(step.site).refill(JOBS_AHEAD)
+                continue
+            return None, step.wait
+        return None, 0.0
+
+    def when_idle(self) -> None:
+        """Mark ready any served site that has work but is missing from the ready set.
+
+        Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
+        would otherwise never be seen. Costs a round trip per idle second, never while busy.
+        """
+        now = time.monotonic()
+        if now - self._last_repair < REPAIR_EVERY:
+            return
+        self._last_repair = now
         with self.connection.pipeline(transaction=False) as pipe:
             for site, queue in self._by_site.items():
                 pipe.llen(queue.key)
-                pipe.pttl(keys.gate(site))
+                pipe.llen(keys.frontier(site))
             replies = pipe.execute()
-        open_sites, waits = [], []
-        for i, site in enumerate(self._by_site):
-            queued, pttl = int(replies[2 * i]), int(replies[2 * i + 1])
-            if not queued or rt.policy(site).paused:
-                continue
-            if pttl <= 0:
-                open_sites.append(site)
-            else:
-                waits.append(pttl / 1000.0)
-        random.shuffle(open_sites)  # spread workers over the open sites
-        for site in open_sites:
-            found = self._take(self._by_site[site])
-            if found is not None:
-                return found, None
-        if waits:
-            return None, min(waits)
-        return None, None
+        stranded = {site: 0 for i, site in enumerate(self._by_site) if replies[2 * i] or replies[2 * i + 1]}
+        if stranded:
+            self.connection.zadd(keys.ready(), stranded, nx=True)  # type: ignore[arg-type]
+
+    def _give_back(self, step: Next) -> None:
+        """Return a job of a site this worker has no spider for to the front of its queue."""
+        assert step.site is not None
+        if step.site not in self._warned:
+            self._warned.add(step.site)
+            log.warning("no spider for site %r here: leaving its work to other workers", step.site)
+        if step.job_id is not None:
+            queue_key = keys.RQ_QUEUE_PREFIX + keys.download_queue(step.site)
+            with self.connection.pipeline(transaction=True) as pipe:
+                pipe.lrem(queue_key + ":intermediate", 1, step.job_id)
+                pipe.lpush(queue_key, step.job_id)
+                pipe.execute()
+
+    def _fetch(self, job_id: str, queue: Queue) -> Job | None:
+        try:
+            job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:  # its hash expired or was deleted: drop the id
+            self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
+            return None
+        job.redis_server_version = self.get_redis_server_version()
+        return job
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            if self._refill is not None:
+                runtime.current().frontier(self._refill).refill(JOBS_AHEAD)
+                self._refill = None
 
 
 class ParseWorker(CrawlWorker):

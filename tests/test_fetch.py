@@ -104,6 +104,11 @@ def moved(h: Handler) -> None:
     h.reply(301, b"", "text/html", Location="/ok")
 
 
+def thinking(h: Handler) -> None:
+    time.sleep(0.3)
+    ok(h)
+
+
 def busy(h: Handler) -> None:
     h.reply(503, b"busy", "text/plain", Retry_After="120")
 
@@ -116,6 +121,7 @@ ROUTES: dict[str, Callable[[Handler], None]] = {
     "/endless": endless_chunked,
     "/gzip-bomb": gzip_bomb,
     "/drip": slow_drip,
+    "/thinking": thinking,
     "/slow-headers": slow_headers,
     "/moved": moved,
     "/busy": busy,
@@ -231,6 +237,16 @@ def test_pooled_connection_survives_a_refused_body(server: str, fetcher: Fetcher
 
 
 # parse_retry_after and Response helpers ---------------------------------------------------
+
+
+def test_on_sent_runs_once_the_request_is_written_before_the_answer(server: str, fetcher: Fetcher) -> None:
+    sent: list[float] = []
+    started = time.monotonic()
+    response = fetcher.get(f"{server}/thinking", on_sent=lambda: sent.append(time.monotonic()))
+    answered = time.monotonic()
+    assert response.status == 200
+    assert len(sent) == 1
+    assert sent[0] - started < 0.2 < answered - started  # before the server's 0.3 s of thinking ended
 
 
 def test_retry_after_in_seconds() -> None:

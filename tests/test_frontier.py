@@ -25,8 +25,19 @@ def frontier(redis_conn: Redis) -> Frontier:
     return Frontier(redis_conn, SITE, ["example.com"], failure_ttl=FAILURE_TTL, job_timeout=JOB_TIMEOUT)
 
 
+def queued_tasks(frontier: Frontier) -> list[DownloadTask]:
+    """Tasks waiting in the compact frontier, then in the RQ queue."""
+    entries = frontier.connection.lrange(keys.frontier(frontier.site), 0, -1)
+    jobs = [DownloadTask.from_json(job.args[0]) for job in frontier.queue.get_jobs()]
+    return [DownloadTask.from_entry(frontier.site, e) for e in entries] + jobs
+
+
 def queued_urls(frontier: Frontier) -> list[str]:
-    return [job.args[0]["url"] for job in frontier.queue.get_jobs()]
+    return [task.url for task in queued_tasks(frontier)]
+
+
+def queued(frontier: Frontier) -> int:
+    return len(queued_tasks(frontier))
 
 
 def raw_job(connection: Redis, job_id: str) -> dict[bytes, bytes]:
@@ -122,14 +133,14 @@ def test_add_deduplicates_within_one_batch(frontier: Frontier) -> None:
     result = frontier.add([Request("http://example.com/a"), Request("http://example.com/a#x")])
     assert result.enqueued == ["http://example.com/a"]
     assert result.duplicates == 1
-    assert frontier.queue.count == 1
+    assert queued(frontier) == 1
 
 
 def test_dont_filter_enqueues_a_seen_url_again(frontier: Frontier) -> None:
     frontier.add([Request("http://example.com/a")])
     result = frontier.add([Request("http://example.com/a", dont_filter=True)])
     assert result.enqueued == ["http://example.com/a"]
-    assert frontier.queue.count == 2
+    assert queued(frontier) == 2
 
 
 def test_forget_lets_a_url_be_enqueued_again(frontier: Frontier) -> None:
@@ -155,12 +166,31 @@ def test_off_domain_and_bad_links_are_returned_not_raised(frontier: Frontier, re
 def test_add_with_only_refused_links_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
     result = frontier.add([Request("http://other.org/")])
     assert result.enqueued == [] and len(result.refused or []) == 1
-    assert frontier.queue.count == 0
+    assert queued(frontier) == 0
     assert not redis_conn.exists(keys.seen(SITE))
+
+
+def test_added_urls_wait_compactly_and_mark_the_site_ready(frontier: Frontier, redis_conn: Redis) -> None:
+    frontier.add([Request("http://example.com/a"), Request("http://example.com/p", callback="parse_product")])
+    assert redis_conn.lrange(keys.frontier(SITE), 0, -1) == [
+        b'["http://example.com/a"]', b'["http://example.com/p","parse_product"]'
+    ]
+    assert redis_conn.zscore(keys.ready(), SITE) == 0  # due now
+    assert frontier.queue.count == 0  # no RQ job until a worker asks for one
+
+
+def test_refill_keeps_only_a_few_jobs_ahead_and_trims_the_frontier(frontier: Frontier, redis_conn: Redis) -> None:
+    frontier.add([Request(f"http://example.com/{i}") for i in range(5)])
+    assert frontier.refill(2) == 2
+    assert frontier.refill(2) == 0  # already two ahead
+    assert [j.args[0]["url"] for j in frontier.queue.get_jobs()] == ["http://example.com/0", "http://example.com/1"]
+    assert redis_conn.llen(keys.frontier(SITE)) == 3
+    assert queued_urls(frontier) == [f"http://example.com/{i}" for i in (2, 3, 4, 0, 1)]
 
 
 def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redis_conn: Redis) -> None:
     frontier.add([Request("http://example.com/p", callback="parse_product", meta={"k": [1, 2]})], depth=3, hops=1)
+    frontier.refill(2)
     assert frontier.queue.name == "download:shop"
     job_ids = redis_conn.lrange("rq:queue:download:shop", 0, -1)
     assert len(job_ids) == 1
@@ -189,8 +219,8 @@ def test_callback_method_is_stored_by_name(frontier: Frontier) -> None:
         def parse_item(self, page: Any) -> None: ...
 
     frontier.add([Request("http://example.com/i", callback=Owner().parse_item)])
-    (job,) = frontier.queue.get_jobs()
-    assert job.args[0]["callback"] == "parse_item"
+    (task,) = queued_tasks(frontier)
+    assert task.callback == "parse_item"
 
 
 # seed ----------------------------------------------------------------------------------
@@ -199,21 +229,21 @@ def test_callback_method_is_stored_by_name(frontier: Frontier) -> None:
 def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
     with pytest.raises(RefusedURL, match="evil.org"):
         seed(frontier, ["http://example.com/1", "http://evil.org/2", "http://example.com/3"])
-    assert frontier.queue.count == 0
+    assert queued(frontier) == 0
     assert not redis_conn.exists(keys.seen(SITE))
 
 
 def test_seed_refuses_a_malformed_url(frontier: Frontier) -> None:
     with pytest.raises(RefusedURL):
         seed(frontier, ["http://example.com:notaport/"])
-    assert frontier.queue.count == 0
+    assert queued(frontier) == 0
 
 
 def test_seed_skips_seen_urls_unless_forced(frontier: Frontier) -> None:
     assert seed(frontier, ["http://example.com/"]).enqueued == ["http://example.com/"]
     assert seed(frontier, ["http://example.com/"]).enqueued == []
     assert seed(frontier, ["http://example.com/"], force=True).enqueued == ["http://example.com/"]
-    assert frontier.queue.count == 2
+    assert queued(frontier) == 2
 
 
 # DownloadTask ----------------------------------------------------------------------------

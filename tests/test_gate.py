@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler.gate import NAMESPACE, Gate, site_gate
+from crawler.gate import SEND_GRACE, NAMESPACE, Gate, site_gate
 
 INTERVAL = 0.05
 RUN_FOR = 1.0
@@ -250,8 +250,24 @@ def test_non_positive_expire_is_refused(redis_conn: Redis, expire: float) -> Non
         Gate(redis_conn, "site", expire)
 
 
-def test_site_gate_adds_the_margin_to_the_interval(redis_conn: Redis) -> None:
+def test_site_gate_adds_the_margin_to_the_interval_counted_from_the_send(redis_conn: Redis) -> None:
     gate = site_gate(redis_conn, "shop", 0.2, margin=0.01)
-    assert gate.expire == pytest.approx(0.21)
+    assert gate.expire == pytest.approx(0.21 + SEND_GRACE)
+    assert gate.rearm_expire == pytest.approx(0.21)
     assert gate.acquire(blocking=False)
+    assert 210 < redis_conn.pttl(gate.key) <= 210 + SEND_GRACE * 1000  # closed until the request is sent
+    time.sleep(0.05)
+    assert gate.rearm()  # the request is on the wire: the interval starts now
     assert 150 < redis_conn.pttl(gate.key) <= 210
+
+
+def test_rearm_takes_an_expired_gate_again_and_reports_a_lost_one(redis_conn: Redis) -> None:
+    gate = Gate(redis_conn, "shop", 0.05, rearm_expire=0.3)
+    assert gate.acquire(blocking=False)
+    time.sleep(0.07)  # expired, nobody took it
+    assert gate.rearm() and 200 < redis_conn.pttl(gate.key) <= 300
+    other = Gate(redis_conn, "shop", 0.05)
+    redis_conn.delete(gate.key)
+    assert other.acquire(blocking=False)
+    assert not gate.rearm()  # someone else holds it: spacing may have been lost
+    assert redis_conn.get(gate.key) == other.token.encode()  # type: ignore[union-attr]

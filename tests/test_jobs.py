@@ -19,7 +19,7 @@ import pytest
 from redis import Redis
 from rq import Queue
 from rq.job import Job
-from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
 from crawler import jobs, keys
@@ -28,7 +28,7 @@ from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, fingerprint
 from crawler.runtime import Runtime
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.workers import DownloadWorker, promote_due_retries
+from crawler.workers import DownloadWorker
 
 SITE = "demo"
 
@@ -40,15 +40,39 @@ def payload(url: str, callback: str = "parse", **fields: Any) -> dict[str, Any]:
     return DownloadTask(SITE, url, callback, **fields).to_json()
 
 
-def download_queue(connection: Redis) -> Queue:
-    return Queue(keys.download_queue(SITE), connection=connection, serializer=JSONSerializer)
+class Backlog:
+    """Everything queued for the site: compact frontier entries, then RQ download jobs."""
+
+    def __init__(self, connection: Redis):
+        self.connection = connection
+        self.queue = Queue(keys.download_queue(SITE), connection=connection, serializer=JSONSerializer)
+
+    def payloads(self) -> list[dict[str, Any]]:
+        entries = self.connection.lrange(keys.frontier(SITE), 0, -1)
+        return [DownloadTask.from_entry(SITE, e).to_json() for e in entries] + queued_payloads(self.queue)
+
+    @property
+    def count(self) -> int:
+        return len(self.payloads())
+
+    def take_only(self) -> dict[str, Any]:
+        (only,) = self.payloads()
+        self.connection.delete(keys.frontier(SITE))
+        self.queue.empty()
+        return only
+
+
+def download_queue(connection: Redis) -> Backlog:
+    return Backlog(connection)
 
 
 def parse_queue(connection: Redis) -> Queue:
     return Queue(keys.PARSE_QUEUE, connection=connection, serializer=JSONSerializer)
 
 
-def queued_payloads(queue: Queue) -> list[dict[str, Any]]:
+def queued_payloads(queue: Queue | Backlog) -> list[dict[str, Any]]:
+    if isinstance(queue, Backlog):
+        return queue.payloads()
     return [job.args[0] for job in queue.get_jobs()]
 
 
@@ -60,8 +84,10 @@ def stats(connection: Redis) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(SITE)).items()}
 
 
-def take_next(queue: Queue) -> dict[str, Any]:
+def take_next(queue: Queue | Backlog) -> dict[str, Any]:
     """Remove the only job from ``queue`` and return its payload."""
+    if isinstance(queue, Backlog):
+        return queue.take_only()
     (job,) = queue.get_jobs()
     job.delete()
     return job.args[0]
@@ -170,20 +196,28 @@ def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(runtime:
     assert "application/pdf" in record["error"]
 
 
+def delayed(redis_conn: Redis) -> list[tuple[str, float]]:
+    """The delayed retries: (member, due time in seconds on the Redis clock)."""
+    return [(m.decode(), score / 1000) for m, score in redis_conn.zrange(keys.delayed(), 0, -1, withscores=True)]
+
+
 def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
     url = f"{shop.url}/product/3"
     assert runtime.settings.backoff < 1  # so only Retry-After: 1 can make the delay 1 s
+    before = float(redis_conn.time()[0]) + redis_conn.time()[1] / 1e6
     jobs.download(payload(url, "parse_product"))
 
-    queue = download_queue(redis_conn)
-    registry = ScheduledJobRegistry(queue=queue, serializer=JSONSerializer)
-    (job_id,) = registry.get_job_ids()
-    retry = Job.fetch(job_id, connection=redis_conn, serializer=JSONSerializer)
-    assert retry.func_name == DOWNLOAD_FUNC
-    assert retry.args[0] == payload(url, "parse_product", attempt=2)
-    assert queue.count == 0 and parse_queue(redis_conn).count == 0
-    (arrival,) = [e.time for e in shop.requests_for("/product/3")]
-    assert registry.get_scheduled_time(retry).timestamp() >= int(arrival) + 1  # rq keeps whole seconds
+    ((member, due),) = delayed(redis_conn)
+    site, _nonce, entry = member.split("\t", 2)
+    assert site == "demo"
+    retry = DownloadTask.from_entry(site, entry)
+    assert retry.to_json() == payload(url, "parse_product", attempt=2)
+    assert due >= before + 1.0
+    assert download_queue(redis_conn).count == 0 and parse_queue(redis_conn).count == 0
+    assert redis_conn.llen(keys.frontier("demo")) == 0
+    assert stats(redis_conn)["delayed"] == 1
+    # Retry-After closes the site's gate for every worker, not just this URL.
+    assert redis_conn.pttl(keys.gate("demo")) > 900
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["attempt"]) == (RETRY, 503, 1)
@@ -192,18 +226,17 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
 
 def test_retry_is_not_released_before_retry_after_has_passed(runtime: Runtime, redis_conn: Redis,
                                                              shop: ShopSite) -> None:
-    # Start early in a second, where truncating "now + 1 s" to whole seconds loses the most.
-    time.sleep((1.2 - time.time() % 1) % 1)
     jobs.download(payload(f"{shop.url}/product/3", "parse_product"))
     (arrival,) = [e.time for e in shop.requests_for("/product/3")]
-    queue = download_queue(redis_conn)
 
     deadline = arrival + 3
-    while not promote_due_retries(redis_conn, queue):
+    while not runtime.scheduler.promote_due():
         assert time.time() < deadline, "the retry was never released"
-        time.sleep(0.02)
+        time.sleep(0.01)
     released = time.time()
-    assert queue.count == 1
+    assert redis_conn.llen(keys.frontier("demo")) == 1
+    assert delayed(redis_conn) == [] and stats(redis_conn)["delayed"] == 0
+    assert redis_conn.zscore(keys.ready(), "demo") is not None
     assert released - arrival >= 1.0, f"released {released - arrival:.2f}s after a 503 with Retry-After: 1"
 
 
@@ -215,7 +248,7 @@ def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Re
     assert (record["outcome"], record["status"], record["error"]) == (FAILED, 404, "HTTP 404")
     queue = download_queue(redis_conn)
     assert queue.count == 0
-    assert ScheduledJobRegistry(queue=queue, serializer=JSONSerializer).count == 0
+    assert delayed(redis_conn) == []
     assert parse_queue(redis_conn).count == 0
     assert stats(redis_conn)["failed"] == 1
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

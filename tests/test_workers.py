@@ -213,8 +213,9 @@ def test_callback_that_raises_fails_that_page_with_traceback_and_crawl_goes_on(
 def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_conn: Redis) -> None:
     with ShopSite(products=10) as shop:
         set_live(redis_conn, "demo", paused=True)
+        runtime.publish("demo", force=True)  # as `crawler pause demo` does
         seed(runtime.frontier("demo"), [shop.url + "/"])
-        queue_key = f"rq:queue:{keys.download_queue('demo')}"
+        queue_key = keys.frontier("demo")
         assert redis_conn.llen(queue_key) == 1
 
         threads, stop = start_in_threads(redis_conn)
@@ -224,6 +225,7 @@ def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_con
         assert all(t.is_alive() for t in threads), "burst workers quit while paused work was queued"
 
         set_live(redis_conn, "demo", paused=False)
+        runtime.publish("demo", force=True)
         join_all(threads, stop, timeout=30)
         assert redis_conn.llen(queue_key) == 0
         assert items_by_sku(runtime.settings.database_url) == shop.expected_items()

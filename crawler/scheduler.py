@@ -1,0 +1,235 @@
+"""Which site a download worker serves next, in one round trip, whatever the site count.
+
+Three structures in Redis make the crawl fast while the gate keeps it polite:
+
+- the **compact frontier**, a list per site of small JSON arrays (``[url, callback,
+  depth, hops, attempt, meta]`` with trailing defaults left out), which holds the bulk
+  of queued URLs at a small fraction of an RQ job's size;
+- the **ready set**, a sorted set of the sites that have work, scored by the time
+  (Redis clock, ms) their gate opens;
+- per site **RQ queue** ``download:SITE`` holding only a few jobs ahead, refilled from
+  the compact frontier just in time, so RQ still tracks what is in flight.
+
+``NEXT_JOB`` takes the first due site from the ready set, moves one job id into RQ's
+intermediate list and re-scores the site one interval ahead, all in one Lua call, so
+workers are handed a site's jobs one interval apart. A site whose gate is still closed
+(a slow predecessor, a Retry-After) is re-scored to the moment it opens, so no worker
+waits behind it. The gate itself is still taken by the job right before its request:
+the ready set spreads the work, the gate is the guarantee. Retries wait in one delayed
+set (ms precision) until ``PROMOTE_DUE`` moves them back.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis import Redis
+
+from . import keys
+
+#: Jobs kept in a site's RQ queue ahead of the workers.
+JOBS_AHEAD = 2
+#: Sites looked at in one NEXT_JOB call before the worker is told to wait.
+MAX_TRIES = 32
+
+# KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
+# ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
+# ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = jobs to keep ahead,
+# ARGV[5] = tries, ARGV[6..] = sites served (none = all).
+# Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
+NEXT_JOB = """
+local p, qp, wp = ARGV[1], ARGV[2], ARGV[3]
+local ahead, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ready = p .. 'ready'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local served = {}
+for i = 6, #ARGV do served[#served + 1] = ARGV[i] end
+
+local function first_due()
+    if #served == 0 then
+        local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+        if #head == 0 then return nil end
+        return head[1], tonumber(head[2])
+    end
+    local best, best_score = nil, nil
+    for _, site in ipairs(served) do
+        local score = redis.call('ZSCORE', ready, site)
+        if score and (best_score == nil or tonumber(score) < best_score) then
+            best, best_score = site, tonumber(score)
+        end
+    end
+    return best, best_score
+end
+
+for _ = 1, tries do
+    local site, due = first_due()
+    if site == nil then return {-1} end
+    if due > now then return {0, due - now} end
+    local conf = redis.call('HMGET', p .. 'conf:' .. site, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms')
+    local interval = math.max(tonumber(conf[1]) or 1000, tonumber(conf[4]) or 0)
+    local queue = qp .. 'download:' .. site
+    local queued = redis.call('LLEN', queue)
+    local compact = redis.call('LLEN', p .. 'frontier:' .. site)
+    if conf[2] == '1' then
+        redis.call('ZADD', ready, now + 1000, site)
+    elseif queued == 0 and compact > 0 then
+        return {2, site}
+    elseif queued == 0 then
+        redis.call('ZREM', ready, site)
+    else
+        local cap = tonumber(conf[3])
+        local busy = 0
+        if cap then
+            busy = redis.call('ZCARD', wp .. 'download:' .. site) + redis.call('LLEN', queue .. ':intermediate')
+        end
+        local gate_ttl = redis.call('PTTL', p .. 'gate:' .. site)
+        if cap and busy >= cap then
+            redis.call('ZADD', ready, now + 50, site)
+        elseif gate_ttl > 0 then
+            redis.call('ZADD', ready, now + gate_ttl, site)
+        else
+            local job = redis.call('LMOVE', queue, queue .. ':intermediate', 'LEFT', 'RIGHT')
+            redis.call('ZADD', ready, now + interval, site)
+            local refill = 0
+            if queued - 1 < ahead and compact > 0 then refill = 1 end
+            return {1, site, job, refill}
+        end
+    end
+end
+return {0, 0}
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = most entries to move.
+# Moves due retries from the delayed set to the front of their site's compact frontier
+# and marks those sites ready. Returns how many moved.
+PROMOTE_DUE = """
+local p = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local due = redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+for _, member in ipairs(due) do
+    local tab = string.find(member, '\\t', 1, true)
+    local site, entry = string.sub(member, 1, tab - 1), string.sub(member, tab + 1)
+    local nonce = string.find(entry, '\\t', 1, true)
+    entry = string.sub(entry, nonce + 1)
+    redis.call('LPUSH', p .. 'frontier:' .. site, entry)
+    redis.call('ZADD', p .. 'ready', 'NX', now, site)
+    redis.call('HINCRBY', p .. 'stats:' .. site, 'delayed', -1)
+    redis.call('ZREM', p .. 'delayed', member)
+end
+return #due
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = member, ARGV[4] = delay in ms.
+SCHEDULE = """
+local p = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', p .. 'delayed', now + tonumber(ARGV[4]), ARGV[3])
+redis.call('HINCRBY', p .. 'stats:' .. ARGV[2], 'delayed', 1)
+return 1
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = token, ARGV[4] = ms.
+# Closes the site's gate for at least ARGV[4] ms for every worker (Retry-After, errors).
+CLOSE_GATE = """
+local p, site, ms = ARGV[1], ARGV[2], tonumber(ARGV[4])
+local gate = p .. 'gate:' .. site
+if redis.call('PTTL', gate) < ms then redis.call('SET', gate, ARGV[3], 'PX', ms) end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', p .. 'ready', site)
+if score and tonumber(score) < now + ms then redis.call('ZADD', p .. 'ready', now + ms, site) end
+return 1
+"""
+
+
+def encode_entry(url: str, callback: str = "parse", depth: int = 0, hops: int = 0, attempt: int = 1,
+                 meta: dict[str, Any] | None = None) -> str:
+    """A frontier entry: a JSON array with trailing default fields left out."""
+    fields: list[Any] = [url, callback, depth, hops, attempt, meta or {}]
+    defaults: list[Any] = [None, "parse", 0, 0, 1, {}]
+    while len(fields) > 1 and fields[-1] == defaults[len(fields) - 1]:
+        fields.pop()
+    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_entry(entry: str | bytes) -> dict[str, Any]:
+    """The fields of a frontier entry, defaults filled in; ValueError for a malformed one."""
+    fields = json.loads(entry)
+    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 6:
+        raise ValueError(f"malformed frontier entry: {entry!r:.200}")
+    names = ("url", "callback", "depth", "hops", "attempt", "meta")
+    values: dict[str, Any] = {"callback": "parse", "depth": 0, "hops": 0, "attempt": 1, "meta": {}}
+    values.update(zip(names, fields, strict=False))
+    return values
+
+
+@dataclass(frozen=True)
+class Next:
+    """What NEXT_JOB answered: a job (with its site), a site to refill, a wait, or nothing."""
+
+    site: str | None = None
+    job_id: str | None = None
+    refill: bool = False
+    wait: float | None = None  # seconds; None with no site means no work at all
+
+
+class Scheduler:
+    """Client side of the scripts above, for one worker (or one command)."""
+
+    def __init__(self, connection: Redis, sites: Sequence[str] = ()):
+        self.connection = connection
+        self.sites = list(sites)
+        self._next = connection.register_script(NEXT_JOB)
+        self._promote = connection.register_script(PROMOTE_DUE)
+        self._schedule = connection.register_script(SCHEDULE)
+        self._close = connection.register_script(CLOSE_GATE)
+
+    def next(self) -> Next:
+        """One job id of the next due site whose gate is open (see NEXT_JOB)."""
+        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", JOBS_AHEAD, MAX_TRIES, *self.sites]
+        reply = self._next(args=args)
+        code = int(reply[0])
+        if code == 1:
+            return Next(site=_text(reply[1]), job_id=_text(reply[2]), refill=bool(int(reply[3])))
+        if code == 2:
+            return Next(site=_text(reply[1]), refill=True)
+        if code == 0:
+            return Next(wait=int(reply[1]) / 1000.0)
+        return Next()
+
+    def promote_due(self, limit: int = 100) -> int:
+        """Move retries that have come due back to their frontiers. Returns how many."""
+        return int(self._promote(args=[keys.PREFIX, limit]))
+
+    def schedule(self, site: str, entry: str, delay: float) -> None:
+        """Put ``entry`` back in ``site``'s frontier after ``delay`` seconds."""
+        member = f"{site}\t{secrets.token_hex(4)}\t{entry}"
+        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000))])
+
+    def close_gate(self, site: str, seconds: float) -> None:
+        """Keep every worker away from ``site`` for at least ``seconds``."""
+        self._close(args=[keys.PREFIX, site, secrets.token_hex(8), max(1, int(seconds * 1000))])
+
+
+def publish_conf(connection: Redis, site: str, interval: float, margin: float, paused: bool = False,
+                 concurrency: int | None = None) -> None:
+    """Write the politeness NEXT_JOB obeys for ``site`` (interval incl. margin, pause, cap)."""
+    mapping = {"interval_ms": max(1, round((interval + margin) * 1000)), "paused": "1" if paused else "0"}
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.hset(keys.conf(site), mapping=mapping)  # type: ignore[arg-type]
+        if concurrency:
+            pipe.hset(keys.conf(site), "concurrency", concurrency)
+        else:
+            pipe.hdel(keys.conf(site), "concurrency")
+        pipe.execute()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

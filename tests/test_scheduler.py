@@ -1,0 +1,164 @@
+"""The scheduler's Lua scripts against a real Redis: ready set, refill, pause, cap, retries."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from crawler import keys
+from crawler.frontier import DownloadTask, Frontier
+from crawler.scheduler import Scheduler, decode_entry, encode_entry, publish_conf
+from crawler.spider import Request
+
+
+def frontier(connection: Redis, site: str) -> Frontier:
+    return Frontier(connection, site, ["example.com"], failure_ttl=60, job_timeout=60)
+
+
+def fill(connection: Redis, site: str, count: int, interval: float = 0.05) -> Frontier:
+    front = frontier(connection, site)
+    publish_conf(connection, site, interval, 0.0)
+    front.add([Request(f"http://example.com/{site}/{i}") for i in range(count)])
+    return front
+
+
+def take(scheduler: Scheduler, attempts: int = 4):  # type: ignore[no-untyped-def]
+    """The next job handed out, refilling RQ queues when asked, as a worker does."""
+    for _ in range(attempts):
+        step = scheduler.next()
+        if step.job_id is None and step.site is not None and step.refill:
+            frontier(scheduler.connection, step.site).refill(2)
+            continue
+        return step
+    return step
+
+
+def test_entries_round_trip_and_leave_out_defaults() -> None:
+    assert encode_entry("http://a/") == '["http://a/"]'
+    assert encode_entry("http://a/", "parse_item") == '["http://a/","parse_item"]'
+    full = encode_entry("http://a/", "cb", 2, 1, 3, {"k": "v"})
+    assert decode_entry(full) == {"url": "http://a/", "callback": "cb", "depth": 2, "hops": 1, "attempt": 3,
+                                  "meta": {"k": "v"}}
+    for bad in ("{}", "[]", "[1]", '["a",1,2,3,4,5,6]', "nope"):
+        with pytest.raises(ValueError):
+            decode_entry(bad)
+
+
+def test_a_site_with_work_is_handed_out_once_per_interval(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 5, interval=0.2)
+    scheduler = Scheduler(redis_conn)
+    first = take(scheduler)
+    assert first.site == "a" and first.job_id is not None
+    second = take(scheduler)
+    assert second.job_id is None
+    assert second.wait is not None and 0.1 < second.wait <= 0.2  # the site is due again one interval later
+    time.sleep(second.wait)
+    assert take(scheduler).site == "a"
+
+
+def test_workers_are_handed_other_sites_while_one_site_waits(redis_conn: Redis) -> None:
+    for site in ("a", "b", "c"):
+        fill(redis_conn, site, 3, interval=10)
+    scheduler = Scheduler(redis_conn)
+    handed = {take(scheduler).site for _ in range(3)}
+    assert handed == {"a", "b", "c"}
+    assert take(scheduler).job_id is None
+
+
+def test_a_closed_gate_moves_the_site_to_when_it_opens(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 2, interval=0.01)
+    scheduler = Scheduler(redis_conn)
+    scheduler.close_gate("a", 0.5)  # e.g. Retry-After from another worker's response
+    step = take(scheduler)
+    assert step.job_id is None and step.wait is not None and 0.3 < step.wait <= 0.5
+    assert 300 < redis_conn.pttl(keys.gate("a")) <= 500
+
+
+def test_close_gate_never_shortens_a_longer_closure(redis_conn: Redis) -> None:
+    scheduler = Scheduler(redis_conn)
+    scheduler.close_gate("a", 2.0)
+    scheduler.close_gate("a", 0.1)
+    assert redis_conn.pttl(keys.gate("a")) > 1500
+
+
+def test_a_paused_site_is_skipped_and_resumes(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 2)
+    publish_conf(redis_conn, "a", 0.05, 0.0, paused=True)
+    scheduler = Scheduler(redis_conn)
+    assert take(scheduler).job_id is None
+    publish_conf(redis_conn, "a", 0.05, 0.0, paused=False)
+    redis_conn.zadd(keys.ready(), {"a": 0})
+    assert take(scheduler).site == "a"
+
+
+def test_concurrency_cap_holds_back_a_site_with_requests_in_flight(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 3, interval=0.001)
+    publish_conf(redis_conn, "a", 0.001, 0.0, concurrency=1)
+    scheduler = Scheduler(redis_conn)
+    first = take(scheduler)
+    assert first.job_id is not None  # now in RQ's intermediate list: in flight
+    time.sleep(0.01)
+    assert take(scheduler).job_id is None
+    redis_conn.lrem(f"rq:queue:download:a:intermediate", 1, first.job_id)  # the job finished
+    redis_conn.zadd(keys.ready(), {"a": 0})
+    assert take(scheduler).job_id is not None
+
+
+def test_a_worker_serving_some_sites_never_gets_another(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 2)
+    fill(redis_conn, "b", 2)
+    only_b = Scheduler(redis_conn, ["b"])
+    steps = [take(only_b) for _ in range(2)]
+    assert {s.site for s in steps if s.job_id} == {"b"}
+
+
+def test_drained_sites_leave_the_ready_set(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 1, interval=0.001)
+    scheduler = Scheduler(redis_conn)
+    assert take(scheduler).job_id is not None
+    time.sleep(0.01)
+    assert take(scheduler).site is None
+    assert redis_conn.zcard(keys.ready()) == 0
+
+
+def test_dequeue_cost_does_not_grow_with_the_number_of_sites(redis_conn: Redis) -> None:
+    for i in range(300):
+        fill(redis_conn, f"s{i}", 1, interval=10)
+    scheduler = Scheduler(redis_conn)
+    before = redis_conn.info("commandstats")
+    handed = [take(scheduler) for _ in range(50)]
+    after = redis_conn.info("commandstats")
+    calls = sum(v["calls"] for v in after.values()) - sum(v["calls"] for v in before.values())
+    assert all(step.job_id for step in handed)
+    # 50 handouts: one NEXT_JOB each, plus the refills (a lock, a few reads, a transaction);
+    # independent of the 300 sites (RQ's own dequeue would ask each queue in turn).
+    assert calls < 50 * 40
+
+
+def test_due_retries_come_back_to_the_front_with_ms_precision(redis_conn: Redis) -> None:
+    front = fill(redis_conn, "a", 1)
+    scheduler = Scheduler(redis_conn)
+    retry = DownloadTask("a", "http://example.com/retry", attempt=2)
+    scheduler.schedule("a", retry.to_entry(), 0.3)
+    assert redis_conn.hget(keys.stats("a"), "delayed") == b"1"
+    assert scheduler.promote_due() == 0
+    time.sleep(0.32)
+    assert scheduler.promote_due() == 1
+    first = redis_conn.lindex(keys.frontier("a"), 0)
+    assert DownloadTask.from_entry("a", first) == retry
+    assert redis_conn.hget(keys.stats("a"), "delayed") == b"0"
+    assert front.connection.zcard(keys.delayed()) == 0
+
+
+def test_refill_turns_entries_into_json_jobs(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 4)
+    scheduler = Scheduler(redis_conn)
+    step = take(scheduler)
+    assert step.job_id is not None
+    queue = Queue("download:a", connection=redis_conn, serializer=JSONSerializer)
+    assert queue.count == 1  # one more kept ahead; the rest stays compact
+    assert redis_conn.llen(keys.frontier("a")) == 2
