@@ -46,8 +46,8 @@ DEFAULT_BACKOFF = 2.0
 DEFAULT_MAX_RETRY_AFTER = 3600.0
 """Longest Retry-After honoured, in seconds; longer ones are capped to this."""
 
-DEFAULT_GATE_MARGIN = 0.002
-"""Seconds added to every site interval: timing noise between hosts (raise it for hosts at different network distances)."""
+DEFAULT_GATE_MARGIN = 0.01
+"""Seconds added to every site interval for timing noise (1% of a 1 s interval); raise it across hosts."""
 
 DEFAULT_FAILURE_TTL = 7 * 24 * 3600
 """Seconds a failed RQ job is kept in Redis for inspection."""
