@@ -60,7 +60,7 @@ def download(payload: dict[str, Any]) -> None:
             finished=finished, status=response.status if response else status,
             bytes=len(response.body) if response else None,
             elapsed=response.elapsed if response else (finished - started).total_seconds(),
-            worker=_worker_name(), attempt=task.attempt, error=error,
+            worker=_worker_name(), attempt=task.attempt, error=error, callback=task.callback,
         )])
         counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
         if counter and url == task.url:
@@ -187,7 +187,7 @@ def parse(payload: dict[str, Any]) -> None:
     def record(outcome: str, error: str | None = None) -> None:
         rt.store.record_fetches([FetchRecord(
             site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
-            status=payload.get("status"), worker=_worker_name(), error=error,
+            status=payload.get("status"), worker=_worker_name(), error=error, callback=payload.get("callback"),
             elapsed=(utcnow() - started).total_seconds(),
         )])
 

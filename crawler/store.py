@@ -72,6 +72,7 @@ fetches = Table(
     Column("worker", String(200)),
     Column("attempt", Integer, nullable=False, default=1),
     Column("error", Text),
+    Column("callback", String(200)),  # the spider method the page was for, so it can be retried
     Index("fetches_site_outcome", "site", "outcome"),
     Index("fetches_site_url", "site", "url"),
 )
@@ -100,6 +101,7 @@ class FetchRecord:
     worker: str | None = None
     attempt: int = 1
     error: str | None = None
+    callback: str | None = None
 
 
 @dataclass
