@@ -24,6 +24,7 @@ from . import keys
 from .connection import EmbeddedRedis, connect, resolve_redis_url
 from .errors import ConfigError, CrawlerError
 from .export import FORMATS, write_items
+from .failures import FailedPage, failed_pages, retry_pages
 from .frontier import seed as seed_urls
 from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
 from .policy import read_live, resolve_policy, set_live
@@ -345,6 +346,67 @@ def export(obj: Context, site: str, fmt: str, output: str | None) -> None:
     finally:
         store.close()
     click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)
+
+
+@cli.command()
+@click.argument("site", required=False)
+@click.option("--traceback", "show_error", is_flag=True, help="Show each page's full error text.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (full errors included).")
+@click.option("--limit", type=click.IntRange(1), help="Show at most N pages.")
+@pass_context
+def failed(obj: Context, site: str | None, show_error: bool, as_json: bool, limit: int | None) -> None:
+    """List failed pages (of SITE, or every site) with the reason."""
+    name = obj.site(site) if site else None
+    store = Store(obj.settings.database_url)
+    try:
+        pages = failed_pages(store, name, limit)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps([page.as_dict() for page in pages], indent=2))
+    elif not pages:
+        click.echo("no failed pages")
+    else:
+        _print_failed(pages, show_error)
+    if limit is not None and len(pages) == limit:
+        click.echo(f"showing the first {limit} failed pages; raise --limit for more", err=True)
+
+
+def _print_failed(pages: list[FailedPage], show_error: bool) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Column, Table
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    # Light borders, and URLs and reasons folded, never cut short, to fit a narrow terminal.
+    table = Table("site", Column("url", overflow="fold"), "kind", "status", "attempt", "finished (UTC)",
+                  Column("reason", overflow="fold"), box=box.SIMPLE_HEAD)
+    for page in pages:  # Text cells: a URL or an error may hold [brackets] rich would read as markup
+        table.add_row(*(Text(value) for value in (
+            page.site, page.url, page.kind, str(page.status or "-"), str(page.attempt),
+            page.finished.strftime("%Y-%m-%d %H:%M:%S"), page.reason)))
+    console.print(table)
+    if show_error:
+        for page in pages:
+            console.print(Text(f"\n{page.site} {page.url} ({page.kind}):", style="bold"), soft_wrap=True)
+            console.print(Text((page.error or page.reason).rstrip()), soft_wrap=True)  # copyable: no wrapping
+
+
+@cli.command()
+@click.argument("site")
+@click.argument("urls", nargs=-1)
+@click.option("--all", "all_pages", is_flag=True, help="Every failed page of SITE.")
+@pass_context
+def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> None:
+    """Requeue failed pages of SITE: the URLs given, or --all."""
+    obj.site(site)
+    if not urls and not all_pages:
+        raise ConfigError("name the failed URLs to retry, or give --all")
+    if urls and all_pages:
+        raise ConfigError("give failed URLs or --all, not both")
+    pages = retry_pages(obj.runtime.store, obj.runtime.frontier(site), None if all_pages else urls)
+    click.echo(f"{site}: {len(pages)} failed page{'' if len(pages) == 1 else 's'} requeued")
 
 
 @cli.command()

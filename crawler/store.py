@@ -30,6 +30,7 @@ from sqlalchemy import (
     case,
     create_engine,
     event,
+    exists,
     func,
     select,
 )
@@ -79,6 +80,9 @@ fetches = Table(
 
 #: Outcomes of a fetch record.
 OK, REDIRECT, RETRY, FAILED, REFUSED, SKIPPED = "ok", "redirect", "retry", "failed", "refused", "skipped"
+
+#: Most values bound in one SQL ``IN (...)`` (SQLite caps a statement's parameters).
+_IN_BATCH = 500
 
 
 def utcnow() -> datetime:
@@ -229,6 +233,33 @@ class Store:
         )
         with self.engine.connect() as conn:
             return {outcome: int(n) for outcome, n in conn.execute(query)}
+
+    def failed_pages(self, site: str | None = None, limit: int | None = None,
+                     urls: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Pages whose latest fetch record (download or parse) failed, by site then age.
+
+        A page that failed and later succeeded, or is being retried, is not listed.
+        ``site`` (None for every site) and ``urls`` narrow the pages looked at.
+        """
+        later = fetches.alias("later")
+        newer_record = exists().where(later.c.site == fetches.c.site, later.c.url == fetches.c.url,
+                                      later.c.id > fetches.c.id)
+        # Only failed records are visited (index on site, outcome); each is checked for a later
+        # record of its page (index on site, url), so the cost follows the failures, not the crawl.
+        query = select(fetches).where(fetches.c.outcome == FAILED, ~newer_record).order_by(fetches.c.site, fetches.c.id)
+        if site is not None:
+            query = query.where(fetches.c.site == site)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            if urls is None:
+                return [dict(row._mapping) for row in conn.execute(query)]
+            wanted = list(dict.fromkeys(urls))
+            rows = []
+            for start in range(0, len(wanted), _IN_BATCH):
+                batch = wanted[start:start + _IN_BATCH]
+                rows += [dict(row._mapping) for row in conn.execute(query.where(fetches.c.url.in_(batch)))]
+            return sorted(rows, key=lambda row: (row["site"], row["id"]))[:limit]
 
     def ping(self) -> None:
         """ConfigError unless the database answers."""
