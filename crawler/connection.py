@@ -100,8 +100,11 @@ class EmbeddedRedis:
             "--logfile", str(log),
             "--pidfile", str(self.state_dir / "redis.pid"),
         ]  # fmt: skip
-        # A new session: Ctrl-C in the terminal stops the workers, not Redis under them.
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
+        # A new session: Ctrl-C in the terminal stops the workers, not Redis under them; no
+        # inherited stdout, so a caller capturing our output is not held open by the server.
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

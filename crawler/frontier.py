@@ -23,6 +23,7 @@ from w3lib.url import canonicalize_url
 from . import keys
 from .errors import RefusedURL
 from .gate import Gate
+from .recovery import job_retry
 from .scheduler import decode_entry, encode_entry
 from .spider import Request
 
@@ -233,6 +234,7 @@ class Frontier:
                 failure_ttl=self.failure_ttl,
                 timeout=self.job_timeout,
                 description=task.url,
+                retry=job_retry(),
             )
             for task in tasks
         ]

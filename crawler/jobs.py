@@ -10,10 +10,13 @@ the frontier → record → delete the body.
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
+import socket
 import traceback
 import zlib
 from typing import Any
+from urllib.parse import urlsplit
 
 from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
@@ -22,6 +25,7 @@ from . import keys, runtime
 from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedirects, TransientError
 from .fetch import Response
 from .frontier import DownloadTask, Frontier
+from .recovery import job_retry
 from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
 from .spider import Page, Request
 from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Item, utcnow
@@ -140,6 +144,9 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
         record(FAILED, response=response, error=str(too_many))
         return
+    if not rt.spider(task.site).allow_private_addresses and redirects_inward(task.url, target):
+        record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
+        return
     frontier: Frontier = rt.frontier(task.site)
     request = Request(target, callback=task.callback, meta=task.meta or {})
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
@@ -149,6 +156,25 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
     else:
         record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
+
+
+def is_private_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address) resolves to a private, loopback or link-local address."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError):
+        return False  # unresolvable: the fetch itself will fail and be recorded
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
+            return True
+    return False
+
+
+def redirects_inward(source: str, target: str) -> bool:
+    """Whether a redirect leads from a public host to a private or loopback one (SSRF)."""
+    source_host, target_host = urlsplit(source).hostname or "", urlsplit(target).hostname or ""
+    return not is_private_host(source_host) and is_private_host(target_host)
 
 
 def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response) -> None:
@@ -167,7 +193,7 @@ def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response)
     }
     parse_queue(rt.connection).enqueue(
         PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
-        job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url,
+        job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url, retry=job_retry(),
     )
 
 

@@ -58,6 +58,9 @@ DEFAULT_DOWNLOAD_TIMEOUT = 300
 DEFAULT_PARSE_TIMEOUT = 120
 """RQ job timeout for one parse job, seconds."""
 
+DEFAULT_JOB_LEASE = 20
+"""Seconds a running job's claim lasts without a heartbeat; a killed worker's page returns after about this."""
+
 DEFAULT_USER_AGENT = "crawler/0.1 (+https://example.invalid/crawler)"
 """User-Agent sent when the spider names none."""
 
@@ -84,6 +87,7 @@ class Settings:
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
     gate_margin: float = DEFAULT_GATE_MARGIN
     failure_ttl: int = DEFAULT_FAILURE_TTL
+    job_lease: int = DEFAULT_JOB_LEASE
     user_agent: str = DEFAULT_USER_AGENT
     #: Per-site overrides from the config file: {site: {"interval": 2.0, ...}}.
     sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
@@ -92,6 +96,7 @@ class Settings:
         for name in ("timeout", "backoff", "max_retry_after"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         _require(self.gate_margin >= 0, "gate_margin", "must be 0 or more")
+        _require(self.job_lease >= 3, "job_lease", "must be at least 3 seconds (heartbeats come every second)")
         for name in ("max_body_bytes", "failure_ttl"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):

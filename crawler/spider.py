@@ -148,6 +148,8 @@ class Spider:
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
+    #: Follow redirects from a public host to private or loopback addresses (refused by default).
+    allow_private_addresses: bool = False
 
     def parse(self, page: Page) -> Iterable[Any]:
         """Default callback: override it."""

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import redis
 from redis import Redis
 from rq import Queue, SimpleWorker
 from rq.exceptions import NoSuchJobError
@@ -28,6 +29,7 @@ from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 
 from . import keys, runtime
+from .recovery import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
 from .scheduler import JOBS_AHEAD, Next, Scheduler
 
 log = logging.getLogger("crawler.workers")
@@ -95,6 +97,8 @@ class CrawlWorker(SimpleWorker):
         self.stop_event = stop_event or threading.Event()
         self._burst = False
         self._last_promote = 0.0
+        self._last_reap = 0.0
+        self._redis_wait = 0.0
 
     def work(self, burst: bool = False, **kwargs: Any) -> bool:  # type: ignore[override]
         self._burst = burst
@@ -115,31 +119,104 @@ class CrawlWorker(SimpleWorker):
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        self.set_state("idle")
         while not self.stop_event.is_set() and not self._stop_requested:
-            self.heartbeat()
-            if self.should_run_maintenance_tasks:
-                self.run_maintenance_tasks()
-            self._promote_retries()
-            found, wait = self.next_job()
-            if found is not None:
-                return found
-            if wait is None:  # no work anywhere we serve
-                if self._burst and crawl_drained(self.connection, self.sites):
+            try:
+                found, wait = self._dequeue_step()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                wait = self._redis_down(exc)
+            else:
+                self._redis_back()
+                if found is not None:
+                    return found
+                if wait is None:  # drained
                     return None
-                self.when_idle()
-                wait = IDLE_SLEEP
-            self.stop_event.wait(min(wait, IDLE_SLEEP * 10))
+            self.stop_event.wait(wait)
         return None
+
+    def _dequeue_step(self) -> tuple[tuple[Job, Queue] | None, float | None]:
+        """One look for work: a job, else seconds to wait (None: burst and drained)."""
+        self.set_state("idle")
+        self.heartbeat()
+        if self.should_run_maintenance_tasks:
+            self.run_maintenance_tasks()
+        self._periodic()
+        found, wait = self.next_job()
+        if found is not None:
+            return found, None
+        if wait is None:  # no work anywhere we serve
+            if self._burst and crawl_drained(self.connection, self.sites):
+                return None, None
+            self.when_idle()
+            wait = IDLE_SLEEP
+        return None, min(wait, IDLE_SLEEP * 10)
+
+    def _redis_down(self, exc: Exception) -> float:
+        """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
+        if self._redis_wait == 0:
+            self.log.error("Redis unreachable (%s): waiting and reconnecting", str(exc).splitlines()[0])
+        self._redis_wait = min(max(self._redis_wait * 2, 0.5), 30.0)
+        return self._redis_wait
+
+    def _redis_back(self) -> None:
+        if self._redis_wait:
+            self.log.warning("Redis is back: resuming")
+            self._redis_wait = 0.0
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Run the job in this thread while a heartbeat thread renews its lease."""
+        try:
+            prune_dead_executions(self.connection, job)
+            execution = self.prepare_execution(job)
+            done = threading.Event()
+            beat = threading.Thread(target=self._beat, args=(job, execution, done), daemon=True)
+            beat.start()
+            try:
+                self.perform_job(job, queue, execution)
+            finally:
+                done.set()
+                beat.join()
+            self.set_state("idle")
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # The job's claim expires and the reaper hands it back once Redis answers.
+            self._redis_down(exc)
+
+    def _beat(self, job: Job, execution: Any, done: threading.Event) -> None:
+        while not done.wait(HEARTBEAT_EVERY):
+            try:
+                self.maintain_heartbeats(job, execution)
+            except (redis.ConnectionError, redis.TimeoutError):
+                pass  # the main loop reports Redis outages
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # A short lease renewed by ``_beat`` while the job runs: a killed worker's job is
+        # noticed within job_lease + REAP_EVERY seconds, not RQ's minutes.
+        return runtime.current().settings.job_lease
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        try:
+            super().heartbeat(timeout, pipeline)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if pipeline is not None:
+                raise
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # reported by the dequeue loop
 
     def when_idle(self) -> None:
         """Housekeeping done only when there is no work (subclasses add theirs)."""
 
-    def _promote_retries(self) -> None:
+    def _periodic(self) -> None:
+        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn."""
         now = time.monotonic()
         if now - self._last_promote >= PROMOTE_EVERY:
             self._last_promote = now
             runtime.current().scheduler.promote_due()
+        if now - self._last_reap >= REAP_EVERY:
+            self._last_reap = now
+            reap(self.connection)
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """A job to run now, else how long until one may be ready (None: no work)."""
@@ -240,12 +317,13 @@ class DownloadWorker(CrawlWorker):
         return job
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        try:
-            super().execute_job(job, queue)
-        finally:
-            if self._refill is not None:
-                runtime.current().frontier(self._refill).refill(JOBS_AHEAD)
-                self._refill = None
+        super().execute_job(job, queue)
+        site, self._refill = self._refill, None
+        if site is not None:
+            try:
+                runtime.current().frontier(site).refill(JOBS_AHEAD)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._redis_down(exc)  # the next NEXT_JOB asks for the refill again
 
 
 class ParseWorker(CrawlWorker):

@@ -365,3 +365,12 @@ def test_seeded_request_and_redirect_target_share_one_seen_entry(runtime: Runtim
     jobs.download(payload(f"{shop.url}/old/product/5", "parse_product"))
 
     assert [p["url"] for p in queued_payloads(download_queue(redis_conn))] == [f"{shop.url}/product/5"]
+
+
+def test_a_redirect_from_a_public_host_to_a_private_address_is_refused() -> None:
+    assert jobs.redirects_inward("http://93.184.216.34/a", "http://127.0.0.1/admin")
+    assert jobs.redirects_inward("http://93.184.216.34/a", "http://10.1.2.3/")
+    assert jobs.redirects_inward("http://93.184.216.34/a", "http://169.254.169.254/latest/meta-data")
+    assert jobs.redirects_inward("http://93.184.216.34/a", "http://[::1]/")
+    assert not jobs.redirects_inward("http://93.184.216.34/a", "http://93.184.216.35/b")
+    assert not jobs.redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
