@@ -105,7 +105,16 @@ class Redirector:
 
             def do_GET(self) -> None:
                 owner.paths.append(self.path)
-                if self.path == "/away":
+                if self.path == "/robots.txt":
+                    body = b"User-agent: *\nCrawl-delay: 2\n"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                elif self.path == "/down":
+                    self._send(500)
+                elif self.path == "/away":
                     self._send(301, "http://offsite.invalid/landing")
                 elif self.path.startswith("/hop/"):
                     self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
@@ -374,3 +383,24 @@ def test_a_redirect_from_a_public_host_to_a_private_address_is_refused() -> None
     assert jobs.redirects_inward("http://93.184.216.34/a", "http://[::1]/")
     assert not jobs.redirects_inward("http://93.184.216.34/a", "http://93.184.216.35/b")
     assert not jobs.redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
+
+
+def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(runtime: Runtime, redis_conn: Redis,
+                                                                        redirector: Redirector) -> None:
+    jobs.download(payload(f"{redirector.url}/hop/0"))
+    assert redis_conn.hget(keys.conf(SITE), "robots_delay_ms") == b"2000"
+
+
+def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(runtime: Runtime, redis_conn: Redis,
+                                                                           redirector: Redirector) -> None:
+    for _ in range(jobs.ERRORS_BEFORE_PAUSE - 1):
+        jobs.download(payload(f"{redirector.url}/down"))
+    interval_ms = (runtime.policy(SITE).interval + runtime.settings.gate_margin) * 1000
+    assert redis_conn.pttl(keys.gate(SITE)) <= interval_ms  # a couple of errors: no pause yet
+    jobs.download(payload(f"{redirector.url}/down"))
+    assert redis_conn.get(keys.errors(SITE)) == str(jobs.ERRORS_BEFORE_PAUSE).encode()
+    pause_ms = runtime.settings.backoff * 1000
+    assert interval_ms < redis_conn.pttl(keys.gate(SITE)) <= pause_ms  # closed for the backoff
+    redis_conn.delete(keys.gate(SITE))
+    jobs.download(payload(f"{redirector.url}/hop/0"))  # the site answers again
+    assert redis_conn.get(keys.errors(SITE)) is None

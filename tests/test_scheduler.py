@@ -162,3 +162,12 @@ def test_refill_turns_entries_into_json_jobs(redis_conn: Redis) -> None:
     queue = Queue("download:a", connection=redis_conn, serializer=JSONSerializer)
     assert queue.count == 1  # one more kept ahead; the rest stays compact
     assert redis_conn.llen(keys.frontier("a")) == 2
+
+
+def test_a_robots_crawl_delay_spaces_handouts_more_than_the_interval(redis_conn: Redis) -> None:
+    fill(redis_conn, "a", 3, interval=0.05)
+    redis_conn.hset(keys.conf("a"), "robots_delay_ms", 400)
+    scheduler = Scheduler(redis_conn)
+    assert take(scheduler).job_id is not None
+    step = take(scheduler)
+    assert step.job_id is None and step.wait is not None and 0.3 < step.wait <= 0.4
