@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler.gate import SEND_GRACE, NAMESPACE, Gate, site_gate
+from crawler.gate import NAMESPACE, SEND_GRACE, Gate, site_gate
 
 INTERVAL = 0.05
 RUN_FOR = 1.0

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from redis import Redis
 from rq import Queue
-from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 

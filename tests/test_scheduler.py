@@ -103,7 +103,7 @@ def test_concurrency_cap_holds_back_a_site_with_requests_in_flight(redis_conn: R
     assert first.job_id is not None  # now in RQ's intermediate list: in flight
     time.sleep(0.01)
     assert take(scheduler).job_id is None
-    redis_conn.lrem(f"rq:queue:download:a:intermediate", 1, first.job_id)  # the job finished
+    redis_conn.lrem("rq:queue:download:a:intermediate", 1, first.job_id)  # the job finished
     redis_conn.zadd(keys.ready(), {"a": 0})
     assert take(scheduler).job_id is not None
 
