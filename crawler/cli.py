@@ -410,6 +410,43 @@ def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> No
 
 
 @cli.command()
+@click.argument("site")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_context
+def stats(obj: Context, site: str, as_json: bool) -> None:
+    """SITE's downloads: latency percentiles, statuses, pages per minute, slowest pages."""
+    from .stats import site_stats
+
+    obj.site(site)
+    store = Store(obj.settings.database_url)
+    try:
+        summary = site_stats(store, site)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    lat = summary.latency
+    console.print(f"{site}: {summary.downloads} downloads; latency p50 {lat['p50'] * 1000:.0f} ms, "
+                  f"p90 {lat['p90'] * 1000:.0f} ms, p99 {lat['p99'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms",
+                  highlight=False)
+    console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), highlight=False)
+    console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in summary.statuses.items()), highlight=False)
+    minutes = Table("minute (UTC)", "downloads")
+    for minute, count in summary.per_minute[-30:]:
+        minutes.add_row(minute, str(count))
+    console.print(minutes)
+    slow = Table("slowest", "seconds", "status")
+    for row in summary.slowest:
+        slow.add_row(row["url"], f"{row['elapsed']:.3f}", str(row["status"]))
+    console.print(slow)
+
+
+@cli.command()
 @click.option("--products", default=300, show_default=True, type=click.IntRange(1, 100000))
 @click.option("-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 64))
 @pass_context
