@@ -31,7 +31,7 @@ from .policy import read_live, resolve_policy, set_live
 from .runtime import BUNDLED_SPIDERS, Runtime
 from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url
 from .spider import SpiderSet, load_spiders
-from .status import RateMeter, SiteStatus, known_sites, site_status
+from .status import RateMeter, SiteStatus, known_sites, site_status, workers_by_host
 from .store import Store
 from .workers import crawl_drained
 
@@ -273,19 +273,25 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
         if s.site in obj.spider_set.spiders:
             policy = resolve_policy(obj.spider_set.spiders[s.site], obj.settings, read_live(obj.redis, s.site))
             s.interval, s.paused = policy.interval, policy.paused
+            s.interval_source = policy.sources.get("interval")
+    hosts = workers_by_host(obj.redis)
     if as_json:
-        click.echo(json.dumps([s.as_dict() for s in statuses], indent=2))
+        click.echo(json.dumps({"sites": [s.as_dict() for s in statuses], "workers": hosts}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
 
     table = Table("site", "queued", "in flight", "retrying", "fetched", "parsed", "items", "failed", "refused",
-                  "interval (s)", "state")
+                  "interval (s)", "from", "state")
     for s in statuses:
         table.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.fetched), str(s.parsed),
                       str(s.items), str(s.failed), str(s.refused), f"{s.interval:g}" if s.interval else "-",
-                      "paused" if s.paused else "running")
-    Console().print(table)
+                      s.interval_source or "-", "paused" if s.paused else "running")
+    console = Console()
+    console.print(table)
+    for host, states in sorted(hosts.items()):
+        console.print(f"workers on {host}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())),
+                      highlight=False)
 
 
 @cli.command("set")

@@ -27,6 +27,7 @@ class SiteStatus:
     refused: int
     items: int
     interval: float | None = None
+    interval_source: str | None = None  # spider | config | live
     paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,3 +83,16 @@ class RateMeter:
                     self._last[status.site] = (now, done)
             else:
                 self._last[status.site] = (now, done)
+
+
+def workers_by_host(connection: Redis) -> dict[str, dict[str, int]]:
+    """Live RQ workers per host, counted by state (busy, idle, …), from RQ's worker registry."""
+    from rq import Worker
+
+    hosts: dict[str, dict[str, int]] = {}
+    for worker in Worker.all(connection=connection):
+        host = worker.hostname or "?"
+        state = str(worker.get_state())
+        hosts.setdefault(host, {}).setdefault(state, 0)
+        hosts[host][state] += 1
+    return hosts

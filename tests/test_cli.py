@@ -294,7 +294,7 @@ def test_seed_then_status_json_shows_the_queued_urls(invoke: Invoke) -> None:
 
     result = invoke("status", "demo", "--json")
     assert result.exit_code == 0, result.output
-    (status,) = json.loads(result.stdout)
+    (status,) = json.loads(result.stdout)["sites"]
     assert status["site"] == "demo"
     assert (status["queued"], status["in_flight"], status["fetched"], status["failed"]) == (2, 0, 0, 0)
     assert status["interval"] == 0.02 and status["paused"] is False
@@ -303,10 +303,10 @@ def test_seed_then_status_json_shows_the_queued_urls(invoke: Invoke) -> None:
 def test_set_and_pause_show_in_status(invoke: Invoke) -> None:
     assert invoke("set", "demo", "--interval", "0.5").exit_code == 0
     assert invoke("pause", "demo").stdout.strip() == "demo: paused"
-    (status,) = json.loads(invoke("status", "demo", "--json").stdout)
-    assert (status["interval"], status["paused"]) == (0.5, True)
+    (status,) = json.loads(invoke("status", "demo", "--json").stdout)["sites"]
+    assert (status["interval"], status["interval_source"], status["paused"]) == (0.5, "live", True)
     assert invoke("resume", "demo").exit_code == 0
-    (status,) = json.loads(invoke("status", "demo", "--json").stdout)
+    (status,) = json.loads(invoke("status", "demo", "--json").stdout)["sites"]
     assert status["paused"] is False
 
 
