@@ -316,3 +316,22 @@ def test_demo_command_crawls_on_an_embedded_redis_and_stops_it(tmp_path: Path) -
     assert not (state / "redis.sock").exists()
     log = (state / "redis.log").read_text()
     assert "ready to exit" in log, textwrap.shorten(log, 500)
+
+
+def test_status_counts_live_workers_per_host(runtime: Runtime, redis_conn: Redis) -> None:
+    import socket
+
+    from crawler.status import workers_by_host
+
+    stop = threading.Event()
+    worker = ParseWorker(redis_conn, ["demo"], stop_event=stop)
+    thread = threading.Thread(target=worker.work, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while "idle" not in str(workers_by_host(redis_conn)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    hosts = workers_by_host(redis_conn)
+    stop.set()
+    thread.join(10)
+    assert hosts == {socket.gethostname(): {"idle": 1}}
+    assert workers_by_host(redis_conn) == {}  # a stopped worker leaves the registry
