@@ -23,6 +23,9 @@ from redis import Redis
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: Longest sleep of a blocked acquirer of an auto-release mutex (its holder may release early).
+RELEASE_POLL = 0.05
+
 #: Default key namespace; one key per gate name below it (see ``keys.gate``).
 NAMESPACE = "crawler:gate"
 
@@ -123,6 +126,9 @@ class Gate:
                 return True
             if not blocking:
                 return False
+            # A lock not yet rearmed still counts its send grace: it may open as soon as
+            # one rearm lifetime from now. A mutex (auto_release) may be released any time.
+            wait = min(wait, self.rearm_expire, RELEASE_POLL if self.auto_release else wait)
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:

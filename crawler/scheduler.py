@@ -31,19 +31,21 @@ from redis import Redis
 
 from . import keys
 
-#: Jobs kept in a site's RQ queue ahead of the workers.
-JOBS_AHEAD = 2
+#: Jobs a refill tops a site's RQ queue up to, from its compact frontier.
+JOBS_AHEAD = 4
+#: A refill is asked for when fewer jobs than this are left queued (batches the refills).
+REFILL_BELOW = 1
 #: Sites looked at in one NEXT_JOB call before the worker is told to wait.
 MAX_TRIES = 32
 
 # KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
 # ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
-# ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = jobs to keep ahead,
+# ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = refill when fewer jobs are left,
 # ARGV[5] = tries, ARGV[6..] = sites served (none = all).
 # Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
 NEXT_JOB = """
 local p, qp, wp = ARGV[1], ARGV[2], ARGV[3]
-local ahead, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
+local REFILL_BELOW, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ready = p .. 'ready'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -91,12 +93,14 @@ for _ = 1, tries do
         if cap and busy >= cap then
             redis.call('ZADD', ready, now + 50, site)
         elseif gate_ttl > 0 then
-            redis.call('ZADD', ready, now + gate_ttl, site)
+            -- Not yet rearmed, the TTL still holds the send grace: look again no later than
+            -- one interval from now, the soonest a rearm could let it open.
+            redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
         else
             local job = redis.call('LMOVE', queue, queue .. ':intermediate', 'LEFT', 'RIGHT')
             redis.call('ZADD', ready, now + interval, site)
             local refill = 0
-            if queued - 1 < ahead and compact > 0 then refill = 1 end
+            if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
             return {1, site, job, refill}
         end
     end
@@ -193,7 +197,7 @@ class Scheduler:
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", JOBS_AHEAD, MAX_TRIES, *self.sites]
+        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, *self.sites]
         reply = self._next(args=args)
         code = int(reply[0])
         if code == 1:

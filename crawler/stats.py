@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .store import Store
@@ -54,5 +54,5 @@ def site_stats(store: Store, site: str, slowest: int = 5) -> SiteStats:
 
 def _minute(moment: datetime) -> str:
     if moment.tzinfo is None:  # SQLite hands back naive UTC
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M")
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")

@@ -146,7 +146,11 @@ class Store:
             except IntegrityError:  # another process created it at the same moment
                 if attempt == 2:
                     raise
-            except (OperationalError, DBAPIError) as exc:
+            except OperationalError as exc:
+                if "already exists" in str(exc) and attempt < 2:  # SQLite's form of the same race
+                    continue
+                raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+            except DBAPIError as exc:
                 raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
 
     def upsert_items(self, site: str, batch: Iterable[Item]) -> int:
