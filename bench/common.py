@@ -366,7 +366,13 @@ def crawl_settings(workdir: Path, redis_url: str, site_names: Sequence[str],
         "sites": {name: {"interval": interval} for name, interval in intervals.items()},
     }
     values.update(overrides)
-    return Settings(**values)
+    settings = Settings(**values)
+    # Create the schema once before any worker starts, as ``crawler crawl`` does: worker
+    # processes creating it at the same moment race ("table items already exists").
+    from crawler.store import Store
+
+    Store(settings.database_url).close()
+    return settings
 
 
 def run_until_exit(processes: Sequence[Any], timeout: float) -> tuple[float, bool]:

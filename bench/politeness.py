@@ -27,7 +27,7 @@ from crawler.frontier import seed
 from crawler.launcher import WorkerSpec, start_workers
 from crawler.runtime import Runtime
 
-from .common import BenchResult, BenchRedis, Check, crawl_settings, gaps, run_until_exit, steady_rate, stored_items
+from .common import BenchRedis, BenchResult, Check, crawl_settings, gaps, run_until_exit, steady_rate, stored_items
 
 #: Seconds between two requests to the site.
 INTERVAL = 0.05

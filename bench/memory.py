@@ -1,0 +1,222 @@
+"""Memory: Redis bytes per queued URL and per seen URL, against a plain RQ job; worker RSS.
+
+What is measured, on a Redis with nothing else in it (``used_memory`` from ``INFO
+memory``, before and after, divided by the count):
+
+- **queued URL**: N download tasks for ~86-character URLs appended to one site's compact
+  frontier with ``Frontier.push`` (pipelined batches), as the parse step queues them;
+- **seen URL**: N fingerprints (``crawler.frontier.fingerprint``) added to the site's
+  seen set (SADD in pipelined batches), as dedup keeps them;
+- **plain RQ job**, for contrast: the same download task queued as an RQ job with the
+  JSON serializer, ``description=url`` and the crawler's job options
+  (``Queue.prepare_data`` + ``enqueue_many``), as every queued URL used to cost;
+- **worker RSS**: a download worker process and a parse worker process (one worker
+  thread each, ``crawler.launcher.start_workers``) crawl a demo shop of a few hundred
+  products; their RSS (and USS) is sampled every ``RSS_EVERY`` seconds with psutil, and
+  the last sample before they exit (burst, crawl drained) and the peak are reported.
+
+Target: at most 200 bytes of Redis per queued URL at 1,000,000 queued URLs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from crawler import keys
+from crawler.demo import ShopSite
+from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint, seed
+from crawler.launcher import WorkerSpec, start_workers
+from crawler.runtime import Runtime
+from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
+
+from .common import BenchRedis, BenchResult, Check, crawl_settings, stored_items
+
+#: URLs queued and seen.
+URLS = 1_000_000
+QUICK_URLS = 100_000
+#: Plain RQ jobs queued for the contrast.
+RQ_JOBS = 20_000
+QUICK_RQ_JOBS = 5_000
+#: Entries per pipelined batch.
+BATCH = 10_000
+RQ_BATCH = 1_000
+#: Length of every URL.
+URL_LENGTH = 86
+#: Products in the shop crawled for the RSS figures, and the crawl's interval (s).
+RSS_PRODUCTS = 400
+QUICK_RSS_PRODUCTS = 100
+RSS_INTERVAL = 0.005
+#: Seconds between two RSS samples; longest the RSS crawl may take.
+RSS_EVERY = 0.2
+RSS_TIMEOUT = 150.0
+#: Target bytes per queued URL.
+TARGET = 200
+
+
+def url_for(n: int) -> str:
+    """A canonical product URL of exactly URL_LENGTH characters."""
+    url = f"https://www.example-shop.com/catalogue/kitchen-and-dining/mug-{n:010d}/index.html"
+    return url + "x" * (URL_LENGTH - len(url)) if len(url) < URL_LENGTH else url[:URL_LENGTH]
+
+
+def used_memory(redis: BenchRedis) -> int:
+    return int(redis.connection.info("memory")["used_memory"])
+
+
+def queued_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
+    """Bytes per URL in the compact frontier after ``Frontier.push`` of ``count`` tasks."""
+    frontier = Frontier(redis.connection, site, ["example-shop.com"], DEFAULT_FAILURE_TTL, DEFAULT_DOWNLOAD_TIMEOUT)
+    before = used_memory(redis)
+    started = time.perf_counter()
+    for start in range(0, count, BATCH):
+        frontier.push([DownloadTask(site, url_for(n)) for n in range(start, min(count, start + BATCH))])
+    seconds = time.perf_counter() - started
+    after = used_memory(redis)
+    key = keys.frontier(site)
+    entry = redis.connection.lindex(key, 0) or b""
+    usage = redis.connection.memory_usage(key, samples=0)
+    return {"count": count, "delta": after - before, "per_url": (after - before) / count,
+            "key_usage_per_url": (usage or 0) / count, "entry_bytes": len(entry), "seconds": seconds}
+
+
+def seen_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
+    """Bytes per URL in the seen set after SADD of ``count`` fingerprints."""
+    key = keys.seen(site)
+    before = used_memory(redis)
+    started = time.perf_counter()
+    for start in range(0, count, BATCH):
+        members = [fingerprint(url_for(n)) for n in range(start, min(count, start + BATCH))]
+        redis.connection.sadd(key, *members)
+    seconds = time.perf_counter() - started
+    after = used_memory(redis)
+    return {"count": count, "delta": after - before, "per_url": (after - before) / count,
+            "key_usage_per_url": (redis.connection.memory_usage(key, samples=0) or 0) / count,
+            "entry_bytes": len(fingerprint(url_for(0))), "seconds": seconds}
+
+
+def rq_job_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
+    """Bytes per URL queued as a plain RQ job (JSON serializer, description = URL)."""
+    queue = Queue(f"memrq_{site}", connection=redis.connection, serializer=JSONSerializer)
+    before = used_memory(redis)
+    started = time.perf_counter()
+    ids: list[str] = []
+    for start in range(0, count, RQ_BATCH):
+        jobs = [
+            Queue.prepare_data(DOWNLOAD_FUNC, args=(DownloadTask(site, url_for(n)).to_json(),), result_ttl=0,
+                               failure_ttl=DEFAULT_FAILURE_TTL, timeout=DEFAULT_DOWNLOAD_TIMEOUT,
+                               description=url_for(n))
+            for n in range(start, min(count, start + RQ_BATCH))
+        ]
+        with redis.connection.pipeline() as pipe:
+            ids += [job.id for job in queue.enqueue_many(jobs, pipeline=pipe)]
+            pipe.execute()
+    seconds = time.perf_counter() - started
+    after = used_memory(redis)
+    job_key = f"rq:job:{ids[0]}"
+    encoding = redis.connection.object("encoding", job_key)
+    one = redis.connection.memory_usage(job_key, samples=0) or 0
+    figures = {"count": count, "delta": after - before, "per_url": (after - before) / count,
+               "key_usage_per_url": one, "entry_bytes": None, "seconds": seconds,
+               "encoding": encoding.decode() if isinstance(encoding, bytes) else str(encoding)}
+    with redis.connection.pipeline(transaction=False) as pipe:  # cleanup, also on a shared Redis
+        for job_id in ids:
+            pipe.delete(f"rq:job:{job_id}")
+        pipe.delete(queue.key)
+        pipe.srem("rq:queues", queue.key)
+        pipe.execute()
+    return figures
+
+
+def worker_rss(redis: BenchRedis, products: int) -> dict[str, Any]:
+    """RSS of one download and one parse worker process over a crawl of ``products`` products."""
+    import psutil
+
+    site = f"memrss_{redis.tag}"
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp, \
+            ShopSite(products=products, faults=False) as shop:
+        settings = crawl_settings(Path(tmp), redis.url, [site], {site: RSS_INTERVAL})
+        rt = Runtime(redis.connection, settings)
+        seed(rt.frontier(site), [shop.url + "/"])
+        rt.close()
+        specs = [WorkerSpec("download", (site,), threads=1, burst=True), WorkerSpec("parse", (site,), threads=1,
+                                                                                   burst=True)]
+        procs = start_workers(specs, settings, redis.url)
+        handles = [psutil.Process(p.pid) for p in procs]
+        last: list[tuple[int, int] | None] = [None, None]
+        peak = [0, 0]
+        deadline = time.monotonic() + RSS_TIMEOUT
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            for i, handle in enumerate(handles):
+                try:
+                    info = handle.memory_full_info()
+                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    continue
+                if procs[i].is_alive():
+                    last[i] = (info.rss, info.uss)
+                    peak[i] = max(peak[i], info.rss)
+            time.sleep(RSS_EVERY)
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        pages = len(shop.requests)
+        items = stored_items(settings.database_url, site)
+    return {"pages": pages, "items": items, "last": last, "peak": peak}
+
+
+def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
+    urls = QUICK_URLS if quick else URLS
+    rq_jobs = QUICK_RQ_JOBS if quick else RQ_JOBS
+    products = QUICK_RSS_PRODUCTS if quick else RSS_PRODUCTS
+    result = BenchResult("memory", {
+        "queued/seen URLs": urls, "URL length": URL_LENGTH, "example URL": url_for(1), "plain RQ jobs": rq_jobs,
+        "batch": BATCH, "RSS crawl products": products, "RSS crawl interval_s": RSS_INTERVAL,
+        "measure": "INFO memory used_memory delta / count (and MEMORY USAGE of the key)",
+    })
+    started = time.monotonic()
+    redis.reset()
+    site = f"mem_{redis.tag}"
+    queued = queued_bytes(redis, site, urls)
+    print(f"  memory: {queued['per_url']:.1f} B per queued URL", flush=True)
+    seen = seen_bytes(redis, site, urls)
+    print(f"  memory: {seen['per_url']:.1f} B per seen URL", flush=True)
+    redis.connection.delete(keys.frontier(site), keys.seen(site))
+    redis.connection.zrem(keys.ready(), site)
+    redis.connection.srem(keys.sites(), site)
+    plain = rq_job_bytes(redis, site, rq_jobs)
+    print(f"  memory: {plain['per_url']:.0f} B per plain RQ job", flush=True)
+    result.table(
+        "Redis memory per URL",
+        ["what", "count", "used_memory delta", "bytes per URL", "MEMORY USAGE per URL", "entry bytes", "seconds"],
+        [
+            ["queued URL, compact frontier (Frontier.push)", queued["count"], queued["delta"], queued["per_url"],
+             queued["key_usage_per_url"], queued["entry_bytes"], queued["seconds"]],
+            ["seen URL, dedup set (8-byte fingerprint)", seen["count"], seen["delta"], seen["per_url"],
+             seen["key_usage_per_url"], seen["entry_bytes"], seen["seconds"]],
+            [f"plain RQ job, JSON, description=url ({plain['encoding']} hash)", plain["count"], plain["delta"],
+             plain["per_url"], plain["key_usage_per_url"], None, plain["seconds"]],
+        ],
+    )
+    redis.reset()
+    rss = worker_rss(redis, products)
+    rows = []
+    for i, kind in enumerate(("download (1 thread)", "parse (1 thread)")):
+        last = rss["last"][i]
+        rows.append([kind, rss["pages"], last[0] / 2**20 if last else None, last[1] / 2**20 if last else None,
+                     rss["peak"][i] / 2**20])
+    result.table(f"worker RSS after crawling {products} products ({rss['pages']} requests, {rss['items']} items)",
+                 ["process", "requests", "RSS MiB (last sample)", "USS MiB (last sample)", "peak RSS MiB"], rows)
+    result.checks.append(Check(f"Redis bytes per queued URL at {urls:,}", f"{queued['per_url']:.1f}",
+                               f"<= {TARGET}", queued["per_url"] <= TARGET))
+    result.checks.append(Check("Redis bytes per seen URL", f"{seen['per_url']:.1f}", "-", None))
+    result.checks.append(Check("plain RQ job per URL (contrast)", f"{plain['per_url']:.0f}", "-", None))
+    result.checks.append(Check("download / parse worker RSS (MiB)",
+                               " / ".join(f"{r[2]:.0f}" if r[2] else "-" for r in rows), "-", None))
+    result.seconds = time.monotonic() - started
+    return result
