@@ -81,6 +81,14 @@ def errors(site: str) -> str:
     return f"{PREFIX}errors:{site}"
 
 
+def group(sites: list[str]) -> str:
+    """Set of the sites a group of workers serves (``--sites``), named by its sorted members."""
+    import hashlib
+
+    digest = hashlib.blake2b("\n".join(sorted(sites)).encode(), digest_size=8).hexdigest()
+    return f"{PREFIX}group:{digest}"
+
+
 def lock(name: str) -> str:
     """A short mutex (refill, robots fetch)."""
     return f"{PREFIX}lock:{name}"

@@ -41,7 +41,7 @@ MAX_TRIES = 32
 # KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
 # ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
 # ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = refill when fewer jobs are left,
-# ARGV[5] = tries, ARGV[6..] = sites served (none = all).
+# ARGV[5] = tries, ARGV[6] = key of the set of sites served ('' = all sites).
 # Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
 NEXT_JOB = """
 local p, qp, wp = ARGV[1], ARGV[2], ARGV[3]
@@ -49,23 +49,25 @@ local REFILL_BELOW, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ready = p .. 'ready'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local served = {}
-for i = 6, #ARGV do served[#served + 1] = ARGV[i] end
+local group = ARGV[6]
+local SCAN_LIMIT = 1024
 
 local function first_due()
-    if #served == 0 then
+    if group == '' then
         local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
         if #head == 0 then return nil end
         return head[1], tonumber(head[2])
     end
-    local best, best_score = nil, nil
-    for _, site in ipairs(served) do
-        local score = redis.call('ZSCORE', ready, site)
-        if score and (best_score == nil or tonumber(score) < best_score) then
-            best, best_score = site, tonumber(score)
+    -- Walk the ready set from its head to the first site of this worker's group: as
+    -- cheap as the head when the group's sites have work, bounded by SCAN_LIMIT.
+    for offset = 0, SCAN_LIMIT - 1, 64 do
+        local chunk = redis.call('ZRANGE', ready, offset, offset + 63, 'WITHSCORES')
+        if #chunk == 0 then return nil end
+        for i = 1, #chunk, 2 do
+            if redis.call('SISMEMBER', group, chunk[i]) == 1 then return chunk[i], tonumber(chunk[i + 1]) end
         end
     end
-    return best, best_score
+    return nil
 end
 
 for _ = 1, tries do
@@ -189,7 +191,10 @@ class Scheduler:
 
     def __init__(self, connection: Redis, sites: Sequence[str] = ()):
         self.connection = connection
-        self.sites = list(sites)
+        self.sites = sorted(set(sites))
+        self.group = keys.group(self.sites) if self.sites else ""
+        if self.sites:  # the same list always names the same set, so writing it again is harmless
+            connection.sadd(self.group, *self.sites)
         self._next = connection.register_script(NEXT_JOB)
         self._promote = connection.register_script(PROMOTE_DUE)
         self._schedule = connection.register_script(SCHEDULE)
@@ -197,7 +202,7 @@ class Scheduler:
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, *self.sites]
+        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, self.group]
         reply = self._next(args=args)
         code = int(reply[0])
         if code == 1:

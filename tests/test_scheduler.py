@@ -171,3 +171,16 @@ def test_a_robots_crawl_delay_spaces_handouts_more_than_the_interval(redis_conn:
     assert take(scheduler).job_id is not None
     step = take(scheduler)
     assert step.job_id is None and step.wait is not None and 0.3 < step.wait <= 0.4
+
+
+def test_a_group_worker_walks_past_other_sites_to_its_own(redis_conn: Redis) -> None:
+    for i in range(200):  # other workers' sites, all due before ours
+        fill(redis_conn, f"other{i}", 1, interval=10)
+        redis_conn.zadd(keys.ready(), {f"other{i}": 1})
+    fill(redis_conn, "mine", 2, interval=10)
+    redis_conn.zadd(keys.ready(), {"mine": 2})
+    scheduler = Scheduler(redis_conn, ["mine"])
+    assert redis_conn.smembers(keys.group(["mine"])) == {b"mine"}
+    step = take(scheduler)
+    assert step.site == "mine" and step.job_id is not None
+    assert redis_conn.zscore(keys.ready(), "other0") == 1  # others' sites untouched
