@@ -8,15 +8,13 @@ threads, its failures listed, fixed, retried and gone, each item stored once.
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
 from crawler import keys
@@ -26,10 +24,9 @@ from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError
 from crawler.failures import FailedPage, failed_pages, retry_pages
 from crawler.frontier import DownloadTask, fingerprint, seed
-from crawler.runtime import Runtime, install
+from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
-from crawler.workers import CrawlWorker, DownloadWorker, ParseWorker
 
 SHOP = "http://127.0.0.1:9"
 TRACEBACK = (
@@ -40,7 +37,6 @@ TRACEBACK = (
     "    price = float(page.text('.price'))\n"
     "ValueError: could not convert string to float: ''\n"
 )
-CRAWL_TIMEOUT = 60.0
 
 Invoke = Callable[..., Result]
 
@@ -102,35 +98,6 @@ def failed_json(invoke: Invoke, *args: str) -> list[dict]:
 
 def queued_tasks(connection: Redis, site: str = "demo") -> list[DownloadTask]:
     return [DownloadTask.from_entry(site, entry) for entry in connection.lrange(keys.frontier(site), 0, -1)]
-
-
-def run_workers(connection: Redis, sites: tuple[str, ...]) -> None:
-    """Burst download and parse workers in threads of this process, until the crawl drains."""
-    stop = threading.Event()
-    workers: list[CrawlWorker] = [DownloadWorker(connection, sites, stop_event=stop) for _ in range(2)]
-    workers.append(ParseWorker(connection, sites, stop_event=stop))
-    threads = [threading.Thread(target=w.work, kwargs={"burst": True}, daemon=True) for w in workers]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + CRAWL_TIMEOUT
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        pytest.fail(f"burst workers did not drain the crawl within {CRAWL_TIMEOUT:g}s")
-
-
-@contextmanager
-def installed_runtime(connection: Redis, settings: Settings) -> Iterator[Runtime]:
-    """A runtime built now (so it finds the spiders written so far), installed for in-process jobs."""
-    rt = Runtime(connection, settings)
-    install(rt)
-    try:
-        yield rt
-    finally:
-        rt.close()
 
 
 def stored_items(store: Store, site: str) -> dict[str, dict]:
@@ -340,7 +307,7 @@ def test_server_error_page_is_listed_then_retried_once_fixed_and_stored_once(
 ) -> None:
     with ShopSite(products=20) as shop:
         seed(runtime.frontier("demo"), [shop.url + "/"])
-        run_workers(redis_conn, ("demo",))
+        run_in_threads(redis_conn, ("demo",))
 
         broken = f"{shop.url}/product/{BROKEN_ID}"
         pages = {p["url"]: p for p in failed_json(invoke, "demo")}
@@ -354,7 +321,7 @@ def test_server_error_page_is_listed_then_retried_once_fixed_and_stored_once(
         shop.faults = False  # the shop is fixed: product 7 answers now (/missing stays a 404)
         result = invoke("retry", "demo", "--all")
         assert result.stdout.strip() == "demo: 2 failed pages requeued"
-        run_workers(redis_conn, ("demo",))
+        run_in_threads(redis_conn, ("demo",))
 
         assert stored_items(runtime.store, "demo") == shop.expected_items()  # product 7 included, once
         assert len(shop.expected_items()) == 20
@@ -390,7 +357,7 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
     Path(settings.sites_dir, "flaky.py").write_text(FLAKY_SPIDER.format(flag=str(flag), bad=bad))
     with ShopSite(products=20, faults=False) as shop, installed_runtime(redis_conn, settings) as runtime:
         seed(runtime.frontier("flaky"), [shop.url + "/"])
-        run_workers(redis_conn, ("flaky",))
+        run_in_threads(redis_conn, ("flaky",))
 
         assert len(stored_items(runtime.store, "flaky")) == 19  # the crawl went on past the bug
         (page,) = failed_json(invoke, "flaky")
@@ -402,7 +369,7 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
         flag.unlink()  # the spider is fixed
         result = invoke("retry", "flaky", f"{shop.url}/product/{bad}")
         assert result.stdout.strip() == "flaky: 1 failed page requeued"
-        run_workers(redis_conn, ("flaky",))
+        run_in_threads(redis_conn, ("flaky",))
 
         assert stored_items(runtime.store, "flaky") == shop.expected_items()
         assert invoke("failed", "flaky").stdout.strip() == "no failed pages"

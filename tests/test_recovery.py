@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crawling import items_by_key
 from redis import Redis
 
 from crawler.connection import connect, redis_server_binary
@@ -34,14 +35,7 @@ LEASE = 3  # seconds: a killed worker's page comes back within LEASE + reaper pe
 
 
 def items_by_sku(database_url: str) -> dict[str, dict[str, Any]]:
-    store = Store(database_url)
-    try:
-        rows = store.item_rows("demo")
-    finally:
-        store.close()
-    by_sku = {row["data"]["sku"]: row["data"] for row in rows}
-    assert len(by_sku) == len(rows), "an item is stored twice"
-    return by_sku
+    return items_by_key(database_url)
 
 
 def crawl_settings(settings: Settings) -> Settings:

@@ -8,12 +8,11 @@ threads: every item stored once with its exact values, every page fetched once.
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crawling import installed_runtime, run_in_threads
 from redis import Redis
 from sitecopies import (
     AUTHORS,
@@ -29,11 +28,9 @@ from sitecopies import (
 )
 
 from crawler.frontier import seed
-from crawler.runtime import Runtime, install
 from crawler.settings import Settings
 from crawler.spider import Page, Request, Spider, SpiderSet, load_spiders
 from crawler.store import OK, Store
-from crawler.workers import DownloadWorker, ParseWorker
 
 SITES_DIR = Path(__file__).resolve().parent.parent / "sites"
 QUOTES_LIVE = "https://quotes.toscrape.com"
@@ -267,27 +264,9 @@ def loopback_copy(spider: type[Spider], site: SiteCopy) -> type[Spider]:
 
 def crawl(connection: Redis, settings: Settings, spider: type[Spider]) -> None:
     """Seed ``spider``'s start URLs and crawl to the end with in-process worker threads."""
-    rt = Runtime(connection, settings, SpiderSet({spider.name: spider}, []))
-    install(rt)
-    try:
+    with installed_runtime(connection, settings, spider_set=SpiderSet({spider.name: spider}, [])) as rt:
         seed(rt.frontier(spider.name), spider.start_urls)
-        stop = threading.Event()
-        workers: list[DownloadWorker | ParseWorker] = [
-            DownloadWorker(connection, (spider.name,), stop_event=stop) for _ in range(2)]
-        workers.append(ParseWorker(connection, (spider.name,), stop_event=stop))
-        threads = [threading.Thread(target=w.work, kwargs={"burst": True}, daemon=True) for w in workers]
-        for thread in threads:
-            thread.start()
-        deadline = time.monotonic() + CRAWL_TIMEOUT
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in threads):
-            stop.set()
-            for thread in threads:
-                thread.join(10)
-            pytest.fail(f"the crawl did not drain within {CRAWL_TIMEOUT:g}s")
-    finally:
-        rt.close()
+        run_in_threads(connection, (spider.name,), CRAWL_TIMEOUT)
 
 
 def assert_complete_crawl(settings: Settings, site_name: str, site: SiteCopy) -> None:

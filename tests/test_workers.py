@@ -15,11 +15,9 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from crawling import installed_runtime, items_by_key, join_all, start_in_threads
 from redis import Redis
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -31,54 +29,15 @@ from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
 from crawler.frontier import seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.policy import set_live
-from crawler.runtime import Runtime, install
+from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.store import FAILED, SKIPPED, Store
-from crawler.workers import DownloadWorker, ParseWorker
+from crawler.workers import ParseWorker
 
 #: Longest an in-process crawl of a small shop may take before the test gives up.
-CRAWL_TIMEOUT = 60.0
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-@contextmanager
-def installed_runtime(connection: Redis, settings: Settings) -> Iterator[Runtime]:
-    """A Runtime built from ``settings`` and installed for in-process jobs."""
-    rt = Runtime(connection, settings)
-    install(rt)
-    try:
-        yield rt
-    finally:
-        rt.close()
-
-
-def start_in_threads(connection: Redis, downloads: int = 2, parsers: int = 1,
-                     sites: tuple[str, ...] = ("demo",)) -> tuple[list[threading.Thread], threading.Event]:
-    """Burst download and parse workers in threads of this process (as a worker process runs them)."""
-    stop = threading.Event()
-    workers = [DownloadWorker(connection, sites, stop_event=stop) for _ in range(downloads)]
-    workers += [ParseWorker(connection, sites, stop_event=stop) for _ in range(parsers)]
-    threads = [
-        threading.Thread(target=w.work, kwargs={"burst": True}, name=f"test-worker-{i}", daemon=True)
-        for i, w in enumerate(workers)
-    ]
-    for thread in threads:
-        thread.start()
-    return threads, stop
-
-
-def join_all(threads: list[threading.Thread], stop: threading.Event, timeout: float = CRAWL_TIMEOUT) -> None:
-    """Wait for burst workers to drain; fail (after stopping them) if they do not."""
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        pytest.fail(f"burst workers did not drain the crawl within {timeout:g}s")
 
 
 def crawl_in_threads(connection: Redis, rt: Runtime, shop: ShopSite, downloads: int = 2, parsers: int = 1) -> None:
@@ -89,14 +48,7 @@ def crawl_in_threads(connection: Redis, rt: Runtime, shop: ShopSite, downloads: 
 
 
 def items_by_sku(database_url: str) -> dict[str, dict]:
-    store = Store(database_url)
-    try:
-        rows = list(store.items("demo"))
-    finally:
-        store.close()
-    by_sku = {row["sku"]: row for row in rows}
-    assert len(by_sku) == len(rows), "an item was stored twice"
-    return by_sku
+    return items_by_key(database_url)
 
 
 def request_counts(shop: ShopSite) -> Counter[str]:

@@ -1,0 +1,76 @@
+"""Helpers shared by the tests that crawl in-process: a runtime, and burst workers in threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from crawler.runtime import Runtime, install
+from crawler.settings import Settings
+from crawler.store import Store
+from crawler.workers import CrawlWorker, DownloadWorker, ParseWorker
+
+#: Seconds an in-process crawl may take before the test fails.
+CRAWL_TIMEOUT = 60.0
+
+
+@contextmanager
+def installed_runtime(connection: Redis, settings: Settings, **kwargs: Any) -> Iterator[Runtime]:
+    """A Runtime built now (so it finds the spiders written so far), installed for in-process jobs."""
+    rt = Runtime(connection, settings, **kwargs)
+    install(rt)
+    try:
+        yield rt
+    finally:
+        rt.close()
+
+
+def start_in_threads(connection: Redis, downloads: int = 2, parsers: int = 1,
+                     sites: tuple[str, ...] = ("demo",)) -> tuple[list[threading.Thread], threading.Event]:
+    """Burst download and parse workers in threads of this process (as a worker process runs them)."""
+    stop = threading.Event()
+    workers: list[CrawlWorker] = [DownloadWorker(connection, sites, stop_event=stop) for _ in range(downloads)]
+    workers += [ParseWorker(connection, sites, stop_event=stop) for _ in range(parsers)]
+    threads = [
+        threading.Thread(target=w.work, kwargs={"burst": True}, name=f"test-worker-{i}", daemon=True)
+        for i, w in enumerate(workers)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads, stop
+
+
+def join_all(threads: list[threading.Thread], stop: threading.Event, timeout: float = CRAWL_TIMEOUT) -> None:
+    """Wait for burst workers to drain; fail (after stopping them) if they do not."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        pytest.fail(f"burst workers did not drain the crawl within {timeout:g}s")
+
+
+def run_in_threads(connection: Redis, sites: tuple[str, ...] = ("demo",), timeout: float = CRAWL_TIMEOUT) -> None:
+    """Two download workers and a parse worker in threads, until the crawl drains."""
+    threads, stop = start_in_threads(connection, sites=sites)
+    join_all(threads, stop, timeout)
+
+
+def items_by_key(database_url: str, site: str = "demo", key: str = "sku") -> dict[str, dict[str, Any]]:
+    """The site's items by ``key``; fails if any item is stored twice."""
+    store = Store(database_url)
+    try:
+        rows = list(store.items(site))
+    finally:
+        store.close()
+    by_key = {row[key]: row for row in rows}
+    assert len(by_key) == len(rows), "an item was stored twice"
+    return by_key
