@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from .errors import BodyTooLarge, ConnectError, FetchTimeout, TransientError
+from .errors import BodyTooLarge, ConnectError, FetchTimeout
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
@@ -122,8 +122,6 @@ class Fetcher:
             raise ConnectError(f"undecodable body: {exc}") from exc
         except (httpx.TransportError, httpx.StreamError) as exc:
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
-        except TransientError:
-            raise
 
     def close(self) -> None:
         self.client.close()

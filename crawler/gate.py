@@ -155,10 +155,6 @@ class Gate:
         expire_ms = max(1, int(round(self.rearm_expire * 1000)))
         return int(self._rearm(keys=[self.key], args=[self.token, expire_ms])) != 0
 
-    def release_token(self, token: str) -> bool:
-        """Delete the lock if ``token`` holds it (a turn taken by a script, not by ``acquire``)."""
-        return bool(self._release(keys=[self.key], args=[token]))
-
     def locked(self) -> bool:
         """Whether anyone holds the gate now."""
         return bool(self.connection.exists(self.key))

@@ -16,7 +16,7 @@ import socket
 import traceback
 import zlib
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
@@ -139,7 +139,7 @@ def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError,
 
 def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
     """Send a redirect's target through the frontier as a request of its own."""
-    target = Page(task.url, b"").urljoin(response.location or "")
+    target = urljoin(task.url, (response.location or "").strip())
     if task.hops + 1 > rt.settings.max_redirects:
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
         record(FAILED, response=response, error=str(too_many))

@@ -27,6 +27,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
+from rq.utils import now
 
 from . import keys, runtime
 from .recovery import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
@@ -38,6 +39,8 @@ log = logging.getLogger("crawler.workers")
 IDLE_SLEEP = 0.1
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
+#: Least seconds between two plain heartbeats of a worker (job heartbeats are separate).
+WORKER_BEAT_EVERY = 5.0
 #: Seconds between two idle looks for sites with work missing from the ready set.
 REPAIR_EVERY = 1.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
@@ -193,6 +196,11 @@ class CrawlWorker(SimpleWorker):
         return runtime.current().settings.job_lease
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # RQ beats before and after every job (3 commands each); the worker's key lives
+        # worker_ttl + 60 s, so a plain beat more often than every few seconds is waste.
+        if timeout is None and pipeline is None and self.last_heartbeat is not None:
+            if (now() - self.last_heartbeat).total_seconds() < WORKER_BEAT_EVERY:
+                return
         try:
             super().heartbeat(timeout, pipeline)
         except (redis.ConnectionError, redis.TimeoutError):
