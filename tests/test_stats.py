@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -12,7 +12,7 @@ from crawler.cli import cli
 from crawler.stats import percentile, site_stats
 from crawler.store import FAILED, OK, RETRY, FetchRecord, Store
 
-START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
+START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 
 
 def record(i: int, elapsed: float, status: int | None, outcome: str, kind: str = "download") -> FetchRecord:
