@@ -164,15 +164,19 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
 @click.option("-n", "--processes", default=1, show_default=True, type=click.IntRange(1, 256), help="Worker processes.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="Workers per process.")
 @click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
-@click.option("-v", "--verbose", is_flag=True, help="Log every job.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON object per log line, every job included (for log shippers).")
 @pass_context
 def worker(obj: Context, kind: str, site_list: str | None, processes: int, threads: int, burst: bool,
-           verbose: bool) -> None:
+           verbose: bool, log_format: str) -> None:
     """Run N download or parse worker processes."""
     served = _sites_option(site_list, obj)
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
     obj.redis.ping()
-    spec = WorkerSpec(kind, served, threads, burst, "INFO" if verbose else "WARNING", all_sites=not site_list)
+    level = "INFO" if verbose or log_format == "json" else "WARNING"
+    spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format,
+                      all_sites=not site_list)
     click.echo(f"{processes} {kind} worker process(es) x {threads} on {redact_url(obj.redis_url)}", err=True)
     code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
     sys.exit(code)

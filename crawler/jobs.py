@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import secrets
 import socket
+import time
 import traceback
 import zlib
 from typing import Any
@@ -23,6 +24,7 @@ from rq.serializers import JSONSerializer
 
 from . import keys, runtime
 from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedirects, TransientError
+from .events import job_done
 from .fetch import Response
 from .frontier import DownloadTask, Frontier
 from .recovery import job_retry
@@ -55,17 +57,18 @@ def download(payload: dict[str, Any]) -> None:
     policy = rt.policy(task.site)
     user_agent = spider.user_agent or rt.settings.user_agent
     started = utcnow()
+    gate_wait: float | None = None
 
     def record(outcome: str, url: str = task.url, response: Response | None = None,
                error: str | None = None, status: int | None = None) -> None:
         finished = utcnow()
-        rt.store.record_fetches([FetchRecord(
+        job_done(rt, FetchRecord(
             site=task.site, url=url, outcome=outcome, started=response.started if response else started,
             finished=finished, status=response.status if response else status,
             bytes=len(response.body) if response else None,
             elapsed=response.elapsed if response else (finished - started).total_seconds(),
             worker=_worker_name(), attempt=task.attempt, error=error, callback=task.callback,
-        )])
+        ), gate_wait if url == task.url else None)
         counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
         if counter and url == task.url:
             with rt.connection.pipeline(transaction=False) as pipe:
@@ -83,7 +86,9 @@ def download(payload: dict[str, Any]) -> None:
             record(REFUSED, error="disallowed by robots.txt")
             return
 
+    waiting = time.monotonic()
     gate = rt.take_gate(task.site)
+    gate_wait = time.monotonic() - waiting
     try:
         response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=gate.rearm)
         _raise_for_status(response)
@@ -211,11 +216,11 @@ def parse(payload: dict[str, Any]) -> None:
     started = utcnow()
 
     def record(outcome: str, error: str | None = None) -> None:
-        rt.store.record_fetches([FetchRecord(
+        job_done(rt, FetchRecord(
             site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
             status=payload.get("status"), worker=_worker_name(), error=error, callback=payload.get("callback"),
             elapsed=(utcnow() - started).total_seconds(),
-        )])
+        ))
 
     raw = rt.connection.get(body_key)
     if raw is None:

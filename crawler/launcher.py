@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .connection import connect
+from .events import JSONFormatter
 from .runtime import Runtime, install
 from .settings import Settings
 from .workers import CrawlWorker, DownloadWorker, ParseWorker
@@ -32,19 +33,27 @@ class WorkerSpec:
     threads: int = 1
     burst: bool = False
     log_level: str = "WARNING"
+    #: "text", or "json" for one JSON object per log line (see ``events``).
+    log_format: str = "text"
     #: Serve every site seeded on this Redis (no ``--sites`` given), not only ``sites``.
     all_sites: bool = False
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s")
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """Log at ``level`` to stderr, as text lines or one JSON object per line."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("rq").setLevel(level)
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> None:
     """Body of one worker process: ``spec.threads`` workers until stopped or drained."""
-    configure_logging(spec.log_level)
+    configure_logging(spec.log_level, spec.log_format)
     connection = connect(redis_url)
     rt = Runtime(connection, settings)
     install(rt)

@@ -1,0 +1,74 @@
+"""What happens when a job is done: one fetch record, fleet-wide metrics, one log line.
+
+Every download and parse ends in ``job_done``: the record goes to the ``fetches``
+table, the counters and histograms to Redis (``metrics``), and one line to the
+``crawler.job`` logger, a JSON object per line when the worker runs with
+``--log-format json``, so logs can be shipped elsewhere as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from . import metrics
+from .store import FetchRecord
+
+log = logging.getLogger("crawler.job")
+
+
+def job_done(rt: Any, record: FetchRecord, gate_wait: float | None = None) -> None:
+    """Record ``record`` in the database, count it in Redis, and log it."""
+    rt.store.record_fetches([record])
+    with rt.connection.pipeline(transaction=False) as pipe:
+        metrics.count_job(pipe, record, gate_wait)
+        pipe.execute()
+    if log.isEnabledFor(logging.INFO):
+        log.info(summary(record, gate_wait), extra={"job": fields(record, gate_wait)})
+
+
+def fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, Any]:
+    """The record as plain JSON-ready fields (the structured log line)."""
+    data: dict[str, Any] = {
+        "kind": record.kind, "site": record.site, "url": record.url, "outcome": record.outcome,
+        "status": record.status, "bytes": record.bytes,
+        "elapsed_ms": None if record.elapsed is None else round(record.elapsed * 1000, 1),
+        "attempt": record.attempt, "worker": record.worker, "callback": record.callback,
+    }
+    if gate_wait is not None:
+        data["gate_wait_ms"] = round(gate_wait * 1000, 1)
+    if record.error:
+        data["error"] = record.error.strip().splitlines()[-1][:500]
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def summary(record: FetchRecord, gate_wait: float | None = None) -> str:
+    """The same job in one human-readable line."""
+    elapsed = "" if record.elapsed is None else f" {record.elapsed * 1000:.0f}ms"
+    status = "" if record.status is None else f" {record.status}"
+    error = f" ({record.error.strip().splitlines()[-1][:200]})" if record.error else ""
+    return f"{record.kind} {record.outcome}{status}{elapsed} {record.url}{error}"
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per log record; job lines carry their fields at the top level."""
+
+    converter = time.gmtime
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "process": record.processName,
+        }
+        job = getattr(record, "job", None)
+        if isinstance(job, dict):
+            data.update(job)
+        else:
+            data["message"] = record.getMessage()
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False, default=str)
