@@ -167,9 +167,12 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
 @click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one JSON object per log line, every job included (for log shippers).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535),
+              help="Also serve the fleet's Prometheus metrics on this port (see `crawler metrics`).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint listens on.")
 @pass_context
 def worker(obj: Context, kind: str, site_list: str | None, processes: int, threads: int, burst: bool,
-           verbose: bool, log_format: str) -> None:
+           verbose: bool, log_format: str, metrics_port: int | None, metrics_host: str) -> None:
     """Run N download or parse worker processes."""
     served = _sites_option(site_list, obj)
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
@@ -177,8 +180,14 @@ def worker(obj: Context, kind: str, site_list: str | None, processes: int, threa
     level = "INFO" if verbose or log_format == "json" else "WARNING"
     spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format,
                       all_sites=not site_list)
+    server = _serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
     click.echo(f"{processes} {kind} worker process(es) x {threads} on {redact_url(obj.redis_url)}", err=True)
-    code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
+    try:
+        code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
     sys.exit(code)
 
 
@@ -422,11 +431,20 @@ def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> No
 @cli.command()
 @click.argument("site")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--plot", "plot_file", metavar="FILE",
+              help="Write charts to FILE: .html, or .png (needs crawler[plot]). SITE may then be a,b or all.")
 @pass_context
-def stats(obj: Context, site: str, as_json: bool) -> None:
-    """SITE's downloads: latency percentiles, statuses, pages per minute, slowest pages."""
+def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None:
+    """SITE's downloads: latency percentiles, statuses, pages per minute, slowest pages.
+
+    With --plot FILE: charts of requests and latency over time instead, for SITE, a comma
+    list of sites, or all (every site with downloads recorded).
+    """
     from .stats import site_stats
 
+    if plot_file is not None:
+        _plot_stats(obj, site, plot_file, as_json)
+        return
     obj.site(site)
     store = Store(obj.settings.database_url)
     try:
@@ -454,6 +472,60 @@ def stats(obj: Context, site: str, as_json: bool) -> None:
     for row in summary.slowest:
         slow.add_row(row["url"], f"{row['elapsed']:.3f}", str(row["status"]))
     console.print(slow)
+
+
+def _plot_stats(obj: Context, spec: str, path: str, as_json: bool) -> None:
+    """``stats --plot``: the report of the sites ``spec`` names, written to ``path``."""
+    from .report import check_plot_path, site_reports, write_report
+    from .stats import sites_with_downloads
+
+    if as_json:
+        raise ConfigError("give --json or --plot, not both")
+    check_plot_path(path)
+    every_site = spec == "all" and "all" not in obj.spider_set.spiders
+    names = [] if every_site else list(dict.fromkeys(obj.site(n.strip()) for n in spec.split(",") if n.strip()))
+    if not every_site and not names:
+        raise ConfigError("name a site, a comma list of sites, or all")
+    store = Store(obj.settings.database_url)
+    try:
+        if every_site:
+            names = sites_with_downloads(store)
+            if not names:
+                raise ConfigError("no downloads recorded for any site: nothing to plot")
+        reports = site_reports(store, names)
+    finally:
+        store.close()
+    write_report(path, reports)
+    click.echo(f"wrote {path}: {', '.join(names)}")
+
+
+def _serve_metrics(obj: Context, host: str, port: int) -> Any:
+    """Serve the fleet's metrics from a daemon thread of this process; one line on stderr says where."""
+    from .metrics import MetricsCollector, address, serve
+
+    server = serve(MetricsCollector(obj.redis, obj.spider_set.spiders, obj.settings), host, port)
+    click.echo(f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_url(obj.redis_url)}",
+               err=True)
+    return server
+
+
+@cli.command("metrics")
+@click.option("--port", default=9108, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@pass_context
+def metrics_(obj: Context, port: int, host: str) -> None:
+    """Serve the fleet's Prometheus metrics, read from Redis on every scrape, until Ctrl-C."""
+    obj.redis.ping()
+    server = _serve_metrics(obj, host, port)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @cli.command()

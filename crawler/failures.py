@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigError, RefusedURL
-from .frontier import Frontier, canonicalize
+from .frontier import SEED_PRIORITY, Frontier, canonicalize
 from .spider import Request
 from .store import Store
 
@@ -87,7 +87,8 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             frontier.check(page.url)
         except RefusedURL as exc:
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
-    frontier.add([Request(page.url, callback=page.callback or "parse", dont_filter=True) for page in pages])
+    frontier.add([Request(page.url, callback=page.callback or "parse", dont_filter=True, priority=SEED_PRIORITY)
+                  for page in pages])
     return pages
 
 

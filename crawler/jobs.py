@@ -10,6 +10,7 @@ the frontier → record → delete the body.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import secrets
 import socket
@@ -108,7 +109,19 @@ def download(payload: dict[str, Any]) -> None:
     else:
         _hand_to_parser(rt, task, response)
         record(OK, response=response)
+    _schedule_refresh(rt, task)
 
+
+def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask) -> None:
+    """If the page is to be refreshed, schedule its next fetch (one pending per page).
+
+    Pages answered with a client error (gone, forbidden) or refused by robots.txt are
+    not refreshed; everything else is, so a site's outage does not end its refreshes.
+    """
+    if task.refresh is None:
+        return
+    again = dataclasses.replace(task, attempt=1, hops=0)
+    rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, rt.spider(task.site).refresh_priority)
 
 def _raise_for_status(response: Response) -> None:
     if response.status == 429 or response.status >= 500:
@@ -133,13 +146,14 @@ def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError,
         rt.scheduler.close_gate(task.site, pause)
     if task.attempt > settings.max_retries:
         record(FAILED, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        _schedule_refresh(rt, task)  # the site may be back by then
         return
     delay = settings.backoff * 2 ** (task.attempt - 1)
     if exc.retry_after is not None:
         delay = max(delay, min(exc.retry_after, settings.max_retry_after))
     record(RETRY, error=f"{exc}; retry in {delay:g}s", status=status)
-    retry = DownloadTask(task.site, task.url, task.callback, task.meta, task.depth, task.hops, task.attempt + 1)
-    rt.scheduler.schedule(task.site, retry.to_entry(), delay)
+    retry = dataclasses.replace(task, attempt=task.attempt + 1)
+    rt.scheduler.schedule(task.site, retry.to_entry(), delay, task.priority)
 
 
 def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
@@ -153,7 +167,7 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
         return
     frontier: Frontier = rt.frontier(task.site)
-    request = Request(target, callback=task.callback, meta=task.meta or {})
+    request = Request(target, callback=task.callback, meta=task.meta or {}, priority=task.priority)
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
     if result.refused:
         record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")

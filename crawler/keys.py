@@ -56,9 +56,19 @@ def sites() -> str:
     return f"{PREFIX}sites"
 
 
-def frontier(site: str) -> str:
-    """List of compact entries: the bulk of ``site``'s queued URLs (see ``scheduler``)."""
-    return f"{PREFIX}frontier:{site}"
+def frontier(site: str, priority: int = 0) -> str:
+    """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``)."""
+    return f"{PREFIX}frontier:{site}" if priority == 0 else f"{PREFIX}frontier:{site}:{priority}"
+
+
+def levels(site: str) -> str:
+    """Sorted set of the priorities whose frontier list of ``site`` holds entries (score = priority)."""
+    return f"{PREFIX}levels:{site}"
+
+
+def queued(site: str) -> str:
+    """Sorted set of the ids of ``site``'s RQ jobs made from its frontier, scored by priority."""
+    return f"{PREFIX}queued:{site}"
 
 
 def ready() -> str:
@@ -67,8 +77,13 @@ def ready() -> str:
 
 
 def delayed() -> str:
-    """Sorted set of retries (``site\\tnonce\\tentry``) scored by when they are due (ms)."""
+    """Sorted set of retries (``site\\tpriority\\tnonce\\tentry``) scored by when they are due (ms)."""
     return f"{PREFIX}delayed"
+
+
+def recrawls() -> str:
+    """Sorted set of scheduled refreshes, members as in ``delayed``, scored by when they are due (ms)."""
+    return f"{PREFIX}recrawl"
 
 
 def conf(site: str) -> str:
@@ -92,3 +107,8 @@ def group(sites: list[str]) -> str:
 def lock(name: str) -> str:
     """A short mutex (refill, robots fetch)."""
     return f"{PREFIX}lock:{name}"
+
+
+def metrics(site: str) -> str:
+    """Hash of ``site``'s Prometheus counters and histogram buckets (see ``metrics``)."""
+    return f"{PREFIX}metrics:{site}"

@@ -74,7 +74,8 @@ class Runtime:
         """The site's frontier; also (re)publishes the site's politeness for the scheduler."""
         spider = self.spider(site)
         self.publish(site)
-        return Frontier(self.connection, site, spider.domains(), self.settings.failure_ttl, DEFAULT_DOWNLOAD_TIMEOUT)
+        return Frontier(self.connection, site, spider.domains(), self.settings.failure_ttl, DEFAULT_DOWNLOAD_TIMEOUT,
+                        refresh=spider.refresh_for)
 
     def publish(self, site: str, force: bool = False) -> None:
         """Write the site's policy in force where the scheduler reads it (at most once a second)."""

@@ -2,9 +2,11 @@
 
 Three structures in Redis make the crawl fast while the gate keeps it polite:
 
-- the **compact frontier**, a list per site of small JSON arrays (``[url, callback,
-  depth, hops, attempt, meta]`` with trailing defaults left out), which holds the bulk
-  of queued URLs at a small fraction of an RQ job's size;
+- the **compact frontier**, a list per site and priority of small JSON arrays (``[url,
+  callback, depth, hops, attempt, meta, refresh]`` with trailing defaults left out),
+  which holds the bulk of queued URLs at a small fraction of an RQ job's size; a sorted
+  set per site names the priorities that have entries, so refills drain the highest
+  first;
 - the **ready set**, a sorted set of the sites that have work, scored by the time
   (Redis clock, ms) their gate opens;
 - per site **RQ queue** ``download:SITE`` holding only a few jobs ahead, refilled from
@@ -16,7 +18,13 @@ workers are handed a site's jobs one interval apart. A site whose gate is still 
 (a slow predecessor, a Retry-After) is re-scored to the moment it opens, so no worker
 waits behind it. The gate itself is still taken by the job right before its request:
 the ready set spreads the work, the gate is the guarantee. Retries wait in one delayed
-set (ms precision) until ``PROMOTE_DUE`` moves them back.
+set (ms precision), scheduled refreshes in another, until ``PROMOTE_DUE`` moves them
+back to the front of their priority's list.
+
+Priority: a refill turns the highest-priority entries into RQ jobs first, and a push
+of entries above the priority of jobs already made hands those jobs back to the
+frontier (``EVICT``), so a high-priority request waits only for the ones of its own
+priority (or higher) ahead of it, plus the request already in flight.
 """
 
 from __future__ import annotations
@@ -78,7 +86,7 @@ for _ = 1, tries do
     local interval = math.max(tonumber(conf[1]) or 1000, tonumber(conf[4]) or 0)
     local queue = qp .. 'download:' .. site
     local queued = redis.call('LLEN', queue)
-    local compact = redis.call('LLEN', p .. 'frontier:' .. site)
+    local compact = redis.call('ZCARD', p .. 'levels:' .. site)
     if conf[2] == '1' then
         redis.call('ZADD', ready, now + 1000, site)
     elseif queued == 0 and compact > 0 then
@@ -100,6 +108,7 @@ for _ = 1, tries do
             redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
         else
             local job = redis.call('LMOVE', queue, queue .. ':intermediate', 'LEFT', 'RIGHT')
+            redis.call('ZREM', p .. 'queued:' .. site, job)
             redis.call('ZADD', ready, now + interval, site)
             local refill = 0
             if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
@@ -110,35 +119,92 @@ end
 return {0, 0}
 """
 
-# ARGV[1] = crawler key prefix, ARGV[2] = most entries to move.
-# Moves due retries from the delayed set to the front of their site's compact frontier
-# and marks those sites ready. Returns how many moved.
-PROMOTE_DUE = """
+# Lua helper: the frontier list of one site and priority (keys.frontier).
+_LEVEL_KEY = """
+local function level_key(p, site, priority)
+    if priority == '0' then return p .. 'frontier:' .. site end
+    return p .. 'frontier:' .. site .. ':' .. priority
+end
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = most entries to move per set.
+# Moves due retries (``delayed``) and refreshes (``recrawl``) to the front of their site's
+# frontier list of their priority and marks those sites ready. Members are
+# ``site\tpriority\tnonce\tentry``. Returns how many moved.
+PROMOTE_DUE = _LEVEL_KEY + """
 local p = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local due = redis.call('ZRANGEBYSCORE', p .. 'delayed', '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-for _, member in ipairs(due) do
-    local tab = string.find(member, '\\t', 1, true)
-    local site, entry = string.sub(member, 1, tab - 1), string.sub(member, tab + 1)
-    local nonce = string.find(entry, '\\t', 1, true)
-    entry = string.sub(entry, nonce + 1)
-    redis.call('LPUSH', p .. 'frontier:' .. site, entry)
-    redis.call('ZADD', p .. 'ready', 'NX', now, site)
-    redis.call('HINCRBY', p .. 'stats:' .. site, 'delayed', -1)
-    redis.call('ZREM', p .. 'delayed', member)
+local moved = 0
+for set, counter in pairs({delayed = 'delayed', recrawl = 'recrawls'}) do
+    local due = redis.call('ZRANGEBYSCORE', p .. set, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+    for _, member in ipairs(due) do
+        local a = string.find(member, '\t', 1, true)
+        local b = string.find(member, '\t', a + 1, true)
+        local c = string.find(member, '\t', b + 1, true)
+        local site, priority = string.sub(member, 1, a - 1), string.sub(member, a + 1, b - 1)
+        redis.call('LPUSH', level_key(p, site, priority), string.sub(member, c + 1))
+        redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
+        redis.call('ZADD', p .. 'ready', 'NX', now, site)
+        redis.call('HINCRBY', p .. 'stats:' .. site, counter, -1)
+        redis.call('ZREM', p .. set, member)
+    end
+    moved = moved + #due
 end
-return #due
+return moved
 """
 
-# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = member, ARGV[4] = delay in ms.
+# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = member, ARGV[4] = delay in ms,
+# ARGV[5] = set ('delayed' | 'recrawl'), ARGV[6] = its counter in the site's stats.
+# A member already scheduled is only moved in time (refreshes of one page collapse).
 SCHEDULE = """
 local p = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', p .. 'delayed', now + tonumber(ARGV[4]), ARGV[3])
-redis.call('HINCRBY', p .. 'stats:' .. ARGV[2], 'delayed', 1)
+if redis.call('ZADD', p .. ARGV[5], now + tonumber(ARGV[4]), ARGV[3]) == 1 then
+    redis.call('HINCRBY', p .. 'stats:' .. ARGV[2], ARGV[6], 1)
+end
 return 1
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = RQ queue key, ARGV[3] = site, ARGV[4] = job id,
+# ARGV[5] = the job's priority, ARGV[6] = its frontier entry, ARGV[7] = RQ job key prefix.
+# Hands a queued (not yet taken) job back to the front of its frontier list. Returns 1 if
+# it did, 0 if a worker had already taken the job.
+EVICT = _LEVEL_KEY + """
+local p, queue, site, job, priority = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+redis.call('ZREM', p .. 'queued:' .. site, job)
+if redis.call('LREM', queue, 1, job) == 0 then return 0 end
+redis.call('LPUSH', level_key(p, site, priority), ARGV[6])
+redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
+redis.call('DEL', ARGV[7] .. job)
+return 1
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3..] = priorities.
+# Forgets the priorities whose list is empty (atomic against a push, which re-adds them).
+FORGET_EMPTY_LEVELS = _LEVEL_KEY + """
+local p, site = ARGV[1], ARGV[2]
+for i = 3, #ARGV do
+    if redis.call('LLEN', level_key(p, site, ARGV[i])) == 0 then
+        redis.call('ZREM', p .. 'levels:' .. site, ARGV[i])
+    end
+end
+return 1
+"""
+
+# ARGV[1] = crawler key prefix, ARGV[2..] = sites. Entries waiting in each site's frontier.
+FRONTIER_SIZES = _LEVEL_KEY + """
+local p = ARGV[1]
+local sizes = {}
+for i = 2, #ARGV do
+    local n = 0
+    for _, priority in ipairs(redis.call('ZRANGE', p .. 'levels:' .. ARGV[i], 0, -1)) do
+        n = n + redis.call('LLEN', level_key(p, ARGV[i], priority))
+    end
+    sizes[#sizes + 1] = n
+end
+return sizes
 """
 
 # ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = token, ARGV[4] = ms.
@@ -156,10 +222,10 @@ return 1
 
 
 def encode_entry(url: str, callback: str = "parse", depth: int = 0, hops: int = 0, attempt: int = 1,
-                 meta: dict[str, Any] | None = None) -> str:
+                 meta: dict[str, Any] | None = None, refresh: float | None = None) -> str:
     """A frontier entry: a JSON array with trailing default fields left out."""
-    fields: list[Any] = [url, callback, depth, hops, attempt, meta or {}]
-    defaults: list[Any] = [None, "parse", 0, 0, 1, {}]
+    fields: list[Any] = [url, callback, depth, hops, attempt, meta or {}, refresh]
+    defaults: list[Any] = [None, "parse", 0, 0, 1, {}, None]
     while len(fields) > 1 and fields[-1] == defaults[len(fields) - 1]:
         fields.pop()
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
@@ -168,10 +234,10 @@ def encode_entry(url: str, callback: str = "parse", depth: int = 0, hops: int = 
 def decode_entry(entry: str | bytes) -> dict[str, Any]:
     """The fields of a frontier entry, defaults filled in; ValueError for a malformed one."""
     fields = json.loads(entry)
-    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 6:
+    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 7:
         raise ValueError(f"malformed frontier entry: {entry!r:.200}")
-    names = ("url", "callback", "depth", "hops", "attempt", "meta")
-    values: dict[str, Any] = {"callback": "parse", "depth": 0, "hops": 0, "attempt": 1, "meta": {}}
+    names = ("url", "callback", "depth", "hops", "attempt", "meta", "refresh")
+    values: dict[str, Any] = {"callback": "parse", "depth": 0, "hops": 0, "attempt": 1, "meta": {}, "refresh": None}
     values.update(zip(names, fields, strict=False))
     return values
 
@@ -199,6 +265,8 @@ class Scheduler:
         self._promote = connection.register_script(PROMOTE_DUE)
         self._schedule = connection.register_script(SCHEDULE)
         self._close = connection.register_script(CLOSE_GATE)
+        self._evict = connection.register_script(EVICT)
+        self._forget_empty = connection.register_script(FORGET_EMPTY_LEVELS)
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
@@ -217,10 +285,27 @@ class Scheduler:
         """Move retries that have come due back to their frontiers. Returns how many."""
         return int(self._promote(args=[keys.PREFIX, limit]))
 
-    def schedule(self, site: str, entry: str, delay: float) -> None:
-        """Put ``entry`` back in ``site``'s frontier after ``delay`` seconds."""
-        member = f"{site}\t{secrets.token_hex(4)}\t{entry}"
-        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000))])
+    def schedule(self, site: str, entry: str, delay: float, priority: int = 0) -> None:
+        """Put ``entry`` back in ``site``'s frontier (at ``priority``) after ``delay`` seconds."""
+        member = f"{site}\t{priority}\t{secrets.token_hex(4)}\t{entry}"
+        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000)), "delayed", "delayed"])
+
+    def schedule_refresh(self, site: str, entry: str, delay: float, priority: int) -> None:
+        """Fetch ``entry``'s page again in ``delay`` seconds, whatever the seen set says.
+
+        One page has one refresh pending: scheduling the same entry again moves it in time.
+        """
+        member = f"{site}\t{priority}\t-\t{entry}"
+        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000)), "recrawl", "recrawls"])
+
+    def evict(self, site: str, queue_key: str, job_id: str, priority: int, entry: str) -> bool:
+        """Hand a queued job of ``site`` back to its frontier list; False if it was taken."""
+        return bool(self._evict(args=[keys.PREFIX, queue_key, site, job_id, priority, entry, "rq:job:"]))
+
+    def forget_empty_levels(self, site: str, priorities: Sequence[int]) -> None:
+        """Drop the priorities of ``site`` whose frontier list is empty from its levels set."""
+        if priorities:
+            self._forget_empty(args=[keys.PREFIX, site, *priorities])
 
     def close_gate(self, site: str, seconds: float) -> None:
         """Keep every worker away from ``site`` for at least ``seconds``."""
@@ -238,6 +323,13 @@ def publish_conf(connection: Redis, site: str, interval: float, margin: float, p
         else:
             pipe.hdel(keys.conf(site), "concurrency")
         pipe.execute()
+
+
+def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
+    """Entries waiting in each site's frontier (every priority), in one round trip."""
+    if not sites:
+        return []
+    return [int(n) for n in connection.register_script(FRONTIER_SIZES)(args=[keys.PREFIX, *sites])]
 
 
 def _text(value: Any) -> str:

@@ -40,7 +40,11 @@ class Request:
     """A URL to download and the spider method that will parse it.
 
     ``meta`` is plain JSON data handed to the callback as ``page.meta``.
+    ``priority``: of a site's queued requests, the highest is fetched first (seeds 10,
+    links 0, scheduled refreshes -10 by default; -1000 to 1000).
     ``dont_filter`` skips the seen-set, for pages that must be fetched again.
+    ``refresh``: fetch the page again this many seconds after each fetch (overrides
+    the spider's ``refresh`` rule for this request).
     """
 
     url: str
@@ -48,6 +52,7 @@ class Request:
     meta: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     dont_filter: bool = False
+    refresh: float | None = None
 
     def __post_init__(self) -> None:
         self.callback = callback_name(self.callback)
@@ -150,6 +155,20 @@ class Spider:
     user_agent: str | None = None
     #: Follow redirects from a public host to private or loopback addresses (refused by default).
     allow_private_addresses: bool = False
+    #: Refetch pages on a schedule: seconds between fetches for every page, or a mapping
+    #: from callback name to seconds (``{"parse_product": 86400}``); None never refetches.
+    refresh: float | Mapping[str, float] | None = None
+    #: Priority of scheduled refreshes, below new pages (0) and seeds (10) by default.
+    refresh_priority: int = -10
+
+    def refresh_for(self, request: Request) -> float | None:
+        """Seconds after which ``request``'s page is to be fetched again, or None."""
+        if request.refresh is not None:
+            return request.refresh
+        if isinstance(self.refresh, Mapping):
+            value = self.refresh.get(str(request.callback))
+            return None if value is None else float(value)
+        return None if self.refresh is None else float(self.refresh)
 
     def parse(self, page: Page) -> Iterable[Any]:
         """Default callback: override it."""

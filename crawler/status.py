@@ -10,6 +10,7 @@ from typing import Any
 from redis import Redis
 
 from . import keys
+from .scheduler import frontier_sizes
 from .workers import queues_for
 
 
@@ -45,7 +46,6 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
     queues = queues_for(connection, (keys.download_queue(s) for s in sites))
     with connection.pipeline(transaction=False) as pipe:
         for site, queue in zip(sites, queues, strict=True):
-            pipe.llen(keys.frontier(site))
             pipe.llen(queue.key)
             pipe.llen(queue.intermediate_queue_key)
             pipe.zcard(queue.started_job_registry.key)
@@ -53,8 +53,10 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
             pipe.hgetall(keys.stats(site))
         replies = pipe.execute()
     result = []
+    compacts = frontier_sizes(connection, sites)
     for i, site in enumerate(sites):
-        compact, queued, moving, started, _, raw = replies[6 * i: 6 * i + 6]
+        compact = compacts[i]
+        queued, moving, started, _, raw = replies[5 * i: 5 * i + 5]
         stats = {k.decode(): int(v) for k, v in raw.items()}
         result.append(SiteStatus(
             site=site, queued=int(compact) + int(queued), in_flight=int(moving) + int(started),

@@ -1,8 +1,10 @@
 """The database: items upserted on a key, and a fetch record for every request.
 
 One schema for SQLite (the default, a file) and PostgreSQL (``DATABASE_URL``), written
-with SQLAlchemy Core. Items are upserted on (site, key), so a re-parse never duplicates
-an item; ``first_seen``/``last_seen``/``changed`` keep the history a recrawl needs.
+with SQLAlchemy Core, created or migrated when a ``Store`` starts (``migrations``).
+Items are upserted on (site, key), so a re-parse never duplicates an item;
+``first_seen``/``last_seen``/``changed`` keep the history a recrawl needs. See
+docs/DATABASE.md.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    and_,
     case,
     create_engine,
     event,
@@ -34,9 +37,10 @@ from sqlalchemy import (
     func,
     select,
 )
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError, OperationalError
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
+from . import migrations
 from .errors import ConfigError
 from .settings import redact_url
 
@@ -77,6 +81,20 @@ fetches = Table(
     Index("fetches_site_outcome", "site", "outcome"),
     Index("fetches_site_url", "site", "url"),
 )
+
+schema_versions = migrations.version_table(metadata)
+
+#: Changes to the schema since the first release, oldest first. A new column is the column
+#: in its table above plus one entry here; a database is brought up to date when a Store starts.
+MIGRATIONS: tuple[migrations.Migration, ...] = (
+    migrations.add_column(2, fetches.c.callback),
+)
+
+#: The schema version this code writes.
+SCHEMA_VERSION = migrations.latest(MIGRATIONS)
+
+#: What to install for PostgreSQL, named in the error when its driver is missing.
+POSTGRES_INSTALL = "pip install 'crawler[postgres]'"
 
 #: Outcomes of a fetch record.
 OK, REDIRECT, RETRY, FAILED, REFUSED, SKIPPED = "ok", "redirect", "retry", "failed", "refused", "skipped"
@@ -129,35 +147,37 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         try:
-            self.engine: Engine = create_engine(url, future=True, pool_pre_ping=True)
+            self.engine: Engine = create_engine(engine_url(url), future=True, pool_pre_ping=True)
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)}: {exc}") from None
         except ImportError as exc:
-            raise ConfigError(f"database driver missing for {redact_url(url)}: {exc.name}") from None
+            raise ConfigError(f"database driver {exc.name} is not installed for {redact_url(url)}"
+                              f"{_install_hint(url)}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
-        self._create_schema()
+        elif self.engine.dialect.name != "postgresql":
+            raise ConfigError(f"unsupported database {self.engine.dialect.name!r} in {redact_url(url)}: "
+                              f"use SQLite or PostgreSQL")
+        try:
+            migrations.upgrade(self.engine, metadata, schema_versions, MIGRATIONS)
+        except DBAPIError as exc:
+            raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
 
-    def _create_schema(self) -> None:
-        for attempt in range(3):
-            try:
-                metadata.create_all(self.engine, checkfirst=True)
-                return
-            except IntegrityError:  # another process created it at the same moment
-                if attempt == 2:
-                    raise
-            except OperationalError as exc:
-                if "already exists" in str(exc) and attempt < 2:  # SQLite's form of the same race
-                    continue
-                raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
-            except DBAPIError as exc:
-                raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+    def upsert_items(self, site: str, batch: Iterable[Item], seen: datetime | None = None) -> int:
+        """Insert or update items on (site, key), seen at ``seen`` (default now). Returns how many were written.
 
-    def upsert_items(self, site: str, batch: Iterable[Item]) -> int:
-        """Insert or update items on (site, key). Returns how many were written."""
-        now = utcnow()
+        Of repeated keys in one batch the last wins. Whatever order concurrent writers
+        commit in, ``first_seen`` is the earliest ``seen`` of a key, ``last_seen`` the
+        latest, and url, data and digest are those of the latest-seen write. ``changed``
+        is the ``seen`` of the write that brought the current digest: a write that commits
+        late (seen before the latest) never moves it forward, and moves it back only when
+        it is the earliest of all and finds the same data never changed since.
+        """
+        now = seen or utcnow()
+        if now.tzinfo is None:
+            raise ValueError("seen must be a timezone-aware datetime")
         rows = {}
-        for item in batch:  # the last of repeated keys in one batch wins
+        for item in batch:
             rows[item.key] = {
                 "site": site,
                 "key": item.key,
@@ -170,28 +190,39 @@ class Store:
             }
         if not rows:
             return 0
+        # One key once per statement (PostgreSQL refuses to update a row twice in one
+        # INSERT … ON CONFLICT), and keys in one order in every batch, so that concurrent
+        # batches with keys in common lock their rows in the same order and never deadlock.
+        ordered = [rows[key] for key in sorted(rows)]
         with self.engine.begin() as conn:
-            conn.execute(self._upsert_statement(), list(rows.values()))
-        return len(rows)
+            conn.execute(self._upsert_statement(), ordered)
+        return len(ordered)
 
     def _upsert_statement(self) -> Any:
-        dialect = self.engine.dialect.name
-        if dialect == "postgresql":
+        if self.engine.dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import insert
-        elif dialect == "sqlite":
+
+            earliest, latest = func.least, func.greatest
+        else:
             from sqlalchemy.dialects.sqlite import insert
-        else:  # pragma: no cover - only SQLite and PostgreSQL are supported
-            raise ConfigError(f"unsupported database {dialect!r}: use SQLite or PostgreSQL")
+
+            earliest, latest = func.min, func.max  # SQLite's scalar min/max of their arguments
         stmt = insert(items)
-        new = stmt.excluded
+        new, old = stmt.excluded, items.c
+        # A write that commits after a later-seen one (a slow parser) only widens the history.
+        newer = new.last_seen >= old.last_seen
+        same = old.digest == new.digest
+        # Seen before the item's first sighting, with the data it has had all along.
+        earlier_same = and_(new.first_seen < old.first_seen, same, old.changed == old.first_seen)
         return stmt.on_conflict_do_update(
             index_elements=["site", "key"],
             set_={
-                "url": new.url,
-                "data": new.data,
-                "digest": new.digest,
-                "last_seen": new.last_seen,
-                "changed": case((items.c.digest != new.digest, new.changed), else_=items.c.changed),
+                "url": case((newer, new.url), else_=old.url),
+                "data": case((newer, new.data), else_=old.data),
+                "digest": case((newer, new.digest), else_=old.digest),
+                "first_seen": earliest(old.first_seen, new.first_seen),
+                "last_seen": latest(old.last_seen, new.last_seen),
+                "changed": case((and_(newer, ~same), new.changed), (earlier_same, new.changed), else_=old.changed),
             },
         )
 
@@ -275,6 +306,22 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def engine_url(url: str) -> URL:
+    """The SQLAlchemy URL for a ``DATABASE_URL``: ``postgresql://`` and ``postgres://`` mean psycopg 3.
+
+    SQLAlchemy 2.0 reads a bare ``postgresql://`` as psycopg2 and rejects ``postgres://``;
+    the ``postgres`` extra ships psycopg 3. A URL naming its driver is left as it is.
+    """
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        return parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def _install_hint(url: str) -> str:
+    return f": {POSTGRES_INSTALL}" if url.lower().startswith("postgres") else ""
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -31,7 +31,7 @@ from rq.utils import now
 
 from . import keys, runtime
 from .recovery import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
-from .scheduler import JOBS_AHEAD, Next, Scheduler
+from .scheduler import JOBS_AHEAD, Next, Scheduler, frontier_sizes
 
 log = logging.getLogger("crawler.workers")
 
@@ -68,10 +68,9 @@ def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     sites = list(sites)
     with connection.pipeline(transaction=False) as pipe:
         for site in sites:
-            pipe.llen(keys.frontier(site))
             pipe.hget(keys.stats(site), "delayed")
         replies = pipe.execute()
-    waiting = sum(int(n or 0) for n in replies)
+    waiting = sum(int(n or 0) for n in replies) + sum(frontier_sizes(connection, sites))
     names = [keys.download_queue(site) for site in sites] + [keys.PARSE_QUEUE]
     return waiting + pending_jobs(connection, names)
 
@@ -296,7 +295,7 @@ class DownloadWorker(CrawlWorker):
         with self.connection.pipeline(transaction=False) as pipe:
             for site, queue in self._by_site.items():
                 pipe.llen(queue.key)
-                pipe.llen(keys.frontier(site))
+                pipe.zcard(keys.levels(site))
             replies = pipe.execute()
         stranded = {site: 0 for i, site in enumerate(self._by_site) if replies[2 * i] or replies[2 * i + 1]}
         if stranded:

@@ -23,7 +23,7 @@ from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError
 from crawler.failures import FailedPage, failed_pages, retry_pages
-from crawler.frontier import DownloadTask, fingerprint, seed
+from crawler.frontier import DownloadTask, Frontier, fingerprint, seed
 from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
@@ -97,7 +97,7 @@ def failed_json(invoke: Invoke, *args: str) -> list[dict]:
 
 
 def queued_tasks(connection: Redis, site: str = "demo") -> list[DownloadTask]:
-    return [DownloadTask.from_entry(site, entry) for entry in connection.lrange(keys.frontier(site), 0, -1)]
+    return Frontier(connection, site, [], 0, 0).waiting()
 
 
 def stored_items(store: Store, site: str) -> dict[str, dict]:
@@ -275,7 +275,7 @@ def test_retry_of_a_url_that_did_not_fail_is_one_line_error_and_queues_nothing(
     result = invoke("retry", "demo", SHOP + "/product/7", SHOP + "/product/8")
 
     assert_one_line_error(result, "not a failed page", SHOP + "/product/8")
-    assert redis_conn.llen(keys.frontier("demo")) == 0
+    assert not queued_tasks(redis_conn)
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -287,7 +287,7 @@ def test_retry_without_a_clear_choice_is_one_line_error(invoke: Invoke, records:
                                                         args: list[str], fragment: str) -> None:
     records.add("/product/7", FAILED, status=500)
     assert_one_line_error(invoke(*args), fragment)
-    assert redis_conn.llen(keys.frontier("demo")) == 0
+    assert not queued_tasks(redis_conn)
 
 
 def test_retry_pages_refuses_a_page_now_outside_the_allowed_domains(runtime: Runtime) -> None:
@@ -296,7 +296,7 @@ def test_retry_pages_refuses_a_page_now_outside_the_allowed_domains(runtime: Run
         finished=datetime.now(UTC))])
     with pytest.raises(ConfigError, match="cannot requeue http://elsewhere.example/"):
         retry_pages(runtime.store, runtime.frontier("demo"))
-    assert runtime.connection.llen(keys.frontier("demo")) == 0
+    assert not queued_tasks(runtime.connection)
 
 
 # -- end to end: a real crawl, its failures fixed and retried -------------------------------

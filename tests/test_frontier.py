@@ -27,9 +27,8 @@ def frontier(redis_conn: Redis) -> Frontier:
 
 def queued_tasks(frontier: Frontier) -> list[DownloadTask]:
     """Tasks waiting in the compact frontier, then in the RQ queue."""
-    entries = frontier.connection.lrange(keys.frontier(frontier.site), 0, -1)
     jobs = [DownloadTask.from_json(job.args[0]) for job in frontier.queue.get_jobs()]
-    return [DownloadTask.from_entry(frontier.site, e) for e in entries] + jobs
+    return frontier.waiting() + jobs
 
 
 def queued_urls(frontier: Frontier) -> list[str]:
@@ -205,7 +204,7 @@ def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redi
     assert kwargs == {}
     assert args == [{
         "site": SITE, "url": "http://example.com/p", "callback": "parse_product",
-        "meta": {"k": [1, 2]}, "depth": 3, "hops": 1, "attempt": 1,
+        "meta": {"k": [1, 2]}, "depth": 3, "hops": 1, "attempt": 1, "priority": 0,
     }]
     assert raw[b"result_ttl"] == b"0"
     assert raw[b"failure_ttl"] == str(FAILURE_TTL).encode()

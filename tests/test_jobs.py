@@ -23,7 +23,7 @@ from rq.serializers import JSONSerializer
 
 from crawler import jobs, keys
 from crawler.demo import ShopSite
-from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, fingerprint
+from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint
 from crawler.runtime import Runtime
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
@@ -47,8 +47,8 @@ class Backlog:
         self.queue = Queue(keys.download_queue(SITE), connection=connection, serializer=JSONSerializer)
 
     def payloads(self) -> list[dict[str, Any]]:
-        entries = self.connection.lrange(keys.frontier(SITE), 0, -1)
-        return [DownloadTask.from_entry(SITE, e).to_json() for e in entries] + queued_payloads(self.queue)
+        waiting = Frontier(self.connection, SITE, [], 0, 0).waiting()
+        return [task.to_json() for task in waiting] + queued_payloads(self.queue)
 
     @property
     def count(self) -> int:
@@ -56,7 +56,9 @@ class Backlog:
 
     def take_only(self) -> dict[str, Any]:
         (only,) = self.payloads()
-        self.connection.delete(keys.frontier(SITE))
+        for priority in self.connection.zrange(keys.levels(SITE), 0, -1):
+            self.connection.delete(keys.frontier(SITE, int(priority)))
+        self.connection.delete(keys.levels(SITE))
         self.queue.empty()
         return only
 
@@ -216,13 +218,13 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
     jobs.download(payload(url, "parse_product"))
 
     ((member, due),) = delayed(redis_conn)
-    site, _nonce, entry = member.split("\t", 2)
+    site, priority, _nonce, entry = member.split("\t", 3)
     assert site == "demo"
-    retry = DownloadTask.from_entry(site, entry)
+    retry = DownloadTask.from_entry(site, entry, int(priority))
     assert retry.to_json() == payload(url, "parse_product", attempt=2)
     assert due >= before + 1.0
     assert download_queue(redis_conn).count == 0 and parse_queue(redis_conn).count == 0
-    assert redis_conn.llen(keys.frontier("demo")) == 0
+    assert Frontier(redis_conn, "demo", [], 0, 0).waiting() == []
     assert stats(redis_conn)["delayed"] == 1
     # Retry-After closes the site's gate for every worker, not just this URL.
     assert redis_conn.pttl(keys.gate("demo")) > 900
@@ -242,7 +244,7 @@ def test_retry_is_not_released_before_retry_after_has_passed(runtime: Runtime, r
         assert time.time() < deadline, "the retry was never released"
         time.sleep(0.01)
     released = time.time()
-    assert redis_conn.llen(keys.frontier("demo")) == 1
+    assert len(Frontier(redis_conn, "demo", [], 0, 0).waiting()) == 1
     assert delayed(redis_conn) == [] and stats(redis_conn)["delayed"] == 0
     assert redis_conn.zscore(keys.ready(), "demo") is not None
     assert released - arrival >= 1.0, f"released {released - arrival:.2f}s after a 503 with Retry-After: 1"

@@ -42,8 +42,8 @@ def test_entries_round_trip_and_leave_out_defaults() -> None:
     assert encode_entry("http://a/", "parse_item") == '["http://a/","parse_item"]'
     full = encode_entry("http://a/", "cb", 2, 1, 3, {"k": "v"})
     assert decode_entry(full) == {"url": "http://a/", "callback": "cb", "depth": 2, "hops": 1, "attempt": 3,
-                                  "meta": {"k": "v"}}
-    for bad in ("{}", "[]", "[1]", '["a",1,2,3,4,5,6]', "nope"):
+                                  "meta": {"k": "v"}, "refresh": None}
+    for bad in ("{}", "[]", "[1]", '["a",1,2,3,4,5,6,7]', "nope"):
         with pytest.raises(ValueError):
             decode_entry(bad)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crawler.errors import ConfigError
-from crawler.store import FAILED, OK, RETRY, FetchRecord, Item, Store, item_digest
+from crawler.store import FAILED, OK, RETRY, FetchRecord, Item, Store, engine_url, item_digest
 
 SITE = "shop"
 
@@ -76,6 +78,50 @@ def test_repeated_keys_in_one_batch_keep_the_last(store: Store) -> None:
     assert list(store.items(SITE)) == [{"v": 3}, {"v": 2}]
 
 
+T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def history(store: Store) -> tuple[dict, datetime, datetime, datetime]:
+    (row,) = store.item_rows(SITE)
+    return row["data"], as_utc(row["first_seen"]), as_utc(row["last_seen"]), as_utc(row["changed"])
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))), ids=str)
+def test_writes_of_the_same_data_give_one_history_whatever_order_they_commit_in(store: Store,
+                                                                               order: tuple[int, ...]) -> None:
+    # Three parsers saw the item at 1, 2 and 3 s; a slow one may commit last.
+    for i in order:
+        store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 5})], seen=at(i + 1))
+    assert history(store) == ({"price": 5}, at(1), at(3), at(1))
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)], ids=["in-order", "late-commit"])
+def test_the_latest_seen_data_wins_even_when_it_commits_first(store: Store, order: tuple[int, ...]) -> None:
+    writes = [(at(1), {"price": 5}), (at(2), {"price": 6})]
+    for i in order:
+        seen, data = writes[i]
+        store.upsert_items(SITE, [Item("k", f"http://shop.example/{i}", data)], seen=seen)
+    assert history(store) == ({"price": 6}, at(1), at(2), at(2))
+    assert store.item_rows(SITE)[0]["url"] == "http://shop.example/1"
+
+
+def test_a_late_commit_does_not_hide_a_change_seen_in_between(store: Store) -> None:
+    store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 5})], seen=at(1))
+    store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 6})], seen=at(2))
+    store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 6})], seen=at(4))
+    store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 5})], seen=at(3))  # stale
+    assert history(store) == ({"price": 6}, at(1), at(4), at(2))
+
+
+def test_seen_must_be_timezone_aware(store: Store) -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        store.upsert_items(SITE, [Item("k", "http://shop.example/k", {})], seen=datetime(2025, 1, 1))
+
+
 def test_empty_batch_writes_nothing(store: Store) -> None:
     assert store.upsert_items(SITE, []) == 0
     assert store.count_items(SITE) == 0
@@ -105,9 +151,11 @@ def test_fetch_records_round_trip(store: Store) -> None:
                         started=started, finished=started)
     store.record_fetches([record, parse])
     first, second = store.fetch_rows(SITE)
-    assert {k: first[k] for k in ("site", "url", "kind", "outcome", "status", "bytes", "elapsed", "worker", "attempt", "error")} == {
+    columns = ("site", "url", "kind", "outcome", "status", "bytes", "elapsed", "worker", "attempt", "error")
+    assert {k: first[k] for k in columns} == {
         "site": SITE, "url": "http://shop.example/p/1", "kind": "download", "outcome": FAILED, "status": 503,
-        "bytes": 1234, "elapsed": 1.5, "worker": "host.1234", "attempt": 2, "error": "HTTP 503; retry in 4s\nsecond line",
+        "bytes": 1234, "elapsed": 1.5, "worker": "host.1234", "attempt": 2,
+        "error": "HTTP 503; retry in 4s\nsecond line",
     }
     assert as_utc(first["started"]) == started
     assert as_utc(first["finished"]) == started + timedelta(seconds=1.5)
@@ -135,6 +183,28 @@ def test_second_store_on_the_same_database_reuses_the_schema(store: Store, datab
         again.ping()
     finally:
         again.close()
+
+
+@pytest.mark.parametrize("given, used", [
+    ("postgresql://u:pw@db.internal:5433/crawl", "postgresql+psycopg://u:pw@db.internal:5433/crawl"),
+    ("postgres://u@db.internal/crawl?sslmode=require", "postgresql+psycopg://u@db.internal/crawl?sslmode=require"),
+    ("postgresql+psycopg2://u@db.internal/crawl", "postgresql+psycopg2://u@db.internal/crawl"),
+    ("postgresql+psycopg://u@db.internal/crawl", "postgresql+psycopg://u@db.internal/crawl"),
+    ("sqlite:///crawler.db", "sqlite:///crawler.db"),
+])
+def test_a_bare_postgresql_url_means_psycopg_3(given: str, used: str) -> None:
+    assert engine_url(given).render_as_string(hide_password=False) == used
+
+
+@pytest.mark.parametrize("url", ["postgresql://crawler:Sup3rS3cret@127.0.0.1:1/crawl",
+                                 "postgres://crawler:Sup3rS3cret@127.0.0.1:1/crawl"])
+def test_missing_postgres_driver_names_the_extra_to_install(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now raises ImportError
+    with pytest.raises(ConfigError) as info:
+        Store(url)
+    message = str(info.value)
+    assert "psycopg" in message and "pip install 'crawler[postgres]'" in message
+    assert "\n" not in message and "Sup3rS3cret" not in message
 
 
 @pytest.mark.parametrize("url", ["not a url", "nosuchdb://host/db", "postgresql+nosuchdriver://u:pw@host/db"])

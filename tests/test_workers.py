@@ -26,7 +26,7 @@ from crawler import keys
 from crawler.connection import EmbeddedRedis
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
-from crawler.frontier import seed
+from crawler.frontier import SEED_PRIORITY, seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.policy import set_live
 from crawler.runtime import Runtime
@@ -167,7 +167,7 @@ def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_con
         set_live(redis_conn, "demo", paused=True)
         runtime.publish("demo", force=True)  # as `crawler pause demo` does
         seed(runtime.frontier("demo"), [shop.url + "/"])
-        queue_key = keys.frontier("demo")
+        queue_key = keys.frontier("demo", SEED_PRIORITY)
         assert redis_conn.llen(queue_key) == 1
 
         threads, stop = start_in_threads(redis_conn)

@@ -1,0 +1,163 @@
+"""Schema versions: a number recorded in the database, and the ordered steps between them.
+
+Every ``Store`` runs ``upgrade`` when it starts. A database at the newest version costs
+one read. Otherwise, holding a lock that every host's workers share (PostgreSQL:
+``pg_advisory_xact_lock``; SQLite: ``BEGIN IMMEDIATE``), the first starter creates the
+missing tables, applies the steps past the recorded version with Alembic's
+``Operations`` (dialect-aware DDL, no alembic.ini or env.py), records each step and
+commits; the others wait for it, then find the database up to date. DDL is
+transactional on both databases, so a step that fails leaves the database as it was.
+
+Version ``BASELINE`` is the schema of the release before versions were recorded: a
+database with the crawler's tables and no version table is taken to be at it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func, inspect, select
+from sqlalchemy.engine import Connection, Engine
+
+from .errors import ConfigError
+
+#: The schema of the first release, the last one that recorded no version.
+BASELINE = 1
+
+#: The table that records the versions a database went through, one row each.
+VERSION_TABLE = "crawler_schema"
+
+#: PostgreSQL advisory lock key of schema upgrades: b"crawler\0" read as a number.
+PG_LOCK_KEY = 0x637261776C657200
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step: ``apply`` brings a database from ``version - 1`` to ``version``.
+
+    Steps run after the tables the code defines have been created, so a step must
+    leave a table that already has its change alone (``add_column`` does).
+    """
+
+    version: int
+    description: str
+    apply: Callable[[Operations], None]
+
+
+def add_column(version: int, column: Column) -> Migration:  # type: ignore[type-arg]
+    """The step that adds ``column``, a column of a table the schema defines, where missing.
+
+    A NOT NULL column needs a ``server_default`` to be added to a table with rows.
+    """
+    table = column.table.name
+
+    def apply(ops: Operations) -> None:
+        present = {c["name"] for c in inspect(ops.get_bind()).get_columns(table)}
+        if column.name not in present:
+            ops.add_column(table, Column(column.name, column.type, nullable=column.nullable,
+                                         server_default=column.server_default))
+
+    return Migration(version, f"add {table}.{column.name}", apply)
+
+
+def version_table(metadata: MetaData) -> Table:
+    """Define the version table in ``metadata`` (so it is created and dropped with the rest)."""
+    return Table(
+        VERSION_TABLE,
+        metadata,
+        Column("version", Integer, primary_key=True, autoincrement=False),
+        Column("description", String(200), nullable=False),
+        Column("applied", DateTime(timezone=True), nullable=False),
+    )
+
+
+def latest(steps: Sequence[Migration]) -> int:
+    """The version the code is written for."""
+    return steps[-1].version if steps else BASELINE
+
+
+def check_steps(steps: Sequence[Migration]) -> None:
+    """ValueError unless the steps number BASELINE + 1, + 2, … in order."""
+    for expected, step in enumerate(steps, start=BASELINE + 1):
+        if step.version != expected:
+            raise ValueError(f"migration {step.description!r} is numbered {step.version}, expected {expected}")
+
+
+def upgrade(engine: Engine, metadata: MetaData, versions: Table, steps: Sequence[Migration]) -> int:
+    """Create or migrate the schema to ``latest(steps)``; returns the version found before.
+
+    0 means the database was empty. ConfigError when the database is newer than the code.
+    """
+    check_steps(steps)
+    with engine.connect() as conn:
+        found = _recorded(conn, versions)
+    if found is not None and found >= latest(steps):
+        _refuse_newer(found, steps)
+        return found
+    with _schema_lock(engine) as conn:
+        return _upgrade_locked(conn, metadata, versions, steps)
+
+
+def _upgrade_locked(conn: Connection, metadata: MetaData, versions: Table, steps: Sequence[Migration]) -> int:
+    versions.create(conn, checkfirst=True)
+    found = _recorded(conn, versions)
+    if found is None:  # nothing recorded: an empty database, or one from before versions
+        tables = set(inspect(conn).get_table_names()) & set(metadata.tables) - {versions.name}
+        found = BASELINE if tables else 0
+    _refuse_newer(found, steps)
+    metadata.create_all(conn, checkfirst=True)
+    if found == 0:
+        _record(conn, versions, latest(steps), "schema created")
+        return found
+    ops = Operations(MigrationContext.configure(conn))
+    pending = [step for step in steps if step.version > found]
+    if not pending and _recorded(conn, versions) is None:
+        _record(conn, versions, found, "schema version recorded")
+    for step in pending:
+        step.apply(ops)
+        _record(conn, versions, step.version, step.description)
+    return found
+
+
+def _recorded(conn: Connection, versions: Table) -> int | None:
+    if not inspect(conn).has_table(versions.name):
+        return None
+    value = conn.execute(select(func.max(versions.c.version))).scalar()
+    return None if value is None else int(value)
+
+
+def _record(conn: Connection, versions: Table, version: int, description: str) -> None:
+    conn.execute(versions.insert().values(version=version, description=description, applied=datetime.now(UTC)))
+
+
+def _refuse_newer(found: int, steps: Sequence[Migration]) -> None:
+    if found > latest(steps):
+        raise ConfigError(f"database schema is version {found}, newer than this crawler's {latest(steps)}: "
+                          f"upgrade the crawler on this host")
+
+
+@contextmanager
+def _schema_lock(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction that holds the fleet-wide schema lock; commits on success."""
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            # Released at commit or rollback, so a starter that dies cannot leave it held.
+            conn.execute(select(func.pg_advisory_xact_lock(PG_LOCK_KEY)))
+            yield conn
+        return
+    # SQLite: the driver's own transaction handling would begin only at the first write;
+    # BEGIN IMMEDIATE takes the database's write lock before the version is read.
+    with engine.connect() as raw:
+        conn = raw.execution_options(isolation_level="AUTOCOMMIT")
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
+        conn.exec_driver_sql("COMMIT")
