@@ -25,6 +25,7 @@ from .connection import EmbeddedRedis, connect, resolve_redis_url
 from .errors import ConfigError, CrawlerError
 from .export import FORMATS, write_items
 from .failures import FailedPage, failed_pages, retry_pages
+from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
 from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
 from .policy import read_live, resolve_policy, set_live
@@ -140,15 +141,17 @@ def sites(obj: Context) -> None:
 @cli.command()
 @click.argument("site")
 @click.argument("urls", nargs=-1)
-@click.option("--force", is_flag=True, help="Enqueue even URLs already seen.")
+@click.option("--force", is_flag=True, help="Enqueue even URLs already seen (fetch them again now).")
+@click.option("--priority", default=SEED_PRIORITY, show_default=True, type=click.IntRange(*PRIORITY_RANGE),
+              help="Higher is fetched sooner (links found: 0, refreshes: -10).")
 @pass_context
-def seed(obj: Context, site: str, urls: tuple[str, ...], force: bool) -> None:
+def seed(obj: Context, site: str, urls: tuple[str, ...], force: bool, priority: int) -> None:
     """Enqueue start URLs for SITE (the spider's own when none are given)."""
     spider = obj.runtime.spider(obj.site(site))
     chosen = list(urls) or [r.url for r in spider.start_requests()]
     if not chosen:
         raise ConfigError(f"site {site!r} has no start_urls: give URLs to seed")
-    result = seed_urls(obj.runtime.frontier(site), chosen, force=force)
+    result = seed_urls(obj.runtime.frontier(site), chosen, force=force, priority=priority)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
 
 
@@ -203,7 +206,7 @@ def worker(obj: Context, kind: str, site_list: str | None, processes: int, threa
 def crawl(obj: Context, site: str, urls: tuple[str, ...], processes: int, threads: int, parsers: int) -> None:
     """Seed SITE and run workers until the crawl is drained, showing progress."""
     obj.site(site)
-    click.get_current_context().invoke(seed, site=site, urls=urls, force=False)
+    click.get_current_context().invoke(seed, site=site, urls=urls, force=False, priority=SEED_PRIORITY)
     run_crawl(obj, [site], processes, threads, parsers)
     obj.stop_embedded = True  # drained: nothing left in a private Redis worth keeping
 
@@ -241,7 +244,7 @@ def run_crawl(obj: Context, sites_: list[str], processes: int, threads: int, par
 
 @contextmanager
 def _progress(connection: Redis, sites_: list[str]) -> Iterator[Callable[[], None]]:
-    """A live table on a terminal; a log line every 5 s otherwise."""
+    """A live table on a terminal; a log line per site every 5 s otherwise (logs, CI, pipes)."""
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
@@ -249,13 +252,16 @@ def _progress(connection: Redis, sites_: list[str]) -> Iterator[Callable[[], Non
     meter = RateMeter()
     console = Console(stderr=True)
 
-    def table() -> Table:
+    def snapshot() -> list[tuple[SiteStatus, float, str]]:
         statuses = site_status(connection, sites_)
         meter.update(statuses)
-        grid = Table("site", "queued", "in flight", "retrying", "fetched", "parsed", "items", "failed", "pages/s")
-        for s in statuses:
-            grid.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.fetched), str(s.parsed),
-                         str(s.items), str(s.failed), f"{meter.rates.get(s.site, 0.0):.1f}")
+        return [(s, meter.rates.get(s.site, 0.0), format_eta(s.eta(meter.rates.get(s.site)))) for s in statuses]
+
+    def table() -> Table:
+        grid = Table("site", "done", "queued", "in flight", "retrying", "failed", "parsed", "items", "pages/s", "ETA")
+        for s, rate, eta in snapshot():
+            grid.add_row(s.site, str(s.done), str(s.queued), str(s.in_flight), str(s.scheduled), str(s.failed),
+                         str(s.parsed), str(s.items), f"{rate:.1f}", eta)
         return grid
 
     if console.is_terminal:
@@ -265,13 +271,30 @@ def _progress(connection: Redis, sites_: list[str]) -> Iterator[Callable[[], Non
         last = [0.0]
 
         def log_line() -> None:
-            if time.monotonic() - last[0] >= 5:
+            if time.monotonic() - last[0] >= PROGRESS_LOG_EVERY:
                 last[0] = time.monotonic()
-                for s in site_status(connection, sites_):
-                    console.print(f"{s.site}: queued {s.queued}, in flight {s.in_flight}, fetched {s.fetched}, "
-                                  f"items {s.items}, failed {s.failed}", highlight=False)
+                for s, rate, eta in snapshot():
+                    console.print(f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
+                                  f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
+                                  f"items {s.items}, {rate:.1f} pages/s, ETA {eta}", highlight=False, soft_wrap=True)
 
         yield log_line
+
+
+#: Seconds between progress lines when the output is not a terminal.
+PROGRESS_LOG_EVERY = 5.0
+
+
+def format_eta(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``12s``; ``-`` while unknown (no rate yet)."""
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
 
 
 @cli.command()
@@ -282,7 +305,9 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     """Per site: queued, in flight, done, failed."""
     names = [obj.site(site)] if site else sorted(set(known_sites(obj.redis)) | set(obj.spider_set.spiders))
     statuses = site_status(obj.redis, names)
+    rates = _observed_rates(obj, names)
     for s in statuses:
+        s.rate = rates.get(s.site)
         if s.site in obj.spider_set.spiders:
             policy = resolve_policy(obj.spider_set.spiders[s.site], obj.settings, read_live(obj.redis, s.site))
             s.interval, s.paused = policy.interval, policy.paused
@@ -294,17 +319,33 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("site", "queued", "in flight", "retrying", "fetched", "parsed", "items", "failed", "refused",
-                  "interval (s)", "from", "state")
+    table = Table("site", "queued", "in flight", "retrying", "refreshes", "fetched", "parsed", "items", "failed",
+                  "refused", "req/s (1 min)", "interval (s)", "from", "state")
     for s in statuses:
-        table.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.fetched), str(s.parsed),
-                      str(s.items), str(s.failed), str(s.refused), f"{s.interval:g}" if s.interval else "-",
+        table.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.refreshes), str(s.fetched),
+                      str(s.parsed), str(s.items), str(s.failed), str(s.refused),
+                      "-" if s.rate is None else f"{s.rate:.2f}", f"{s.interval:g}" if s.interval else "-",
                       s.interval_source or "-", "paused" if s.paused else "running")
     console = Console()
     console.print(table)
     for host, states in sorted(hosts.items()):
         console.print(f"workers on {host}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())),
                       highlight=False)
+
+
+def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
+    """Downloads per second over the last minute by site, from the fetches table ({} if unreachable)."""
+    from .stats import recent_rates
+
+    try:
+        store = Store(obj.settings.database_url)
+    except ConfigError as exc:
+        click.echo(f"warning: no observed rates: {exc}", err=True)
+        return {}
+    try:
+        return recent_rates(store, sites_)
+    finally:
+        store.close()
 
 
 @cli.command("set")

@@ -186,15 +186,21 @@ class MetricsCollector(Collector):
             for site in sites:
                 pipe.hgetall(keys.metrics(site))
                 pipe.hgetall(keys.live_settings(site))
+                pipe.hget(keys.stats(site), "recrawls")  # refreshes pending (not in SiteStatus)
             pipe.llen(parse.key)
             pipe.llen(parse.intermediate_queue_key)
             pipe.zcard(parse.started_job_registry.key)
             replies = pipe.execute()
-        counters = {site: _SiteCounters(replies[2 * i]) for i, site in enumerate(sites)}
-        live = {site: {k.decode(): v.decode() for k, v in replies[2 * i + 1].items()} for i, site in enumerate(sites)}
+        counters = {site: _SiteCounters(replies[3 * i]) for i, site in enumerate(sites)}
+        live = {site: {k.decode(): v.decode() for k, v in replies[3 * i + 1].items()} for i, site in enumerate(sites)}
+        refreshes = GaugeMetricFamily("crawler_refreshes_scheduled", "Pages waiting for their scheduled refresh.",
+                                      labels=["site"])
+        for i, site in enumerate(sites):
+            refreshes.add_metric([site], int(replies[3 * i + 2] or 0))
         parse_queued, parse_moving, parse_started = (int(n) for n in replies[-3:])
         yield from self._counter_families(counters)
         yield from self._site_gauges(statuses, live)
+        yield refreshes
         yield GaugeMetricFamily("crawler_parse_queue_depth", "Parse jobs waiting in the RQ queue 'parse'.",
                                 value=parse_queued)
         yield GaugeMetricFamily("crawler_parse_in_flight", "Parse jobs being run.", value=parse_moving + parse_started)

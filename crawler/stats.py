@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from .store import FAILED, OK, RETRY, Store, fetches
 
@@ -154,6 +154,20 @@ def time_series(site: str, rows: Iterable[dict[str, Any]], size: int | None = No
         ))
     return TimeSeries(site=site, bucket_seconds=size, buckets=buckets, first=min(_utc(r["started"]) for r in downloads),
                       last=max(_utc(r["finished"]) for r in downloads))
+
+
+def recent_rates(store: Store, sites: Iterable[str], window: float = 60.0) -> dict[str, float]:
+    """Downloads per second of each site over the last ``window`` seconds (observed, not configured)."""
+    sites = list(sites)
+    since = datetime.now(UTC) - timedelta(seconds=window)
+    query = (
+        select(fetches.c.site, func.count())
+        .where(fetches.c.kind == "download", fetches.c.site.in_(sites), fetches.c.started >= since)
+        .group_by(fetches.c.site)
+    )
+    with store.engine.connect() as conn:
+        counts = {site: int(n) for site, n in conn.execute(query)}
+    return {site: counts.get(site, 0) / window for site in sites}
 
 
 def _utc(moment: datetime) -> datetime:

@@ -27,9 +27,29 @@ class SiteStatus:
     failed: int
     refused: int
     items: int
+    #: Pages with a scheduled refresh pending.
+    refreshes: int = 0
+    #: Downloads per second over the last minute, as observed (``crawler status``).
+    rate: float | None = None
     interval: float | None = None
     interval_source: str | None = None  # spider | config | live
     paused: bool = False
+
+    @property
+    def done(self) -> int:
+        """Downloads finished for good: fetched, failed or refused."""
+        return self.fetched + self.failed + self.refused
+
+    @property
+    def left(self) -> int:
+        """Downloads still to do: queued, in flight, or waiting to be retried."""
+        return self.queued + self.in_flight + self.scheduled
+
+    def eta(self, rate: float | None) -> float | None:
+        """Seconds until the work left is done at ``rate`` downloads per second; None if unknown."""
+        if not self.left:
+            return 0.0
+        return self.left / rate if rate else None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +82,7 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
             site=site, queued=int(compact) + int(queued), in_flight=int(moving) + int(started),
             scheduled=stats.get("delayed", 0),
             fetched=stats.get("fetched", 0), parsed=stats.get("parsed", 0), failed=stats.get("failed", 0),
-            refused=stats.get("refused", 0), items=stats.get("items", 0),
+            refused=stats.get("refused", 0), items=stats.get("items", 0), refreshes=stats.get("recrawls", 0),
         ))
     return result
 

@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,6 +234,26 @@ class Topology:
             raise errors[0]
         return result[0]
 
+    def round_trip_ms(self, host: Host, service: Service, request: bytes, tries: int = 5) -> float:
+        """Fastest of ``tries`` request/answer exchanges with ``service`` from ``host``, in ms.
+
+        One connection (its set-up not counted); the service must answer each request.
+        """
+
+        def exchange() -> float:
+            with socket.create_connection((service.address, service.port), timeout=10) as conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                best = float("inf")
+                for _ in range(tries):
+                    began = time.perf_counter()
+                    conn.sendall(request)
+                    if not conn.recv(1 << 16):
+                        raise ConnectionError(f"{service.name} closed the connection")
+                    best = min(best, time.perf_counter() - began)
+                return best * 1000
+
+        return self.in_netns(host.netns, exchange)
+
     def host_of(self, address: str) -> Host | None:
         """The host whose link has ``address``."""
         return next((h for h in self.hosts if address in h.addresses.values()), None)
@@ -276,6 +297,31 @@ def topology(services: Sequence[Service], hosts: Sequence[HostSpec]) -> Iterator
         yield built.build()
     finally:
         built.close()
+
+
+@contextlib.contextmanager
+def echo_server(topology: Topology, netns: str, port: int) -> Iterator[None]:
+    """A TCP server on every address of ``netns`` that sends back what it receives."""
+    listener = topology.in_netns(netns, lambda: socket.create_server(("0.0.0.0", port)))
+
+    def echo(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while data := conn.recv(1 << 16):
+                conn.sendall(data)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
 
 
 def _ip(*args: str) -> None:

@@ -12,15 +12,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 from redis import Redis
 
-from crawler.cli import cli
-from crawler.store import Item, Store
+from crawler import keys
+from crawler.cli import cli, format_eta
+from crawler.frontier import SEED_PRIORITY, Frontier
+from crawler.frontier import seed as seed_urls
+from crawler.scheduler import Scheduler
+from crawler.store import OK, FetchRecord, Item, Store
 
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 UNREACHABLE_DATABASE = "postgresql+psycopg://u:secret@127.0.0.1:1/x"
@@ -337,3 +343,55 @@ def test_export_of_a_site_without_items_is_empty_and_succeeds(invoke: Invoke, sq
     assert result.exit_code == 0, result.output
     assert result.stdout == ""
     assert result.stderr.strip() == "demo: 0 items exported"
+
+
+def test_seed_priority_is_kept_and_bounded(invoke: Invoke, redis_conn: Redis) -> None:
+    assert invoke("seed", "demo", "http://127.0.0.1:9/", "--priority", "50").exit_code == 0
+    assert invoke("seed", "demo", "http://127.0.0.1:9/default").exit_code == 0
+    waiting = Frontier(redis_conn, "demo", [], 0, 0).waiting()
+    assert [(t.url, t.priority) for t in waiting] == [("http://127.0.0.1:9/", 50),
+                                                      ("http://127.0.0.1:9/default", SEED_PRIORITY)]
+    result = invoke("seed", "demo", "http://127.0.0.1:9/x", "--priority", "5000")
+    assert result.exit_code != 0 and "5000" in result.stderr
+
+
+def test_status_shows_pending_refreshes_and_the_observed_rate(invoke: Invoke, redis_conn: Redis,
+                                                              sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    now = datetime.now(UTC)
+    store.record_fetches([FetchRecord("demo", f"http://127.0.0.1:9/{i}", OK, now - timedelta(seconds=i), now)
+                          for i in range(30)]
+                         + [FetchRecord("demo", "http://127.0.0.1:9/old", OK, now - timedelta(minutes=5), now)])
+    store.close()
+    Scheduler(redis_conn).schedule_refresh("demo", '["http://127.0.0.1:9/p"]', 3600, -10)
+    result = invoke("status", "demo", "--json")
+    assert result.exit_code == 0, result.output
+    (status,) = json.loads(result.stdout)["sites"]
+    assert status["refreshes"] == 1
+    assert status["rate"] == pytest.approx(30 / 60)
+    table = invoke("status", "demo").stdout
+    assert "refreshes" in table and "0.50" in table
+
+
+def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(redis_conn: Redis, capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from crawler import cli as cli_module
+
+    seed_urls(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
+    monkeypatch.setattr(cli_module, "PROGRESS_LOG_EVERY", 0.0)
+    with cli_module._progress(redis_conn, ["demo"]) as refresh:
+        refresh()
+        redis_conn.hincrby(keys.stats("demo"), "fetched", 3)
+        time.sleep(0.6)  # the rate meter needs half a second between snapshots
+        refresh()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2
+    assert "demo: done 0, queued 2" in lines[0] and "ETA -" in lines[0]
+    assert "demo: done 3, queued 2" in lines[1]
+    rate = float(lines[1].split(", ")[-2].split()[0])
+    assert 2 < rate < 6  # 3 pages in about 0.6 s
+    assert f"ETA {format_eta(2 / rate)}" in lines[1]
+
+
+def test_eta_formats() -> None:
+    assert [format_eta(s) for s in (None, 0, 12.4, 185, 3720)] == ["-", "0s", "12s", "3m05s", "1h02m"]

@@ -34,7 +34,7 @@ from rq.serializers import JSONSerializer
 from crawler import keys
 from crawler.cli import cli
 from crawler.demo import ShopSite
-from crawler.frontier import seed
+from crawler.frontier import DownloadTask, seed
 from crawler.metrics import DURATION_BUCKETS, MetricsCollector, count_job, serve
 from crawler.policy import set_live
 from crawler.runtime import Runtime
@@ -247,6 +247,9 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     set_live(redis_conn, "demo", interval=0.5, paused=True)
     Queue(keys.PARSE_QUEUE, connection=redis_conn, serializer=JSONSerializer).enqueue(
         "crawler.jobs.parse", {"site": "demo"}, result_ttl=0)
+    for url in urls[:3]:  # the same page twice: one refresh pending
+        runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", url).to_entry(), 3600, 0)
+    runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", urls[0]).to_entry(), 60, 0)
     scraper = MetricsCollector(redis_conn, runtime.spider_set.spiders, runtime.settings)
     try:
         text = exposition(scraper)
@@ -257,6 +260,7 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     assert value(text, "crawler_queue_depth", site="demo") == status.queued == 5
     assert value(text, "crawler_in_flight", site="demo") == 0
     assert value(text, "crawler_retries_waiting", site="demo") == 0
+    assert value(text, "crawler_refreshes_scheduled", site="demo") == 3
     assert value(text, "crawler_site_paused", site="demo") == 1
     assert value(text, "crawler_site_interval_seconds", site="demo") == 0.5
     assert value(text, "crawler_parse_queue_depth") == 1
@@ -299,7 +303,8 @@ def test_endpoint_after_a_real_crawl_matches_the_fetches_table(runtime: Runtime,
     gated = [r for r in downloads if r["outcome"] != REFUSED and not r["url"].endswith("/robots.txt")]
     assert value(text, "crawler_gate_wait_seconds_count", site="demo") == len(gated)
 
-    for gauge in ("crawler_queue_depth", "crawler_in_flight", "crawler_retries_waiting", "crawler_site_paused"):
+    for gauge in ("crawler_queue_depth", "crawler_in_flight", "crawler_retries_waiting", "crawler_refreshes_scheduled",
+                  "crawler_site_paused"):
         assert value(text, gauge, site="demo") == 0, gauge
     assert value(text, "crawler_parse_queue_depth") == 0 and value(text, "crawler_parse_in_flight") == 0
     assert value(text, "crawler_site_interval_seconds", site="demo") == runtime.policy("demo").interval

@@ -125,6 +125,8 @@ class ShopSite:
         self.port = port
         #: Every request received, ordered by arrival time.
         self.requests: list[RequestLogEntry] = []
+        #: Prices set while the shop runs (``reprice``), by product ID.
+        self.repriced: dict[int, str] = {}
         self._lock = threading.Lock()
         self._failed_once: set[int] = set()
         self._connections: set[socket.socket] = set()
@@ -190,6 +192,10 @@ class ShopSite:
         return max(1, math.ceil(self.products / self.per_page))
 
     # -- inspection ---------------------------------------------------------------
+
+    def reprice(self, product_id: int, price: str) -> None:
+        """Change a product's price from now on (a page that changes between fetches)."""
+        self.repriced[product_id] = price
 
     def requests_for(self, path: str) -> list[RequestLogEntry]:
         """The logged requests whose path and query equal ``path`` exactly."""
@@ -327,10 +333,11 @@ class ShopSite:
                 return _Response(503, body, headers={"Retry-After": "1"})
         related = product_id % self.products + 1
         stock = "in stock" if product_in_stock(product_id) else "out of stock"
+        price = self.repriced.get(product_id) or product_price(product_id)
         body = _page(
             f"Product {product_id}",
             f"<h1>Product {product_id}</h1>\n"
-            f'<p>Price: <span class="price">{product_price(product_id)}</span> EUR</p>\n'
+            f'<p>Price: <span class="price">{price}</span> EUR</p>\n'
             f'<p>SKU: <span class="sku">{product_sku(product_id)}</span></p>\n'
             f'<p><span class="stock">{stock}</span></p>\n'
             f'<p><a class="related" href="/product/{related}">Related: Product {related}</a></p>\n'
