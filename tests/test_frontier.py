@@ -225,7 +225,8 @@ def test_callback_method_is_stored_by_name(frontier: Frontier) -> None:
 # seed ----------------------------------------------------------------------------------
 
 
-def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
+def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(frontier: Frontier,
+                                                                         redis_conn: Redis) -> None:
     with pytest.raises(RefusedURL, match="evil.org"):
         seed(frontier, ["http://example.com/1", "http://evil.org/2", "http://example.com/3"])
     assert queued(frontier) == 0
