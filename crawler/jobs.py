@@ -90,14 +90,15 @@ def download(payload: dict[str, Any]) -> None:
     waiting = time.monotonic()
     gate = rt.take_gate(task.site)
     gate_wait = time.monotonic() - waiting
+    response: Response | None = None  # kept when its status is an error, for its timing and size
     try:
         response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=gate.rearm)
         _raise_for_status(response)
     except TransientError as exc:
-        _retry_or_fail(rt, task, exc, record)
+        _retry_or_fail(rt, task, exc, record, response)
         return
     except PermanentError as exc:
-        record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+        record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
         return
 
     if 300 <= response.status < 400 and response.location:
@@ -130,7 +131,8 @@ def _raise_for_status(response: Response) -> None:
         raise ClientStatus(response.status)
 
 
-def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any) -> None:
+def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any,
+                   response: Response | None = None) -> None:
     """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
 
     Retry-After, and a run of errors from one site, close the site's gate for every
@@ -145,13 +147,13 @@ def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError,
         pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
         rt.scheduler.close_gate(task.site, pause)
     if task.attempt > settings.max_retries:
-        record(FAILED, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
         _schedule_refresh(rt, task)  # the site may be back by then
         return
     delay = settings.backoff * 2 ** (task.attempt - 1)
     if exc.retry_after is not None:
         delay = max(delay, min(exc.retry_after, settings.max_retry_after))
-    record(RETRY, error=f"{exc}; retry in {delay:g}s", status=status)
+    record(RETRY, response=response, error=f"{exc}; retry in {delay:g}s", status=status)
     retry = dataclasses.replace(task, attempt=task.attempt + 1)
     rt.scheduler.schedule(task.site, retry.to_entry(), delay, task.priority)
 

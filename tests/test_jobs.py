@@ -256,6 +256,7 @@ def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Re
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["error"]) == (FAILED, 404, "HTTP 404")
+    assert record["bytes"] > 0  # the error page's own size and timing are kept
     queue = download_queue(redis_conn)
     assert queue.count == 0
     assert delayed(redis_conn) == []
