@@ -37,6 +37,8 @@ from sqlalchemy import (
     func,
     select,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
@@ -199,15 +201,11 @@ class Store:
         return len(ordered)
 
     def _upsert_statement(self) -> Any:
-        if self.engine.dialect.name == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-
-            earliest, latest = func.least, func.greatest
-        else:
-            from sqlalchemy.dialects.sqlite import insert
-
-            earliest, latest = func.min, func.max  # SQLite's scalar min/max of their arguments
-        stmt = insert(items)
+        postgres = self.engine.dialect.name == "postgresql"
+        stmt = (pg_insert if postgres else sqlite_insert)(items)
+        # SQLite's min and max of several arguments are PostgreSQL's least and greatest.
+        earliest = getattr(func, "least" if postgres else "min")
+        latest = getattr(func, "greatest" if postgres else "max")
         new, old = stmt.excluded, items.c
         # A write that commits after a later-seen one (a slow parser) only widens the history.
         newer = new.last_seen >= old.last_seen
