@@ -17,6 +17,7 @@ import socket
 import time
 import traceback
 import zlib
+from datetime import datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -211,6 +212,7 @@ def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response)
         "callback": task.callback,
         "meta": task.meta or {},
         "depth": task.depth,
+        "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
     parse_queue(rt.connection).enqueue(
         PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
@@ -264,7 +266,7 @@ def parse(payload: dict[str, Any]) -> None:
         rt.connection.hincrby(keys.stats(site), "failed", 1)
         rt.connection.delete(body_key)
         return
-    rt.store.upsert_items(site, items)
+    rt.store.upsert_items(site, items, seen=_fetched_at(payload))
     added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
     record(OK, error=_refusals(added.refused) if added.refused else None)
     with rt.connection.pipeline(transaction=False) as pipe:
@@ -272,6 +274,15 @@ def parse(payload: dict[str, Any]) -> None:
         pipe.hincrby(keys.stats(site), "items", len(items))
         pipe.delete(body_key)
         pipe.execute()
+
+
+def _fetched_at(payload: dict[str, Any]) -> datetime | None:
+    """When the page was fetched (its items were seen), if the payload says and it is valid."""
+    try:
+        moment = datetime.fromisoformat(str(payload["fetched"]))
+    except (KeyError, ValueError):
+        return None
+    return moment if moment.tzinfo is not None else None
 
 
 def _item_key(field: str | None, item: dict[str, Any], url: str, position: int) -> str:

@@ -11,6 +11,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,14 @@ def test_parse_stores_items_enqueues_new_links_and_deletes_the_body(runtime: Run
     assert [(p["url"], p["callback"], p["depth"]) for p in related] == [(f"{shop.url}/product/2", "parse_product", 1)]
     assert [r["outcome"] for r in records(runtime, url, kind="parse")] == [OK]
     assert stats(redis_conn)["items"] == 1
+    # The item was seen when its page was fetched, however late the parse ran.
+    (item,) = runtime.store.item_rows(SITE)
+    (fetch,) = records(runtime, url)
+    assert _utc(item["first_seen"]) == _utc(fetch["started"]) == _utc(item["last_seen"])
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite hands back naive UTC
 
 
 def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(runtime: Runtime, redis_conn: Redis,
