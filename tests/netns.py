@@ -16,7 +16,8 @@ the host's latency for that service added in each direction:
 - ``relay``, for kernels without ``sch_netem``: the service address is on the host's
   own loopback, where a relay process (this file run as a script) accepts connections
   and forwards every chunk D later, in order, in each direction, to the service's
-  address on the server side of the link.
+  address on the server side of the link. Unlike netem it delays the data only, not
+  TCP's handshake and acknowledgements; for small requests and answers the two agree.
 
 The namespaces route nowhere else, so nothing in them can reach the internet. Names
 carry the test process's id; ``Topology.close`` stops every process started in them
@@ -194,16 +195,22 @@ class Topology:
         line = _read_line(process.stdout, RELAY_START)
         if line.strip() != b"ready":
             raise RuntimeError(f"the delay relay of {host.name} did not start: {line!r}")
+        # Keep reading whatever else it says, so a full pipe can never stall it.
+        threading.Thread(target=process.stdout.read, name=f"relay-{host.name}-out", daemon=True).start()
 
     def run(self, netns: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
             hostname: str | None = None, stdout: int | IO[Any] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` inside ``netns`` (with its own ``hostname``, in a UTS namespace, if given).
+        """Start ``argv`` inside ``netns``; given a ``hostname``, as a host's init process.
 
-        The process leads a new session, so ``close`` can stop it and anything it spawned.
+        A host's process gets its own hostname (UTS namespace) and process ids (PID
+        namespace, of which it is init): when it exits, the kernel ends and reaps whatever
+        it left behind (e.g. multiprocessing's resource tracker), so no orphan outlives it.
+        Every process leads a new session, so ``stop`` reaches it and anything it spawned.
         """
         command = ["ip", "netns", "exec", netns]
         if hostname:
-            command += ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
+            command += ["unshare", "--uts", "--pid", "--fork", "--kill-child",
+                        "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
         process = subprocess.Popen([*command, *argv], env=dict(env) if env is not None else None,
                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -259,16 +266,20 @@ class Topology:
         return next((h for h in self.hosts if address in h.addresses.values()), None)
 
     def stop(self, process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-        """SIGTERM ``process`` (and its session), then SIGKILL what is left after ``timeout``."""
-        if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(process.pid, signal.SIGKILL)  # children left behind by a leader that exited
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5)
+        """SIGTERM ``process`` and its process group, then SIGKILL them if still there after ``timeout``.
+
+        The group is signalled only while its leader is not yet reaped, so its id cannot
+        belong to anyone else. A host's processes need no more: they die with their PID
+        namespace (see ``run``); ``close`` sweeps the namespaces for anything else.
+        """
+        if process.poll() is not None:
+            return
+        _signal_group(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
 
     def close(self) -> None:
         """Stop every process started here, delete the namespaces, and check they are gone."""
