@@ -109,13 +109,16 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--sites", "sites_dir", type=click.Path(file_okay=False), help="Directory of spider modules [./sites].")
 @click.option("--redis-url", help="Redis URL ('embedded' for a private server) [env REDIS_URL].")
 @click.option("--database-url", help="SQLAlchemy database URL [env DATABASE_URL, sqlite:///crawler.db].")
+@click.option("--gate-margin", type=float, metavar="SECONDS",
+              help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.01].")
 @click.version_option(package_name="crawler")
 @click.pass_context
 def cli(ctx: click.Context, config_file: str | None, sites_dir: str | None,
-        redis_url: str | None, database_url: str | None) -> None:
+        redis_url: str | None, database_url: str | None, gate_margin: float | None) -> None:
     """Crawl many sites politely, with workers on any number of machines."""
     try:
-        settings = load_settings(config_file, sites_dir=sites_dir, redis_url=redis_url, database_url=database_url)
+        settings = load_settings(config_file, sites_dir=sites_dir, redis_url=redis_url, database_url=database_url,
+                                 gate_margin=gate_margin)
     except CrawlerError as exc:
         raise click.ClickException(str(exc)) from None
     context = Context(settings)

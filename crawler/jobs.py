@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import secrets
 import socket
 import time
@@ -29,10 +30,13 @@ from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedire
 from .events import job_done
 from .fetch import Response
 from .frontier import DownloadTask, Frontier
+from .gate import Gate
 from .recovery import job_retry
 from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
 from .spider import Page, Request
 from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Item, utcnow
+
+log = logging.getLogger("crawler.jobs")
 
 #: Dotted path of the parse job function.
 PARSE_FUNC = "crawler.jobs.parse"
@@ -93,7 +97,7 @@ def download(payload: dict[str, Any]) -> None:
     gate_wait = time.monotonic() - waiting
     response: Response | None = None  # kept when its status is an error, for its timing and size
     try:
-        response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=gate.rearm)
+        response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=lambda: _rearm(gate, task))
         _raise_for_status(response)
     except TransientError as exc:
         _retry_or_fail(rt, task, exc, record, response)
@@ -124,6 +128,15 @@ def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask) -> None:
         return
     again = dataclasses.replace(task, attempt=1, hops=0)
     rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, rt.spider(task.site).refresh_priority)
+
+def _rearm(gate: Gate, task: DownloadTask) -> None:
+    """Start the site's interval now that the request is on the wire; warn if the gate was lost."""
+    if not gate.rearm():
+        # Taking the gate and sending took longer than its send grace (a slow connect, a
+        # paused process): another worker may have taken it, so this gap may be short.
+        log.warning("%s: request sent after the gate's send grace had run out; spacing may be short: %s",
+                    task.site, task.url)
+
 
 def _raise_for_status(response: Response) -> None:
     if response.status == 429 or response.status >= 500:

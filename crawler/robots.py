@@ -58,6 +58,10 @@ class RobotsCache:
             self.connection.hset(keys.conf(site), "robots_delay_ms", int(float(delay) * 1000))
         return bool(rules.can_fetch(url, user_agent))
 
+    def crawl_delay(self, site: str) -> float:
+        """The site's robots.txt Crawl-delay for our user agent as this process last read it (0 if none)."""
+        return float(self._published_delay.get(site) or 0.0)
+
     def _rules(self, site: str, origin: str, take_turn: TakeTurn,
                on_fetch: Callable[[str, int | None, str | None], None] | None) -> Protego:
         now = time.monotonic()

@@ -67,8 +67,9 @@ class Runtime:
         return self.policies.get(site)
 
     def gate(self, site: str) -> Gate:
-        """The site's gate with the interval in force now."""
-        return site_gate(self.connection, site, self.policy(site).interval, self.settings.gate_margin)
+        """The site's gate with the interval in force now (a longer robots.txt Crawl-delay wins)."""
+        interval = max(self.policy(site).interval, self.robots.crawl_delay(site))
+        return site_gate(self.connection, site, interval, self.settings.gate_margin)
 
     def frontier(self, site: str) -> Frontier:
         """The site's frontier; also (re)publishes the site's politeness for the scheduler."""

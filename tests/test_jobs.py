@@ -400,10 +400,15 @@ def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(runtim
                                                                         redirector: Redirector) -> None:
     jobs.download(payload(f"{redirector.url}/hop/0"))
     assert redis_conn.hget(keys.conf(SITE), "robots_delay_ms") == b"2000"
+    # Not only the scheduler's hand-outs: the gate itself now closes for the Crawl-delay.
+    assert 2000 < redis_conn.pttl(keys.gate(SITE)) <= 2000 + runtime.settings.gate_margin * 1000
 
 
 def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(runtime: Runtime, redis_conn: Redis,
-                                                                           redirector: Redirector) -> None:
+                                                                           redirector: Redirector,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # About the error pause: keep the gate to the interval, not the redirector's robots.txt Crawl-delay.
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
     for _ in range(jobs.ERRORS_BEFORE_PAUSE - 1):
         jobs.download(payload(f"{redirector.url}/down"))
     interval_ms = (runtime.policy(SITE).interval + runtime.settings.gate_margin) * 1000
@@ -415,3 +420,15 @@ def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(runt
     redis_conn.delete(keys.gate(SITE))
     jobs.download(payload(f"{redirector.url}/hop/0"))  # the site answers again
     assert redis_conn.get(keys.errors(SITE)) is None
+
+
+def test_a_send_after_the_gate_was_lost_is_warned_about(runtime: Runtime, redis_conn: Redis,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    task = DownloadTask(SITE, "http://127.0.0.1:9/slow")
+    gate = runtime.take_gate(SITE)
+    redis_conn.delete(keys.gate(SITE))  # its send grace ran out and another worker took it
+    redis_conn.set(keys.gate(SITE), "someone-else", px=5000)
+    with caplog.at_level("WARNING", logger="crawler.jobs"):
+        jobs._rearm(gate, task)
+    assert "spacing may be short" in caplog.text and task.url in caplog.text
+    assert redis_conn.get(keys.gate(SITE)) == b"someone-else"  # never taken over
