@@ -28,7 +28,7 @@ from .failures import FailedPage, failed_pages, retry_pages
 from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
 from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
-from .policy import read_live, resolve_policy, set_live
+from .policy import read_live, reset_live, resolve_policy, set_live
 from .runtime import BUNDLED_SPIDERS, Runtime
 from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url
 from .spider import SpiderSet, load_spiders
@@ -355,12 +355,18 @@ def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
 @click.argument("site")
 @click.option("--interval", type=float, help="Seconds between requests to SITE.")
 @click.option("--concurrency", type=int, help="Most requests to SITE at once.")
+@click.option("--reset", is_flag=True, help="Drop SITE's live interval and concurrency (config/spider apply).")
 @pass_context
-def set_(obj: Context, site: str, interval: float | None, concurrency: int | None) -> None:
+def set_(obj: Context, site: str, interval: float | None, concurrency: int | None, reset: bool) -> None:
     """Change SITE's politeness for every running worker, without a restart."""
-    set_live(obj.redis, obj.site(site), interval=interval, concurrency=concurrency)
+    if reset and (interval is not None or concurrency is not None):
+        raise ConfigError("--reset drops live values: give it alone")
+    if reset:
+        reset_live(obj.redis, obj.site(site))
+    else:
+        set_live(obj.redis, obj.site(site), interval=interval, concurrency=concurrency)
     obj.runtime.publish(site, force=True)
-    click.echo(f"{site}: updated")
+    click.echo(f"{site}: {'live settings dropped' if reset else 'updated'}")
 
 
 def _pause(obj: Context, site: str | None, all_sites: bool, paused: bool) -> None:

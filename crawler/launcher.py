@@ -51,8 +51,11 @@ def configure_logging(level: str, log_format: str = "text") -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> None:
-    """Body of one worker process: ``spec.threads`` workers until stopped or drained."""
+def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, launcher_pid: int | None = None) -> None:
+    """Body of one worker process: ``spec.threads`` workers until stopped, drained, or orphaned.
+
+    ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
+    """
     configure_logging(spec.log_level, spec.log_format)
     connection = connect(redis_url)
     rt = Runtime(connection, settings)
@@ -70,6 +73,9 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> 
     ]
     for thread in threads:
         thread.start()
+    if launcher_pid is not None:
+        threading.Thread(target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch",
+                         daemon=True).start()
     try:
         workers[0].work(burst=spec.burst)
     finally:
@@ -79,13 +85,34 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str) -> 
         rt.close()
 
 
+#: Seconds between checks that a worker process's launcher is still alive.
+ORPHAN_CHECK_EVERY = 1.0
+
+
+def _stop_when_orphaned(launcher_pid: int, stop: threading.Event) -> None:
+    """Stop this process's workers after their current job once the launcher is gone.
+
+    A launcher killed outright (SIGKILL, OOM) cannot stop its workers; without this they
+    would run on, unsupervised, until someone finds them. Their jobs are not lost either
+    way: a job cut short is handed back by the reaper.
+    """
+    while True:
+        if os.getppid() != launcher_pid:  # re-parented: the launcher died (maybe before we started)
+            logging.getLogger("crawler.launcher").warning(
+                "launcher (pid %d) is gone: stopping after the current job", launcher_pid)
+            stop.set()
+            return
+        if stop.wait(ORPHAN_CHECK_EVERY):
+            return
+
+
 def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: str) -> list[Any]:
     """Start one process per spec; returns the processes."""
     context = multiprocessing.get_context("spawn")
     processes = []
     for i, spec in enumerate(specs):
         process = context.Process(
-            target=run_worker_process, args=(spec, settings, redis_url), name=f"crawler-{spec.kind}-{i}"
+            target=run_worker_process, args=(spec, settings, redis_url, os.getpid()), name=f"crawler-{spec.kind}-{i}"
         )
         process.start()
         processes.append(process)

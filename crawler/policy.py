@@ -75,8 +75,16 @@ def set_live(
     if paused is not None:
         mapping["paused"] = "1" if paused else "0"
     if not mapping:
-        raise ConfigError("nothing to set: give --interval or --concurrency")
+        raise ConfigError("nothing to set: give --interval or --concurrency (or --reset)")
     connection.hset(keys.live_settings(site), mapping=mapping)
+
+
+def reset_live(connection: Redis, site: str) -> None:
+    """Drop ``site``'s live interval and concurrency: config and spider values apply again.
+
+    A pause is kept: ``crawler resume`` ends it.
+    """
+    connection.hdel(keys.live_settings(site), "interval", "concurrency")
 
 
 class PolicyCache:

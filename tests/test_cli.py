@@ -316,6 +316,17 @@ def test_set_and_pause_show_in_status(invoke: Invoke) -> None:
     assert status["paused"] is False
 
 
+def test_set_reset_drops_live_values_but_keeps_a_pause(invoke: Invoke, redis_conn: Redis) -> None:
+    assert invoke("set", "demo", "--interval", "0.5", "--concurrency", "2").exit_code == 0
+    assert invoke("pause", "demo").exit_code == 0
+    result = invoke("set", "demo", "--reset")
+    assert result.exit_code == 0 and result.stdout.strip() == "demo: live settings dropped"
+    (status,) = json.loads(invoke("status", "demo", "--json").stdout)["sites"]
+    assert (status["interval"], status["interval_source"], status["paused"]) == (0.02, "spider", True)
+    assert redis_conn.hget(keys.conf("demo"), "concurrency") is None  # the scheduler no longer caps it
+    assert_one_line_error(invoke("set", "demo", "--reset", "--interval", "1"), "give it alone")
+
+
 def test_export_jsonl_writes_only_items_on_stdout_and_the_count_on_stderr(invoke: Invoke, sqlite_url: str) -> None:
     seed_items(sqlite_url, "demo", ITEMS)
     result = invoke("export", "demo", "--format", "jsonl")
