@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,7 +32,7 @@ from .policy import read_live, reset_live, resolve_policy, set_live
 from .runtime import BUNDLED_SPIDERS, Runtime
 from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url
 from .spider import SpiderSet, load_spiders
-from .status import RateMeter, SiteStatus, known_sites, site_status, workers_by_host
+from .status import RateMeter, SiteStatus, known_sites, parse_backlog, site_status, workers_by_host
 from .store import Store
 from .workers import crawl_drained
 
@@ -316,8 +316,10 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
             s.interval, s.paused = policy.interval, policy.paused
             s.interval_source = policy.sources.get("interval")
     hosts = workers_by_host(obj.redis)
+    parsing = parse_backlog(obj.redis)
     if as_json:
-        click.echo(json.dumps({"sites": [s.as_dict() for s in statuses], "workers": hosts}, indent=2))
+        click.echo(json.dumps({"sites": [s.as_dict() for s in statuses], "parse": asdict(parsing), "workers": hosts},
+                              indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -331,6 +333,7 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
                       s.interval_source or "-", "paused" if s.paused else "running")
     console = Console()
     console.print(table)
+    console.print(f"parse jobs (all sites): {parsing.queued} queued, {parsing.in_flight} in flight", highlight=False)
     for host, states in sorted(hosts.items()):
         console.print(f"workers on {host}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())),
                       highlight=False)

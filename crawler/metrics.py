@@ -36,9 +36,8 @@ from .errors import ConfigError
 from .policy import resolve_policy
 from .settings import Settings
 from .spider import Spider
-from .status import SiteStatus, known_sites, site_status, workers_by_host
+from .status import SiteStatus, known_sites, parse_backlog, site_status, workers_by_host
 from .store import FetchRecord
-from .workers import queues_for
 
 log = logging.getLogger("crawler.metrics")
 
@@ -181,29 +180,24 @@ class MetricsCollector(Collector):
         conn = self.connection
         sites = known_sites(conn)
         statuses = site_status(conn, sites)
-        parse = queues_for(conn, [keys.PARSE_QUEUE])[0]
         with conn.pipeline(transaction=False) as pipe:
             for site in sites:
                 pipe.hgetall(keys.metrics(site))
                 pipe.hgetall(keys.live_settings(site))
-                pipe.hget(keys.stats(site), "recrawls")  # refreshes pending (not in SiteStatus)
-            pipe.llen(parse.key)
-            pipe.llen(parse.intermediate_queue_key)
-            pipe.zcard(parse.started_job_registry.key)
             replies = pipe.execute()
-        counters = {site: _SiteCounters(replies[3 * i]) for i, site in enumerate(sites)}
-        live = {site: {k.decode(): v.decode() for k, v in replies[3 * i + 1].items()} for i, site in enumerate(sites)}
+        counters = {site: _SiteCounters(replies[2 * i]) for i, site in enumerate(sites)}
+        live = {site: {k.decode(): v.decode() for k, v in replies[2 * i + 1].items()} for i, site in enumerate(sites)}
         refreshes = GaugeMetricFamily("crawler_refreshes_scheduled", "Pages waiting for their scheduled refresh.",
                                       labels=["site"])
-        for i, site in enumerate(sites):
-            refreshes.add_metric([site], int(replies[3 * i + 2] or 0))
-        parse_queued, parse_moving, parse_started = (int(n) for n in replies[-3:])
+        for status in statuses:
+            refreshes.add_metric([status.site], status.refreshes)
+        parse = parse_backlog(conn)
         yield from self._counter_families(counters)
         yield from self._site_gauges(statuses, live)
         yield refreshes
         yield GaugeMetricFamily("crawler_parse_queue_depth", "Parse jobs waiting in the RQ queue 'parse'.",
-                                value=parse_queued)
-        yield GaugeMetricFamily("crawler_parse_in_flight", "Parse jobs being run.", value=parse_moving + parse_started)
+                                value=parse.queued)
+        yield GaugeMetricFamily("crawler_parse_in_flight", "Parse jobs being run.", value=parse.in_flight)
         workers = GaugeMetricFamily("crawler_workers", "Live RQ workers (download and parse) by host and state.",
                                     labels=["host", "state"])
         for host, states in sorted(workers_by_host(conn).items()):

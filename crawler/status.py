@@ -87,6 +87,25 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
     return result
 
 
+@dataclass
+class ParseBacklog:
+    """Parse jobs of every site: waiting in the RQ queue ``parse``, and being run."""
+
+    queued: int
+    in_flight: int
+
+
+def parse_backlog(connection: Redis) -> ParseBacklog:
+    """The parse queue's depth and jobs in flight, in one round trip."""
+    (queue,) = queues_for(connection, [keys.PARSE_QUEUE])
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.llen(queue.key)
+        pipe.llen(queue.intermediate_queue_key)
+        pipe.zcard(queue.started_job_registry.key)
+        queued, moving, started = (int(n) for n in pipe.execute())
+    return ParseBacklog(queued, moving + started)
+
+
 class RateMeter:
     """Pages fetched per second per site, from successive snapshots."""
 

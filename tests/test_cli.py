@@ -406,3 +406,12 @@ def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(redis_conn: Redi
 
 def test_eta_formats() -> None:
     assert [format_eta(s) for s in (None, 0, 12.4, 185, 3720)] == ["-", "0s", "12s", "3m05s", "1h02m"]
+
+
+def test_status_shows_the_parse_backlog(invoke: Invoke, redis_conn: Redis) -> None:
+    from crawler.jobs import PARSE_FUNC, parse_queue
+
+    assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 0, "in_flight": 0}
+    parse_queue(redis_conn).enqueue(PARSE_FUNC, {"site": "demo", "url": "http://127.0.0.1:9/", "body": "x"})
+    assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 1, "in_flight": 0}
+    assert "parse jobs (all sites): 1 queued, 0 in flight" in invoke("status").stdout
