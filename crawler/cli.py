@@ -23,7 +23,7 @@ from redis import Redis
 from . import keys
 from .connection import EmbeddedRedis, connect, resolve_redis_url
 from .errors import ConfigError, CrawlerError
-from .export import FORMATS, write_items
+from .export import FORMATS, with_history, write_items
 from .failures import FailedPage, failed_pages, retry_pages
 from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
@@ -404,17 +404,20 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
 @click.argument("site")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write [stdout].")
+@click.option("--history", is_flag=True,
+              help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601).")
 @pass_context
-def export(obj: Context, site: str, fmt: str, output: str | None) -> None:
+def export(obj: Context, site: str, fmt: str, output: str | None, history: bool) -> None:
     """Write SITE's items as JSON lines or CSV."""
     obj.site(site)
     store = Store(obj.settings.database_url)
     try:
+        items = (with_history(row) for row in store.item_rows(site)) if history else store.items(site)
         if output is None:
-            count = write_items(store.items(site), sys.stdout, fmt)
+            count = write_items(items, sys.stdout, fmt)
         else:
             with open(output, "w", newline="", encoding="utf-8") as out:
-                count = write_items(store.items(site), out, fmt)
+                count = write_items(items, out, fmt)
     finally:
         store.close()
     click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)

@@ -5,9 +5,24 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 FORMATS = ("jsonl", "csv")
+
+#: Columns of the ``items`` table added to each item by ``with_history``, as ``_NAME``.
+HISTORY_COLUMNS = ("key", "url", "first_seen", "last_seen", "changed")
+
+
+def with_history(row: dict[str, Any]) -> dict[str, Any]:
+    """An ``items`` row's data with its key, URL and history as ``_``-prefixed fields (UTC ISO 8601)."""
+    item = dict(row["data"])
+    for column in HISTORY_COLUMNS:
+        value = row[column]
+        if isinstance(value, datetime):
+            value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+        item[f"_{column}"] = value
+    return item
 
 
 def write_jsonl(items: Iterable[dict[str, Any]], out: TextIO) -> int:

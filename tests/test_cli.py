@@ -415,3 +415,16 @@ def test_status_shows_the_parse_backlog(invoke: Invoke, redis_conn: Redis) -> No
     parse_queue(redis_conn).enqueue(PARSE_FUNC, {"site": "demo", "url": "http://127.0.0.1:9/", "body": "x"})
     assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 1, "in_flight": 0}
     assert "parse jobs (all sites): 1 queued, 0 in flight" in invoke("status").stdout
+
+
+def test_export_history_adds_when_each_item_was_seen_and_changed(invoke: Invoke, sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    first, later = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
+    store.upsert_items("demo", [Item("A", "http://127.0.0.1:9/a", {"sku": "A", "price": 1})], seen=first)
+    store.upsert_items("demo", [Item("A", "http://127.0.0.1:9/a", {"sku": "A", "price": 2})], seen=later)
+    store.close()
+    (line,) = invoke("export", "demo", "--history").stdout.splitlines()
+    assert json.loads(line) == {"sku": "A", "price": 2, "_key": "A", "_url": "http://127.0.0.1:9/a",
+                                "_first_seen": first.isoformat(), "_last_seen": later.isoformat(),
+                                "_changed": later.isoformat()}
+    assert "_changed" in invoke("export", "demo", "--history", "--format", "csv").stdout.splitlines()[0]
