@@ -19,6 +19,11 @@ the host's latency for that service added in each direction:
   address on the server side of the link. Unlike netem it delays the data only, not
   TCP's handshake and acknowledgements; for small requests and answers the two agree.
 
+A server outside the namespaces (e.g. a database of the machine) becomes a service
+with ``Topology.bridge``: a relay in the caller's own namespace listens in the server
+namespace and forwards each connection to it, so hosts reach it over their links like
+any other service.
+
 The namespaces route nowhere else, so nothing in them can reach the internet. Names
 carry the test process's id; ``Topology.close`` stops every process started in them
 and deletes them (their veths and qdiscs go with them), and checks that they are gone.
@@ -185,29 +190,46 @@ class Topology:
                 _ip("-n", host.netns, "addr", "add", f"{service.address}/32", "dev", "lo")
                 routes.append(f"{service.address}:{service.port}={server_side}:{service.port}@{delay:g}")
         if routes:
-            self._start_relay(host, routes)
+            self._start_relay(host.name, host.netns, routes)
         return host
 
-    def _start_relay(self, host: Host, routes: list[str]) -> None:
-        process = self.run(host.netns, [sys.executable, str(Path(__file__).resolve()), "relay", *routes],
+    def bridge(self, service: Service, target: tuple[str, int]) -> subprocess.Popen[bytes]:
+        """Make ``target``, a server reachable from the caller's namespace, the topology's ``service``.
+
+        A relay process in the caller's namespace listens on the service's port on every
+        address of the server namespace and forwards each connection to ``target``, adding
+        no delay (the hosts' links add theirs). The service must be one the topology was
+        built with. Returns the relay process: ``stop`` it, or ``close`` does.
+        """
+        if service not in self.services:
+            raise ValueError(f"{service.name} is not a service of this topology")
+        route = f"0.0.0.0:{service.port}={target[0]}:{target[1]}@0"
+        return self._start_relay(f"bridge to {service.name}", None, [route], listen_netns=self.server_ns)
+
+    def _start_relay(self, name: str, netns: str | None, routes: list[str],
+                     listen_netns: str | None = None) -> subprocess.Popen[bytes]:
+        options = ["--listen-netns", listen_netns] if listen_netns else []
+        process = self.run(netns, [sys.executable, str(Path(__file__).resolve()), "relay", *options, *routes],
                            stdout=subprocess.PIPE)
         assert process.stdout is not None
         line = _read_line(process.stdout, RELAY_START)
         if line.strip() != b"ready":
-            raise RuntimeError(f"the delay relay of {host.name} did not start: {line!r}")
+            self.stop(process)
+            raise RuntimeError(f"the relay of {name} did not start: {line!r}")
         # Keep reading whatever else it says, so a full pipe can never stall it.
-        threading.Thread(target=process.stdout.read, name=f"relay-{host.name}-out", daemon=True).start()
+        threading.Thread(target=process.stdout.read, name=f"relay-{name}-out", daemon=True).start()
+        return process
 
-    def run(self, netns: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+    def run(self, netns: str | None, argv: Sequence[str], env: Mapping[str, str] | None = None,
             hostname: str | None = None, stdout: int | IO[Any] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``argv`` inside ``netns``; given a ``hostname``, as a host's init process.
+        """Start ``argv`` inside ``netns`` (None: the caller's own); given a ``hostname``, as a host's init process.
 
         A host's process gets its own hostname (UTS namespace) and process ids (PID
         namespace, of which it is init): when it exits, the kernel ends and reaps whatever
         it left behind (e.g. multiprocessing's resource tracker), so no orphan outlives it.
         Every process leads a new session, so ``stop`` reaches it and anything it spawned.
         """
-        command = ["ip", "netns", "exec", netns]
+        command = ["ip", "netns", "exec", netns] if netns is not None else []
         if hostname:
             command += ["unshare", "--uts", "--pid", "--fork", "--kill-child",
                         "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
@@ -219,27 +241,7 @@ class Topology:
 
     def in_netns(self, netns: str, fn: Callable[[], T]) -> T:
         """``fn()`` run in a thread that has entered ``netns``: the sockets it opens live there."""
-        result: list[T] = []
-        errors: list[BaseException] = []
-
-        def enter_and_call() -> None:
-            try:
-                fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-                try:
-                    if _libc().setns(fd, CLONE_NEWNET) != 0:  # this thread only
-                        raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
-                finally:
-                    os.close(fd)
-                result.append(fn())
-            except BaseException as exc:  # handed to the caller's thread
-                errors.append(exc)
-
-        thread = threading.Thread(target=enter_and_call, name=f"in-{netns}")
-        thread.start()
-        thread.join()
-        if errors:
-            raise errors[0]
-        return result[0]
+        return in_netns(netns, fn)
 
     def round_trip_ms(self, host: Host, service: Service, request: bytes, tries: int = 5) -> float:
         """Fastest of ``tries`` request/answer exchanges with ``service`` from ``host``, in ms.
@@ -298,6 +300,31 @@ class Topology:
         self._namespaces.clear()
         if left:
             raise RuntimeError(f"network namespaces left behind: {left}")
+
+
+def in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """``fn()`` run in a thread that has entered ``netns``: the sockets it opens live there."""
+    result: list[T] = []
+    errors: list[BaseException] = []
+
+    def enter_and_call() -> None:
+        try:
+            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+            try:
+                if _libc().setns(fd, CLONE_NEWNET) != 0:  # this thread only
+                    raise OSError(ctypes.get_errno(), f"setns into {netns} failed")
+            finally:
+                os.close(fd)
+            result.append(fn())
+        except BaseException as exc:  # handed to the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=enter_and_call, name=f"in-{netns}")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
 
 
 @contextlib.contextmanager
@@ -428,7 +455,7 @@ async def _relay_connection(target: tuple[str, int], delay: float,
         end.close()
 
 
-async def _serve(routes: list[str]) -> None:
+async def _serve(routes: list[str], listen_netns: str | None = None) -> None:
     servers = []
     for route in routes:
         listen, target, delay = parse_route(route)
@@ -437,7 +464,12 @@ async def _serve(routes: list[str]) -> None:
                          target: tuple[str, int] = target, delay: float = delay) -> None:
             await _relay_connection(target, delay, reader, writer)
 
-        servers.append(await asyncio.start_server(handle, *listen))
+        if listen_netns:
+            # Only the listening socket lives there; connections out leave from the relay's own namespace.
+            listener = in_netns(listen_netns, lambda listen=listen: socket.create_server(listen))
+            servers.append(await asyncio.start_server(handle, sock=listener))
+        else:
+            servers.append(await asyncio.start_server(handle, *listen))
     print("ready", flush=True)
     await asyncio.Event().wait()  # until SIGTERM
 
@@ -446,6 +478,7 @@ def relay_main(argv: Sequence[str] | None = None) -> None:
     """``python netns.py relay ROUTE...``: serve each route until terminated."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["relay"])
+    parser.add_argument("--listen-netns", metavar="NETNS", help="listen in this network namespace")
     parser.add_argument("routes", nargs="+", metavar="LISTEN_ADDR:PORT=TARGET_ADDR:PORT@DELAY_MS")
     args = parser.parse_args(argv)
     if os.geteuid() == 0:
@@ -453,7 +486,7 @@ def relay_main(argv: Sequence[str] | None = None) -> None:
         with contextlib.suppress(OSError):
             os.nice(-10)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.routes))
+        asyncio.run(_serve(args.routes, args.listen_netns))
 
 
 if __name__ == "__main__":
