@@ -22,11 +22,12 @@ the host's latency for that service added in each direction:
 A server outside the namespaces (e.g. a database of the machine) becomes a service
 with ``Topology.bridge``: a relay in the caller's own namespace listens in the server
 namespace and forwards each connection to it, so hosts reach it over their links like
-any other service.
+any other service (and nothing else outside).
 
 The namespaces route nowhere else, so nothing in them can reach the internet. Names
-carry the test process's id; ``Topology.close`` stops every process started in them
-and deletes them (their veths and qdiscs go with them), and checks that they are gone.
+carry the test process's id; ``Topology.close`` stops every process it started (in
+them, and bridges), deletes the namespaces (their veths and qdiscs go with them), and
+checks that they are gone.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import select
 import shutil
@@ -295,8 +297,8 @@ class Topology:
                     os.kill(int(pid), signal.SIGKILL)
         for netns in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True)
-        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        left = [ns for ns in self._namespaces if any(line.split()[:1] == [ns] for line in listed.splitlines())]
+        remaining = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        left = [ns for ns in self._namespaces if any(line.split()[:1] == [ns] for line in remaining.splitlines())]
         self._namespaces.clear()
         if left:
             raise RuntimeError(f"network namespaces left behind: {left}")
@@ -394,7 +396,7 @@ def _libc() -> Any:
     return _LIBC
 
 
-# -- the delay relay (run as a script inside a host's namespace) ----------------------------------
+# -- the delay relay (run as a script inside a host's namespace, or as a bridge) ------------------
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -466,7 +468,7 @@ async def _serve(routes: list[str], listen_netns: str | None = None) -> None:
 
         if listen_netns:
             # Only the listening socket lives there; connections out leave from the relay's own namespace.
-            listener = in_netns(listen_netns, lambda listen=listen: socket.create_server(listen))
+            listener = in_netns(listen_netns, functools.partial(socket.create_server, listen))
             servers.append(await asyncio.start_server(handle, sock=listener))
         else:
             servers.append(await asyncio.start_server(handle, *listen))

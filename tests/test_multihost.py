@@ -21,20 +21,27 @@ with one-way latencies: A to the site, A to Redis, Redis to B, B to the site. Th
 pair here is a host near Redis but far from the site followed by a host near both. The
 margin that covers it is the largest shrink plus the default 10 ms for timing noise at
 the two ends.
+
+The same hosts also crawl into PostgreSQL, the production shape of the database: the
+machine's server (``CRAWLER_TEST_POSTGRES_URL``) is bridged into the server namespace as
+a service with its own latency per host, and download and parse worker processes on
+every host write to it at once, creating its schema as they start.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -45,25 +52,33 @@ import pytest
 from crawling import items_by_key
 from netns import HostSpec, Service, Topology
 from redis import Redis
+from rq import Worker
+from rq.registry import FailedJobRegistry
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.engine import Engine, make_url
 
+from crawler import keys
 from crawler.connection import connect, redis_server_binary
 from crawler.demo import ShopSite
 from crawler.frontier import seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.migrations import PG_LOCK_KEY
 from crawler.policy import set_live
 from crawler.runtime import Runtime
 from crawler.settings import DEFAULT_GATE_MARGIN, load_settings
 from crawler.status import workers_by_host
-from crawler.store import Store
+from crawler.store import SCHEMA_VERSION, Store, engine_url, items, schema_versions
 
 SITE = "multihost"
 REDIS = Service("redis", "10.231.0.1", 6379)
 SHOP = Service("site", "10.231.0.2", 8080)
+#: The machine's PostgreSQL server, bridged in (only while a test uses it).
+POSTGRES = Service("postgres", "10.231.0.3", 5432)
 #: One-way latencies in ms. h1 is the dangerous one: next to Redis, far from the site.
 HOSTS = (
-    HostSpec("h1", {"redis": 1, "site": 45}, threads=1),
-    HostSpec("h2", {"redis": 1, "site": 1}, threads=1),
-    HostSpec("h3", {"redis": 2, "site": 20}, threads=2),
+    HostSpec("h1", {"redis": 1, "site": 45, "postgres": 5}, threads=1),
+    HostSpec("h2", {"redis": 1, "site": 1, "postgres": 1}, threads=1),
+    HostSpec("h3", {"redis": 2, "site": 20, "postgres": 3}, threads=2),
 )
 INTERVAL_MS = 60.0
 #: Timing noise at the two ends (the server's own scheduling, the relays): the default margin.
@@ -221,7 +236,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
         if os.environ.get(netns.REQUIRE_VARIABLE) == "1":
             pytest.fail(f"{reason} ({netns.REQUIRE_VARIABLE}=1)")
         pytest.skip(reason)
-    with netns.topology([REDIS, SHOP], HOSTS) as topology:
+    with netns.topology([REDIS, SHOP, POSTGRES], HOSTS) as topology:
         directory = tmp_path_factory.mktemp("netredis")
         sock = directory / "redis.sock"
         server = topology.run(topology.server_ns, [
@@ -240,11 +255,15 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Net]:
 
 
 def check_latencies(topology: Topology) -> None:
-    """Each host's round trip to Redis and to the site's address: twice its one-way latency, or a little more."""
+    """Each host's round trip to each service: twice its one-way latency, or a little more.
+
+    Echo servers stand in for the site and PostgreSQL, which are not running yet.
+    """
     measured = []
-    with netns.echo_server(topology, topology.server_ns, SHOP.port):
+    with netns.echo_server(topology, topology.server_ns, SHOP.port), \
+            netns.echo_server(topology, topology.server_ns, POSTGRES.port):
         for host in topology.hosts:
-            for service, request in ((REDIS, b"PING\r\n"), (SHOP, b"ping")):
+            for service, request in ((REDIS, b"PING\r\n"), (SHOP, b"ping"), (POSTGRES, b"ping")):
                 expected = 2 * host.spec.latency_ms[service.name]
                 rtt = topology.round_trip_ms(host, service, request)
                 measured.append(f"{host.name}->{service.name} {rtt:.1f} ms (expected {expected:g})")
@@ -276,6 +295,29 @@ def crawler_command() -> list[str]:
     if script.exists():
         return [str(script)]
     return [sys.executable, "-c", "from crawler.cli import main; main()"]
+
+
+def start_on_host(topology: Topology, host: netns.Host, kind: str, site: str, sites: Path,
+                  options: Sequence[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``crawler worker KIND --burst`` for ``site`` on ``host`` (its namespace and hostname), output to ``log``."""
+    with open(log, "wb") as out:
+        return topology.run(host.netns, [*crawler_command(), "--sites", str(sites), "worker", kind, "--sites", site,
+                                         *options, "--burst"], env=env, hostname=host.hostname, stdout=out)
+
+
+def wait_for_exits(processes: Mapping[str, subprocess.Popen[bytes]], deadline: float) -> dict[str, int | None]:
+    """Each process's exit code, None for those still running at ``deadline`` (time.monotonic)."""
+    codes: dict[str, int | None] = {}
+    for name, process in processes.items():
+        try:
+            codes[name] = process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            codes[name] = None
+    return codes
+
+
+def log_tails(paths: Sequence[Path]) -> str:
+    return "\n".join(f"--- {path.stem}\n{path.read_text()[-2000:]}" for path in paths if path.exists())
 
 
 def start_shop() -> ServiceShop:
@@ -312,10 +354,8 @@ def run_crawl(net: Net, tmp_path: Path, margin_ms: float) -> Crawl:
         rt.publish(SITE, force=True)
         seed(rt.frontier(SITE), [shop.url + "/"])
         for host in topology.hosts:
-            with open(tmp_path / f"{host.name}.log", "wb") as log:
-                hosts[host.name] = topology.run(host.netns, [
-                    *crawler_command(), "--sites", str(sites), "worker", "download", "--sites", SITE,
-                    "--threads", str(host.spec.threads), "--burst"], env=env, hostname=host.hostname, stdout=log)
+            hosts[host.name] = start_on_host(topology, host, "download", SITE, sites,
+                                             ["--threads", str(host.spec.threads)], env, tmp_path / f"{host.name}.log")
         parsers = start_workers([WorkerSpec("parse", (SITE,), burst=True)], settings, net.redis_url)
         expected_workers = {host.hostname: host.spec.threads for host in topology.hosts}
         expected_workers[socket.gethostname()] = 1  # the parse worker, in the test's own namespaces
@@ -328,12 +368,7 @@ def run_crawl(net: Net, tmp_path: Path, margin_ms: float) -> Crawl:
         set_live(net.connection, SITE, paused=False)
         rt.publish(SITE, force=True)
         deadline = time.monotonic() + CRAWL_TIMEOUT
-        exit_codes: dict[str, int | None] = {}
-        for name, process in hosts.items():
-            try:
-                exit_codes[name] = process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                exit_codes[name] = None
+        exit_codes = wait_for_exits(hosts, deadline)
         for process in parsers:
             process.join(max(0.1, deadline - time.monotonic()))
             exit_codes["parse"] = process.exitcode
@@ -345,7 +380,7 @@ def run_crawl(net: Net, tmp_path: Path, margin_ms: float) -> Crawl:
         for process in hosts.values():
             topology.stop(process)
         shop.stop()
-    logs = "\n".join(f"--- {name}\n{(tmp_path / f'{name}.log').read_text()[-2000:]}" for name in hosts)
+    logs = log_tails([tmp_path / f"{name}.log" for name in hosts])
     assert all(code == 0 for code in exit_codes.values()), f"workers did not drain the crawl: {exit_codes}\n{logs}"
     store = Store(database_url)
     try:
@@ -355,9 +390,9 @@ def run_crawl(net: Net, tmp_path: Path, margin_ms: float) -> Crawl:
         store.close()
     arrivals = []
     for entry in shop.requests:
-        host = topology.host_of(shop.clients.get(id(entry), "?"))
-        assert host is not None, f"{entry.path} came from an unknown address {shop.clients.get(id(entry))}"
-        arrivals.append(Arrival(entry.time, host.name, entry.path,
+        sender = topology.host_of(shop.clients.get(id(entry), "?"))
+        assert sender is not None, f"{entry.path} came from an unknown address {shop.clients.get(id(entry))}"
+        arrivals.append(Arrival(entry.time, sender.name, entry.path,
                                 None if entry.path == "/robots.txt" else started.get(entry.path)))
     paths = {"/robots.txt", "/", "/catalogue.pdf", *(f"/products?page={n}" for n in range(1, shop.pages + 1)),
              *(f"/product/{n}" for n in range(1, PRODUCTS + 1))}
@@ -410,3 +445,255 @@ def test_without_a_margin_a_far_host_then_a_near_one_reach_the_site_closer_than_
     assert dangerous, f"the far-then-near sequence never occurred\n{crawl.summary()}"
     closest = min(g.ms for g in dangerous)
     assert closest < INTERVAL_MS, f"no shortfall without a margin: h1->h2 at least {closest:.1f} ms\n{crawl.summary()}"
+
+
+# -- PostgreSQL: download and parse workers on every host, writing at once --------------------
+
+PG_SITE = "multihost_pg"
+#: Parse worker processes each host runs in the PostgreSQL crawl, and worker threads in each.
+PARSE_PROCESSES, PARSE_THREADS = 2, 2
+#: Download worker threads of each host in the PostgreSQL crawl (one process).
+PG_DOWNLOAD_THREADS = 2
+
+PG_SPIDER = f"""
+from crawler.demo.spider import DemoShop
+from crawler.spider import Request
+
+
+class EveryProductTwice(DemoShop):
+    name = {PG_SITE!r}
+    allowed_domains = [{SHOP.address!r}]
+    interval = 0.01
+
+    def parse(self, page):
+        for request in super().parse(page):
+            yield request
+            if request.callback == "parse_product":
+                # The same page again at once, past the seen-set: two parse jobs for one item key
+                # at about the same time, for parse workers that may be on different hosts.
+                yield Request(request.url, callback="parse_product", dont_filter=True)
+"""
+
+
+@dataclass(frozen=True)
+class PgSchema:
+    """A private schema on the machine's PostgreSQL server, as this process and the hosts reach it."""
+
+    local_url: str  # from the test's own namespace
+    host_url: str  # the hosts' DATABASE_URL: a bare postgresql:// to the POSTGRES service
+    server: tuple[str, int]  # the server's address and port, for the bridge
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[PgSchema]:
+    """An empty schema of its own on ``CRAWLER_TEST_POSTGRES_URL``'s server, dropped after.
+
+    Skips without that variable (fails under ``CRAWLER_REQUIRE_POSTGRES=1``), and when it
+    names no TCP host: the hosts reach the server through a TCP bridge.
+    """
+    configured = os.environ.get("CRAWLER_TEST_POSTGRES_URL")
+    server = make_url(configured) if configured else None
+    if server is None or not server.host or server.host.startswith("/"):
+        message = ("PostgreSQL not configured: set CRAWLER_TEST_POSTGRES_URL to run this test" if server is None
+                   else f"CRAWLER_TEST_POSTGRES_URL names no TCP host ({server}): the hosts reach it over TCP")
+        if os.environ.get("CRAWLER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{message} (CRAWLER_REQUIRE_POSTGRES=1)")
+        pytest.skip(message)
+    name = f"crawler_multihost_{os.getpid()}_{secrets.token_hex(4)}"
+    in_schema = {"options": f"-csearch_path={name}"}
+    admin = create_engine(engine_url(server.render_as_string(hide_password=False)))
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{name}"'))
+    try:
+        yield PgSchema(
+            server.update_query_dict(in_schema).render_as_string(hide_password=False),
+            server.set(drivername="postgresql", host=POSTGRES.address, port=POSTGRES.port)
+            .update_query_dict(in_schema).render_as_string(hide_password=False),
+            (server.host, server.port or POSTGRES.port),
+        )
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
+        admin.dispose()
+
+
+@contextmanager
+def schema_lock_held(engine: Engine) -> Iterator[Callable[[], int]]:
+    """Hold the lock every crawler process takes to create or migrate the schema (``migrations``).
+
+    Yields a function that counts the sessions waiting for it. On release they go through
+    it one after another, as processes that open the database at the same moment do.
+    """
+    waiting = text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                   " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                   " AND classid::bigint = :high AND objid::bigint = :low AND objsubid = 1")
+    halves = {"high": PG_LOCK_KEY >> 32, "low": PG_LOCK_KEY & 0xFFFFFFFF}
+
+    def count() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(waiting, halves).scalar_one())
+
+    with engine.connect() as holder:
+        holder.execute(text("SELECT pg_advisory_lock(:key)"), {"key": PG_LOCK_KEY})
+        try:
+            yield count
+        finally:
+            # A session lock outlives transactions: give it back before the connection goes back to the pool.
+            holder.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PG_LOCK_KEY})
+
+
+def worker_hosts(connection: Redis, topology: Topology) -> dict[str, str]:
+    """Each live RQ worker's host, by name: the hostname it registered, checked against the
+    address Redis saw its connection come from."""
+    hosts = {}
+    for worker in Worker.all(connection=connection):
+        named = next((h.name for h in topology.hosts if h.hostname == worker.hostname), None)
+        came_from = topology.host_of((worker.ip_address or "").rpartition(":")[0])
+        assert named is not None and came_from is not None and came_from.name == named, \
+            f"worker {worker.name} registered hostname {worker.hostname} but came from {worker.ip_address}"
+        hosts[worker.name] = named
+    return hosts
+
+
+@dataclass
+class PgCrawl:
+    """What the PostgreSQL crawl left, besides the database."""
+
+    expected: dict[str, Any]  # the shop's items by SKU
+    pages: set[str]  # paths of the shop's HTML pages
+    worker_hosts: dict[str, str]  # RQ worker name -> host
+    logs: str  # the tails of the hosts' worker logs
+
+
+def run_pg_crawl(net: Net, pg: PgSchema, tmp_path: Path) -> PgCrawl:
+    """Crawl the shop into ``pg`` with download and parse workers on every host.
+
+    The workers' launchers all reach the schema lock before any has the schema, so they
+    create it at the same moment; the site stays paused until every worker is up.
+    """
+    sites = tmp_path / "sites"
+    sites.mkdir()
+    (sites / f"{PG_SITE}.py").write_text(PG_SPIDER)
+    settings = load_settings(database_url=pg.local_url, sites_dir=str(sites), state_dir=str(tmp_path / "state"))
+    net.connection.flushdb()
+    topology = net.topology
+    env = {**os.environ, "REDIS_URL": f"redis://{REDIS.address}:{REDIS.port}/0", "DATABASE_URL": pg.host_url}
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    logs: list[Path] = []
+    admin = create_engine(engine_url(pg.local_url))
+    shop = topology.in_netns(topology.server_ns, start_shop)
+    bridge: subprocess.Popen[bytes] | None = None
+    rt: Runtime | None = None
+    try:
+        bridge = topology.bridge(POSTGRES, pg.server)
+        rt = Runtime(net.connection, settings)  # for Redis only: the test never opens the database before the hosts
+        set_live(net.connection, PG_SITE, paused=True)
+        rt.publish(PG_SITE, force=True)
+        seed(rt.frontier(PG_SITE), [shop.url + "/"])
+        parse_options = ["--processes", str(PARSE_PROCESSES), "--threads", str(PARSE_THREADS)]
+        with schema_lock_held(admin) as waiting:
+            for host in topology.hosts:
+                for kind, options in (("download", ["--threads", str(PG_DOWNLOAD_THREADS)]), ("parse", parse_options)):
+                    logs.append(tmp_path / f"{host.name}-{kind}.log")
+                    processes[logs[-1].stem] = start_on_host(topology, host, kind, PG_SITE, sites, options, env,
+                                                             logs[-1])
+            wait_until(lambda: waiting() >= len(processes), START_TIMEOUT, "every launcher at the schema lock",
+                       alive=list(processes.values()), state=lambda: f"({waiting()} waiting)")
+        expected_workers = {h.hostname: PG_DOWNLOAD_THREADS + PARSE_PROCESSES * PARSE_THREADS for h in topology.hosts}
+
+        def counts() -> dict[str, int]:
+            return {name: sum(states.values()) for name, states in workers_by_host(net.connection).items()}
+
+        wait_until(lambda: counts() == expected_workers, START_TIMEOUT, f"workers {expected_workers}",
+                   alive=list(processes.values()), state=lambda: f"(running: {counts()})")
+        hosts_of = worker_hosts(net.connection, topology)
+        set_live(net.connection, PG_SITE, paused=False)
+        rt.publish(PG_SITE, force=True)
+        exit_codes = wait_for_exits(processes, time.monotonic() + CRAWL_TIMEOUT)
+        expected = shop.expected_items()
+        pages = {"/", *(f"/products?page={n}" for n in range(1, shop.pages + 1)),
+                 *(f"/product/{n}" for n in range(1, PRODUCTS + 1))}
+    finally:
+        if rt is not None:
+            rt.close()
+        for process in processes.values():
+            topology.stop(process)
+        if bridge is not None:
+            topology.stop(bridge)
+        shop.stop()
+        admin.dispose()
+    tails = log_tails(logs)
+    assert all(code == 0 for code in exit_codes.values()), f"workers did not drain the crawl: {exit_codes}\n{tails}"
+    return PgCrawl(expected, pages, hosts_of, tails)
+
+
+def overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two fetch records' runs overlapped in time."""
+    return bool(a["started"] < b["finished"] and b["started"] < a["finished"])
+
+
+def test_parse_workers_on_several_hosts_store_every_item_once_in_postgresql(
+        net: Net, pg_schema: PgSchema, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    crawl = run_pg_crawl(net, pg_schema, tmp_path)
+    # A write that failed (a deadlock, a lost connection) would be retried by RQ and leave no trace in the tables.
+    assert "Traceback" not in crawl.logs, f"a job raised\n{crawl.logs}"
+    failed = FailedJobRegistry(keys.PARSE_QUEUE, connection=net.connection).count
+    assert failed == 0, f"{failed} parse jobs failed for good"
+    engine = create_engine(engine_url(pg_schema.local_url))
+    try:
+        with engine.connect() as conn:
+            versions = [tuple(row) for row in conn.execute(select(schema_versions.c.version,
+                                                                  schema_versions.c.description))]
+            twice = conn.execute(select(items.c.site, items.c.key).group_by(items.c.site, items.c.key)
+                                 .having(func.count() > 1)).all()
+    finally:
+        engine.dispose()
+    assert versions == [(SCHEMA_VERSION, "schema created")], \
+        f"the launchers that waited at the schema lock together left these versions: {versions}"
+    assert not twice, f"(site, key) stored more than once: {twice[:5]}"
+    assert items_by_key(pg_schema.local_url, site=PG_SITE) == crawl.expected
+
+    store = Store(pg_schema.local_url)
+    try:
+        fetches = store.fetch_rows(PG_SITE)
+        item_rows = store.item_rows(PG_SITE)
+    finally:
+        store.close()
+    bad = [(r["kind"], r["url"], r["outcome"], r["error"]) for r in fetches
+           if r["outcome"] not in ("ok", "skipped", "refused") or (r["kind"] == "parse" and r["outcome"] != "ok")]
+    assert not bad, f"records of trouble: {bad[:5]}"
+    done = {kind: Counter(_path(r["url"]) for r in fetches if r["kind"] == kind and r["outcome"] == "ok")
+            for kind in ("download", "parse")}
+    for kind, paths in done.items():
+        assert crawl.pages <= set(paths), f"pages without an ok {kind}: {sorted(crawl.pages - set(paths))[:5]}"
+    downloaded = {path: n for path, n in done["download"].items() if path in crawl.pages}
+    assert done["parse"] == downloaded, "a downloaded copy of a page was parsed other than once"
+    products = [f"/product/{n}" for n in range(1, PRODUCTS + 1)]
+    assert all(done["parse"][path] >= 2 for path in products), "a product was not parsed twice"
+
+    # Every sighting counted: an item's history spans the fetches of all its page's copies.
+    fetched: dict[str, list[datetime]] = {}
+    for r in fetches:
+        if r["kind"] == "download" and r["outcome"] == "ok":
+            fetched.setdefault(_path(r["url"]), []).append(r["started"])
+    for row in item_rows:
+        seen = fetched[_path(row["url"])]
+        assert (row["first_seen"], row["last_seen"]) == (min(seen), max(seen)), f"{row['key']}: a sighting was lost"
+
+    parses = [r for r in fetches if r["kind"] == "parse"]
+    unknown = {r["worker"] for r in parses} - set(crawl.worker_hosts)
+    assert not unknown, f"parse records by workers on no known host: {unknown}"
+    by_host = Counter(crawl.worker_hosts[r["worker"]] for r in parses)
+    assert len(by_host) >= 2, f"parsing did not spread over hosts: {dict(by_host)}"
+    copies: dict[str, list[dict[str, Any]]] = {}
+    for r in parses:
+        copies.setdefault(_path(r["url"]), []).append({**r, "host": crawl.worker_hosts[r["worker"]]})
+    across = [path for path in products if len({r["host"] for r in copies[path]}) >= 2]
+    at_once = [path for path in across if any(overlap(a, b) for a in copies[path] for b in copies[path]
+                                              if a["host"] != b["host"])]
+    assert at_once, f"no item key was written from two hosts at the same time ({len(across)} from two hosts)"
+    properties = request.node.user_properties
+    properties += [("parses_by_host", dict(by_host)), ("keys_from_two_hosts", len(across)),
+                   ("keys_from_two_hosts_at_once", len(at_once))]
+    print(f"parse records per host {dict(by_host)}; of {PRODUCTS} item keys, {len(across)} were written from "
+          f"two hosts, {len(at_once)} of them by parse jobs that overlapped in time")
