@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from redis import Redis
+
+from . import keys
 from .errors import ConfigError, RefusedURL
 from .frontier import SEED_PRIORITY, Frontier, canonicalize
 from .spider import Request
@@ -89,7 +92,14 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
     frontier.add([Request(page.url, callback=page.callback or "parse", dont_filter=True, priority=SEED_PRIORITY)
                   for page in pages])
+    _uncount_failed(frontier.connection, site, len(pages))
     return pages
+
+
+def _uncount_failed(connection: Redis, site: str, pages: int) -> None:
+    """Take requeued pages out of the site's ``failed`` counter: they count again if they fail again."""
+    if pages and int(connection.hincrby(keys.stats(site), "failed", -pages)) < 0:
+        connection.hset(keys.stats(site), "failed", 0)  # failures recorded before the counter existed
 
 
 def _canonical(url: str) -> str:

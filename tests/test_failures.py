@@ -327,6 +327,8 @@ def test_server_error_page_is_listed_then_retried_once_fixed_and_stored_once(
         assert len(shop.expected_items()) == 20
         assert [p["url"] for p in failed_json(invoke, "demo")] == [f"{shop.url}/missing"]
         assert [e.status for e in shop.requests_for(f"/product/{BROKEN_ID}")][-1] == 200
+        (status,) = json.loads(invoke("status", "demo", "--json").stdout)["sites"]
+        assert status["failed"] == 1  # /missing failed again; product 7 no longer counts
 
 
 FLAKY_SPIDER = '''
