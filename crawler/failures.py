@@ -35,6 +35,7 @@ class FailedPage:
     error: str | None
     callback: str | None
     worker: str | None = None
+    meta: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> FailedPage:
@@ -42,7 +43,7 @@ class FailedPage:
         finished = finished.replace(tzinfo=UTC) if finished.tzinfo is None else finished.astimezone(UTC)
         return cls(site=row["site"], url=row["url"], kind=row["kind"], status=row["status"],
                    attempt=row["attempt"], finished=finished, error=row["error"],
-                   callback=row["callback"], worker=row["worker"])
+                   callback=row["callback"], worker=row["worker"], meta=row.get("meta"))
 
     @property
     def reason(self) -> str:
@@ -56,7 +57,7 @@ class FailedPage:
         """Plain JSON data, full error included."""
         return {"site": self.site, "url": self.url, "kind": self.kind, "status": self.status,
                 "attempt": self.attempt, "finished": self.finished.isoformat(), "reason": self.reason,
-                "error": self.error, "callback": self.callback, "worker": self.worker}
+                "error": self.error, "callback": self.callback, "worker": self.worker, "meta": self.meta}
 
 
 def failed_pages(store: Store, site: str | None = None, limit: int | None = None) -> list[FailedPage]:
@@ -90,8 +91,8 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             frontier.check(page.url)
         except RefusedURL as exc:
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
-    frontier.add([Request(page.url, callback=page.callback or "parse", dont_filter=True, priority=SEED_PRIORITY)
-                  for page in pages])
+    frontier.add([Request(page.url, callback=page.callback or "parse", meta=page.meta or {}, dont_filter=True,
+                          priority=SEED_PRIORITY) for page in pages])
     _uncount_failed(frontier.connection, site, len(pages))
     return pages
 

@@ -74,6 +74,7 @@ def download(payload: dict[str, Any]) -> None:
             bytes=len(response.body) if response else None,
             elapsed=response.elapsed if response else (finished - started).total_seconds(),
             worker=_worker_name(), attempt=task.attempt, error=error, callback=task.callback,
+            meta=task.meta or None,
         ), gate_wait if url == task.url else None)
         counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
         if counter and url == task.url:
@@ -250,7 +251,7 @@ def parse(payload: dict[str, Any]) -> None:
         job_done(rt, FetchRecord(
             site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
             status=payload.get("status"), worker=_worker_name(), error=error, callback=payload.get("callback"),
-            elapsed=(utcnow() - started).total_seconds(),
+            elapsed=(utcnow() - started).total_seconds(), meta=payload.get("meta") or None,
         ))
 
     raw = rt.connection.get(body_key)

@@ -80,6 +80,7 @@ fetches = Table(
     Column("attempt", Integer, nullable=False, default=1),
     Column("error", Text),
     Column("callback", String(200)),  # the spider method the page was for, so it can be retried
+    Column("meta", JSON),  # the request's meta (None when empty), so a retry hands it to the callback again
     Index("fetches_site_outcome", "site", "outcome"),
     Index("fetches_site_url", "site", "url"),
 )
@@ -90,6 +91,7 @@ schema_versions = migrations.version_table(metadata)
 #: in its table above plus one entry here; a database is brought up to date when a Store starts.
 MIGRATIONS: tuple[migrations.Migration, ...] = (
     migrations.add_column(2, fetches.c.callback),
+    migrations.add_column(3, fetches.c.meta),
 )
 
 #: The schema version this code writes.
@@ -126,6 +128,7 @@ class FetchRecord:
     attempt: int = 1
     error: str | None = None
     callback: str | None = None
+    meta: dict[str, Any] | None = None
 
 
 @dataclass

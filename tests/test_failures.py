@@ -53,11 +53,12 @@ class Records:
         self.clock = datetime(2025, 1, 1, tzinfo=UTC)
 
     def add(self, path: str, outcome: str, kind: str = "download", status: int | None = None,
-            error: str | None = None, callback: str | None = "parse_product", attempt: int = 1) -> None:
+            error: str | None = None, callback: str | None = "parse_product", attempt: int = 1,
+            meta: dict | None = None) -> None:
         self.clock += timedelta(seconds=1)
         self.store.record_fetches([FetchRecord(
             site=self.site, url=SHOP + path, outcome=outcome, kind=kind, status=status, error=error,
-            callback=callback, attempt=attempt, started=self.clock, finished=self.clock,
+            callback=callback, attempt=attempt, started=self.clock, finished=self.clock, meta=meta,
         )])
 
 
@@ -241,7 +242,8 @@ def test_failed_for_an_unknown_site_is_one_line_error(invoke: Invoke) -> None:
 def test_retry_all_requeues_failed_pages_with_their_callback_past_the_seen_set(
     invoke: Invoke, records: Records, redis_conn: Redis
 ) -> None:
-    records.add("/product/7", FAILED, status=500, error="HTTP 500 (gave up after 4 attempts)")
+    records.add("/product/7", FAILED, status=500, error="HTTP 500 (gave up after 4 attempts)",
+                meta={"category": "books"})
     records.add("/", FAILED, kind="parse", error=TRACEBACK, callback=None)  # an old record: no callback
     records.add("/product/8", OK, status=200)
     for path in ("/product/7", "/", "/product/8"):  # as the crawl left them: seen
@@ -251,8 +253,8 @@ def test_retry_all_requeues_failed_pages_with_their_callback_past_the_seen_set(
 
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "demo: 2 failed pages requeued"
-    assert sorted((t.url, t.callback, t.attempt) for t in queued_tasks(redis_conn)) == [
-        (SHOP + "/", "parse", 1), (SHOP + "/product/7", "parse_product", 1)]
+    assert sorted((t.url, t.callback, t.attempt, t.meta) for t in queued_tasks(redis_conn)) == [
+        (SHOP + "/", "parse", 1, {}), (SHOP + "/product/7", "parse_product", 1, {"category": "books"})]
 
 
 def test_retry_of_named_urls_requeues_only_those(invoke: Invoke, records: Records, redis_conn: Redis) -> None:

@@ -261,10 +261,11 @@ def test_retry_is_not_released_before_retry_after_has_passed(runtime: Runtime, r
 
 def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
     url = f"{shop.url}/missing"
-    jobs.download(payload(url))
+    jobs.download(payload(url, meta={"from": "listing"}))
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["error"]) == (FAILED, 404, "HTTP 404")
+    assert record["meta"] == {"from": "listing"}  # so `crawler retry` hands it to the callback again
     assert record["bytes"] > 0  # the error page's own size and timing are kept
     queue = download_queue(redis_conn)
     assert queue.count == 0

@@ -155,6 +155,10 @@ OLD_FETCH = {"site": SITE, "url": "http://shop.example/1", "kind": "parse", "out
              "attempt": 1, "error": "Traceback: boom"}
 
 
+#: What the migration steps record when they bring a previous-release database up to date.
+MIGRATED = [(step.version, step.description) for step in MIGRATIONS]
+
+
 def make_previous_release_database(url: str) -> None:
     """A database as the previous release left it: its tables, one item, one failed page."""
     engine = create_engine(engine_url(url))
@@ -220,8 +224,8 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
     assert "callback" not in columns(empty_db, "fetches")
     store = Store(empty_db)
     try:
-        assert "callback" in columns(empty_db, "fetches")
-        assert recorded_versions(empty_db) == [(2, "add fetches.callback")]
+        assert {"callback", "meta"} <= columns(empty_db, "fetches")
+        assert recorded_versions(empty_db) == MIGRATED
         (item,) = store.item_rows(SITE)
         assert {k: as_utc(v) if isinstance(v, datetime) else v for k, v in item.items() if k != "id"} == OLD_ITEM
         (fetch,) = store.fetch_rows(SITE)
@@ -230,14 +234,16 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
         # The new column is in use at once: a failed page now keeps its callback.
         now = utcnow()
         store.record_fetches([FetchRecord(site=SITE, url="http://shop.example/2", outcome="failed", kind="parse",
-                                          started=now, finished=now, callback="parse_product")])
-        assert store.fetch_rows(SITE)[-1]["callback"] == "parse_product"
+                                          started=now, finished=now, callback="parse_product",
+                                          meta={"from": "listing"})])
+        assert (store.fetch_rows(SITE)[-1]["callback"], store.fetch_rows(SITE)[-1]["meta"]) == (
+            "parse_product", {"from": "listing"})
         store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 11})])
         assert as_utc(store.item_rows(SITE)[0]["first_seen"]) == OLD_ITEM["first_seen"]
     finally:
         store.close()
     Store(empty_db).close()  # a second start finds it up to date
-    assert recorded_versions(empty_db) == [(2, "add fetches.callback")]
+    assert recorded_versions(empty_db) == MIGRATED
 
 
 def test_an_unversioned_database_that_already_has_the_column_is_only_stamped(empty_db: str) -> None:
@@ -247,7 +253,7 @@ def test_an_unversioned_database_that_already_has_the_column_is_only_stamped(emp
         metadata.create_all(conn, tables=[t for t in metadata.sorted_tables if t is not schema_versions])
     engine.dispose()
     Store(empty_db).close()
-    assert recorded_versions(empty_db) == [(2, "add fetches.callback")]
+    assert recorded_versions(empty_db) == MIGRATED
 
 
 def future_schema() -> tuple[MetaData, Table, tuple[migrations.Migration, ...]]:
@@ -269,7 +275,7 @@ def test_a_new_column_is_one_migration_entry(empty_db: str) -> None:
     finally:
         engine.dispose()
     assert "category" in columns(empty_db, "items") and "callback" in columns(empty_db, "fetches")
-    assert recorded_versions(empty_db) == [(2, "add fetches.callback"), (3, "add items.category")]
+    assert recorded_versions(empty_db) == [*MIGRATED, (SCHEMA_VERSION + 1, "add items.category")]
 
 
 def test_a_database_newer_than_the_code_is_refused(empty_db: str) -> None:
@@ -278,7 +284,8 @@ def test_a_database_newer_than_the_code_is_refused(empty_db: str) -> None:
     engine = create_engine(engine_url(empty_db))
     migrations.upgrade(engine, future, versions, steps)
     engine.dispose()
-    with pytest.raises(ConfigError, match=r"schema is version 3, newer than this crawler's 2") as info:
+    newer = f"schema is version {SCHEMA_VERSION + 1}, newer than this crawler's {SCHEMA_VERSION}"
+    with pytest.raises(ConfigError, match=newer) as info:
         Store(empty_db)
     assert "\n" not in str(info.value)
 
@@ -298,7 +305,7 @@ def test_a_failing_step_leaves_the_database_as_it_was(empty_db: str) -> None:
     finally:
         engine.dispose()
     # DDL is transactional on both databases: neither column, nor a version, was kept.
-    assert "callback" not in columns(empty_db, "fetches") and "category" not in columns(empty_db, "items")
+    assert not {"callback", "meta"} & columns(empty_db, "fetches") and "category" not in columns(empty_db, "items")
     assert recorded_versions(empty_db) == []
 
 
@@ -306,7 +313,7 @@ def test_migration_steps_are_numbered_in_order() -> None:
     migrations.check_steps(MIGRATIONS)
     assert SCHEMA_VERSION == migrations.BASELINE + len(MIGRATIONS)
     gap = (*MIGRATIONS, migrations.add_column(SCHEMA_VERSION + 2, items.c.url))
-    with pytest.raises(ValueError, match="expected 3"):
+    with pytest.raises(ValueError, match=f"expected {SCHEMA_VERSION + 1}"):
         migrations.check_steps(gap)
 
 
@@ -336,7 +343,7 @@ def test_workers_starting_at_once_on_hosts_migrate_the_database_once(empty_db: s
     make_previous_release_database(empty_db)
     start_at = time.time() + 3  # past the spawned interpreters' start-up
     assert run_processes(start_store, [(empty_db, start_at)] * 4) == [0, 0, 0, 0]
-    assert recorded_versions(empty_db) == [(2, "add fetches.callback")]
+    assert recorded_versions(empty_db) == MIGRATED
     assert "callback" in columns(empty_db, "fetches")
     store = Store(empty_db)
     try:
