@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import metrics
@@ -19,11 +20,18 @@ from .store import FetchRecord
 log = logging.getLogger("crawler.job")
 
 
-def job_done(rt: Any, record: FetchRecord, gate_wait: float | None = None) -> None:
-    """Record ``record`` in the database, count it in Redis, and log it."""
+def job_done(rt: Any, record: FetchRecord, gate_wait: float | None = None,
+             also: Callable[[Any], None] | None = None) -> None:
+    """Record ``record`` in the database, count it in Redis, and log it.
+
+    ``also`` adds the caller's own Redis commands (its stats) to the metrics pipeline,
+    so a job's counting is one round trip.
+    """
     rt.store.record_fetches([record])
     with rt.connection.pipeline(transaction=False) as pipe:
         metrics.count_job(pipe, record, gate_wait)
+        if also is not None:
+            also(pipe)
         pipe.execute()
     if log.isEnabledFor(logging.INFO):
         log.info(summary(record, gate_wait), extra={"job": fields(record, gate_wait)})

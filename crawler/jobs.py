@@ -68,6 +68,14 @@ def download(payload: dict[str, Any]) -> None:
     def record(outcome: str, url: str = task.url, response: Response | None = None,
                error: str | None = None, status: int | None = None) -> None:
         finished = utcnow()
+        counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
+
+        def count(pipe: Any) -> None:
+            if counter and url == task.url:
+                pipe.hincrby(keys.stats(task.site), counter, 1)
+                if outcome in (OK, REDIRECT):  # the site answers again: end any run of errors
+                    pipe.delete(keys.errors(task.site))
+
         job_done(rt, FetchRecord(
             site=task.site, url=url, outcome=outcome, started=response.started if response else started,
             finished=finished, status=response.status if response else status,
@@ -75,14 +83,7 @@ def download(payload: dict[str, Any]) -> None:
             elapsed=response.elapsed if response else (finished - started).total_seconds(),
             worker=_worker_name(), attempt=task.attempt, error=error, callback=task.callback,
             meta=task.meta or None,
-        ), gate_wait if url == task.url else None)
-        counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
-        if counter and url == task.url:
-            with rt.connection.pipeline(transaction=False) as pipe:
-                pipe.hincrby(keys.stats(task.site), counter, 1)
-                if outcome in (OK, REDIRECT):  # the site answers again: end any run of errors
-                    pipe.delete(keys.errors(task.site))
-                pipe.execute()
+        ), gate_wait if url == task.url else None, also=count)
 
     if policy.obey_robots:
         def robots_fetched(url: str, status: int | None, error: str | None) -> None:
@@ -215,7 +216,7 @@ def redirects_inward(source: str, target: str) -> bool:
 
 def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response) -> None:
     page_id = secrets.token_hex(12)
-    rt.connection.set(keys.body(page_id), zlib.compress(response.body, 6), ex=DEFAULT_BODY_TTL)
+    body = zlib.compress(response.body, 6)
     payload = {
         "site": task.site,
         "url": task.url,
@@ -228,10 +229,15 @@ def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response)
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
-    parse_queue(rt.connection).enqueue(
-        PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
-        job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url, retry=job_retry(),
-    )
+    # The body and its parse job in one transaction: one round trip, never a job without its body.
+    with rt.connection.pipeline() as pipe:
+        pipe.multi()  # RQ's enqueue starts the transaction itself unless one is started
+        pipe.set(keys.body(page_id), body, ex=DEFAULT_BODY_TTL)
+        parse_queue(rt.connection).enqueue(
+            PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
+            job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url, retry=job_retry(), pipeline=pipe,
+        )
+        pipe.execute()
 
 
 def parse_queue(connection: Any) -> Queue:
@@ -247,12 +253,12 @@ def parse(payload: dict[str, Any]) -> None:
     site, url, body_key = payload["site"], str(payload["url"]), keys.body(str(payload["body"]))
     started = utcnow()
 
-    def record(outcome: str, error: str | None = None) -> None:
+    def record(outcome: str, error: str | None = None, also: Any = None) -> None:
         job_done(rt, FetchRecord(
             site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
             status=payload.get("status"), worker=_worker_name(), error=error, callback=payload.get("callback"),
             elapsed=(utcnow() - started).total_seconds(), meta=payload.get("meta") or None,
-        ))
+        ), also=also)
 
     raw = rt.connection.get(body_key)
     if raw is None:
@@ -282,12 +288,13 @@ def parse(payload: dict[str, Any]) -> None:
         return
     rt.store.upsert_items(site, items, seen=_fetched_at(payload))
     added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
-    record(OK, error=_refusals(added.refused) if added.refused else None)
-    with rt.connection.pipeline(transaction=False) as pipe:
+
+    def count(pipe: Any) -> None:
         pipe.hincrby(keys.stats(site), "parsed", 1)
         pipe.hincrby(keys.stats(site), "items", len(items))
         pipe.delete(body_key)
-        pipe.execute()
+
+    record(OK, error=_refusals(added.refused) if added.refused else None, also=count)
 
 
 def _fetched_at(payload: dict[str, Any]) -> datetime | None:
