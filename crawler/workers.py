@@ -92,6 +92,10 @@ def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
     return pending_work(connection, sites) == 0
 
 
+#: Seconds a parse worker waits after handing back a job it has no spider for.
+HAND_BACK_WAIT = 1.0
+
+
 class _Watchdog:
     """One thread per process that raises jobs' timeouts in their worker threads.
 
@@ -537,7 +541,30 @@ class DownloadWorker(CrawlWorker):
 
 
 class ParseWorker(CrawlWorker):
-    """Serves the parse queue; in burst mode waits until downloads of ``sites`` drain too."""
+    """Serves the parse queue; in burst mode waits until downloads of ``sites`` drain too.
+
+    A parse job of a site this process has no spider for goes back to the end of the
+    queue for a worker that has it (one warning per site), as download workers do.
+    """
 
     def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
         super().__init__(queues_for(connection, [keys.PARSE_QUEUE]), connection, sites, **kwargs)
+        self._warned: set[str] = set()
+
+    def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
+        found, wait = super().next_job()
+        if found is None:
+            return found, wait
+        job, queue = found
+        payload = job.args[0] if job.args else None
+        site = payload.get("site") if isinstance(payload, dict) else None
+        if not isinstance(site, str) or site in runtime.current().spider_set.spiders:
+            return found, None  # a malformed payload is the job's to fail, with its error recorded
+        if site not in self._warned:
+            self._warned.add(site)
+            log.warning("no spider for site %r here: leaving its parse jobs to other workers", site)
+        with self.connection.pipeline(transaction=True) as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            pipe.rpush(queue.key, job.id)
+            pipe.execute()
+        return None, HAND_BACK_WAIT

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from crawling import installed_runtime, items_by_key, join_all, start_in_threads
 from redis import Redis
 from rq.registry import FailedJobRegistry, StartedJobRegistry
@@ -287,3 +288,27 @@ def test_status_counts_live_workers_per_host(runtime: Runtime, redis_conn: Redis
     thread.join(10)
     assert hosts == {socket.gethostname(): {"idle": 1}}
     assert workers_by_host(redis_conn) == {}  # a stopped worker leaves the registry
+
+
+def test_a_parse_job_of_a_site_without_a_spider_here_is_left_to_other_workers(
+        runtime: Runtime, redis_conn: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    from crawler.jobs import PARSE_FUNC, parse_queue
+
+    queue = parse_queue(redis_conn)
+    ghost = queue.enqueue(PARSE_FUNC, {"site": "ghost", "url": "http://127.0.0.1:9/", "body": "x"}, result_ttl=0)
+    known = queue.enqueue(PARSE_FUNC, {"site": "demo", "url": "http://127.0.0.1:9/", "body": "gone"}, result_ttl=0)
+    stop = threading.Event()
+    worker = ParseWorker(redis_conn, ("demo",), stop_event=stop)
+    thread = threading.Thread(target=worker.work, daemon=True)
+    with caplog.at_level("WARNING", logger="crawler.workers"):
+        thread.start()
+        deadline = time.monotonic() + 10
+        while queue.fetch_job(known.id) is not None:  # run (its body expired: recorded failed) and deleted
+            assert time.monotonic() < deadline, "the parse job of a known site was not run"
+            time.sleep(0.05)
+        time.sleep(1.5)  # the ghost job comes round again meanwhile
+        stop.set()
+        thread.join(10)
+    assert queue.get_job_ids() == [ghost.id]  # back in the queue for a worker that has the spider
+    assert FailedJobRegistry(keys.PARSE_QUEUE, connection=redis_conn, serializer=JSONSerializer).count == 0
+    assert caplog.text.count("no spider for site 'ghost'") == 1
