@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from crawling import postgres_server_url
 from redis import Redis
 
 from crawler.connection import EmbeddedRedis, connect
@@ -48,12 +49,7 @@ def redis_conn(redis_url: str) -> Iterator[Redis]:
 @pytest.fixture
 def postgres_url() -> str:
     """URL of an emptied PostgreSQL database (skips, or fails in CI, when none is given)."""
-    url = os.environ.get("CRAWLER_TEST_POSTGRES_URL")
-    if not url:
-        message = "PostgreSQL not configured: set CRAWLER_TEST_POSTGRES_URL to run this test"
-        if os.environ.get("CRAWLER_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
+    url = postgres_server_url()
     from sqlalchemy import create_engine
 
     from crawler.store import metadata

@@ -1,7 +1,8 @@
-"""Helpers shared by the tests that crawl in-process: a runtime, and burst workers in threads."""
+"""Helpers shared by the tests: a runtime, burst workers in threads, items by key, the PostgreSQL URL."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -74,3 +75,20 @@ def items_by_key(database_url: str, site: str = "demo", key: str = "sku") -> dic
     by_key = {row[key]: row for row in rows}
     assert len(by_key) == len(rows), "an item was stored twice"
     return by_key
+
+
+def postgres_server_url(reason: str | None = None) -> str:
+    """``CRAWLER_TEST_POSTGRES_URL``; skips without it, or with ``reason`` (why it will not do).
+
+    Under ``CRAWLER_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) it fails instead of skipping,
+    so CI always exercises the production database.
+    """
+    url = os.environ.get("CRAWLER_TEST_POSTGRES_URL")
+    if not url:
+        reason = "PostgreSQL not configured: set CRAWLER_TEST_POSTGRES_URL to run this test"
+    if reason is not None:
+        if os.environ.get("CRAWLER_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"{reason} (CRAWLER_REQUIRE_POSTGRES=1)")
+        pytest.skip(reason)
+    assert url is not None
+    return url

@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 import netns
 import pytest
-from crawling import items_by_key
+from crawling import items_by_key, postgres_server_url
 from netns import HostSpec, Service, Topology
 from redis import Redis
 from rq import Worker
@@ -491,14 +491,9 @@ def pg_schema() -> Iterator[PgSchema]:
     Skips without that variable (fails under ``CRAWLER_REQUIRE_POSTGRES=1``), and when it
     names no TCP host: the hosts reach the server through a TCP bridge.
     """
-    configured = os.environ.get("CRAWLER_TEST_POSTGRES_URL")
-    server = make_url(configured) if configured else None
-    if server is None or not server.host or server.host.startswith("/"):
-        message = ("PostgreSQL not configured: set CRAWLER_TEST_POSTGRES_URL to run this test" if server is None
-                   else f"CRAWLER_TEST_POSTGRES_URL names no TCP host ({server}): the hosts reach it over TCP")
-        if os.environ.get("CRAWLER_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"{message} (CRAWLER_REQUIRE_POSTGRES=1)")
-        pytest.skip(message)
+    server = make_url(postgres_server_url())
+    if not server.host or server.host.startswith("/"):  # skip (or fail in CI), saying why
+        postgres_server_url(f"CRAWLER_TEST_POSTGRES_URL names no TCP host ({server}): the hosts reach it over TCP")
     name = f"crawler_multihost_{os.getpid()}_{secrets.token_hex(4)}"
     in_schema = {"options": f"-csearch_path={name}"}
     admin = create_engine(engine_url(server.render_as_string(hide_password=False)))

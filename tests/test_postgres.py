@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from crawling import items_by_key
+from crawling import items_by_key, postgres_server_url
 from redis import Redis
 from sqlalchemy import (
     JSON,
@@ -72,17 +72,6 @@ SITE = "shop"
 
 
 # -- databases ----------------------------------------------------------------------------
-
-
-def postgres_server_url() -> str:
-    """``CRAWLER_TEST_POSTGRES_URL``; skips (fails under ``CRAWLER_REQUIRE_POSTGRES=1``) without it."""
-    url = os.environ.get("CRAWLER_TEST_POSTGRES_URL")
-    if not url:
-        message = "PostgreSQL not configured: set CRAWLER_TEST_POSTGRES_URL to run this test"
-        if os.environ.get("CRAWLER_REQUIRE_POSTGRES") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return url
 
 
 @pytest.fixture
