@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from click.testing import Result
 from redis import Redis
 
 from crawler.runtime import Runtime, install
@@ -92,3 +93,15 @@ def postgres_server_url(reason: str | None = None) -> str:
         pytest.skip(reason)
     assert url is not None
     return url
+
+
+def assert_one_line_error(result: Result, *fragments: str) -> str:
+    """A clean CLI failure: exit 1, no exception escaped, exactly one line on stderr holding ``fragments``."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an uncaught error
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]

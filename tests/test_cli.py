@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from crawling import assert_one_line_error
 from redis import Redis
 
 from crawler import keys
@@ -80,19 +81,6 @@ def invoke(base_args: list[str]) -> Invoke:
 
 def stderr_lines(result: Result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> str:
-    """A clean failure: exit 1, no exception escaped, exactly one line on stderr holding ``fragments``."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert isinstance(result.exception, SystemExit), repr(result.exception)  # not an uncaught error
-    assert "Traceback" not in result.output
-    lines = stderr_lines(result)
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("Error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    return lines[0]
 
 
 def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from crawling import installed_runtime, run_in_threads
+from crawling import assert_one_line_error, installed_runtime, run_in_threads
 from redis import Redis
 
 from crawler import keys
@@ -80,15 +80,6 @@ def invoke(redis_url: str, redis_conn: Redis, settings: Settings) -> Invoke:
         return runner.invoke(cli, [*base, *args], env={"COLUMNS": "250"})
 
     return run
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 def failed_json(invoke: Invoke, *args: str) -> list[dict]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner, Result
-from crawling import join_all, start_in_threads
+from crawling import assert_one_line_error, join_all, start_in_threads
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -126,15 +126,6 @@ def base_args(redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
 
 def invoke(base_args: list[str], *args: str) -> Result:
     return CliRunner().invoke(cli, [*base_args, *args])
-
-
-def assert_one_line_error(result: Result, *fragments: str) -> None:
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), lines
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def start_console_script(*args: str, cwd: Path) -> subprocess.Popen[str]:

@@ -14,7 +14,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
+from crawling import assert_one_line_error
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler.cli import cli
@@ -225,12 +226,6 @@ def fill_database(sqlite_url: str, *sites: str) -> None:
     store = Store(sqlite_url)
     store.record_fetches([row for site in sites for row in crawl(site)])
     store.close()
-
-
-def assert_one_line_error(result: Result, fragment: str) -> None:
-    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and fragment in lines[0], lines
 
 
 def test_stats_plot_writes_an_html_report(invoke, sqlite_url: str, tmp_path: Path) -> None:
