@@ -157,7 +157,7 @@ def worker_rss(redis: BenchRedis, products: int) -> dict[str, Any]:
                     info = handle.memory_full_info()
                 except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
                     continue
-                if procs[i].is_alive():
+                if procs[i].is_alive() and info.rss:  # a process tearing down reads as 0
                     last[i] = (info.rss, info.uss)
                     peak[i] = max(peak[i], info.rss)
             time.sleep(RSS_EVERY)
