@@ -1,7 +1,8 @@
 """Run the benchmarks and print their figures: ``python -m bench [NAME...] [--quick]``.
 
 With no NAME every benchmark runs, in the order below; ``--quick`` runs each in a
-smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE. Each
+smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
+``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``. Each
 benchmark runs on its own private Redis (``crawler.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``). Scrapy, for the throughput
 comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
@@ -22,7 +23,17 @@ from typing import Any
 from .common import BenchResult, Check, bench_redis, format_table, machine_info, print_result
 
 #: Benchmark modules, in the order a full run takes them.
-BENCHMARKS = ("politeness", "utilization", "many_sites", "throughput", "memory")
+BENCHMARKS = (
+    "politeness",
+    "utilization",
+    "many_sites",
+    "throughput",
+    "memory",
+    "parse",
+    "seeding",
+    "recrawl",
+    "sitemaps",
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -30,11 +41,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)} [all]")
     parser.add_argument("--quick", action="store_true", help="smaller, faster smoke runs")
     parser.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
+    parser.add_argument(
+        "--page", action="append", default=[], metavar="FILE", help="parse: also time this HTML file (repeatable)"
+    )
+    parser.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="parse: the URL the --page of the same rank was served from",
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark {unknown[0]!r} (choose from {', '.join(BENCHMARKS)})")
+    if len(args.url) > len(args.page):
+        parser.error("--url needs a --page to go with")
     return args
+
+
+def options(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of one benchmark's ``run`` beyond ``quick`` (only ``parse`` takes any)."""
+    return {"pages": args.page, "urls": args.url} if name == "parse" else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         begun = time.monotonic()
         try:
             with bench_redis() as redis:
-                result: BenchResult = module.run(redis, quick=args.quick)
+                result: BenchResult = module.run(redis, quick=args.quick, **options(name, args))
         except Exception:
             traceback.print_exc()
             failed.append(name)
@@ -65,12 +93,20 @@ def main(argv: list[str] | None = None) -> int:
         print_result(result)
     total = time.monotonic() - started
     print(f"\n== summary ({total:.0f} s{', quick' if args.quick else ''}) ==")
-    rows = [[r.name, c.name, c.figure, c.target, "-" if c.met is None else ("met" if c.met else "MISSED")]
-            for r in results for c in r.checks]
+    rows = [
+        [r.name, c.name, c.figure, c.target, "-" if c.met is None else ("met" if c.met else "MISSED")]
+        for r in results
+        for c in r.checks
+    ]
     print(format_table(["benchmark", "figure", "value", "target", "result"], rows))
     if args.json:
-        report: dict[str, Any] = {"command": command.strip(), "machine": machine, "quick": args.quick,
-                                  "seconds": round(total, 1), "results": [r.as_dict() for r in results]}
+        report: dict[str, Any] = {
+            "command": command.strip(),
+            "machine": machine,
+            "quick": args.quick,
+            "seconds": round(total, 1),
+            "results": [r.as_dict() for r in results],
+        }
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(report, out, indent=2, default=str)
         print(f"figures written to {args.json}")

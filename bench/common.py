@@ -148,19 +148,17 @@ from crawler.demo.spider import DemoShop
 {classes}
 '''
 
-SPIDER_CLASS = '''
+SPIDER_CLASS = """
 class Spider_{ident}(DemoShop):
     name = {name!r}
     interval = {interval!r}
-'''
+"""
 
 
 def write_sites_dir(directory: Path, names: Sequence[str], interval: float = 1.0) -> Path:
     """A sites directory with one ``DemoShop`` subclass per name (same selectors)."""
     directory.mkdir(parents=True, exist_ok=True)
-    classes = "".join(
-        SPIDER_CLASS.format(ident=i, name=name, interval=interval) for i, name in enumerate(names)
-    )
+    classes = "".join(SPIDER_CLASS.format(ident=i, name=name, interval=interval) for i, name in enumerate(names))
     (directory / "bench_sites.py").write_text(SPIDER_MODULE.format(classes=textwrap.dedent(classes)))
     return directory
 
@@ -201,8 +199,9 @@ def scrapy_python() -> str | None:
     for python in candidates:
         if not python or not Path(python).exists():
             continue
-        probe = subprocess.run([python, "-c", "import scrapy; print(scrapy.__version__)"],
-                               capture_output=True, text=True, timeout=60)
+        probe = subprocess.run(
+            [python, "-c", "import scrapy; print(scrapy.__version__)"], capture_output=True, text=True, timeout=60
+        )
         if probe.returncode == 0:
             return python
     return None
@@ -227,8 +226,12 @@ def machine_info(redis: Redis | None = None) -> dict[str, str]:
         info["redis-server"] = f"{server.get('redis_version')} ({server.get('executable') or 'remote'})"
     python = scrapy_python()
     if python is not None:
-        out = subprocess.run([python, "-c", "import scrapy, twisted; print(scrapy.__version__, twisted.__version__)"],
-                             capture_output=True, text=True, timeout=60).stdout.split()
+        out = subprocess.run(
+            [python, "-c", "import scrapy, twisted; print(scrapy.__version__, twisted.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
         info["scrapy"] = f"{out[0]} (Twisted {out[1]}) in {python}" if len(out) == 2 else "unknown"
     else:
         info["scrapy"] = "not found"
@@ -298,8 +301,10 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table (also valid Markdown)."""
     cells = [[fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     for row in cells:
         lines.append("| " + " | ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) + " |")
     return "\n".join(lines)
@@ -348,8 +353,9 @@ def wait_until(predicate: Any, timeout: float, step: float = 0.1) -> bool:
 # -- crawls ---------------------------------------------------------------------------
 
 
-def crawl_settings(workdir: Path, redis_url: str, site_names: Sequence[str],
-                   intervals: dict[str, float], **overrides: Any) -> Any:
+def crawl_settings(
+    workdir: Path, redis_url: str, site_names: Sequence[str], intervals: dict[str, float], **overrides: Any
+) -> Any:
     """Settings for a benchmark crawl: a sites dir with ``site_names``, SQLite in ``workdir``.
 
     ``intervals`` become config-file style per-site overrides (``Settings.sites``).

@@ -85,16 +85,16 @@ def prepare_sites(connection: Redis, sites: list[str], per_site: int) -> dict[st
     return frontiers
 
 
-def measure_ours(url: str, frontiers_by_site: dict[str, Frontier], dequeues: int,
-                 served: list[str]) -> dict[str, Any]:
+def measure_ours(url: str, frontiers_by_site: dict[str, Frontier], dequeues: int, served: list[str]) -> dict[str, Any]:
     """Run the worker's dequeue path ``dequeues`` times; throughput, round trips, commands.
 
     ``served`` empty: the scheduler picks among every site with work (a worker started
     without ``--sites``); else only among those listed (``--sites``, ``crawler crawl``).
     """
     client, trips = counting_client(url)
-    frontiers = {site: Frontier(client, site, f.domains, f.failure_ttl, f.job_timeout)
-                 for site, f in frontiers_by_site.items()}
+    frontiers = {
+        site: Frontier(client, site, f.domains, f.failure_ttl, f.job_timeout) for site, f in frontiers_by_site.items()
+    }
     scheduler = Scheduler(client, served)
     scheduler.next()  # load the script (one SCRIPT LOAD + retry) outside the timing
     stats = command_stats(client)
@@ -123,9 +123,14 @@ def measure_ours(url: str, frontiers_by_site: dict[str, Frontier], dequeues: int
     commands = command_delta(stats, command_stats(client))
     client.close()
     return {
-        "dequeues": done, "seconds": elapsed, "rate": done / elapsed, "round_trips": round_trips / done,
-        "commands": sum(commands.values()) / done, "evalsha": commands.get("evalsha", 0) / done,
-        "refills": refills / done, "waits": waits,
+        "dequeues": done,
+        "seconds": elapsed,
+        "rate": done / elapsed,
+        "round_trips": round_trips / done,
+        "commands": sum(commands.values()) / done,
+        "evalsha": commands.get("evalsha", 0) / done,
+        "refills": refills / done,
+        "waits": waits,
     }
 
 
@@ -145,21 +150,33 @@ def measure_rq(url: str, names: list[str], dequeues: int, rotate: bool) -> dict[
         done += 1
         if rotate:
             position = queues.index(found[1])
-            queues = queues[position + 1:] + queues[:position + 1]
+            queues = queues[position + 1 :] + queues[: position + 1]
     elapsed = time.perf_counter() - started
     round_trips = trips[0]
     commands = command_delta(stats, command_stats(client))
     client.close()
-    return {"dequeues": done, "seconds": elapsed, "rate": done / elapsed if elapsed else 0.0,
-            "round_trips": round_trips / max(done, 1), "commands": sum(commands.values()) / max(done, 1)}
+    return {
+        "dequeues": done,
+        "seconds": elapsed,
+        "rate": done / elapsed if elapsed else 0.0,
+        "round_trips": round_trips / max(done, 1),
+        "commands": sum(commands.values()) / max(done, 1),
+    }
 
 
 def fill_rq(connection: Redis, names: list[str], per_queue: int) -> None:
     """``per_queue`` plain RQ download jobs in each named queue."""
     for name in names:
         queue = Queue(name, connection=connection, serializer=JSONSerializer)
-        jobs = [Queue.prepare_data(DOWNLOAD_FUNC, args=(DownloadTask(name, url_for(name, n)).to_json(),),
-                                   result_ttl=0, description=url_for(name, n)) for n in range(per_queue)]
+        jobs = [
+            Queue.prepare_data(
+                DOWNLOAD_FUNC,
+                args=(DownloadTask(name, url_for(name, n)).to_json(),),
+                result_ttl=0,
+                description=url_for(name, n),
+            )
+            for n in range(per_queue)
+        ]
         with connection.pipeline() as pipe:
             queue.enqueue_many(jobs, pipeline=pipe)
             pipe.execute()
@@ -201,11 +218,18 @@ def _run(redis: BenchRedis, quick: bool) -> BenchResult:
     repeats = QUICK_REPEATS if quick else REPEATS
     rq_dequeues = QUICK_RQ_DEQUEUES if quick else RQ_DEQUEUES
     rq_sparse = QUICK_RQ_SPARSE_DEQUEUES if quick else RQ_SPARSE_DEQUEUES
-    result = BenchResult("many_sites", {
-        "site counts": SITE_COUNTS, "dequeues per run": dequeues, "runs per count (median)": repeats,
-        "interval_s": INTERVAL, "JOBS_AHEAD": JOBS_AHEAD, "client": "1 process, 1 connection",
-        "rq dequeues (all queues / last queue only)": f"{rq_dequeues} / {rq_sparse}",
-    })
+    result = BenchResult(
+        "many_sites",
+        {
+            "site counts": SITE_COUNTS,
+            "dequeues per run": dequeues,
+            "runs per count (median)": repeats,
+            "interval_s": INTERVAL,
+            "JOBS_AHEAD": JOBS_AHEAD,
+            "client": "1 process, 1 connection",
+            "rq dequeues (all queues / last queue only)": f"{rq_dequeues} / {rq_sparse}",
+        },
+    )
     started = time.monotonic()
     modes = (("every site (no --sites)", False), ("the sites listed (--sites / crawl)", True))
     runs: dict[tuple[int, bool], list[dict[str, Any]]] = {(c, m): [] for c in SITE_COUNTS for _, m in modes}
@@ -226,39 +250,95 @@ def _run(redis: BenchRedis, quick: bool) -> BenchResult:
             done = runs[count, listed]
             median = sorted(done, key=lambda r: r["rate"])[len(done) // 2]
             medians[count, listed] = median
-            rows.append([f"crawler, {count} sites, serving {label}", median["dequeues"], median["rate"],
-                         ", ".join(f"{r['rate']:.0f}" for r in done), median["round_trips"], median["commands"],
-                         median["evalsha"], median["refills"], median["waits"]])
-            print(f"  many_sites: {count} sites, {label}: {median['rate']:.0f} dequeues/s, "
-                  f"{median['round_trips']:.2f} round trips/dequeue", flush=True)
+            rows.append(
+                [
+                    f"crawler, {count} sites, serving {label}",
+                    median["dequeues"],
+                    median["rate"],
+                    ", ".join(f"{r['rate']:.0f}" for r in done),
+                    median["round_trips"],
+                    median["commands"],
+                    median["evalsha"],
+                    median["refills"],
+                    median["waits"],
+                ]
+            )
+            print(
+                f"  many_sites: {count} sites, {label}: {median['rate']:.0f} dequeues/s, "
+                f"{median['round_trips']:.2f} round trips/dequeue",
+                flush=True,
+            )
     redis.reset()
     for count in SITE_COUNTS:
         names = [f"rq{count}q{i}_{redis.tag}" for i in range(count)]
         fill_rq(redis.connection, names, rq_dequeues // count + 1)
         full = measure_rq(redis.url, names, rq_dequeues, rotate=True)
-        rows.append([f"RQ dequeue_any, {count} queues, all with jobs", full["dequeues"], full["rate"], "-",
-                     full["round_trips"], full["commands"], None, None, None])
+        rows.append(
+            [
+                f"RQ dequeue_any, {count} queues, all with jobs",
+                full["dequeues"],
+                full["rate"],
+                "-",
+                full["round_trips"],
+                full["commands"],
+                None,
+                None,
+                None,
+            ]
+        )
         redis.reset()
         fill_rq(redis.connection, names[-1:], rq_sparse + 1)
         sparse = measure_rq(redis.url, names, rq_sparse, rotate=False)
-        rows.append([f"RQ dequeue_any, {count} queues, jobs in the last only", sparse["dequeues"], sparse["rate"], "-",
-                     sparse["round_trips"], sparse["commands"], None, None, None])
+        rows.append(
+            [
+                f"RQ dequeue_any, {count} queues, jobs in the last only",
+                sparse["dequeues"],
+                sparse["rate"],
+                "-",
+                sparse["round_trips"],
+                sparse["commands"],
+                None,
+                None,
+                None,
+            ]
+        )
         redis.reset()
         if not redis.owned:
             drop_rq_jobs(redis.connection, names)
         print(f"  many_sites: RQ {count} queues: {full['rate']:.0f} / {sparse['rate']:.0f} dequeues/s", flush=True)
     result.table(
         "dequeue path, one client",
-        ["what", "dequeues", "dequeues/s", "runs (dequeues/s)", "round trips/dequeue", "Redis commands/dequeue",
-         "EVALSHA/dequeue", "refills/dequeue", "waits"],
+        [
+            "what",
+            "dequeues",
+            "dequeues/s",
+            "runs (dequeues/s)",
+            "round trips/dequeue",
+            "Redis commands/dequeue",
+            "EVALSHA/dequeue",
+            "refills/dequeue",
+            "waits",
+        ],
         rows,
     )
     for label, listed in modes:
         few, many = medians[SITE_COUNTS[0], listed], medians[SITE_COUNTS[-1], listed]
         ratio = many["rate"] / few["rate"]
-        result.checks.append(Check(f"{SITE_COUNTS[-1]} vs {SITE_COUNTS[0]} sites, serving {label}: dequeue throughput",
-                                   f"{ratio:.3f}", f">= {TARGET}", ratio >= TARGET))
-        result.checks.append(Check(f"round trips per dequeue, {SITE_COUNTS[0]} / {SITE_COUNTS[-1]} sites, {label}",
-                                   f"{few['round_trips']:.2f} / {many['round_trips']:.2f}", "-", None))
+        result.checks.append(
+            Check(
+                f"{SITE_COUNTS[-1]} vs {SITE_COUNTS[0]} sites, serving {label}: dequeue throughput",
+                f"{ratio:.3f}",
+                f">= {TARGET}",
+                ratio >= TARGET,
+            )
+        )
+        result.checks.append(
+            Check(
+                f"round trips per dequeue, {SITE_COUNTS[0]} / {SITE_COUNTS[-1]} sites, {label}",
+                f"{few['round_trips']:.2f} / {many['round_trips']:.2f}",
+                "-",
+                None,
+            )
+        )
     result.seconds = time.monotonic() - started
     return result

@@ -7,6 +7,12 @@ memory``, before and after, divided by the count):
   frontier with ``Frontier.push`` (pipelined batches), as the parse step queues them;
 - **seen URL**: N fingerprints (``crawler.frontier.fingerprint``) added to the site's
   seen set (SADD in pipelined batches), as dedup keeps them;
+- **seen URL as the crawler adds it**: the same N URLs through ``Frontier._mark_seen``
+  (the ``ADD_SEEN`` script);
+- **seen URL that expires** (``Spider.revisit_after``, a week): the same N URLs through
+  ``Frontier._mark_seen`` into the time-bucketed seen sets (``ADD_SEEN_FOR_A_WHILE``);
+  and, for contrast, a sorted set of fingerprint → time (``ZADD``), the other way to
+  let seen URLs expire;
 - **plain RQ job**, for contrast: the same download task queued as an RQ job with the
   JSON serializer, ``description=url`` and the crawler's job options
   (``Queue.prepare_data`` + ``enqueue_many``), as every queued URL used to cost;
@@ -57,6 +63,8 @@ RSS_EVERY = 0.2
 RSS_TIMEOUT = 150.0
 #: Target bytes per queued URL.
 TARGET = 200
+#: ``revisit_after`` of the expiring seen sets measured (a week: one bucket spans 1.75 days).
+REVISIT_AFTER = 7 * 24 * 3600.0
 
 
 def url_for(n: int) -> str:
@@ -81,8 +89,14 @@ def queued_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
     key = keys.frontier(site)
     entry = redis.connection.lindex(key, 0) or b""
     usage = redis.connection.memory_usage(key, samples=0)
-    return {"count": count, "delta": after - before, "per_url": (after - before) / count,
-            "key_usage_per_url": (usage or 0) / count, "entry_bytes": len(entry), "seconds": seconds}
+    return {
+        "count": count,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": (usage or 0) / count,
+        "entry_bytes": len(entry),
+        "seconds": seconds,
+    }
 
 
 def seen_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
@@ -95,9 +109,69 @@ def seen_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
         redis.connection.sadd(key, *members)
     seconds = time.perf_counter() - started
     after = used_memory(redis)
-    return {"count": count, "delta": after - before, "per_url": (after - before) / count,
-            "key_usage_per_url": (redis.connection.memory_usage(key, samples=0) or 0) / count,
-            "entry_bytes": len(fingerprint(url_for(0))), "seconds": seconds}
+    return {
+        "count": count,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": (redis.connection.memory_usage(key, samples=0) or 0) / count,
+        "entry_bytes": len(fingerprint(url_for(0))),
+        "seconds": seconds,
+    }
+
+
+def seen_marked_bytes(redis: BenchRedis, site: str, count: int, revisit_after: float | None) -> dict[str, Any]:
+    """Bytes per URL in the seen set(s) after ``count`` new URLs through ``Frontier._mark_seen``.
+
+    The crawler's own path (a Lua script per 10,000 URLs): the plain set (``ADD_SEEN``), or
+    with ``revisit_after`` the time buckets (``ADD_SEEN_FOR_A_WHILE``).
+    """
+    frontier = Frontier(
+        redis.connection,
+        site,
+        ["example-shop.com"],
+        DEFAULT_FAILURE_TTL,
+        DEFAULT_DOWNLOAD_TIMEOUT,
+        revisit_after=revisit_after,
+    )
+    before = used_memory(redis)
+    started = time.perf_counter()
+    for start in range(0, count, BATCH):
+        frontier._mark_seen([url_for(n) for n in range(start, min(count, start + BATCH))])
+    seconds = time.perf_counter() - started
+    after = used_memory(redis)
+    found = [keys.seen(site)] + list(redis.connection.scan_iter(match=keys.seen(site) + ":*"))
+    usage = sum(redis.connection.memory_usage(key, samples=0) or 0 for key in found)
+    return {
+        "count": count,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": usage / count,
+        "entry_bytes": len(fingerprint(url_for(0))),
+        "seconds": seconds,
+        "keys": found,
+    }
+
+
+def seen_zset_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
+    """Bytes per URL in a sorted set of fingerprint -> when seen (ms), the alternative to buckets."""
+    key = f"{keys.seen(site)}:zset"
+    before = used_memory(redis)
+    started = time.perf_counter()
+    now_ms = time.time() * 1000
+    for start in range(0, count, BATCH):
+        batch = range(start, min(count, start + BATCH))
+        redis.connection.zadd(key, {fingerprint(url_for(n)): now_ms + n for n in batch})
+    seconds = time.perf_counter() - started
+    after = used_memory(redis)
+    return {
+        "count": count,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": (redis.connection.memory_usage(key, samples=0) or 0) / count,
+        "entry_bytes": len(fingerprint(url_for(0))) + 8,
+        "seconds": seconds,
+        "key": key,
+    }
 
 
 def rq_job_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
@@ -108,9 +182,14 @@ def rq_job_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
     ids: list[str] = []
     for start in range(0, count, RQ_BATCH):
         jobs = [
-            Queue.prepare_data(DOWNLOAD_FUNC, args=(DownloadTask(site, url_for(n)).to_json(),), result_ttl=0,
-                               failure_ttl=DEFAULT_FAILURE_TTL, timeout=DEFAULT_DOWNLOAD_TIMEOUT,
-                               description=url_for(n))
+            Queue.prepare_data(
+                DOWNLOAD_FUNC,
+                args=(DownloadTask(site, url_for(n)).to_json(),),
+                result_ttl=0,
+                failure_ttl=DEFAULT_FAILURE_TTL,
+                timeout=DEFAULT_DOWNLOAD_TIMEOUT,
+                description=url_for(n),
+            )
             for n in range(start, min(count, start + RQ_BATCH))
         ]
         with redis.connection.pipeline() as pipe:
@@ -121,9 +200,15 @@ def rq_job_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
     job_key = f"rq:job:{ids[0]}"
     encoding = redis.connection.object("encoding", job_key)
     one = redis.connection.memory_usage(job_key, samples=0) or 0
-    figures = {"count": count, "delta": after - before, "per_url": (after - before) / count,
-               "key_usage_per_url": one, "entry_bytes": None, "seconds": seconds,
-               "encoding": encoding.decode() if isinstance(encoding, bytes) else str(encoding)}
+    figures = {
+        "count": count,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": one,
+        "entry_bytes": None,
+        "seconds": seconds,
+        "encoding": encoding.decode() if isinstance(encoding, bytes) else str(encoding),
+    }
     with redis.connection.pipeline(transaction=False) as pipe:  # cleanup, also on a shared Redis
         for job_id in ids:
             pipe.delete(f"rq:job:{job_id}")
@@ -138,14 +223,15 @@ def worker_rss(redis: BenchRedis, products: int) -> dict[str, Any]:
     import psutil
 
     site = f"memrss_{redis.tag}"
-    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp, \
-            ShopSite(products=products, faults=False) as shop:
+    with tempfile.TemporaryDirectory(prefix="bench-mem-") as tmp, ShopSite(products=products, faults=False) as shop:
         settings = crawl_settings(Path(tmp), redis.url, [site], {site: RSS_INTERVAL})
         rt = Runtime(redis.connection, settings)
         seed(rt.frontier(site), [shop.url + "/"])
         rt.close()
-        specs = [WorkerSpec("download", (site,), threads=1, burst=True), WorkerSpec("parse", (site,), threads=1,
-                                                                                   burst=True)]
+        specs = [
+            WorkerSpec("download", (site,), threads=1, burst=True),
+            WorkerSpec("parse", (site,), threads=1, burst=True),
+        ]
         procs = start_workers(specs, settings, redis.url)
         handles = [psutil.Process(p.pid) for p in procs]
         last: list[tuple[int, int] | None] = [None, None]
@@ -174,11 +260,19 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     urls = QUICK_URLS if quick else URLS
     rq_jobs = QUICK_RQ_JOBS if quick else RQ_JOBS
     products = QUICK_RSS_PRODUCTS if quick else RSS_PRODUCTS
-    result = BenchResult("memory", {
-        "queued/seen URLs": urls, "URL length": URL_LENGTH, "example URL": url_for(1), "plain RQ jobs": rq_jobs,
-        "batch": BATCH, "RSS crawl products": products, "RSS crawl interval_s": RSS_INTERVAL,
-        "measure": "INFO memory used_memory delta / count (and MEMORY USAGE of the key)",
-    })
+    result = BenchResult(
+        "memory",
+        {
+            "queued/seen URLs": urls,
+            "URL length": URL_LENGTH,
+            "example URL": url_for(1),
+            "plain RQ jobs": rq_jobs,
+            "batch": BATCH,
+            "RSS crawl products": products,
+            "RSS crawl interval_s": RSS_INTERVAL,
+            "measure": "INFO memory used_memory delta / count (and MEMORY USAGE of the key)",
+        },
+    )
     started = time.monotonic()
     redis.reset()
     site = f"mem_{redis.tag}"
@@ -187,6 +281,15 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     seen = seen_bytes(redis, site, urls)
     print(f"  memory: {seen['per_url']:.1f} B per seen URL", flush=True)
     redis.connection.delete(keys.frontier(site), keys.seen(site))
+    marked = seen_marked_bytes(redis, site, urls, None)
+    print(f"  memory: {marked['per_url']:.1f} B per seen URL, added as the crawler adds it", flush=True)
+    redis.connection.delete(*marked["keys"])
+    expiring = seen_marked_bytes(redis, site, urls, REVISIT_AFTER)
+    print(f"  memory: {expiring['per_url']:.1f} B per seen URL that expires (buckets)", flush=True)
+    redis.connection.delete(*expiring["keys"])
+    zset = seen_zset_bytes(redis, site, urls)
+    print(f"  memory: {zset['per_url']:.1f} B per seen URL in a sorted set (contrast)", flush=True)
+    redis.connection.delete(zset["key"])
     redis.connection.zrem(keys.ready(), site)
     redis.connection.srem(keys.sites(), site)
     plain = rq_job_bytes(redis, site, rq_jobs)
@@ -195,12 +298,60 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         "Redis memory per URL",
         ["what", "count", "used_memory delta", "bytes per URL", "MEMORY USAGE per URL", "entry bytes", "seconds"],
         [
-            ["queued URL, compact frontier (Frontier.push)", queued["count"], queued["delta"], queued["per_url"],
-             queued["key_usage_per_url"], queued["entry_bytes"], queued["seconds"]],
-            ["seen URL, dedup set (8-byte fingerprint)", seen["count"], seen["delta"], seen["per_url"],
-             seen["key_usage_per_url"], seen["entry_bytes"], seen["seconds"]],
-            [f"plain RQ job, JSON, description=url ({plain['encoding']} hash)", plain["count"], plain["delta"],
-             plain["per_url"], plain["key_usage_per_url"], None, plain["seconds"]],
+            [
+                "queued URL, compact frontier (Frontier.push)",
+                queued["count"],
+                queued["delta"],
+                queued["per_url"],
+                queued["key_usage_per_url"],
+                queued["entry_bytes"],
+                queued["seconds"],
+            ],
+            [
+                "seen URL, dedup set (8-byte fingerprint)",
+                seen["count"],
+                seen["delta"],
+                seen["per_url"],
+                seen["key_usage_per_url"],
+                seen["entry_bytes"],
+                seen["seconds"],
+            ],
+            [
+                "seen URL, dedup set, added by Frontier._mark_seen (ADD_SEEN)",
+                marked["count"],
+                marked["delta"],
+                marked["per_url"],
+                marked["key_usage_per_url"],
+                marked["entry_bytes"],
+                marked["seconds"],
+            ],
+            [
+                "seen URL that expires, time buckets (revisit_after)",
+                expiring["count"],
+                expiring["delta"],
+                expiring["per_url"],
+                expiring["key_usage_per_url"],
+                expiring["entry_bytes"],
+                expiring["seconds"],
+            ],
+            [
+                "seen URL in a sorted set fingerprint -> time (contrast)",
+                zset["count"],
+                zset["delta"],
+                zset["per_url"],
+                zset["key_usage_per_url"],
+                zset["entry_bytes"],
+                zset["seconds"],
+            ],
+            [
+                f"plain RQ job, JSON, description=url ({plain['encoding']} hash)",
+                plain["count"],
+                plain["delta"],
+                plain["per_url"],
+                plain["key_usage_per_url"],
+                None,
+                plain["seconds"],
+            ],
         ],
     )
     redis.reset()
@@ -208,15 +359,40 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     rows = []
     for i, kind in enumerate(("download (1 thread)", "parse (1 thread)")):
         last = rss["last"][i]
-        rows.append([kind, rss["pages"], last[0] / 2**20 if last else None, last[1] / 2**20 if last else None,
-                     rss["peak"][i] / 2**20])
-    result.table(f"worker RSS after crawling {products} products ({rss['pages']} requests, {rss['items']} items)",
-                 ["process", "requests", "RSS MiB (last sample)", "USS MiB (last sample)", "peak RSS MiB"], rows)
-    result.checks.append(Check(f"Redis bytes per queued URL at {urls:,}", f"{queued['per_url']:.1f}",
-                               f"<= {TARGET}", queued["per_url"] <= TARGET))
+        rows.append(
+            [
+                kind,
+                rss["pages"],
+                last[0] / 2**20 if last else None,
+                last[1] / 2**20 if last else None,
+                rss["peak"][i] / 2**20,
+            ]
+        )
+    result.table(
+        f"worker RSS after crawling {products} products ({rss['pages']} requests, {rss['items']} items)",
+        ["process", "requests", "RSS MiB (last sample)", "USS MiB (last sample)", "peak RSS MiB"],
+        rows,
+    )
+    result.checks.append(
+        Check(
+            f"Redis bytes per queued URL at {urls:,}",
+            f"{queued['per_url']:.1f}",
+            f"<= {TARGET}",
+            queued["per_url"] <= TARGET,
+        )
+    )
     result.checks.append(Check("Redis bytes per seen URL", f"{seen['per_url']:.1f}", "-", None))
+    result.checks.append(
+        Check(
+            "Redis bytes per seen URL that expires (buckets)",
+            f"{expiring['per_url']:.1f}",
+            f"<= {seen['per_url']:.1f} (plain set)",
+            expiring["per_url"] <= seen["per_url"] * 1.02,
+        )
+    )
     result.checks.append(Check("plain RQ job per URL (contrast)", f"{plain['per_url']:.0f}", "-", None))
-    result.checks.append(Check("download / parse worker RSS (MiB)",
-                               " / ".join(f"{r[2]:.0f}" if r[2] else "-" for r in rows), "-", None))
+    result.checks.append(
+        Check("download / parse worker RSS (MiB)", " / ".join(f"{r[2]:.0f}" if r[2] else "-" for r in rows), "-", None)
+    )
     result.seconds = time.monotonic() - started
     return result

@@ -47,8 +47,10 @@ CRAWL_TIMEOUT = 120.0
 def run_config(redis: BenchRedis, workers: int, processes: int, products: int) -> dict[str, object]:
     """Crawl a fresh shop with ``workers`` download workers over ``processes`` processes."""
     site = f"pol_w{workers}_p{processes}_{redis.tag}"
-    with tempfile.TemporaryDirectory(prefix="bench-pol-") as tmp, \
-            ShopSite(products=products, per_page=PER_PAGE, faults=False) as shop:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-pol-") as tmp,
+        ShopSite(products=products, per_page=PER_PAGE, faults=False) as shop,
+    ):
         settings = crawl_settings(Path(tmp), redis.url, [site], {site: INTERVAL})
         rt = Runtime(redis.connection, settings)
         seed(rt.frontier(site), [shop.url + "/"])
@@ -83,10 +85,18 @@ def run_config(redis: BenchRedis, workers: int, processes: int, products: int) -
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     products = QUICK_PRODUCTS if quick else PRODUCTS
     configs = QUICK_CONFIGS if quick else CONFIGS
-    result = BenchResult("politeness", {
-        "interval_s": INTERVAL, "products": products, "per_page": PER_PAGE, "faults": False,
-        "configs (workers, processes)": configs, "parse_processes": PARSERS, "steady window": "p10-p90 of arrivals",
-    })
+    result = BenchResult(
+        "politeness",
+        {
+            "interval_s": INTERVAL,
+            "products": products,
+            "per_page": PER_PAGE,
+            "faults": False,
+            "configs (workers, processes)": configs,
+            "parse_processes": PARSERS,
+            "steady window": "p10-p90 of arrivals",
+        },
+    )
     started = time.monotonic()
     rows = []
     worst = 0
@@ -94,23 +104,57 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     for workers, processes in configs:
         r = run_config(redis, workers, processes, products)
         result.params["gate_margin_s"] = r["margin"]
-        rows.append([r["workers"], r["processes"], r["threads"], r["requests"], r["items"], r["too_close"],
-                     r["min_gap_ms"], r["rate"], r["vs_budget"], r["vs_gate"], r["seconds"], r["drained"]])
+        rows.append(
+            [
+                r["workers"],
+                r["processes"],
+                r["threads"],
+                r["requests"],
+                r["items"],
+                r["too_close"],
+                r["min_gap_ms"],
+                r["rate"],
+                r["vs_budget"],
+                r["vs_gate"],
+                r["seconds"],
+                r["drained"],
+            ]
+        )
         worst += int(r["too_close"])  # type: ignore[call-overload]
         gap = r["min_gap_ms"]
         if isinstance(gap, float):
             smallest = gap if smallest is None else min(smallest, gap)
-        print(f"  politeness {workers} workers / {processes} processes: {r['requests']} requests, "
-              f"{r['too_close']} too close, min gap {gap} ms, {r['rate']:.2f} req/s", flush=True)
+        print(
+            f"  politeness {workers} workers / {processes} processes: {r['requests']} requests, "
+            f"{r['too_close']} too close, min gap {gap} ms, {r['rate']:.2f} req/s",
+            flush=True,
+        )
     result.table(
         f"one site, interval {INTERVAL * 1000:g} ms, measured at the server",
-        ["workers", "procs", "threads/proc", "requests", "items", "gaps < interval", "min gap ms",
-         "steady req/s", "rate / (1/interval)", "rate / (1/(interval+margin))", "wall s", "drained"],
+        [
+            "workers",
+            "procs",
+            "threads/proc",
+            "requests",
+            "items",
+            "gaps < interval",
+            "min gap ms",
+            "steady req/s",
+            "rate / (1/interval)",
+            "rate / (1/(interval+margin))",
+            "wall s",
+            "drained",
+        ],
         rows,
     )
-    result.checks.append(Check("requests closer than the interval, all configurations", str(worst), "0",
-                               worst == 0))
-    result.checks.append(Check("smallest gap seen", f"{smallest:.1f} ms" if smallest else "-",
-                               f">= {INTERVAL * 1000:g} ms", None if smallest is None else smallest >= INTERVAL * 1000))
+    result.checks.append(Check("requests closer than the interval, all configurations", str(worst), "0", worst == 0))
+    result.checks.append(
+        Check(
+            "smallest gap seen",
+            f"{smallest:.1f} ms" if smallest else "-",
+            f">= {INTERVAL * 1000:g} ms",
+            None if smallest is None else smallest >= INTERVAL * 1000,
+        )
+    )
     result.seconds = time.monotonic() - started
     return result

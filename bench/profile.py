@@ -104,28 +104,54 @@ def main(argv: list[str] | None = None) -> int:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-profile-"))
     out.mkdir(parents=True, exist_ok=True)
-    with bench_redis() as redis, ShopSite(products=args.products, per_page=throughput.PER_PAGE, faults=False) as shop, \
-            tempfile.TemporaryDirectory(prefix="bench-prof-") as tmp:
+    with (
+        bench_redis() as redis,
+        ShopSite(products=args.products, per_page=throughput.PER_PAGE, faults=False) as shop,
+        tempfile.TemporaryDirectory(prefix="bench-prof-") as tmp,
+    ):
         site = f"thr_{redis.tag}"
-        settings = crawl_settings(Path(tmp), redis.url, [site], {site: throughput.INTERVAL},
-                                  gate_margin=throughput.GATE_MARGIN)
+        settings = crawl_settings(
+            Path(tmp), redis.url, [site], {site: throughput.INTERVAL}, gate_margin=throughput.GATE_MARGIN
+        )
         rt = Runtime(redis.connection, settings)
         seed(rt.frontier(site), [shop.url + "/"])
         rt.close()
-        specs = [WorkerSpec("download", (site,), threads=throughput.DOWNLOAD_THREADS, burst=True)] \
-            * throughput.DOWNLOAD_PROCESSES
-        specs += [WorkerSpec("parse", (site,), threads=throughput.PARSE_THREADS, burst=True)] \
-            * throughput.PARSE_PROCESSES
+        specs = [
+            WorkerSpec("download", (site,), threads=throughput.DOWNLOAD_THREADS, burst=True)
+        ] * throughput.DOWNLOAD_PROCESSES
+        specs += [
+            WorkerSpec("parse", (site,), threads=throughput.PARSE_THREADS, burst=True)
+        ] * throughput.PARSE_PROCESSES
         first = len(shop.requests)
         before = command_stats(redis.connection)
         procs = start_workers(specs, settings, redis.url)
         spies = []
         for spec, proc in zip(specs, procs, strict=True):
             raw = out / f"{proc.name}.txt"
-            spies.append((spec.kind, raw, subprocess.Popen(
-                [py_spy, "record", "--pid", str(proc.pid), "--rate", str(args.rate), "--format", "raw",
-                 "--output", str(raw), "--threads", "--gil"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+            spies.append(
+                (
+                    spec.kind,
+                    raw,
+                    subprocess.Popen(
+                        [
+                            py_spy,
+                            "record",
+                            "--pid",
+                            str(proc.pid),
+                            "--rate",
+                            str(args.rate),
+                            "--format",
+                            "raw",
+                            "--output",
+                            str(raw),
+                            "--threads",
+                            "--gil",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    ),
+                )
+            )
         wall, drained = run_until_exit(procs, throughput.CRAWL_TIMEOUT)
         for _, _, spy in spies:
             spy.wait(30)

@@ -121,12 +121,21 @@ def _process_cpu(pid: int | None) -> float | None:
     return float(times.user + times.system)
 
 
-def figures(name: str, pages: int, items: int, wall: float, cpu: float, server_cpu: float,
-            steady: float, extra: dict[str, Any]) -> dict[str, Any]:
+def figures(
+    name: str, pages: int, items: int, wall: float, cpu: float, server_cpu: float, steady: float, extra: dict[str, Any]
+) -> dict[str, Any]:
     return {
-        "name": name, "pages": pages, "items": items, "wall": wall, "pages_per_s": pages / wall,
-        "steady": steady, "cpu": cpu, "cpu_ms_per_page": cpu * 1000 / pages, "pages_per_cpu_s": pages / cpu,
-        "server_cpu": server_cpu, **extra,
+        "name": name,
+        "pages": pages,
+        "items": items,
+        "wall": wall,
+        "pages_per_s": pages / wall,
+        "steady": steady,
+        "cpu": cpu,
+        "cpu_ms_per_page": cpu * 1000 / pages,
+        "pages_per_cpu_s": pages / cpu,
+        "server_cpu": server_cpu,
+        **extra,
     }
 
 
@@ -140,8 +149,12 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]
     specs += [WorkerSpec("parse", (site,), threads=PARSE_THREADS, burst=True)] * PARSE_PROCESSES
     redis_pid = redis.server_pid()
     first = len(shop.requests)
-    stats, children, parent, server = command_stats(redis.connection), _children_cpu(), _self_cpu(), \
-        _process_cpu(redis_pid)
+    stats, children, parent, server = (
+        command_stats(redis.connection),
+        _children_cpu(),
+        _self_cpu(),
+        _process_cpu(redis_pid),
+    )
     procs = start_workers(specs, settings, redis.url)
     wall, drained = run_until_exit(procs, CRAWL_TIMEOUT)
     workers_cpu = _children_cpu() - children
@@ -152,13 +165,23 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]
     requests = shop.requests[first:]
     pages = len(requests)
     cpu = workers_cpu + (redis_cpu or 0.0)
-    return figures("crawler", pages, stored_items(settings.database_url, site), wall, cpu, parent_cpu,
-                   steady_rate([e.time for e in requests]), {
-                       "workers_cpu": workers_cpu, "redis_cpu": redis_cpu, "drained": drained,
-                       "redis_commands_per_page": sum(commands.values()) / pages,
-                       "evalsha_per_page": commands.get("evalsha", 0) / pages,
-                       "top_commands": sorted(commands.items(), key=lambda kv: -kv[1])[:8],
-                   })
+    return figures(
+        "crawler",
+        pages,
+        stored_items(settings.database_url, site),
+        wall,
+        cpu,
+        parent_cpu,
+        steady_rate([e.time for e in requests]),
+        {
+            "workers_cpu": workers_cpu,
+            "redis_cpu": redis_cpu,
+            "drained": drained,
+            "redis_commands_per_page": sum(commands.values()) / pages,
+            "evalsha_per_page": commands.get("evalsha", 0) / pages,
+            "top_commands": sorted(commands.items(), key=lambda kv: -kv[1])[:8],
+        },
+    )
 
 
 def run_scrapy(python: str, shop: ShopSite, workdir: Path) -> dict[str, Any]:
@@ -166,10 +189,29 @@ def run_scrapy(python: str, shop: ShopSite, workdir: Path) -> dict[str, Any]:
     spider.write_text(SCRAPY_SPIDER)
     feed = workdir / "items.jsonl"
     args = [
-        python, "-m", "scrapy", "runspider", str(spider), "-a", f"start={shop.url}/", "-O", str(feed),
-        "-s", "ROBOTSTXT_OBEY=True", "-s", "LOG_LEVEL=WARNING", "-s", f"CONCURRENT_REQUESTS={SCRAPY_CONCURRENCY}",
-        "-s", f"CONCURRENT_REQUESTS_PER_DOMAIN={SCRAPY_CONCURRENCY}", "-s", "DOWNLOAD_DELAY=0",
-        "-s", "TELNETCONSOLE_ENABLED=False", "-s", "AUTOTHROTTLE_ENABLED=False",
+        python,
+        "-m",
+        "scrapy",
+        "runspider",
+        str(spider),
+        "-a",
+        f"start={shop.url}/",
+        "-O",
+        str(feed),
+        "-s",
+        "ROBOTSTXT_OBEY=True",
+        "-s",
+        "LOG_LEVEL=WARNING",
+        "-s",
+        f"CONCURRENT_REQUESTS={SCRAPY_CONCURRENCY}",
+        "-s",
+        f"CONCURRENT_REQUESTS_PER_DOMAIN={SCRAPY_CONCURRENCY}",
+        "-s",
+        "DOWNLOAD_DELAY=0",
+        "-s",
+        "TELNETCONSOLE_ENABLED=False",
+        "-s",
+        "AUTOTHROTTLE_ENABLED=False",
     ]
     first = len(shop.requests)
     children, parent = _children_cpu(), _self_cpu()
@@ -184,51 +226,102 @@ def run_scrapy(python: str, shop: ShopSite, workdir: Path) -> dict[str, Any]:
     skus = {json.loads(line)["sku"] for line in lines if line.strip()}
     requests = shop.requests[first:]
     pages = len(requests)
-    return figures("Scrapy", pages, len(skus), wall, scrapy_cpu, parent_cpu,
-                   steady_rate([e.time for e in requests]),
-                   {"item_lines": len(lines), "stderr_tail": completed.stderr.strip().splitlines()[-3:]})
+    return figures(
+        "Scrapy",
+        pages,
+        len(skus),
+        wall,
+        scrapy_cpu,
+        parent_cpu,
+        steady_rate([e.time for e in requests]),
+        {"item_lines": len(lines), "stderr_tail": completed.stderr.strip().splitlines()[-3:]},
+    )
 
 
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     products = QUICK_PRODUCTS if quick else PRODUCTS
     python = scrapy_python()
-    result = BenchResult("throughput", {
-        "products": products, "per_page": PER_PAGE, "faults": False, "latency": 0,
-        "ours": f"{DOWNLOAD_PROCESSES} download processes x {DOWNLOAD_THREADS} threads + "
-                f"{PARSE_PROCESSES} parse process x {PARSE_THREADS}, interval {INTERVAL} s, gate_margin {GATE_MARGIN}, "
-                "SQLite store",
-        "scrapy": f"CONCURRENT_REQUESTS(_PER_DOMAIN)={SCRAPY_CONCURRENCY}, ROBOTSTXT_OBEY=True, "
-                  "LOG_LEVEL=WARNING, JSON lines feed",
-        "scrapy python": python or "not found",
-    })
+    result = BenchResult(
+        "throughput",
+        {
+            "products": products,
+            "per_page": PER_PAGE,
+            "faults": False,
+            "latency": 0,
+            "ours": f"{DOWNLOAD_PROCESSES} download processes x {DOWNLOAD_THREADS} threads + "
+            f"{PARSE_PROCESSES} parse process x {PARSE_THREADS}, interval {INTERVAL} s, gate_margin {GATE_MARGIN}, "
+            "SQLite store",
+            "scrapy": f"CONCURRENT_REQUESTS(_PER_DOMAIN)={SCRAPY_CONCURRENCY}, ROBOTSTXT_OBEY=True, "
+            "LOG_LEVEL=WARNING, JSON lines feed",
+            "scrapy python": python or "not found",
+        },
+    )
     started = time.monotonic()
     runs: list[dict[str, Any]] = []
-    with ShopSite(products=products, per_page=PER_PAGE, faults=False) as shop, \
-            tempfile.TemporaryDirectory(prefix="bench-thr-") as tmp:
+    with (
+        ShopSite(products=products, per_page=PER_PAGE, faults=False) as shop,
+        tempfile.TemporaryDirectory(prefix="bench-thr-") as tmp,
+    ):
         ours = run_ours(redis, shop, Path(tmp) / "ours")
         runs.append(ours)
-        print(f"  throughput: crawler {ours['pages']} pages in {ours['wall']:.1f} s, "
-              f"{ours['cpu_ms_per_page']:.1f} CPU ms/page", flush=True)
+        print(
+            f"  throughput: crawler {ours['pages']} pages in {ours['wall']:.1f} s, "
+            f"{ours['cpu_ms_per_page']:.1f} CPU ms/page",
+            flush=True,
+        )
         if python is not None:
             (Path(tmp) / "scrapy").mkdir()
             theirs = run_scrapy(python, shop, Path(tmp) / "scrapy")
             runs.append(theirs)
-            print(f"  throughput: Scrapy {theirs['pages']} pages in {theirs['wall']:.1f} s, "
-                  f"{theirs['cpu_ms_per_page']:.1f} CPU ms/page", flush=True)
+            print(
+                f"  throughput: Scrapy {theirs['pages']} pages in {theirs['wall']:.1f} s, "
+                f"{theirs['cpu_ms_per_page']:.1f} CPU ms/page",
+                flush=True,
+            )
         else:
             result.notes.append("Scrapy not found: set BENCH_SCRAPY_PYTHON (see bench/requirements.txt)")
     result.table(
         "end to end on one zero-latency site",
-        ["crawler", "pages", "items", "wall s", "pages/s (wall)", "pages/s (steady p10-p90)", "CPU s",
-         "CPU ms/page", "pages per CPU-s", "shop server CPU s"],
-        [[r["name"], r["pages"], r["items"], r["wall"], r["pages_per_s"], r["steady"], r["cpu"], r["cpu_ms_per_page"],
-          r["pages_per_cpu_s"], r["server_cpu"]] for r in runs],
+        [
+            "crawler",
+            "pages",
+            "items",
+            "wall s",
+            "pages/s (wall)",
+            "pages/s (steady p10-p90)",
+            "CPU s",
+            "CPU ms/page",
+            "pages per CPU-s",
+            "shop server CPU s",
+        ],
+        [
+            [
+                r["name"],
+                r["pages"],
+                r["items"],
+                r["wall"],
+                r["pages_per_s"],
+                r["steady"],
+                r["cpu"],
+                r["cpu_ms_per_page"],
+                r["pages_per_cpu_s"],
+                r["server_cpu"],
+            ]
+            for r in runs
+        ],
     )
     result.table(
         "our CPU and Redis use",
         ["worker processes CPU s", "redis-server CPU s", "Redis commands/page", "EVALSHA/page", "top commands"],
-        [[ours["workers_cpu"], ours["redis_cpu"], ours["redis_commands_per_page"], ours["evalsha_per_page"],
-          ", ".join(f"{name} {n / ours['pages']:.1f}" for name, n in ours["top_commands"])]],
+        [
+            [
+                ours["workers_cpu"],
+                ours["redis_cpu"],
+                ours["redis_commands_per_page"],
+                ours["evalsha_per_page"],
+                ", ".join(f"{name} {n / ours['pages']:.1f}" for name, n in ours["top_commands"]),
+            ]
+        ],
     )
     if not ours["drained"]:
         result.notes.append("our workers did not drain the crawl within the time limit")
@@ -242,7 +335,8 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         wall_ratio = ours["pages_per_s"] / theirs["pages_per_s"]
         result.checks.append(Check("ours / Scrapy, pages per second (wall)", f"{wall_ratio:.2f}", "reported", None))
         complete = ours["items"] == products and theirs["items"] == products
-        result.checks.append(Check("both stored every item", f"{ours['items']} / {theirs['items']}",
-                                   f"{products} each", complete))
+        result.checks.append(
+            Check("both stored every item", f"{ours['items']} / {theirs['items']}", f"{products} each", complete)
+        )
     result.seconds = time.monotonic() - started
     return result

@@ -119,10 +119,19 @@ def site_rows(names: list[str], per_site: list[list[float]], window: float) -> l
     for name, (latency, interval), times in zip(names, SITES, per_site, strict=True):
         spacing = gaps(times)
         mean_gap = statistics.fmean(spacing) if spacing else None
-        rows.append([name, latency * 1000, interval * 1000, 1 / interval, len(times) / window,
-                     len(times) / window * interval, sum(1 for g in spacing if g < interval),
-                     min(spacing) * 1000 if spacing else None,
-                     (mean_gap - interval) * 1000 if mean_gap else None])
+        rows.append(
+            [
+                name,
+                latency * 1000,
+                interval * 1000,
+                1 / interval,
+                len(times) / window,
+                len(times) / window * interval,
+                sum(1 for g in spacing if g < interval),
+                min(spacing) * 1000 if spacing else None,
+                (mean_gap - interval) * 1000 if mean_gap else None,
+            ]
+        )
     return rows
 
 
@@ -133,9 +142,13 @@ def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float,
     try:
         with tempfile.TemporaryDirectory(prefix="bench-util-") as tmp:
             overrides = {} if config.margin is None else {"gate_margin": config.margin}
-            settings = crawl_settings(Path(tmp), redis.url, names,
-                                      {name: interval for name, (_, interval) in zip(names, SITES, strict=True)},
-                                      **overrides)
+            settings = crawl_settings(
+                Path(tmp),
+                redis.url,
+                names,
+                {name: interval for name, (_, interval) in zip(names, SITES, strict=True)},
+                **overrides,
+            )
             rt = Runtime(redis.connection, settings)
             for name, shop in zip(names, shops, strict=True):
                 seed(rt.frontier(name), [f"{shop.url}/product/{i}" for i in range(1, PRODUCTS + 1)])
@@ -149,10 +162,13 @@ def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float,
             try:
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and not any(
-                        len(shop.requests) > n for shop, n in zip(shops, before, strict=True)):
+                    len(shop.requests) > n for shop, n in zip(shops, before, strict=True)
+                ):
                     time.sleep(0.05)
-                first = min((shop.requests[n].time for shop, n in zip(shops, before, strict=True)
-                             if len(shop.requests) > n), default=time.time())
+                first = min(
+                    (shop.requests[n].time for shop, n in zip(shops, before, strict=True) if len(shop.requests) > n),
+                    default=time.time(),
+                )
                 start, end = first + warmup, first + warmup + window
                 time.sleep(max(0.0, end - time.time()) + 0.5)
             finally:
@@ -166,8 +182,11 @@ def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float,
     total = sum(len(t) for t in per_site) / window
     rows = site_rows(names, per_site, window)
     return Outcome(
-        rows=rows, total=total, ratio=total / sum(1 / interval for _, interval in SITES),
-        ratio_gate=total / sum(1 / (interval + margin) for _, interval in SITES), margin=margin,
+        rows=rows,
+        total=total,
+        ratio=total / sum(1 / interval for _, interval in SITES),
+        ratio_gate=total / sum(1 / (interval + margin) for _, interval in SITES),
+        margin=margin,
         too_close=sum(int(r[6]) for r in rows),  # type: ignore[call-overload]
     )
 
@@ -208,8 +227,17 @@ def run_naive(redis: BenchRedis, workers: int, warmup: float, window: float, mar
     return total, total / sum(1 / interval for _, interval in SITES)
 
 
-SITE_HEADER = ["site", "latency ms", "interval ms", "budget req/s", "achieved req/s", "rate / budget",
-               "gaps < interval", "min gap ms", "mean gap - interval ms"]
+SITE_HEADER = [
+    "site",
+    "latency ms",
+    "interval ms",
+    "budget req/s",
+    "achieved req/s",
+    "rate / budget",
+    "gaps < interval",
+    "min gap ms",
+    "mean gap - interval ms",
+]
 
 
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
@@ -218,41 +246,93 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     configs = [MAIN] if quick else [MAIN, *EXTRA]
     budget = sum(1 / interval for _, interval in SITES)
     busy = sum(latency / interval for latency, interval in SITES)
-    result = BenchResult("utilization", {
-        "sites (latency s, interval s)": SITES, "products_per_site (all seeded)": PRODUCTS,
-        "runs (download processes x threads, gate_margin)":
-            [(c.processes, c.threads, DEFAULT_GATE_MARGIN if c.margin is None else c.margin) for c in configs],
-        "parse_processes": PARSERS, "warmup_s": warmup, "window_s": window,
-        "budget req/s (sum 1/interval)": round(budget, 2),
-        "worker-seconds/s waiting on responses at budget": round(busy, 2),
-    })
+    result = BenchResult(
+        "utilization",
+        {
+            "sites (latency s, interval s)": SITES,
+            "products_per_site (all seeded)": PRODUCTS,
+            "runs (download processes x threads, gate_margin)": [
+                (c.processes, c.threads, DEFAULT_GATE_MARGIN if c.margin is None else c.margin) for c in configs
+            ],
+            "parse_processes": PARSERS,
+            "warmup_s": warmup,
+            "window_s": window,
+            "budget req/s (sum 1/interval)": round(budget, 2),
+            "worker-seconds/s waiting on responses at budget": round(busy, 2),
+        },
+    )
     started = time.monotonic()
     summary: list[list[object]] = []
     outcomes: list[Outcome] = []
     for i, config in enumerate(configs):
         outcome = run_crawler(redis, config, warmup, window, str(i))
         outcomes.append(outcome)
-        summary.append([f"crawler, {config.label}", config.workers, outcome.margin * 1000, outcome.total,
-                        outcome.ratio, outcome.ratio_gate, outcome.too_close])
-        result.table(f"per site, {config.label}: requests arriving in a {window:g} s window after {warmup:g} s",
-                     SITE_HEADER, outcome.rows)
-        print(f"  utilization, {config.label}: {outcome.total:.2f} req/s of {budget:.2f} ({outcome.ratio:.3f}; "
-              f"{outcome.ratio_gate:.3f} of what the gates allow)", flush=True)
+        summary.append(
+            [
+                f"crawler, {config.label}",
+                config.workers,
+                outcome.margin * 1000,
+                outcome.total,
+                outcome.ratio,
+                outcome.ratio_gate,
+                outcome.too_close,
+            ]
+        )
+        result.table(
+            f"per site, {config.label}: requests arriving in a {window:g} s window after {warmup:g} s",
+            SITE_HEADER,
+            outcome.rows,
+        )
+        print(
+            f"  utilization, {config.label}: {outcome.total:.2f} req/s of {budget:.2f} ({outcome.ratio:.3f}; "
+            f"{outcome.ratio_gate:.3f} of what the gates allow)",
+            flush=True,
+        )
     naive_total, naive_ratio = run_naive(redis, MAIN.workers, NAIVE_WARMUP, naive_window, DEFAULT_GATE_MARGIN)
-    summary.append(["naive round-robin, wait on the gate", MAIN.workers, DEFAULT_GATE_MARGIN * 1000, naive_total,
-                    naive_ratio, naive_total / sum(1 / (i + DEFAULT_GATE_MARGIN) for _, i in SITES), None])
+    summary.append(
+        [
+            "naive round-robin, wait on the gate",
+            MAIN.workers,
+            DEFAULT_GATE_MARGIN * 1000,
+            naive_total,
+            naive_ratio,
+            naive_total / sum(1 / (i + DEFAULT_GATE_MARGIN) for _, i in SITES),
+            None,
+        ]
+    )
     print(f"  utilization, naive: {naive_total:.2f} req/s ({naive_ratio:.3f})", flush=True)
-    result.table("total", ["configuration", "workers", "gate_margin ms", "achieved req/s", "rate / budget",
-                           "rate / sum 1/(interval+margin)", "gaps < interval"], summary)
+    result.table(
+        "total",
+        [
+            "configuration",
+            "workers",
+            "gate_margin ms",
+            "achieved req/s",
+            "rate / budget",
+            "rate / sum 1/(interval+margin)",
+            "gaps < interval",
+        ],
+        summary,
+    )
     main = outcomes[0]
-    result.checks.append(Check(f"achieved rate / sum of budgets, {MAIN.label}", f"{main.ratio:.3f}",
-                               f">= {TARGET}", main.ratio >= TARGET))
+    result.checks.append(
+        Check(
+            f"achieved rate / sum of budgets, {MAIN.label}", f"{main.ratio:.3f}", f">= {TARGET}", main.ratio >= TARGET
+        )
+    )
     for config, outcome in zip(configs[1:], outcomes[1:], strict=True):
-        result.checks.append(Check(f"achieved rate / sum of budgets, {config.label}", f"{outcome.ratio:.3f}",
-                                   f">= {TARGET}", outcome.ratio >= TARGET))
+        result.checks.append(
+            Check(
+                f"achieved rate / sum of budgets, {config.label}",
+                f"{outcome.ratio:.3f}",
+                f">= {TARGET}",
+                outcome.ratio >= TARGET,
+            )
+        )
     too_close = sum(o.too_close for o in outcomes)
-    result.checks.append(Check("requests closer than their site's interval, all runs", str(too_close), "0",
-                               too_close == 0))
+    result.checks.append(
+        Check("requests closer than their site's interval, all runs", str(too_close), "0", too_close == 0)
+    )
     result.checks.append(Check("naive round-robin for contrast", f"{naive_ratio:.3f}", "-", None))
     result.seconds = time.monotonic() - started
     return result

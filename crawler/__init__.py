@@ -3,7 +3,8 @@
 Spider authors need only the names below; everything else is internal.
 """
 
+from .pacing import Auto
 from .spider import Page, Request, Spider
 
-__all__ = ["Page", "Request", "Spider"]
+__all__ = ["Auto", "Page", "Request", "Spider"]
 __version__ = "0.1.0"

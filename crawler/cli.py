@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,8 +21,8 @@ import click
 import redis
 from redis import Redis
 
-from . import keys
-from .connection import EmbeddedRedis, connect, resolve_redis_url
+from . import keys, quarantine
+from .connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from .errors import ConfigError, CrawlerError
 from .export import FORMATS, with_history, write_items
 from .failures import FailedPage, failed_pages, retry_pages
@@ -29,10 +30,13 @@ from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
 from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
 from .policy import read_live, reset_live, resolve_policy, set_live
+from .reset import ResetResult, reset_site
 from .runtime import BUNDLED_SPIDERS, Runtime
-from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url
+from .screens import state
+from .seeding import SeedReport, open_lines, seed_lines, seed_start
+from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url, scrub, secrets_of
 from .spider import SpiderSet, load_spiders
-from .status import RateMeter, SiteStatus, known_sites, parse_backlog, site_status, workers_by_host
+from .status import SiteStatus, known_sites, parse_backlog, politeness, site_status, this_run, workers_by_host
 from .store import Store
 from .workers import crawl_drained
 
@@ -44,8 +48,10 @@ class Context:
     settings: Settings
     embedded: EmbeddedRedis | None = None
     started_embedded: bool = False
-    #: Stop an embedded Redis this command started when it ends (set by crawl and demo).
+    #: Stop an embedded Redis this command started when it ends (set by demo).
     stop_embedded: bool = False
+    #: Set by commands that only read: they never start a Redis server (status, metrics).
+    read_only: bool = False
     _redis_url: str | None = field(default=None, repr=False)
 
     @cached_property
@@ -54,18 +60,33 @@ class Context:
         ctx = click.get_current_context(silent=True)
         named = ctx.params.get("site") if ctx is not None else None  # its failure is the command's error
         for error in found.errors:
-            if error.module != named:
+            if named is None or named not in (error.module, error.site):
                 click.echo(f"warning: {error}", err=True)
         return found
+
+    @cached_property
+    def redis_choice(self) -> RedisChoice:
+        """Which Redis this command uses, and why (see ``connection.resolve_redis``)."""
+        return resolve_redis(self.settings.redis_url, self.settings.state_dir)
 
     @property
     def redis_url(self) -> str:
         if self._redis_url is None:
-            url, embedded = resolve_redis_url(self.settings.redis_url, self.settings.state_dir)
-            if embedded is not None:
-                self.started_embedded = embedded.start()
-                self.embedded = embedded
-            self._redis_url = url
+            choice = self.redis_choice
+            if choice.embedded is not None and not choice.embedded.running():
+                if self.read_only:
+                    raise ConfigError(no_redis_to_read(choice.embedded))
+                self.started_embedded = choice.embedded.start()
+                self.embedded = choice.embedded
+                if not self.stop_embedded:  # demo stops it when done: nothing to tell
+                    click.echo(
+                        f"started the embedded Redis server in {choice.embedded.state_dir} (it keeps its "
+                        "data there; `crawler redis stop` stops it)",
+                        err=True,
+                    )
+            elif choice.how == "localhost":
+                click.echo(f"note: Redis {choice.describe()}", err=True)
+            self._redis_url = choice.url
         return self._redis_url
 
     @cached_property
@@ -95,10 +116,16 @@ class CrawlerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CrawlerError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(_scrubbed(ctx, str(exc))) from None
         except redis.RedisError as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise click.ClickException(f"Redis error: {reason}") from None
+            raise click.ClickException(_scrubbed(ctx, f"Redis error: {reason}")) from None
+
+
+def _scrubbed(ctx: click.Context, message: str) -> str:
+    """``message`` without any secret of the configured URLs (a library's error may quote a URL whole)."""
+    settings = ctx.obj.settings if isinstance(ctx.obj, Context) else None
+    return scrub(message, secrets_of(settings))
 
 
 pass_context = click.make_pass_decorator(Context)
@@ -109,18 +136,41 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--sites", "sites_dir", type=click.Path(file_okay=False), help="Directory of spider modules [./sites].")
 @click.option("--redis-url", help="Redis URL ('embedded' for a private server) [env REDIS_URL].")
 @click.option("--database-url", help="SQLAlchemy database URL [env DATABASE_URL, sqlite:///crawler.db].")
-@click.option("--gate-margin", type=float, metavar="SECONDS",
-              help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.01].")
+@click.option(
+    "--gate-margin",
+    type=float,
+    metavar="SECONDS",
+    help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.01].",
+)
+@click.option(
+    "--http-cache",
+    is_flag=True,
+    default=None,
+    help="Development cache: replay pages stored under the state directory [env CRAWLER_HTTP_CACHE].",
+)
 @click.version_option(package_name="crawler")
 @click.pass_context
-def cli(ctx: click.Context, config_file: str | None, sites_dir: str | None,
-        redis_url: str | None, database_url: str | None, gate_margin: float | None) -> None:
+def cli(
+    ctx: click.Context,
+    config_file: str | None,
+    sites_dir: str | None,
+    redis_url: str | None,
+    database_url: str | None,
+    gate_margin: float | None,
+    http_cache: bool | None,
+) -> None:
     """Crawl many sites politely, with workers on any number of machines."""
     try:
-        settings = load_settings(config_file, sites_dir=sites_dir, redis_url=redis_url, database_url=database_url,
-                                 gate_margin=gate_margin)
+        settings = load_settings(
+            config_file,
+            sites_dir=sites_dir,
+            redis_url=redis_url,
+            database_url=database_url,
+            gate_margin=gate_margin,
+            http_cache=http_cache,
+        )
     except CrawlerError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(scrub(str(exc), secrets_of())) from None
     context = Context(settings)
     ctx.obj = context
     ctx.call_on_close(context.close)
@@ -136,26 +186,92 @@ def sites(obj: Context) -> None:
     table = Table("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
     for name, spider in sorted(obj.spider_set.spiders.items()):
         policy = resolve_policy(spider, obj.settings, {})
-        table.add_row(name, f"{policy.interval:g}", policy.sources["interval"], "yes" if policy.obey_robots else "no",
-                      ", ".join(spider().domains()) or "-", str(len(spider.start_urls)))
+        table.add_row(
+            name,
+            policy.interval_text,
+            policy.sources["interval"],
+            "yes" if policy.obey_robots else "no",
+            ", ".join(spider().domains()) or "-",
+            str(len(spider.start_urls)),
+        )
     Console().print(table)
 
 
 @cli.command()
 @click.argument("site")
 @click.argument("urls", nargs=-1)
+@click.option(
+    "--from",
+    "from_file",
+    metavar="FILE",
+    help="Read URLs from FILE, one a line ('-': stdin; .gz files are gunzipped), streamed in chunks.",
+)
 @click.option("--force", is_flag=True, help="Enqueue even URLs already seen (fetch them again now).")
-@click.option("--priority", default=SEED_PRIORITY, show_default=True, type=click.IntRange(*PRIORITY_RANGE),
-              help="Higher is fetched sooner (links found: 0, refreshes: -10).")
+@click.option(
+    "--priority",
+    default=SEED_PRIORITY,
+    show_default=True,
+    type=click.IntRange(*PRIORITY_RANGE),
+    help="Higher is fetched sooner (links found: 0, refreshes: -10).",
+)
+@click.option("--callback", default=None, metavar="NAME", help="Spider method to parse the seeded pages [parse].")
 @pass_context
-def seed(obj: Context, site: str, urls: tuple[str, ...], force: bool, priority: int) -> None:
+def seed(
+    obj: Context,
+    site: str,
+    urls: tuple[str, ...],
+    force: bool,
+    priority: int,
+    from_file: str | None = None,
+    callback: str | None = None,
+) -> None:
     """Enqueue start URLs for SITE (the spider's own when none are given)."""
     spider = obj.runtime.spider(obj.site(site))
-    chosen = list(urls) or [r.url for r in spider.start_requests()]
-    if not chosen:
-        raise ConfigError(f"site {site!r} has no start_urls: give URLs to seed")
-    result = seed_urls(obj.runtime.frontier(site), chosen, force=force, priority=priority)
+    if callback is not None:
+        try:
+            spider.callback(callback)
+        except AttributeError as exc:
+            raise ConfigError(str(exc)) from None
+    if from_file is not None:
+        if urls:
+            raise ConfigError("give URLs or --from FILE, not both")
+        _seed_from(obj, site, from_file, force, priority, callback or "parse")
+        return
+    if callback is not None and not urls:
+        raise ConfigError("--callback applies to the URLs given (or --from FILE), not to start_urls")
+    if urls:
+        result = seed_urls(
+            obj.runtime.frontier(site), urls, force=force, priority=priority, callback=callback or "parse"
+        )
+    else:  # the spider's own start requests, sitemaps included, each with its callback
+        result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _seed_from(obj: Context, site: str, path: str, force: bool, priority: int, callback: str) -> None:
+    """``seed --from``: stream the file's URLs in; bad lines are warnings, none good is the error."""
+    frontier = obj.runtime.frontier(site)
+    shown = [time.monotonic()]
+
+    def progress(report: SeedReport) -> None:  # on a terminal only: a pipe gets the summary alone
+        if time.monotonic() - shown[0] >= 1.0:
+            shown[0] = time.monotonic()
+            click.echo(f"\r{report.summary(site)} ...", err=True, nl=False)
+
+    with open_lines(path) as lines:
+        report = seed_lines(
+            frontier,
+            lines,
+            force=force,
+            priority=priority,
+            callback=callback,
+            progress=progress if sys.stderr.isatty() else None,
+        )
+    if sys.stderr.isatty():
+        click.echo("\r\033[K", err=True, nl=False)
+    for line in report.bad_lines():
+        click.echo(f"warning: {line}", err=True)
+    click.echo(report.summary(site))
 
 
 def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
@@ -171,23 +287,40 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="Workers per process.")
 @click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="json: one JSON object per log line, every job included (for log shippers).")
-@click.option("--metrics-port", type=click.IntRange(0, 65535),
-              help="Also serve the fleet's Prometheus metrics on this port (see `crawler metrics`).")
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per log line, every job included (for log shippers).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Also serve the fleet's Prometheus metrics on this port (see `crawler metrics`).",
+)
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address the metrics endpoint listens on.")
 @pass_context
-def worker(obj: Context, kind: str, site_list: str | None, processes: int, threads: int, burst: bool,
-           verbose: bool, log_format: str, metrics_port: int | None, metrics_host: str) -> None:
+def worker(
+    obj: Context,
+    kind: str,
+    site_list: str | None,
+    processes: int,
+    threads: int,
+    burst: bool,
+    verbose: bool,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
     """Run N download or parse worker processes."""
     served = _sites_option(site_list, obj)
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
     obj.redis.ping()
     level = "INFO" if verbose or log_format == "json" else "WARNING"
-    spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format,
-                      all_sites=not site_list)
+    spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format)
     server = _serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
-    click.echo(f"{processes} {kind} worker process(es) x {threads} on {redact_url(obj.redis_url)}", err=True)
+    click.echo(f"{processes} {kind} worker process(es) x {threads} on {obj.redis_choice.describe()}", err=True)
     try:
         code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
     finally:
@@ -200,30 +333,94 @@ def worker(obj: Context, kind: str, site_list: str | None, processes: int, threa
 @cli.command()
 @click.argument("site")
 @click.argument("urls", nargs=-1)
-@click.option("-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 256),
-              help="Download worker processes.")
-@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 64),
-              help="Download workers per process.")
+@click.option(
+    "-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 256), help="Download worker processes."
+)
+@click.option(
+    "--threads", default=2, show_default=True, type=click.IntRange(1, 64), help="Download workers per process."
+)
 @click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
+@click.option("--fresh", is_flag=True, help="Forget SITE's queued and seen URLs and counters first (crawler reset).")
+@click.option("--from", "from_file", metavar="FILE", help="Seed the URLs of FILE ('-': stdin), as seed --from does.")
 @pass_context
-def crawl(obj: Context, site: str, urls: tuple[str, ...], processes: int, threads: int, parsers: int) -> None:
+def crawl(
+    obj: Context,
+    site: str,
+    urls: tuple[str, ...],
+    processes: int,
+    threads: int,
+    parsers: int,
+    fresh: bool,
+    from_file: str | None = None,
+) -> None:
     """Seed SITE and run workers until the crawl is drained, showing progress."""
     obj.site(site)
-    click.get_current_context().invoke(seed, site=site, urls=urls, force=False, priority=SEED_PRIORITY)
-    run_crawl(obj, [site], processes, threads, parsers)
-    obj.stop_embedded = True  # drained: nothing left in a private Redis worth keeping
+    if fresh:
+        _report_reset(site, reset_site(obj.redis, site))
+    ctx = click.get_current_context()
+    ctx.invoke(seed, site=site, urls=urls, force=False, priority=SEED_PRIORITY, from_file=from_file)
+    click.echo(f"Redis: {obj.redis_choice.describe()}", err=True)
+    (run,) = run_crawl(obj, [site], processes, threads, parsers)
+    if not run.done and not run.parsed:
+        click.echo(
+            f"{site}: nothing new to crawl: every URL seeded was seen before (`crawler crawl --fresh` starts over)",
+            err=True,
+        )
+    if obj.redis_choice.embedded is not None:
+        click.echo(
+            "the embedded Redis server keeps running with the crawl's state (`crawler status` reads it; "
+            "`crawler redis stop` stops it)",
+            err=True,
+        )
 
 
-def run_crawl(obj: Context, sites_: list[str], processes: int, threads: int, parsers: int,
-              out: TextIO | None = None) -> list[SiteStatus]:
-    """Run burst workers for ``sites_`` with a progress display; returns the final status."""
+def _report_reset(site: str, result: ResetResult) -> None:
+    click.echo(
+        f"{site}: forgot {result.queued} queued and {result.seen} seen URLs and the counters "
+        "(items and fetch records kept)",
+        err=True,
+    )
+    if result.in_flight:
+        click.echo(f"warning: {site}: {result.in_flight} downloads in flight will finish and may queue links", err=True)
+
+
+@cli.command()
+@click.argument("site")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_context
+def reset(obj: Context, site: str, yes: bool) -> None:
+    """Forget SITE's queued URLs, seen set and counters, to crawl it again from the start."""
+    obj.site(site)
+    if not yes:
+        seen = obj.redis.scard(keys.seen(site))
+        try:
+            click.confirm(
+                f"Forget {site}'s queued URLs, its {seen} seen URLs and its counters? "
+                "Items and fetch records are kept.",
+                abort=True,
+                err=True,
+            )
+        except click.Abort:
+            raise ConfigError(f"{site} not reset (give --yes to skip the question)") from None
+    _report_reset(site, reset_site(obj.redis, site))
+
+
+def run_crawl(
+    obj: Context, sites_: list[str], processes: int, threads: int, parsers: int, out: TextIO | None = None
+) -> list[SiteStatus]:
+    """Run burst workers for ``sites_`` with a progress display; returns what this run did, per site.
+
+    The counters in Redis add up over every run since the site was seeded (or reset);
+    the summary and the result count only this run's downloads, parses and items.
+    """
     Store(obj.settings.database_url).close()
     specs = [WorkerSpec("download", tuple(sites_), threads, True)] * processes
     specs += [WorkerSpec("parse", tuple(sites_), 1, True)] * parsers
+    before = {status.site: status for status in site_status(obj.redis, sites_)}
     started = time.monotonic()
     workers = start_workers(specs, obj.settings, obj.redis_url)
     try:
-        with _progress(obj.redis, sites_) as refresh:
+        with _progress(obj.redis, sites_, obj.settings.database_url) as refresh:
             while any(p.is_alive() for p in workers):
                 refresh()
                 time.sleep(0.25)
@@ -231,13 +428,14 @@ def run_crawl(obj: Context, sites_: list[str], processes: int, threads: int, par
     except KeyboardInterrupt:
         stop_workers(workers)
         raise click.ClickException("interrupted: work left in the queues resumes with `crawler worker`") from None
-    final = site_status(obj.redis, sites_)
     elapsed = time.monotonic() - started
+    final = [this_run(status, before.get(status.site)) for status in site_status(obj.redis, sites_)]
     for status in final:
         click.echo(
             f"{status.site}: {status.fetched} fetched, {status.parsed} parsed, {status.items} items, "
             f"{status.failed} failed, {status.refused} refused in {elapsed:.1f}s"
-            f" ({status.fetched / elapsed if elapsed else 0:.1f} pages/s)",
+            f" ({status.fetched / elapsed if elapsed else 0:.1f} pages/s)"
+            + (f"; {status.cache_hits} from the development cache" if status.cache_hits else ""),
             file=out,
         )
     if not crawl_drained(obj.redis, sites_):
@@ -246,43 +444,101 @@ def run_crawl(obj: Context, sites_: list[str], processes: int, threads: int, par
 
 
 @contextmanager
-def _progress(connection: Redis, sites_: list[str]) -> Iterator[Callable[[], None]]:
-    """A live table on a terminal; a log line per site every 5 s otherwise (logs, CI, pipes)."""
+def _progress(connection: Redis, sites_: list[str], database_url: str | None = None) -> Iterator[Callable[[], None]]:
+    """A live table on a terminal; a log line per site every 5 s otherwise (logs, CI, pipes).
+
+    Both stages count: the parse backlog, downloads and parses per second, and an ETA
+    over what is left to download and to parse. With ``database_url``, the first
+    callback error of each kind is printed once, as it is recorded.
+    """
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
-    meter = RateMeter()
-    console = Console(stderr=True)
+    from .watch import ErrorWatch, Progress, Snapshot
 
-    def snapshot() -> list[tuple[SiteStatus, float, str]]:
-        statuses = site_status(connection, sites_)
-        meter.update(statuses)
-        return [(s, meter.rates.get(s.site, 0.0), format_eta(s.eta(meter.rates.get(s.site)))) for s in statuses]
+    progress = Progress()
+    console = Console(stderr=True)
+    errors = ErrorWatch(database_url, sites_) if database_url else None
+    last_poll = [0.0]
+
+    def snapshot() -> list[Snapshot]:
+        return progress.update(site_status(connection, sites_), parse_backlog(connection))
+
+    def report_errors(print_line: Callable[[str], None]) -> None:
+        if errors is not None and time.monotonic() - last_poll[0] >= ERRORS_POLL_EVERY:
+            last_poll[0] = time.monotonic()
+            for line in errors.poll():
+                print_line(line)
 
     def table() -> Table:
-        grid = Table("site", "done", "queued", "in flight", "retrying", "failed", "parsed", "items", "pages/s", "ETA")
-        for s, rate, eta in snapshot():
-            grid.add_row(s.site, str(s.done), str(s.queued), str(s.in_flight), str(s.scheduled), str(s.failed),
-                         str(s.parsed), str(s.items), f"{rate:.1f}", eta)
+        grid = Table(
+            "site",
+            "done",
+            "queued",
+            "in flight",
+            "retrying",
+            "failed",
+            "to parse",
+            "parsed",
+            "items",
+            "pages/s",
+            "parsed/s",
+            "ETA",
+        )
+        for p in snapshot():
+            s = p.status
+            grid.add_row(
+                s.site,
+                str(s.done),
+                str(s.queued),
+                str(s.in_flight),
+                str(s.scheduled),
+                str(s.failed),
+                str(p.to_parse),
+                str(s.parsed),
+                str(s.items),
+                f"{p.download_rate:.1f}",
+                f"{p.parse_rate:.1f}",
+                format_eta(p.eta),
+            )
         return grid
+
+    def plain(line: str) -> None:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
     if console.is_terminal:
         with Live(table(), console=console, refresh_per_second=4) as live:
-            yield lambda: live.update(table())
+
+            def refresh() -> None:
+                report_errors(lambda line: live.console.print(line, highlight=False, soft_wrap=True, markup=False))
+                live.update(table())
+
+            yield refresh
     else:
         last = [0.0]
 
         def log_line() -> None:
+            report_errors(plain)
             if time.monotonic() - last[0] >= PROGRESS_LOG_EVERY:
                 last[0] = time.monotonic()
-                for s, rate, eta in snapshot():
-                    console.print(f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
-                                  f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
-                                  f"items {s.items}, {rate:.1f} pages/s, ETA {eta}", highlight=False, soft_wrap=True)
+                for p in snapshot():
+                    s = p.status
+                    plain(
+                        f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
+                        f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
+                        f"to parse {p.to_parse}, parsed {s.parsed}, items {s.items}, "
+                        f"{p.download_rate:.1f} pages/s, {p.parse_rate:.1f} parsed/s, ETA {format_eta(p.eta)}"
+                    )
 
         yield log_line
+    if errors is not None:
+        for line in [*errors.poll(), *errors.closing_lines()]:
+            plain(line)
 
+
+#: Seconds between two looks for new callback errors during ``crawl``.
+ERRORS_POLL_EVERY = 1.0
 
 #: Seconds between progress lines when the output is not a terminal.
 PROGRESS_LOG_EVERY = 5.0
@@ -306,6 +562,7 @@ def format_eta(seconds: float | None) -> str:
 @pass_context
 def status(obj: Context, site: str | None, as_json: bool) -> None:
     """Per site: queued, in flight, done, failed."""
+    obj.read_only = True
     names = [obj.site(site)] if site else sorted(set(known_sites(obj.redis)) | set(obj.spider_set.spiders))
     statuses = site_status(obj.redis, names)
     rates = _observed_rates(obj, names)
@@ -313,30 +570,26 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
         s.rate = rates.get(s.site)
         if s.site in obj.spider_set.spiders:
             policy = resolve_policy(obj.spider_set.spiders[s.site], obj.settings, read_live(obj.redis, s.site))
-            s.interval, s.paused = policy.interval, policy.paused
-            s.interval_source = policy.sources.get("interval")
+            s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
+            now = politeness(obj.redis, s.site, policy)
+            s.interval, s.interval_why = now.interval, now.why
+            s.closed_for, s.closed_why = now.closed_for, now.closed_why
     hosts = workers_by_host(obj.redis)
     parsing = parse_backlog(obj.redis)
+    from rq.suspension import is_suspended
+
+    suspended = bool(is_suspended(obj.redis))  # `rq suspend`: no worker takes a job, whatever a site's state
     if as_json:
-        click.echo(json.dumps({"sites": [s.as_dict() for s in statuses], "parse": asdict(parsing), "workers": hosts},
-                              indent=2))
+        sites_ = [{**s.as_dict(), "state": state(s, suspended)} for s in statuses]
+        click.echo(
+            json.dumps({"sites": sites_, "parse": asdict(parsing), "workers": hosts, "suspended": suspended}, indent=2)
+        )
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table("site", "queued", "in flight", "retrying", "refreshes", "fetched", "parsed", "items", "failed",
-                  "refused", "req/s (1 min)", "interval (s)", "from", "state")
-    for s in statuses:
-        table.add_row(s.site, str(s.queued), str(s.in_flight), str(s.scheduled), str(s.refreshes), str(s.fetched),
-                      str(s.parsed), str(s.items), str(s.failed), str(s.refused),
-                      "-" if s.rate is None else f"{s.rate:.2f}", f"{s.interval:g}" if s.interval else "-",
-                      s.interval_source or "-", "paused" if s.paused else "running")
-    console = Console()
-    console.print(table)
-    console.print(f"parse jobs (all sites): {parsing.queued} queued, {parsing.in_flight} in flight", highlight=False)
-    for host, states in sorted(hosts.items()):
-        console.print(f"workers on {host}: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())),
-                      highlight=False)
+    from .screens import print_status
+
+    print_status(Console(), statuses, parsing, hosts, suspended)
 
 
 def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
@@ -404,8 +657,9 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
 @click.argument("site")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write [stdout].")
-@click.option("--history", is_flag=True,
-              help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601).")
+@click.option(
+    "--history", is_flag=True, help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601)."
+)
 @pass_context
 def export(obj: Context, site: str, fmt: str, output: str | None, history: bool) -> None:
     """Write SITE's items as JSON lines or CSV."""
@@ -428,10 +682,17 @@ def export(obj: Context, site: str, fmt: str, output: str | None, history: bool)
 @click.option("--traceback", "show_error", is_flag=True, help="Show each page's full error text.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (full errors included).")
 @click.option("--limit", type=click.IntRange(1), help="Show at most N pages.")
+@click.option("--quarantined", is_flag=True, help="List the jobs refused before running (unsafe or malformed).")
 @pass_context
-def failed(obj: Context, site: str | None, show_error: bool, as_json: bool, limit: int | None) -> None:
+def failed(
+    obj: Context, site: str | None, show_error: bool, as_json: bool, limit: int | None, quarantined: bool
+) -> None:
     """List failed pages (of SITE, or every site) with the reason."""
+    obj.read_only = True  # looks at Redis only for quarantined jobs: never starts a server
     name = obj.site(site) if site else None
+    if quarantined:
+        _print_quarantined(obj, name, as_json, limit)
+        return
     store = Store(obj.settings.database_url)
     try:
         pages = failed_pages(store, name, limit)
@@ -445,27 +706,45 @@ def failed(obj: Context, site: str | None, show_error: bool, as_json: bool, limi
         _print_failed(pages, show_error)
     if limit is not None and len(pages) == limit:
         click.echo(f"showing the first {limit} failed pages; raise --limit for more", err=True)
+    try:
+        refused = quarantine.count(obj.redis)
+    except (ConfigError, redis.RedisError):  # the failed pages are in the database; Redis is optional here
+        refused = 0
+    if refused:
+        click.echo(
+            f"{refused} job{'' if refused == 1 else 's'} quarantined (refused before running): "
+            "crawler failed --quarantined",
+            err=True,
+        )
+
+
+def _print_quarantined(obj: Context, site: str | None, as_json: bool, limit: int | None) -> None:
+    """The quarantined jobs and frontier entries (of SITE's queue and frontier when given), newest first."""
+    found = quarantine.entries(obj.redis)
+    if site is not None:
+        found = [
+            q
+            for q in found
+            if q.source in (keys.download_queue(site), keys.frontier(site))
+            or q.source.startswith(keys.frontier(site) + ":")
+        ]
+    found = found[:limit] if limit else found
+    if as_json:
+        click.echo(json.dumps([q.as_dict() for q in found], indent=2, ensure_ascii=False))
+        return
+    if not found:
+        click.echo("no quarantined jobs")
+    for q in found:
+        when = datetime.fromtimestamp(q.when, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        click.echo(f"{when}\t{q.source}\t{q.job_id or '-'}\t{q.reason}")
 
 
 def _print_failed(pages: list[FailedPage], show_error: bool) -> None:
-    from rich import box
     from rich.console import Console
-    from rich.table import Column, Table
-    from rich.text import Text
 
-    console = Console(highlight=False)
-    # Light borders, and URLs and reasons folded, never cut short, to fit a narrow terminal.
-    table = Table("site", Column("url", overflow="fold"), "kind", "status", "attempt", "finished (UTC)",
-                  Column("reason", overflow="fold"), box=box.SIMPLE_HEAD)
-    for page in pages:  # Text cells: a URL or an error may hold [brackets] rich would read as markup
-        table.add_row(*(Text(value) for value in (
-            page.site, page.url, page.kind, str(page.status or "-"), str(page.attempt),
-            page.finished.strftime("%Y-%m-%d %H:%M:%S"), page.reason)))
-    console.print(table)
-    if show_error:
-        for page in pages:
-            console.print(Text(f"\n{page.site} {page.url} ({page.kind}):", style="bold"), soft_wrap=True)
-            console.print(Text((page.error or page.reason).rstrip()), soft_wrap=True)  # copyable: no wrapping
+    from .screens import print_failed
+
+    print_failed(Console(highlight=False), pages, show_error)
 
 
 @cli.command()
@@ -487,8 +766,12 @@ def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> No
 @cli.command()
 @click.argument("site")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--plot", "plot_file", metavar="FILE",
-              help="Write charts to FILE: .html, or .png (needs crawler[plot]). SITE may then be a,b or all.")
+@click.option(
+    "--plot",
+    "plot_file",
+    metavar="FILE",
+    help="Write charts to FILE: .html, or .png (needs crawler[plot]). SITE may then be a,b or all.",
+)
 @pass_context
 def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None:
     """SITE's downloads: latency percentiles, statuses, pages per minute, slowest pages.
@@ -507,17 +790,25 @@ def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None
         summary = site_stats(store, site)
     finally:
         store.close()
+    cache = _cache_counts(obj, site)
     if as_json:
-        click.echo(json.dumps(summary.as_dict(), indent=2, default=str))
+        click.echo(json.dumps({**summary.as_dict(), "cache": cache}, indent=2, default=str))
         return
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
+    if cache["hits"] or cache["misses"]:
+        console.print(
+            f"development cache: {cache['hits']} hits (no request sent; in the counts below), {cache['misses']} misses",
+            highlight=False,
+        )
     lat = summary.latency
-    console.print(f"{site}: {summary.downloads} downloads; latency p50 {lat['p50'] * 1000:.0f} ms, "
-                  f"p90 {lat['p90'] * 1000:.0f} ms, p99 {lat['p99'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms",
-                  highlight=False)
+    console.print(
+        f"{site}: {summary.downloads} downloads; latency p50 {lat['p50'] * 1000:.0f} ms, "
+        f"p90 {lat['p90'] * 1000:.0f} ms, p99 {lat['p99'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms",
+        highlight=False,
+    )
     console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), highlight=False)
     console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in summary.statuses.items()), highlight=False)
     minutes = Table("minute (UTC)", "downloads")
@@ -528,6 +819,16 @@ def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None
     for row in summary.slowest:
         slow.add_row(row["url"], f"{row['elapsed']:.3f}", str(row["status"]))
     console.print(slow)
+
+
+def _cache_counts(obj: Context, site: str) -> dict[str, int]:
+    """The site's development-cache hits and misses from Redis (zeros when no Redis is running)."""
+    obj.read_only = True
+    try:
+        raw = obj.redis.hmget(keys.stats(site), "cache_hits", "cache_misses")
+    except CrawlerError:
+        return {"hits": 0, "misses": 0}
+    return {"hits": int(raw[0] or 0), "misses": int(raw[1] or 0)}
 
 
 def _plot_stats(obj: Context, spec: str, path: str, as_json: bool) -> None:
@@ -560,18 +861,26 @@ def _serve_metrics(obj: Context, host: str, port: int) -> Any:
     from .metrics import MetricsCollector, address, serve
 
     server = serve(MetricsCollector(obj.redis, obj.spider_set.spiders, obj.settings), host, port)
-    click.echo(f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_url(obj.redis_url)}",
-               err=True)
+    click.echo(
+        f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_url(obj.redis_url)}",
+        err=True,
+    )
     return server
 
 
 @cli.command("metrics")
-@click.option("--port", default=9108, show_default=True, type=click.IntRange(0, 65535),
-              help="Port to listen on (0: any free port).")
+@click.option(
+    "--port",
+    default=9108,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on (0: any free port).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @pass_context
 def metrics_(obj: Context, port: int, host: str) -> None:
     """Serve the fleet's Prometheus metrics, read from Redis on every scrape, until Ctrl-C."""
+    obj.read_only = True
     obj.redis.ping()
     server = _serve_metrics(obj, host, port)
     try:
@@ -603,8 +912,11 @@ def demo(obj: Context, products: int, processes: int) -> None:
         obj.settings = _replace(obj.settings, database_url=f"sqlite:///{db}")
     obj.stop_embedded = True
     with ShopSite(products=products, slow_every=50, slow_seconds=0.5) as shop:
-        click.echo(f"demo shop with {products} products at {shop.url}; Redis {redact_url(obj.redis_url)}; "
-                   f"database {redact_url(obj.settings.database_url)}", err=True)
+        click.echo(
+            f"demo shop with {products} products at {shop.url}; Redis {redact_url(obj.redis_url)}; "
+            f"database {redact_url(obj.settings.database_url)}",
+            err=True,
+        )
         obj.redis.delete(keys.seen("demo"), keys.stats("demo"))
         seed_urls(obj.runtime.frontier("demo"), [shop.url + "/"], force=True)
         run_crawl(obj, ["demo"], processes, 2, 1)
@@ -614,9 +926,11 @@ def demo(obj: Context, products: int, processes: int) -> None:
         gap = shop.min_gap()
         store.close()
     wrong = sum(1 for sku, item in expected.items() if got.get(sku) != item)
-    click.echo(f"items: {len(got)} stored, {len(expected)} expected, {wrong} missing or wrong; "
-               f"requests: {len(shop.requests)}, closest two {gap * 1000 if gap else 0:.1f} ms apart "
-               f"(interval {obj.runtime.policy('demo').interval * 1000:g} ms)")
+    click.echo(
+        f"items: {len(got)} stored, {len(expected)} expected, {wrong} missing or wrong; "
+        f"requests: {len(shop.requests)}, closest two {gap * 1000 if gap else 0:.1f} ms apart "
+        f"(interval {obj.runtime.policy('demo').interval * 1000:g} ms)"
+    )
     click.echo(f"export them with: crawler --database-url {obj.settings.database_url} export demo")
     if wrong:
         raise ConfigError(f"demo crawl is incomplete: {wrong} items missing or wrong")
@@ -626,6 +940,23 @@ def _replace(settings: Settings, **changes: Any) -> Settings:
     import dataclasses
 
     return dataclasses.replace(settings, **changes)
+
+
+def no_redis_to_read(server: EmbeddedRedis) -> str:
+    """The error of a read-only command that finds no Redis (it never starts one)."""
+    if server.data_file.exists():
+        return (
+            f"no Redis running: the embedded server in {server.state_dir} is stopped, its data kept; "
+            "`crawler redis start` starts it (or set REDIS_URL)"
+        )
+    return (
+        f"no Redis to read: none configured (REDIS_URL), none answering on {LOCALHOST_URL}, and no embedded "
+        f"server in {server.state_dir}; `crawler crawl` or `crawler seed` starts one"
+    )
+
+
+# The spider author's commands (fetch, parse, shell) and `crawler redis` live in modules of their own.
+from . import devcommands, rediscommands  # noqa: E402,F401
 
 
 def main() -> None:

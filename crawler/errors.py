@@ -4,13 +4,19 @@
     ├── ConfigError          stop: bad config, unknown site, unreachable service
     │   └── SpiderLoadError  a spider module failed to import (the others still load)
     ├── TransientError       retry later, with backoff
-    │   ├── FetchTimeout
+    │   ├── FetchTimeout     the whole request (connect, headers, body) outlasted the timeout
     │   ├── ConnectError
-    │   └── RetryableStatus  5xx, 429 (carries Retry-After when the server sent one)
+    │   │   └── ProxyError   the proxy could not be reached or refused the request (it is benched)
+    │   ├── RetryableStatus  5xx, 429 (carries Retry-After when the server sent one)
+    │   └── RobotsUnavailable  robots.txt 5xx or unreachable: the page waits (retry_after),
+    │                        without spending one of its attempts
     └── PermanentError       record it and move on, never retried automatically
-        ├── RefusedURL       off-domain, bad scheme, robots.txt, malformed
+        ├── RefusedURL       off-domain, robots.txt, malformed
+        │   ├── UnsupportedScheme  not http(s): file:, ftp:, …
+        │   └── PrivateAddress     connected to a non-public address the spider did not allow
         ├── ClientStatus     4xx other than 429
         ├── BodyTooLarge     body or decompressed body over the cap
+        ├── BadResponse      malformed or oversized headers, undecodable body, unknown coding
         └── TooManyRedirects
 
 HTTP library exceptions are translated into this tree in one place
@@ -29,12 +35,18 @@ class ConfigError(CrawlerError):
 
 
 class SpiderLoadError(ConfigError):
-    """A spider module failed to import; carries the module's name."""
+    """A spider module failed to import, or a spider in it is invalid; carries the module's name.
 
-    def __init__(self, module: str, reason: str):
-        super().__init__(f"spider module {module!r} failed to load: {reason}")
+    ``site`` is the name of the invalid spider, when the module imported but its spider
+    did not pass the checks (``spidercheck``).
+    """
+
+    def __init__(self, module: str, reason: str, site: str | None = None):
+        what = f"spider {site!r} in module {module!r} is invalid" if site else f"spider module {module!r} failed"
+        super().__init__(f"{what}: {reason}" if site else f"{what} to load: {reason}")
         self.module = module
         self.reason = reason
+        self.site = site
 
 
 class TransientError(CrawlerError):
@@ -51,6 +63,11 @@ class ConnectError(TransientError):
     """The connection could not be made or broke mid-response."""
 
 
+class ProxyError(ConnectError):
+    """The request's proxy could not be reached, dropped the connection, or refused it (a
+    CONNECT or its credentials): the proxy is benched, the request tried again."""
+
+
 class RetryableStatus(TransientError):
     """The server answered 5xx or 429."""
 
@@ -60,12 +77,33 @@ class RetryableStatus(TransientError):
         self.retry_after = retry_after
 
 
+class RobotsUnavailable(TransientError):
+    """robots.txt answered 5xx or could not be reached: the origin is off limits until it can be
+    read (RFC 9309 §2.3.1.4). ``retry_after`` is when it will be asked for again, in seconds."""
+
+    retry_after: float
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class PermanentError(CrawlerError):
     """Retrying would give the same answer: record and move on."""
 
 
 class RefusedURL(PermanentError):
     """The URL is not one this spider may request."""
+
+
+class UnsupportedScheme(RefusedURL):
+    """The URL's scheme is not http or https."""
+
+
+class PrivateAddress(RefusedURL):
+    """The host resolved to a private, loopback, link-local or reserved address (DNS rebinding,
+    SSRF), and neither the spider (``allow_private_addresses``) nor the URL (an IP address or
+    ``localhost`` named outright) allows it."""
 
 
 class ClientStatus(PermanentError):
@@ -78,6 +116,11 @@ class ClientStatus(PermanentError):
 
 class BodyTooLarge(PermanentError):
     """The body, or what it decompresses to, is larger than the cap."""
+
+
+class BadResponse(PermanentError):
+    """The response is malformed: headers over the size limit or unparsable, a body its
+    Content-Encoding does not describe, or a content-coding the crawler does not decode."""
 
 
 class TooManyRedirects(PermanentError):

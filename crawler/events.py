@@ -14,24 +14,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import metrics
+from . import metrics, outbox
 from .store import FetchRecord
 
 log = logging.getLogger("crawler.job")
 
 
-def job_done(rt: Any, record: FetchRecord, gate_wait: float | None = None,
-             also: Callable[[Any], None] | None = None) -> None:
-    """Record ``record`` in the database, count it in Redis, and log it.
+def job_done(
+    rt: Any, record: FetchRecord, gate_wait: float | None = None, also: Callable[[Any], None] | None = None
+) -> None:
+    """Record ``record`` in the database (or, while it is down, in Redis: see ``outbox``), count it, log it.
 
     ``also`` adds the caller's own Redis commands (its stats) to the metrics pipeline,
     so a job's counting is one round trip.
     """
-    rt.store.record_fetches([record])
+    parked = outbox.write(rt, record)
     with rt.connection.pipeline(transaction=False) as pipe:
         metrics.count_job(pipe, record, gate_wait)
         if also is not None:
             also(pipe)
+        if parked is not None:
+            outbox.park(pipe, parked)
         pipe.execute()
     if log.isEnabledFor(logging.INFO):
         log.info(summary(record, gate_wait), extra={"job": fields(record, gate_wait)})
@@ -40,10 +43,16 @@ def job_done(rt: Any, record: FetchRecord, gate_wait: float | None = None,
 def fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, Any]:
     """The record as plain JSON-ready fields (the structured log line)."""
     data: dict[str, Any] = {
-        "kind": record.kind, "site": record.site, "url": record.url, "outcome": record.outcome,
-        "status": record.status, "bytes": record.bytes,
+        "kind": record.kind,
+        "site": record.site,
+        "url": record.url,
+        "outcome": record.outcome,
+        "status": record.status,
+        "bytes": record.bytes,
         "elapsed_ms": None if record.elapsed is None else round(record.elapsed * 1000, 1),
-        "attempt": record.attempt, "worker": record.worker, "callback": record.callback,
+        "attempt": record.attempt,
+        "worker": record.worker,
+        "callback": record.callback,
     }
     if gate_wait is not None:
         data["gate_wait_ms"] = round(gate_wait * 1000, 1)
@@ -63,7 +72,7 @@ def summary(record: FetchRecord, gate_wait: float | None = None) -> str:
 class JSONFormatter(logging.Formatter):
     """One JSON object per log record; job lines carry their fields at the top level."""
 
-    converter = time.gmtime
+    converter = time.gmtime  # type: ignore[assignment]  # typeshed wants an argument; gmtime takes it
 
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
@@ -79,4 +88,6 @@ class JSONFormatter(logging.Formatter):
             data["message"] = record.getMessage()
         if record.exc_info:
             data["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted (and scrubbed of secrets) by the handler's filter
+            data["exception"] = record.exc_text
         return json.dumps(data, ensure_ascii=False, default=str)

@@ -19,7 +19,7 @@ from . import keys
 from .errors import ConfigError, RefusedURL
 from .frontier import SEED_PRIORITY, Frontier, canonicalize
 from .spider import Request
-from .store import Store
+from .store import FAILED, REQUEUED, FetchRecord, Store
 
 
 @dataclass(frozen=True)
@@ -41,9 +41,18 @@ class FailedPage:
     def from_row(cls, row: dict[str, Any]) -> FailedPage:
         finished = row["finished"]  # SQLite gives back the UTC time without its zone
         finished = finished.replace(tzinfo=UTC) if finished.tzinfo is None else finished.astimezone(UTC)
-        return cls(site=row["site"], url=row["url"], kind=row["kind"], status=row["status"],
-                   attempt=row["attempt"], finished=finished, error=row["error"],
-                   callback=row["callback"], worker=row["worker"], meta=row.get("meta"))
+        return cls(
+            site=row["site"],
+            url=row["url"],
+            kind=row["kind"],
+            status=row["status"],
+            attempt=row["attempt"],
+            finished=finished,
+            error=row["error"],
+            callback=row["callback"],
+            worker=row["worker"],
+            meta=row.get("meta"),
+        )
 
     @property
     def reason(self) -> str:
@@ -55,9 +64,19 @@ class FailedPage:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON data, full error included."""
-        return {"site": self.site, "url": self.url, "kind": self.kind, "status": self.status,
-                "attempt": self.attempt, "finished": self.finished.isoformat(), "reason": self.reason,
-                "error": self.error, "callback": self.callback, "worker": self.worker, "meta": self.meta}
+        return {
+            "site": self.site,
+            "url": self.url,
+            "kind": self.kind,
+            "status": self.status,
+            "attempt": self.attempt,
+            "finished": self.finished.isoformat(),
+            "reason": self.reason,
+            "error": self.error,
+            "callback": self.callback,
+            "worker": self.worker,
+            "meta": self.meta,
+        }
 
 
 def failed_pages(store: Store, site: str | None = None, limit: int | None = None) -> list[FailedPage]:
@@ -68,31 +87,68 @@ def failed_pages(store: Store, site: str | None = None, limit: int | None = None
 def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = None) -> list[FailedPage]:
     """Requeue failed pages of the frontier's site: ``urls``, or every one when None.
 
-    Each URL must be a failed page of the site, else ConfigError naming it and nothing
-    is requeued. Pages go back with the callback they failed for and skip the seen set
-    (they are in it); items are upserted, so a page parsed again duplicates nothing.
-    Returns the pages requeued.
+    Each URL must be a failed page of the site (or one already requeued), else
+    ConfigError naming it and nothing is requeued. Pages go back with the callback they
+    failed for and skip the seen set (they are in it); items are upserted, so a page
+    parsed again duplicates nothing. Each requeued page gets a ``retry`` record
+    (``requeued``), so it is no longer listed as failed and asking again queues it
+    once, not twice, until it has been fetched and failed again. Returns the pages
+    requeued now.
     """
     site = frontier.site
     if urls is None:
         pages = failed_pages(store, site)
     else:
         spellings = {url: (url, _canonical(url)) for url in urls}  # as given, and as records spell it
-        looked_up = store.failed_pages(site, urls=[form for forms in spellings.values() for form in forms])
-        found = {page.url: page for page in map(FailedPage.from_row, looked_up)}
+        looked_up = store.failed_pages(
+            site, urls=[form for forms in spellings.values() for form in forms], outcomes=(FAILED, REQUEUED)
+        )
+        found = {row["url"]: row for row in looked_up}
         missing = [url for url, forms in spellings.items() if not any(form in found for form in forms)]
         if missing:
-            raise ConfigError(f"not a failed page of {site!r}: {missing[0]}"
-                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        chosen = (found[form] for forms in spellings.values() for form in forms if form in found)
-        pages = list({_canonical(page.url): page for page in chosen}.values())
+            raise ConfigError(
+                f"not a failed page of {site!r}: {missing[0]}"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            )
+        chosen = (
+            found[form]
+            for forms in spellings.values()
+            for form in forms
+            if form in found and found[form]["outcome"] == FAILED
+        )
+        pages = list({_canonical(page.url): page for page in map(FailedPage.from_row, chosen)}.values())
     for page in pages:  # all or nothing: a page the spider would now refuse stops the lot
         try:
             frontier.check(page.url)
         except RefusedURL as exc:
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
-    frontier.add([Request(page.url, callback=page.callback or "parse", meta=page.meta or {}, dont_filter=True,
-                          priority=SEED_PRIORITY) for page in pages])
+    now = datetime.now(UTC)
+    # The records first: a second retry finds these pages requeued, whatever happens next.
+    store.record_fetches(
+        FetchRecord(
+            site=site,
+            url=page.url,
+            outcome=REQUEUED,
+            kind="retry",
+            started=now,
+            finished=now,
+            callback=page.callback,
+            meta=page.meta,
+        )
+        for page in pages
+    )
+    frontier.add(
+        [
+            Request(
+                page.url,
+                callback=page.callback or "parse",
+                meta=page.meta or {},
+                dont_filter=True,
+                priority=SEED_PRIORITY,
+            )
+            for page in pages
+        ]
+    )
     _uncount_failed(frontier.connection, site, len(pages))
     return pages
 

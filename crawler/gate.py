@@ -12,6 +12,7 @@ trip as the failed SET), never a fixed poll.
 from __future__ import annotations
 
 import functools
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from redis import Redis
+
+log = logging.getLogger("crawler.gate")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -29,32 +32,53 @@ RELEASE_POLL = 0.05
 #: Default key namespace; one key per gate name below it (see ``keys.gate``).
 NAMESPACE = "crawler:gate"
 
-# KEYS[1] = lock key; ARGV[1] = token, ARGV[2] = lifetime in ms.
+# Lua helper: the lifetime to set, ARGV[2] ms, or more when KEYS[2] (a hash, optional) holds a
+# ``pace_ms`` field: that + ARGV[3] ms (the adaptive interval read at this very moment; see ``pacing``).
+_LIFETIME = """
+local function lifetime()
+    local ms = tonumber(ARGV[2])
+    if KEYS[2] then
+        local pace = tonumber(redis.call('HGET', KEYS[2], 'pace_ms'))
+        if pace and pace + tonumber(ARGV[3]) > ms then ms = pace + tonumber(ARGV[3]) end
+    end
+    return ms
+end
+"""
+
+# KEYS[1] = lock key, KEYS[2] = pace hash (optional); ARGV[1] = token, ARGV[2] = lifetime in ms,
+# ARGV[3] = ms added to the pace (with KEYS[2]).
 # Returns 0 when the lock was taken, else the remaining PTTL in ms (at least 1).
-ACQUIRE_OR_PTTL = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+ACQUIRE_OR_PTTL = (
+    _LIFETIME
+    + """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', lifetime()) then
     return 0
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 1 then ttl = 1 end
 return ttl
 """
+)
 
-# KEYS[1] = lock key; ARGV[1] = token, ARGV[2] = lifetime in ms from now.
+# KEYS[1] = lock key, KEYS[2] = pace hash (optional); ARGV[1] = token, ARGV[2] = lifetime in ms
+# from now, ARGV[3] = ms added to the pace (with KEYS[2]).
 # Restarts the lock's lifetime if the token holds it, or takes it if nobody does.
 # Returns 1 (restarted), 2 (taken again after it had expired), 0 (someone else holds it).
-REARM = """
+REARM = (
+    _LIFETIME
+    + """
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], lifetime())
     return 1
 end
 if not holder then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', lifetime())
     return 2
 end
 return 0
 """
+)
 
 # KEYS[1] = lock key; ARGV[1] = token. Deletes the lock only if the token still holds it.
 RELEASE_IF_OWNER = """
@@ -78,6 +102,11 @@ class Gate:
     request is on the wire, so the interval counts from the send, not from the
     acquisition. ``auto_release`` makes the context manager and ``synchronize`` release
     on exit; otherwise the lock expires on its own.
+
+    ``pace_key`` names a Redis hash whose ``pace_ms`` field, when present, lengthens every
+    lifetime the gate sets, read in the same Lua call that sets it: a rearm lasts at least
+    ``pace_ms`` + ``pace_margin``, a take (or retake) that plus the send grace (``expire -
+    rearm_expire``). A site's adaptive interval is kept there (see ``pacing``).
     """
 
     def __init__(
@@ -89,6 +118,8 @@ class Gate:
         auto_release: bool = False,
         namespace: str = NAMESPACE,
         rearm_expire: float | None = None,
+        pace_key: str | None = None,
+        pace_margin: float = 0.0,
     ):
         if expire <= 0:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
@@ -98,7 +129,14 @@ class Gate:
         self.expire = expire
         self.rearm_expire = expire if rearm_expire is None else rearm_expire
         self.auto_release = auto_release
+        self.pace_key = pace_key
+        self.pace_margin = pace_margin
         self.token: str | None = None
+        #: ``time.monotonic()`` just before the SET that took the gate (the lock's lifetime
+        #: started at or after it, on the Redis clock).
+        self.acquired_at: float | None = None
+        #: ``time.monotonic()`` just before the last ``rearm`` (the request was on the wire).
+        self.rearmed_at: float | None = None
         self._acquire = connection.register_script(ACQUIRE_OR_PTTL)
         self._release = connection.register_script(RELEASE_IF_OWNER)
         self._rearm = connection.register_script(REARM)
@@ -107,9 +145,10 @@ class Gate:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
         token = secrets.token_hex(8)
         expire_ms = max(1, int(round(self.expire * 1000)))
-        wait_ms = int(self._acquire(keys=[self.key], args=[token, expire_ms]))
+        asked_at = time.monotonic()
+        wait_ms = int(self._acquire(keys=self._keys, args=[token, expire_ms, self._pace_extra_ms(take=True)]))
         if wait_ms == 0:
-            self.token = token
+            self.token, self.acquired_at = token, asked_at
             return 0.0
         return wait_ms / 1000.0
 
@@ -153,7 +192,49 @@ class Gate:
         if self.token is None:
             return False
         expire_ms = max(1, int(round(self.rearm_expire * 1000)))
-        return int(self._rearm(keys=[self.key], args=[self.token, expire_ms])) != 0
+        self.rearmed_at = time.monotonic()
+        return int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+
+    def before_send(self) -> None:
+        """Make sure the gate is held, for at least ``rearm_expire`` from now: call it right before sending.
+
+        The holder's own clock says how long ago it took the gate; while that is under the
+        send grace (``expire - rearm_expire``, less ``SEND_SAFETY``), the lock outlives this
+        moment by at least ``rearm_expire`` whatever happens next, so the request may go.
+        Past it (the process was frozen: SIGSTOP, a GC pause, swap), the gate may have
+        expired and been taken and used by another worker, so it is taken again first:
+        renewed if this token still holds it, else waited for. Costs nothing in the usual
+        case (no Redis call).
+        """
+        if self.token is None or self.acquired_at is None:
+            self.acquire()
+        while time.monotonic() - self.acquired_at >= self.expire - self.rearm_expire - SEND_SAFETY:  # type: ignore[operator]
+            log.warning(
+                "%s: the send grace ran out between taking the gate and sending (a frozen or slow "
+                "process): taking the gate again before sending",
+                self.key,
+            )
+            self.retake()
+
+    def retake(self) -> None:
+        """Take the gate afresh for a full ``expire``: renewed if this token still holds it, else waited for."""
+        asked_at = time.monotonic()
+        expire_ms = max(1, int(round(self.expire * 1000)))
+        if self.token is not None:
+            renew: list[str | int] = [self.token, expire_ms, self._pace_extra_ms(take=True)]
+            if int(self._rearm(keys=self._keys, args=renew)) != 0:
+                self.acquired_at = asked_at
+                return
+        self.acquire()
+
+    @property
+    def _keys(self) -> list[str]:
+        return [self.key] if self.pace_key is None else [self.key, self.pace_key]
+
+    def _pace_extra_ms(self, take: bool) -> int:
+        """Ms the scripts add to the pace: the margin, and for a take the send grace as well."""
+        extra = self.pace_margin + (self.expire - self.rearm_expire if take else 0.0)
+        return max(0, int(round(extra * 1000)))
 
     def locked(self) -> bool:
         """Whether anyone holds the gate now."""
@@ -168,9 +249,7 @@ class Gate:
         self.acquire()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         if self.auto_release:
             self.release()
 
@@ -188,15 +267,28 @@ class Gate:
         return f"<Gate {self.key} expire={self.expire}s auto_release={self.auto_release}>"
 
 
+#: Seconds of the send grace kept in reserve: a holder past ``grace - SEND_SAFETY`` since it
+#: took the gate takes it again before sending (``Gate.before_send``).
+SEND_SAFETY = 0.05
+
 #: Seconds a site's gate stays closed beyond its interval until the request is sent
 #: (connection set-up); the rearm at send time then counts the interval from the send.
 SEND_GRACE = 0.25
 
 
-def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0) -> Gate:
+def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0, pace_key: str | None = None) -> Gate:
     """The gate that spaces requests to ``site`` by ``interval`` (+ ``margin``) seconds.
 
     Taken before a request, it stays closed for interval + margin + SEND_GRACE; rearmed
-    when the request is sent, it then closes interval + margin from that moment.
+    when the request is sent, it then closes interval + margin from that moment. With
+    ``pace_key`` (the site's conf hash, for an adaptive interval), the ``pace_ms`` stored
+    there replaces ``interval`` when longer, read by Redis at the take and at the rearm.
     """
-    return Gate(connection, site, interval + margin + SEND_GRACE, rearm_expire=interval + margin)
+    return Gate(
+        connection,
+        site,
+        interval + margin + SEND_GRACE,
+        rearm_expire=interval + margin,
+        pace_key=pace_key,
+        pace_margin=margin,
+    )

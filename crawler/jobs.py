@@ -1,11 +1,11 @@
-"""The two job functions RQ runs: ``download`` and ``parse``. Arguments are plain JSON.
+"""The two jobs: ``download``, which RQ runs, and ``parse``, which parse workers run. Arguments are plain JSON.
 
-download: robots.txt → gate → GET → record → (HTML) store the compressed body and
-enqueue a parse job | (3xx) send the target through the frontier | (5xx/429/timeout)
-schedule a retry with backoff | (4xx, refused) record and stop.
+download: robots.txt → gate → GET → record → (HTML) add the page, its body compressed,
+to the pages stream (``pages``) | (3xx) send the target through the frontier |
+(5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and stop.
 
-parse: load the body → run the spider callback → upsert items → new requests through
-the frontier → record → delete the body.
+parse: run the spider callback on the page → upsert items → new requests through the
+frontier → record, with the worker's acknowledgement of the page in the same pipeline.
 """
 
 from __future__ import annotations
@@ -13,33 +13,45 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import secrets
 import socket
 import time
 import traceback
 import zlib
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from rq import Queue, get_current_job
-from rq.serializers import JSONSerializer
+from rq import get_current_job
+from rq.timeouts import JobTimeoutException
 
-from . import keys, runtime
-from .errors import ClientStatus, PermanentError, RetryableStatus, TooManyRedirects, TransientError
+from . import keys, pages, quarantine, runtime
+from .conditional import Validators, request_headers, validators_of
+from .errors import (
+    ClientStatus,
+    ConfigError,
+    ConnectError,
+    FetchTimeout,
+    PermanentError,
+    ProxyError,
+    RefusedURL,
+    RetryableStatus,
+    RobotsUnavailable,
+    TooManyRedirects,
+    TransientError,
+)
 from .events import job_done
-from .fetch import Response
-from .frontier import DownloadTask, Frontier
+from .fetch import DecodeError, Response, inflate_capped
+from .frontier import DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
-from .recovery import job_retry
-from .settings import DEFAULT_BODY_TTL, DEFAULT_PARSE_TIMEOUT
+from .pacing import throttle_pause
+from .settings import DEFAULT_PARSE_TIMEOUT
+from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
 from .spider import Page, Request
-from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Item, utcnow
+from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
 
 log = logging.getLogger("crawler.jobs")
 
-#: Dotted path of the parse job function.
-PARSE_FUNC = "crawler.jobs.parse"
 
 #: Transient errors in a row from one site before its gate is closed for everyone.
 ERRORS_BEFORE_PAUSE = 3
@@ -60,84 +72,204 @@ def download(payload: dict[str, Any]) -> None:
     rt = runtime.current()
     task = DownloadTask.from_json(payload)
     spider = rt.spider(task.site)
+    try:  # checked again now: a job can be written straight into Redis, past the frontier
+        check_url(task.url, spider.domains())
+    except RefusedURL as exc:
+        job = get_current_job()
+        quarantine.record(
+            rt.connection,
+            job.origin if job else keys.download_queue(task.site),
+            f"download refused when taken: {exc}",
+            job.id if job else None,
+            payload,
+        )
+        return
     policy = rt.policy(task.site)
     user_agent = spider.user_agent or rt.settings.user_agent
     started = utcnow()
     gate_wait: float | None = None
 
-    def record(outcome: str, url: str = task.url, response: Response | None = None,
-               error: str | None = None, status: int | None = None) -> None:
+    def record(
+        outcome: str,
+        url: str = task.url,
+        response: Response | None = None,
+        error: str | None = None,
+        status: int | None = None,
+        then: Callable[[Any], None] | None = None,
+    ) -> None:
         finished = utcnow()
-        counter = {OK: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(outcome)
+        counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
+            outcome
+        )
 
         def count(pipe: Any) -> None:
             if counter and url == task.url:
                 pipe.hincrby(keys.stats(task.site), counter, 1)
-                if outcome in (OK, REDIRECT):  # the site answers again: end any run of errors
+                if outcome == UNCHANGED:
+                    pipe.hincrby(keys.stats(task.site), "unchanged", 1)
+                if outcome in (OK, UNCHANGED, REDIRECT):  # the site answers again: end any run of errors
                     pipe.delete(keys.errors(task.site))
+            if then is not None:
+                then(pipe)
 
-        job_done(rt, FetchRecord(
-            site=task.site, url=url, outcome=outcome, started=response.started if response else started,
-            finished=finished, status=response.status if response else status,
-            bytes=len(response.body) if response else None,
-            elapsed=response.elapsed if response else (finished - started).total_seconds(),
-            worker=_worker_name(), attempt=task.attempt, error=error, callback=task.callback,
-            meta=task.meta or None,
-        ), gate_wait if url == task.url else None, also=count)
+        job_done(
+            rt,
+            FetchRecord(
+                site=task.site,
+                url=url,
+                outcome=outcome,
+                started=response.started if response else started,
+                finished=finished,
+                status=response.status if response else status,
+                bytes=len(response.body) + response.sunk if response else None,
+                elapsed=response.elapsed if response else (finished - started).total_seconds(),
+                worker=_worker_name(),
+                attempt=task.attempt,
+                error=error,
+                callback=task.callback,
+                meta=task.meta or None,
+            ),
+            gate_wait if url == task.url else None,
+            also=count,
+        )
 
+    proxy = rt.proxy(task.site)
     if policy.obey_robots:
-        def robots_fetched(url: str, status: int | None, error: str | None) -> None:
-            record(OK if status and status < 500 else FAILED, url=url, status=status, error=error)
 
-        allowed = rt.robots.allowed(task.site, task.url, user_agent, lambda: rt.take_gate(task.site), robots_fetched)
+        def robots_fetched(url: str, status: int | None, error: str | None) -> None:
+            readable = status is not None and status < 500 and status != 429 and error is None
+            record(OK if readable else FAILED, url=url, status=status, error=error)
+
+        try:
+            allowed = rt.robots.allowed(
+                task.site,
+                task.url,
+                user_agent,
+                lambda: rt.take_gate(task.site, task.url),
+                robots_fetched,
+                allow_private=spider.allow_private_addresses,
+                proxy=proxy,
+            )
+        except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
+            if proxy is not None:
+                rt.proxies.bench(proxy, str(exc))
+            _retry_or_fail(rt, task, exc, record)
+            return
+        except RobotsUnavailable as exc:
+            # Not the page's fault: it waits for robots.txt without spending one of its attempts,
+            # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
+            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
+            record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
+            rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
+            return
         if not allowed:
             record(REFUSED, error="disallowed by robots.txt")
             return
 
+    conditional = _conditional_headers(rt, task, spider)
     waiting = time.monotonic()
-    gate = rt.take_gate(task.site)
+    gate = rt.take_gate(task.site, task.url)
     gate_wait = time.monotonic() - waiting
     response: Response | None = None  # kept when its status is an error, for its timing and size
+    # A sitemap streams into a compressor (up to 50 MB decoded), never held whole.
+    sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
     try:
-        response = rt.fetcher.get(task.url, user_agent=spider.user_agent, on_sent=lambda: _rearm(gate, task))
+        response = rt.fetcher.get(
+            task.url,
+            user_agent=spider.user_agent,
+            on_sent=lambda: _rearm(gate, task),
+            before_send=gate.before_send,
+            headers=conditional,
+            allow_private=spider.allow_private_addresses,
+            max_bytes=SITEMAP_MAX_BYTES if sink else None,
+            sink=sink.feed if sink else None,
+            proxy=proxy,
+        )
         _raise_for_status(response)
     except TransientError as exc:
+        _observe(rt, task, gate, response, exc)
+        if isinstance(exc, ProxyError) and proxy is not None:
+            rt.proxies.bench(proxy, str(exc))
         _retry_or_fail(rt, task, exc, record, response)
         return
     except PermanentError as exc:
+        _observe(rt, task, gate, response, exc)
         record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
         return
+    _observe(rt, task, gate, response)
 
-    if 300 <= response.status < 400 and response.location:
+    validators = None  # a redirect, or a failure: the next refresh asks for the whole page
+    if response.status == 304 and conditional:
+        _unchanged(rt, task, response, record)
+        validators = validators_of(response.headers, task.validators)
+    elif 300 <= response.status < 400 and response.location:
         _follow_redirect(rt, task, response, record)
     elif 300 <= response.status < 400:
         record(FAILED, response=response, error="redirect without Location")
-    elif not response.is_html:
+    elif not response.is_html and sink is None:  # a sitemap is XML, gzip or robots.txt: its parse job reads it
         record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+        validators = validators_of(response.headers)
     else:
-        _hand_to_parser(rt, task, response)
-        record(OK, response=response)
-    _schedule_refresh(rt, task)
+        # The page goes to the parse workers in the pipeline of its record, after the record is
+        # written: a parse record (a callback that failed) is then always the page's latest.
+        compressed = sink.finish() if sink else None
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed))
+        validators = validators_of(response.headers)
+    _schedule_refresh(rt, task, validators)
 
 
-def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask) -> None:
-    """If the page is to be refreshed, schedule its next fetch (one pending per page).
+def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> dict[str, str]:
+    """If-None-Match / If-Modified-Since for a refresh that carries its page's validators.
+
+    None for a page whose last parse failed (``keys.parse_failed``): its body is needed
+    again, whatever the server would say about it.
+    """
+    if task.validators is None or not getattr(spider, "conditional_refresh", True):
+        return {}
+    if rt.connection.sismember(keys.parse_failed(task.site), fingerprint(task.url)):  # type: ignore[arg-type]
+        return {}
+    return request_headers(task.validators)
+
+
+def _unchanged(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+    """A 304 to a conditional refresh: the page is as it was parsed last time.
+
+    Its items are seen again (``last_seen`` moves on); no body is kept, no parse job made.
+    """
+    touched = rt.store.touch_items(task.site, task.url, response.started)
+    record(UNCHANGED, response=response, error=f"not modified; {touched} item(s) seen again")
+
+
+def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask, validators: Validators | None) -> None:
+    """If the page is to be refreshed, schedule its next fetch (one pending per page), with ``validators``.
 
     Pages answered with a client error (gone, forbidden) or refused by robots.txt are
     not refreshed; everything else is, so a site's outage does not end its refreshes.
     """
     if task.refresh is None:
         return
-    again = dataclasses.replace(task, attempt=1, hops=0)
+    again = dataclasses.replace(task, attempt=1, hops=0, validators=validators)
     rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, rt.spider(task.site).refresh_priority)
+
 
 def _rearm(gate: Gate, task: DownloadTask) -> None:
     """Start the site's interval now that the request is on the wire; warn if the gate was lost."""
     if not gate.rearm():
         # Taking the gate and sending took longer than its send grace (a slow connect, a
         # paused process): another worker may have taken it, so this gap may be short.
-        log.warning("%s: request sent after the gate's send grace had run out; spacing may be short: %s",
-                    task.site, task.url)
+        log.warning(
+            "%s: request sent after the gate's send grace had run out; spacing may be short: %s", task.site, task.url
+        )
+
+
+def _observe(
+    rt: runtime.Runtime, task: DownloadTask, gate: Gate, response: Response | None, exc: Exception | None = None
+) -> None:
+    """Tell the site's adaptive interval (if it has one) how the request went: its time, or no answer."""
+    if response is not None:
+        rt.observe(task.site, gate, response.elapsed, status=response.status)
+    elif isinstance(exc, FetchTimeout | ConnectError):
+        rt.observe(task.site, gate, 0.0, error="timeout" if isinstance(exc, FetchTimeout) else "no connection")
 
 
 def _raise_for_status(response: Response) -> None:
@@ -147,24 +279,32 @@ def _raise_for_status(response: Response) -> None:
         raise ClientStatus(response.status)
 
 
-def _retry_or_fail(rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any,
-                   response: Response | None = None) -> None:
+def _retry_or_fail(
+    rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any, response: Response | None = None
+) -> None:
     """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
 
-    Retry-After, and a run of errors from one site, close the site's gate for every
-    worker, not only delay this one URL.
+    Retry-After, a 429 or 503 without it, and a run of errors from one site, close the
+    site's gate for every worker, not only delay this one URL. Without Retry-After, a
+    429/503 closes it at once for ``throttle_pause`` (backoff × 2^(n−1) with jitter for
+    the n-th error in a row); other errors after ERRORS_BEFORE_PAUSE in a row.
     """
     settings = rt.settings
     status = getattr(exc, "status", None)
     errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
     if exc.retry_after is not None:
-        rt.scheduler.close_gate(task.site, min(exc.retry_after, settings.max_retry_after))
+        rt.close_gate(
+            task.site, task.url, min(exc.retry_after, settings.max_retry_after), f"Retry-After after {status}"
+        )
+    elif status in (429, 503):
+        pause = throttle_pause(settings.backoff, errors_in_a_row, MAX_ERROR_PAUSE)
+        rt.close_gate(task.site, task.url, pause, f"backoff after {status}")
     elif errors_in_a_row >= ERRORS_BEFORE_PAUSE:
         pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
-        rt.scheduler.close_gate(task.site, pause)
+        rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row")
     if task.attempt > settings.max_retries:
         record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
-        _schedule_refresh(rt, task)  # the site may be back by then
+        _schedule_refresh(rt, task, task.validators)  # the site may be back by then, the page as it was
         return
     delay = settings.backoff * 2 ** (task.attempt - 1)
     if exc.retry_after is not None:
@@ -214,13 +354,11 @@ def redirects_inward(source: str, target: str) -> bool:
     return not is_private_host(source_host) and is_private_host(target_host)
 
 
-def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response) -> None:
-    page_id = secrets.token_hex(12)
-    body = zlib.compress(response.body, 6)
+def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compressed: bytes | None = None) -> None:
+    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``."""
     payload = {
         "site": task.site,
         "url": task.url,
-        "body": page_id,
         "status": response.status,
         "headers": {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers},
         "encoding": response.encoding,
@@ -229,72 +367,188 @@ def _hand_to_parser(rt: runtime.Runtime, task: DownloadTask, response: Response)
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
-    # The body and its parse job in one transaction: one round trip, never a job without its body.
-    with rt.connection.pipeline() as pipe:
-        pipe.multi()  # RQ's enqueue starts the transaction itself unless one is started
-        pipe.set(keys.body(page_id), body, ex=DEFAULT_BODY_TTL)
-        parse_queue(rt.connection).enqueue(
-            PARSE_FUNC, payload, result_ttl=0, failure_ttl=rt.settings.failure_ttl,
-            job_timeout=DEFAULT_PARSE_TIMEOUT, description=task.url, retry=job_retry(), pipeline=pipe,
-        )
-        pipe.execute()
+    body = compressed if compressed is not None else zlib.compress(response.body, 6)
+    pages.add(pipe, payload, body)
 
 
-def parse_queue(connection: Any) -> Queue:
-    """The RQ queue of parse jobs (JSON payloads only)."""
-    return Queue(keys.PARSE_QUEUE, connection=connection, serializer=JSONSerializer)
+def parse(
+    payload: dict[str, Any], body: bytes, worker: str | None = None, done: Callable[[Any], None] | None = None
+) -> None:
+    """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
 
-
-def parse(payload: dict[str, Any]) -> None:
-    """Run the spider callback on a downloaded page; store items; enqueue its links."""
+    Whatever the outcome, the page's record and counters go out in one pipeline, with
+    ``done``'s commands (the parse worker's acknowledgement of the page). A callback
+    that raises or times out fails the page alone (recorded with the traceback, for
+    ``crawler failed`` and ``crawler retry``). Errors of the database or Redis raise:
+    the page was not parsed and stays with the worker.
+    """
     rt = runtime.current()
     if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
         raise ValueError(f"not a parse task: {payload!r:.200}")
-    site, url, body_key = payload["site"], str(payload["url"]), keys.body(str(payload["body"]))
+    site, url = payload["site"], str(payload["url"])
     started = utcnow()
-
-    def record(outcome: str, error: str | None = None, also: Any = None) -> None:
-        job_done(rt, FetchRecord(
-            site=site, url=url, outcome=outcome, kind="parse", started=started, finished=utcnow(),
-            status=payload.get("status"), worker=_worker_name(), error=error, callback=payload.get("callback"),
-            elapsed=(utcnow() - started).total_seconds(), meta=payload.get("meta") or None,
-        ), also=also)
-
-    raw = rt.connection.get(body_key)
-    if raw is None:
-        record(FAILED, error="page body missing (expired before it was parsed)")
-        rt.connection.hincrby(keys.stats(site), "failed", 1)
+    if payload.get("callback") == SITEMAP_CALLBACK:
+        _read_sitemap(rt, payload, body, worker, done, started)
         return
-    spider = rt.spider(site)
-    page = Page(url, zlib.decompress(raw), status=int(payload.get("status", 200)),
-                headers=payload.get("headers") or {}, meta=payload.get("meta") or {},
-                encoding=payload.get("encoding"))
+    try:
+        items, requests = _run_callback(rt.spider(site), url, body, payload, rt.settings.max_body_bytes)
+    except JobTimeoutException:
+        parse_failed(
+            payload,
+            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+        )
+        return
+    except Exception:
+        parse_failed(payload, traceback.format_exc(limit=20), worker, done, started)
+        return
+    try:
+        rt.store.upsert_items(site, items, seen=_fetched_at(payload))
+        added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
+    except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
+        parse_failed(
+            payload,
+            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
+            f"and {len(requests)} links\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+        )
+        return
+    _parse_done(
+        payload,
+        OK,
+        _refusals(added.refused) if added.refused else None,
+        worker,
+        done,
+        started,
+        {"parsed": 1, "items": len(items)},
+    )
+
+
+def parse_failed(
+    payload: dict[str, Any],
+    error: str,
+    worker: str | None = None,
+    done: Callable[[Any], None] | None = None,
+    started: datetime | None = None,
+) -> None:
+    """Record the page failed with ``error`` (the page alone fails: ``crawler retry`` requeues it)."""
+    _parse_done(payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1})
+
+
+def _parse_done(
+    payload: dict[str, Any],
+    outcome: str,
+    error: str | None,
+    worker: str | None,
+    done: Callable[[Any], None] | None,
+    started: datetime,
+    counts: dict[str, int],
+) -> None:
+    rt = runtime.current()
+    site = str(payload["site"])
+
+    def also(pipe: Any) -> None:
+        for name, n in counts.items():
+            pipe.hincrby(keys.stats(site), name, n)
+        # A page whose parse failed is fetched whole on its next refresh (its validators would
+        # otherwise answer 304 and its items never be stored); once parsed, validators hold again.
+        if outcome == FAILED:
+            pipe.sadd(keys.parse_failed(site), fingerprint(str(payload["url"])))
+        else:
+            pipe.srem(keys.parse_failed(site), fingerprint(str(payload["url"])))
+        if done is not None:
+            done(pipe)
+
+    finished = utcnow()
+    job_done(
+        rt,
+        FetchRecord(
+            site=site,
+            url=str(payload["url"]),
+            outcome=outcome,
+            kind="parse",
+            started=started,
+            finished=finished,
+            status=payload.get("status"),
+            worker=worker,
+            error=error,
+            callback=payload.get("callback"),
+            elapsed=(finished - started).total_seconds(),
+            meta=payload.get("meta") or None,
+        ),
+        also=also,
+    )
+
+
+def _read_sitemap(
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    body: bytes,
+    worker: str | None,
+    done: Callable[[Any], None] | None,
+    started: datetime,
+) -> None:
+    """The parse step of a sitemap (or robots.txt read for its Sitemap: lines): queue what it lists."""
+    site, url = payload["site"], str(payload["url"])
+    try:
+        reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
+    except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
+        parse_failed(payload, str(exc), worker, done, started)
+        return
+    try:
+        report = reader.read(url, body)
+    except JobTimeoutException:  # what was queued stays queued; the retry adds only the rest (seen set)
+        parse_failed(
+            payload,
+            f"sitemap read timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+        )
+        return
+    except (PermanentError, DecodeError) as exc:  # not XML, over the cap, a corrupt gzip
+        parse_failed(
+            payload,
+            f"sitemap unreadable after {reader.report.urls} URLs: {type(exc).__name__}: {exc}",
+            worker,
+            done,
+            started,
+        )
+        return
+    _parse_done(payload, OK, report.summary(), worker, done, started, {"parsed": 1})
+
+
+def _run_callback(
+    spider: Any, url: str, raw: bytes, payload: dict[str, Any], max_body: int
+) -> tuple[list[Item], list[Request]]:
+    """The page's items and requests, as its callback yields them; raises whatever the callback raises.
+
+    The stored body is inflated within ``max_body`` bytes (BodyTooLarge past it): a body
+    written into Redis by someone else may be a zlib bomb.
+    """
+    page = Page(
+        url,
+        inflate_capped(raw, max_body),
+        status=int(payload.get("status", 200)),
+        headers=payload.get("headers") or {},
+        meta=payload.get("meta") or {},
+        encoding=payload.get("encoding"),
+    )
     items: list[Item] = []
     requests: list[Request] = []
-    try:
-        callback = spider.callback(str(payload.get("callback") or "parse"))
-        for output in callback(page) or ():
-            if isinstance(output, Request):
-                requests.append(output)
-            elif isinstance(output, dict):
-                items.append(Item(_item_key(spider.item_key, output, url, len(items)), url, output))
-            elif output is not None:
-                raise TypeError(f"callback yielded {type(output).__name__}; expected dict or Request")
-    except Exception:
-        # The spider's bug fails this page only; the traceback is kept for `crawler failed`.
-        record(FAILED, error=traceback.format_exc(limit=20))
-        rt.connection.hincrby(keys.stats(site), "failed", 1)
-        rt.connection.delete(body_key)
-        return
-    rt.store.upsert_items(site, items, seen=_fetched_at(payload))
-    added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
-
-    def count(pipe: Any) -> None:
-        pipe.hincrby(keys.stats(site), "parsed", 1)
-        pipe.hincrby(keys.stats(site), "items", len(items))
-        pipe.delete(body_key)
-
-    record(OK, error=_refusals(added.refused) if added.refused else None, also=count)
+    callback = spider.callback(str(payload.get("callback") or "parse"))
+    for output in callback(page) or ():
+        if isinstance(output, Request):
+            requests.append(output)
+        elif isinstance(output, dict):
+            items.append(Item(_item_key(spider.item_key, output, url, len(items)), url, output))
+        elif output is not None:
+            raise TypeError(f"callback yielded {type(output).__name__}; expected dict or Request")
+    return items, requests
 
 
 def _fetched_at(payload: dict[str, Any]) -> datetime | None:
@@ -317,4 +571,3 @@ def _refusals(refused: list[tuple[str, str]]) -> str:
     shown = "; ".join(reason for _, reason in refused[:3])
     more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
     return f"{len(refused)} links refused: {shown}{more}"
-

@@ -12,8 +12,8 @@ PREFIX = "crawler:"
 #: Prefix RQ puts before a queue's name to make its list key.
 RQ_QUEUE_PREFIX = "rq:queue:"
 
-#: RQ queue that parse workers serve.
-PARSE_QUEUE = "parse"
+#: The consumer group of parse workers on the pages stream (``pages()``).
+PARSERS = "parsers"
 
 
 def download_queue(site: str) -> str:
@@ -22,8 +22,18 @@ def download_queue(site: str) -> str:
 
 
 def gate(site: str) -> str:
-    """The site's time-limited mutex (``SET NX PX``)."""
+    """The site's time-limited mutex (``SET NX PX``); also a gate named by ``gate_name``."""
     return f"{PREFIX}gate:{site}"
+
+
+def shared_gate_name(name: str) -> str:
+    """The gate name (for ``gate``) of a gate several spiders share (``Spider.gate``)."""
+    return f"shared:{name}"
+
+
+def ip_gate_name(address: str) -> str:
+    """The gate name (for ``gate``) of every request to one IP address (``gate_by = "ip"``)."""
+    return f"ip:{address}"
 
 
 def seen(site: str) -> str:
@@ -31,14 +41,44 @@ def seen(site: str) -> str:
     return f"{PREFIX}seen:{site}"
 
 
+def seen_bucket(site: str, index: int) -> str:
+    """One time bucket of ``site``'s seen URLs when they expire (``revisit_after``; see ``frontier``)."""
+    return f"{seen(site)}:{index}"
+
+
 def robots(site: str, origin: str) -> str:
     """Cached robots.txt body for one origin (scheme://host:port) of ``site``."""
     return f"{PREFIX}robots:{site}:{origin}"
 
 
-def body(page_id: str) -> str:
-    """A downloaded page's compressed body, waiting to be parsed."""
-    return f"{PREFIX}body:{page_id}"
+def robots_copy(site: str, origin: str) -> str:
+    """The last robots.txt read for one origin of ``site``, kept for a long outage (60 days)."""
+    return f"{PREFIX}robots-copy:{site}:{origin}"
+
+
+def robots_outage(site: str, origin: str) -> str:
+    """Hash of an origin's unreadable robots.txt: since, failures, retry_at (epoch seconds), reason."""
+    return f"{PREFIX}robots-outage:{site}:{origin}"
+
+
+def pages() -> str:
+    """Stream of downloaded pages waiting for a parse worker, each with its compressed body (see ``pages``)."""
+    return f"{PREFIX}pages"
+
+
+def parsers() -> str:
+    """Sorted set of parse workers (their consumer names) scored by their last sign of life (Unix time)."""
+    return f"{PREFIX}parsers"
+
+
+def parse_failed(site: str) -> str:
+    """Set of fingerprints of ``site``'s pages whose last parse failed: refreshed whole, not conditionally."""
+    return f"{PREFIX}parse-failed:{site}"
+
+
+def lastmod(site: str) -> str:
+    """Hash of ``site``'s sitemap URLs' last <lastmod>: 8-byte fingerprint -> epoch seconds (see ``sitemaps``)."""
+    return f"{PREFIX}lastmod:{site}"
 
 
 def stats(site: str) -> str:
@@ -87,7 +127,14 @@ def recrawls() -> str:
 
 
 def conf(site: str) -> str:
-    """Hash of the politeness the scheduler obeys for ``site``: interval_ms, paused, concurrency."""
+    """Hash of the politeness in force for ``site``, read by the scheduler and the gate.
+
+    interval_ms (margin included), margin_ms, paused, concurrency (``publish_conf``);
+    robots_delay_ms (``robots``); pace_ms, pace_why (the adaptive interval, ``pacing``);
+    closed_until, closed_why (the last closure of the gate, ``Scheduler.close_gate``);
+    gate (the key of the gate the site's requests take when it is not ``gate(site)``: a
+    shared gate, or for ``gate_by = "ip"`` the last address a worker took it for).
+    """
     return f"{PREFIX}conf:{site}"
 
 
@@ -112,3 +159,13 @@ def lock(name: str) -> str:
 def metrics(site: str) -> str:
     """Hash of ``site``'s Prometheus counters and histogram buckets (see ``metrics``)."""
     return f"{PREFIX}metrics:{site}"
+
+
+def quarantine() -> str:
+    """List of refused jobs and frontier entries, with their reasons (see ``quarantine``)."""
+    return f"{PREFIX}quarantine"
+
+
+def outbox() -> str:
+    """List of fetch records (JSON) waiting for the database to come back (see ``events``)."""
+    return f"{PREFIX}outbox"

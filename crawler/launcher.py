@@ -17,9 +17,10 @@ from typing import Any
 
 from .connection import connect
 from .events import JSONFormatter
+from .parsing import ParseWorker
 from .runtime import Runtime, install
-from .settings import Settings
-from .workers import CrawlWorker, DownloadWorker, ParseWorker
+from .settings import Settings, scrub, secrets_of, url_secrets
+from .workers import DownloadWorker
 
 KINDS = ("download", "parse")
 
@@ -35,13 +36,28 @@ class WorkerSpec:
     log_level: str = "WARNING"
     #: "text", or "json" for one JSON object per log line (see ``events``).
     log_format: str = "text"
-    #: Serve every site seeded on this Redis (no ``--sites`` given), not only ``sites``.
-    all_sites: bool = False
 
 
-def configure_logging(level: str, log_format: str = "text") -> None:
-    """Log at ``level`` to stderr, as text lines or one JSON object per line."""
+class ScrubSecrets(logging.Filter):
+    """Replaces the secrets of the configured URLs in every log line (a library's error may quote one)."""
+
+    def __init__(self, secrets: list[str]):
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            record.msg, record.args = scrub(record.getMessage(), self.secrets), None
+            if record.exc_info:
+                record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.secrets)
+                record.exc_info = None
+        return True
+
+
+def configure_logging(level: str, log_format: str = "text", secrets: list[str] | None = None) -> None:
+    """Log at ``level`` to stderr, as text lines or one JSON object per line, ``secrets`` scrubbed."""
     handler = logging.StreamHandler()
+    handler.addFilter(ScrubSecrets(secrets or []))
     if log_format == "json":
         handler.setFormatter(JSONFormatter())
     else:
@@ -56,13 +72,13 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
 
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     """
-    configure_logging(spec.log_level, spec.log_format)
+    configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
     connection = connect(redis_url)
     rt = Runtime(connection, settings)
     install(rt)
     stop = threading.Event()
-    workers: list[CrawlWorker] = [
-        DownloadWorker(connection, spec.sites, all_sites=spec.all_sites, stop_event=stop)
+    workers: list[DownloadWorker | ParseWorker] = [
+        DownloadWorker(connection, spec.sites, stop_event=stop)
         if spec.kind == "download"
         else ParseWorker(connection, spec.sites, stop_event=stop)
         for _ in range(spec.threads)
@@ -74,8 +90,9 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     for thread in threads:
         thread.start()
     if launcher_pid is not None:
-        threading.Thread(target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch",
-                         daemon=True).start()
+        threading.Thread(
+            target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch", daemon=True
+        ).start()
     try:
         workers[0].work(burst=spec.burst)
     finally:
@@ -99,7 +116,8 @@ def _stop_when_orphaned(launcher_pid: int, stop: threading.Event) -> None:
     while True:
         if os.getppid() != launcher_pid:  # re-parented: the launcher died (maybe before we started)
             logging.getLogger("crawler.launcher").warning(
-                "launcher (pid %d) is gone: stopping after the current job", launcher_pid)
+                "launcher (pid %d) is gone: stopping after the current job", launcher_pid
+            )
             stop.set()
             return
         if stop.wait(ORPHAN_CHECK_EVERY):

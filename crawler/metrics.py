@@ -44,8 +44,7 @@ log = logging.getLogger("crawler.metrics")
 #: Upper bounds (seconds) of the download and parse duration histogram buckets.
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, math.inf)
 #: Upper bounds (seconds) of the gate-wait histogram buckets (Retry-After and error pauses reach minutes).
-GATE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-                     math.inf)
+GATE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, math.inf)
 #: Default port of the metrics endpoint (next to the node exporter's 9100 family of ports).
 DEFAULT_PORT = 9108
 #: Default address the endpoint listens on: loopback, so exposing it is a decision.
@@ -128,7 +127,7 @@ class _SiteCounters:
             if kind == "req":
                 key = tuple(rest.split(":", 2))
                 if len(key) == 3:
-                    self.requests[key] = int(value)  # type: ignore[index]
+                    self.requests[key] = int(value)
             elif kind == "bytes":
                 self.bytes[rest] = int(value)
             elif kind == "dur":
@@ -147,13 +146,17 @@ class MetricsCollector(Collector):
     ``crawler_redis_up 0`` (and log one warning) instead of failing.
     """
 
-    def __init__(self, connection: Redis, spiders: Mapping[str, type[Spider]] | None = None,
-                 settings: Settings | None = None, timeout: float = SCRAPE_TIMEOUT):
+    def __init__(
+        self,
+        connection: Redis,
+        spiders: Mapping[str, type[Spider]] | None = None,
+        settings: Settings | None = None,
+        timeout: float = SCRAPE_TIMEOUT,
+    ):
         pool = connection.connection_pool
         kwargs = dict(pool.connection_kwargs, socket_timeout=timeout, socket_connect_timeout=timeout)
         # Its own pool: the caller's client may wait forever on a silent server; a scrape must not.
-        self.connection = Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
-                                                                     **kwargs))
+        self.connection = Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
         self.spiders = dict(spiders or {})
         self.settings = settings
 
@@ -170,8 +173,11 @@ class MetricsCollector(Collector):
             families, up = [], 0
         yield from families
         yield GaugeMetricFamily("crawler_redis_up", "1 if this scrape could read Redis, else 0.", value=up)
-        yield GaugeMetricFamily("crawler_scrape_duration_seconds", "Seconds this scrape took to read Redis.",
-                                value=time.perf_counter() - started)
+        yield GaugeMetricFamily(
+            "crawler_scrape_duration_seconds",
+            "Seconds this scrape took to read Redis.",
+            value=time.perf_counter() - started,
+        )
 
     def close(self) -> None:
         self.connection.close()
@@ -187,36 +193,48 @@ class MetricsCollector(Collector):
             replies = pipe.execute()
         counters = {site: _SiteCounters(replies[2 * i]) for i, site in enumerate(sites)}
         live = {site: {k.decode(): v.decode() for k, v in replies[2 * i + 1].items()} for i, site in enumerate(sites)}
-        refreshes = GaugeMetricFamily("crawler_refreshes_scheduled", "Pages waiting for their scheduled refresh.",
-                                      labels=["site"])
+        refreshes = GaugeMetricFamily(
+            "crawler_refreshes_scheduled", "Pages waiting for their scheduled refresh.", labels=["site"]
+        )
         for status in statuses:
             refreshes.add_metric([status.site], status.refreshes)
         parse = parse_backlog(conn)
         yield from self._counter_families(counters)
         yield from self._site_gauges(statuses, live)
         yield refreshes
-        yield GaugeMetricFamily("crawler_parse_queue_depth", "Parse jobs waiting in the RQ queue 'parse'.",
-                                value=parse.queued)
-        yield GaugeMetricFamily("crawler_parse_in_flight", "Parse jobs being run.", value=parse.in_flight)
-        workers = GaugeMetricFamily("crawler_workers", "Live RQ workers (download and parse) by host and state.",
-                                    labels=["host", "state"])
+        yield GaugeMetricFamily(
+            "crawler_parse_queue_depth",
+            "Pages waiting for a parse worker (stream crawler:pages, not yet read).",
+            value=parse.queued,
+        )
+        yield GaugeMetricFamily(
+            "crawler_parse_in_flight", "Pages read by a parse worker and not yet done with.", value=parse.in_flight
+        )
+        workers = GaugeMetricFamily(
+            "crawler_workers", "Live workers (download and parse) by host and state.", labels=["host", "state"]
+        )
         for host, states in sorted(workers_by_host(conn).items()):
             for state, count in sorted(states.items()):
                 workers.add_metric([host, state], count)
         yield workers
 
     def _counter_families(self, counters: Mapping[str, _SiteCounters]) -> Iterator[Metric]:
-        requests = CounterMetricFamily("crawler_requests", "Finished download and parse jobs (fetch records).",
-                                       labels=["site", "kind", "outcome", "status"])
-        body_bytes = CounterMetricFamily("crawler_response_bytes", "Response body bytes downloaded.",
-                                         labels=["site", "kind"])
+        requests = CounterMetricFamily(
+            "crawler_requests",
+            "Finished downloads and parses (fetch records).",
+            labels=["site", "kind", "outcome", "status"],
+        )
+        body_bytes = CounterMetricFamily(
+            "crawler_response_bytes", "Response body bytes downloaded.", labels=["site", "kind"]
+        )
         durations = HistogramMetricFamily(
             "crawler_request_duration_seconds",
             "Duration of each fetch record (its elapsed): the download, or the parse callback.",
-            labels=["site", "kind"])
-        gate_wait = HistogramMetricFamily("crawler_gate_wait_seconds",
-                                          "Seconds a download waited for its site's politeness gate.",
-                                          labels=["site"])
+            labels=["site", "kind"],
+        )
+        gate_wait = HistogramMetricFamily(
+            "crawler_gate_wait_seconds", "Seconds a download waited for its site's politeness gate.", labels=["site"]
+        )
         for site, counts in sorted(counters.items()):
             for (kind, outcome, status), n in sorted(counts.requests.items()):
                 requests.add_metric([site, kind, outcome, status], n)
@@ -230,14 +248,15 @@ class MetricsCollector(Collector):
 
     def _site_gauges(self, statuses: list[SiteStatus], live: Mapping[str, dict[str, str]]) -> Iterator[Metric]:
         labels = ["site"]
-        queued = GaugeMetricFamily("crawler_queue_depth", "Downloads queued: compact frontier and RQ queue.",
-                                   labels=labels)
+        queued = GaugeMetricFamily(
+            "crawler_queue_depth", "Downloads queued: compact frontier and RQ queue.", labels=labels
+        )
         in_flight = GaugeMetricFamily("crawler_in_flight", "Downloads being run.", labels=labels)
-        retries = GaugeMetricFamily("crawler_retries_waiting", "Downloads waiting for a delayed retry.",
-                                    labels=labels)
+        retries = GaugeMetricFamily("crawler_retries_waiting", "Downloads waiting for a delayed retry.", labels=labels)
         items = CounterMetricFamily("crawler_items", "Items upserted (re-parses count again).", labels=labels)
-        interval = GaugeMetricFamily("crawler_site_interval_seconds", "Seconds between two requests to the site.",
-                                     labels=labels)
+        interval = GaugeMetricFamily(
+            "crawler_site_interval_seconds", "Seconds between two requests to the site.", labels=labels
+        )
         paused = GaugeMetricFamily("crawler_site_paused", "1 if the site is paused (crawler pause).", labels=labels)
         for status in statuses:
             site = [status.site]

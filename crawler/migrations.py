@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, func, inspect, select
+from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func, inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from .errors import ConfigError
@@ -49,7 +49,7 @@ class Migration:
     apply: Callable[[Operations], None]
 
 
-def add_column(version: int, column: Column) -> Migration:  # type: ignore[type-arg]
+def add_column(version: int, column: Column) -> Migration:
     """The step that adds ``column``, a column of a table the schema defines, where missing.
 
     A NOT NULL column needs a ``server_default`` to be added to a table with rows.
@@ -59,10 +59,23 @@ def add_column(version: int, column: Column) -> Migration:  # type: ignore[type-
     def apply(ops: Operations) -> None:
         present = {c["name"] for c in inspect(ops.get_bind()).get_columns(table)}
         if column.name not in present:
-            ops.add_column(table, Column(column.name, column.type, nullable=column.nullable,
-                                         server_default=column.server_default))
+            ops.add_column(
+                table, Column(column.name, column.type, nullable=column.nullable, server_default=column.server_default)
+            )
 
     return Migration(version, f"add {table}.{column.name}", apply)
+
+
+def add_index(version: int, index: Index) -> Migration:
+    """The step that creates ``index``, an index of a table the schema defines, where missing."""
+    table = index.table.name  # type: ignore[union-attr]
+
+    def apply(ops: Operations) -> None:
+        present = {i["name"] for i in inspect(ops.get_bind()).get_indexes(table)}
+        if index.name not in present:
+            ops.create_index(str(index.name), table, [c.name for c in index.columns])
+
+    return Migration(version, f"add index {index.name} on {table}", apply)
 
 
 def version_table(metadata: MetaData) -> Table:
@@ -137,8 +150,10 @@ def _record(conn: Connection, versions: Table, version: int, description: str) -
 
 def _refuse_newer(found: int, steps: Sequence[Migration]) -> None:
     if found > latest(steps):
-        raise ConfigError(f"database schema is version {found}, newer than this crawler's {latest(steps)}: "
-                          f"upgrade the crawler on this host")
+        raise ConfigError(
+            f"database schema is version {found}, newer than this crawler's {latest(steps)}: "
+            f"upgrade the crawler on this host"
+        )
 
 
 @contextmanager

@@ -1,5 +1,10 @@
 """The politeness in force for a site: spider attribute < config file < live setting.
 
+The interval in force is worked out in one place, ``effective_interval``: the interval
+of that precedence (for an ``Auto`` interval, its adaptive pace from Redis, at least its
+min), or the robots.txt ``Crawl-delay`` when longer; the gate margin is added on top by
+whoever spaces requests (the gate, ``NEXT_JOB``), which apply the same maximum in Lua.
+
 Live settings (``crawler set``, ``pause``, ``resume``) live in a Redis hash per site;
 workers re-read them at most once per ``LIVE_REFRESH`` seconds, so a change reaches
 every worker on every host within that time.
@@ -8,6 +13,7 @@ every worker on every host within that time.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +21,8 @@ from redis import Redis
 
 from . import keys
 from .errors import ConfigError
+from .pacing import Auto, Pace
+from .replies import text_map
 from .settings import Settings, check_concurrency, check_interval
 from .spider import Spider
 
@@ -26,27 +34,66 @@ LIVE_REFRESH = 1.0
 class SitePolicy:
     """What a worker obeys for one site, and where each value came from."""
 
+    #: Seconds between requests; for an adaptive interval, its floor (``auto.min``).
     interval: float
     concurrency: int | None = None
     obey_robots: bool = True
     paused: bool = False
     sources: dict[str, str] = field(default_factory=dict)
+    #: The adaptive interval's bounds and rule, when the interval in force is ``Auto``.
+    auto: Auto | None = None
+    #: What the site's gate spaces: "site", or "ip" (every request to one address).
+    gate_by: str = "site"
+    #: A gate shared by name with other sites (wins over ``gate_by``).
+    gate: str | None = None
+
+    @property
+    def interval_text(self) -> str:
+        """The interval as configured: ``1`` or ``auto 0.5-30s``."""
+        return str(self.auto) if self.auto else f"{self.interval:g}"
+
+
+def effective_interval(policy: SitePolicy, crawl_delay: float = 0.0, pace: Pace | None = None) -> tuple[float, str]:
+    """The seconds between two requests to a site, margin not included, and why.
+
+    The policy's interval (spider < config < live), or for an ``Auto`` one the site's
+    pace when it has one (never under ``auto.min``), or the robots.txt ``Crawl-delay``
+    when longer. Why: ``spider``, ``config``, ``live``, ``auto 2.4s (last 480 ms × 5)``
+    or ``robots.txt Crawl-delay``.
+    """
+    seconds, why = policy.interval, policy.sources.get("interval", "spider")
+    if policy.auto is not None:
+        why = f"auto {seconds:g}s (min)"
+        if pace is not None and pace.seconds >= seconds:
+            seconds, why = pace.seconds, str(pace)
+    if crawl_delay > seconds:
+        seconds, why = crawl_delay, "robots.txt Crawl-delay"
+    return seconds, why
 
 
 def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str]) -> SitePolicy:
     """Combine the spider's attributes, the config file's ``sites`` entry and live values."""
     values: dict[str, Any] = {
-        "interval": float(spider.interval),
+        "interval": spider.interval,
         "concurrency": getattr(spider, "concurrency", None),
         "obey_robots": bool(spider.obey_robots),
+        "gate_by": getattr(spider, "gate_by", "site"),
+        "gate": getattr(spider, "gate", None),
     }
     sources = {name: "spider" for name in values}
     for name, value in settings.sites.get(spider.name, {}).items():
         values[name] = value
         sources[name] = "config"
     if "interval" in live:
-        values["interval"] = float(live["interval"])
+        values["interval"] = float(live["interval"])  # a live interval is fixed: it replaces an Auto one
         sources["interval"] = "live"
+    interval = values.pop("interval")
+    if isinstance(interval, Mapping):  # the config file's form of an Auto interval
+        interval = Auto(**interval)
+    if isinstance(interval, Auto):
+        values["interval"], values["auto"] = interval.min, interval
+    else:
+        values["interval"] = float(interval)
     if "concurrency" in live:
         values["concurrency"] = int(live["concurrency"]) or None
         sources["concurrency"] = "live"
@@ -56,7 +103,7 @@ def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str
 def read_live(connection: Redis, site: str) -> dict[str, str]:
     """The live settings stored for ``site`` (empty when none)."""
     raw = connection.hgetall(keys.live_settings(site))
-    return {k.decode(): v.decode() for k, v in raw.items()}
+    return text_map(raw)
 
 
 def set_live(
@@ -76,7 +123,7 @@ def set_live(
         mapping["paused"] = "1" if paused else "0"
     if not mapping:
         raise ConfigError("nothing to set: give --interval or --concurrency (or --reset)")
-    connection.hset(keys.live_settings(site), mapping=mapping)
+    connection.hset(keys.live_settings(site), mapping=mapping)  # type: ignore[arg-type]  # str values are fine
 
 
 def reset_live(connection: Redis, site: str) -> None:

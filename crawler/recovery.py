@@ -1,8 +1,10 @@
-"""Getting work back: jobs of killed workers, jobs that raised, and the RQ retries due.
+"""Getting download jobs back: jobs of killed workers, jobs that raised, and the RQ retries due.
+
+(Pages waiting for a parser come back through their stream's consumer group: ``pages``.)
 
 Every job carries an RQ ``Retry``: when its worker dies (SIGKILL, OOM, a lost host) its
 entry in RQ's started registry stops being renewed by the running job's heartbeat
-and expires after ``job_lease`` seconds (a setting, 20 by default); the reaper then hands it back to its queue. A job
+and expires after ``job_lease`` seconds (a setting, 10 by default); the reaper then hands it back to its queue. A job
 that raises (a bug, the database down) is retried after growing delays, and only
 after ``RETRIES`` failures lands in RQ's failed registry.
 
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 
 from redis import Redis
 from rq import Queue, Retry
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -25,6 +28,8 @@ from rq.utils import current_timestamp
 
 from . import keys
 from .gate import Gate
+from .replies import text
+from .vetting import CrawlerJob
 
 log = logging.getLogger("crawler.recovery")
 
@@ -32,20 +37,22 @@ log = logging.getLogger("crawler.recovery")
 HEARTBEAT_EVERY = 1
 #: Seconds between two reaper passes, fleet-wide.
 REAP_EVERY = 5.0
-#: Delays (seconds) before the retries of a job that raised or whose worker died.
-RETRY_DELAYS = [5, 15, 60, 300, 900]
+#: Delays (seconds) before the retries of a job that raised or whose worker died. The first is
+#: immediate: a dead worker's page has already waited out its lease, and RQ queues a retry
+#: with no interval at once instead of scheduling it (which would add up to two reaper periods).
+RETRY_DELAYS = [0, 15, 60, 300, 900]
 RETRIES = len(RETRY_DELAYS)
 
 
 def job_retry() -> Retry:
-    """The RQ retry policy every download and parse job is enqueued with."""
+    """The RQ retry policy every download job is enqueued with."""
     return Retry(max=RETRIES, interval=RETRY_DELAYS)
 
 
 def queue_names(connection: Redis) -> list[str]:
-    """Every crawler queue on this Redis: each seeded site's downloads, and parsing."""
-    sites = sorted(s.decode() for s in connection.smembers(keys.sites()))
-    return [keys.download_queue(site) for site in sites] + [keys.PARSE_QUEUE]
+    """Every crawler queue on this Redis: each seeded site's downloads."""
+    sites = sorted(text(s) for s in connection.smembers(keys.sites()))
+    return [keys.download_queue(site) for site in sites]
 
 
 def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
@@ -58,8 +65,9 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     if not lock.acquire(blocking=False):
         return False
     for name in queue_names(connection) if names is None else names:
-        queue = Queue(name, connection=connection, serializer=JSONSerializer)
-        StartedJobRegistry(queue=queue, serializer=JSONSerializer).cleanup()
+        queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+        registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
+        registry.cleanup()  # refused jobs are quarantined as RQ reads them (see ``vetting``)
         promote_scheduled(connection, queue)
         if name.startswith("download:") and connection.llen(queue.key):
             # A job handed back must be seen by the scheduler.
@@ -95,7 +103,12 @@ def promote_scheduled(connection: Redis, queue: Queue) -> int:
     job_ids = registry.get_jobs_to_schedule(current_timestamp())
     if not job_ids:
         return 0
-    jobs = Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
+    jobs: list[Job | None] = []
+    for job_id in job_ids:
+        try:
+            jobs.append(CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer))
+        except NoSuchJobError:  # gone, or refused and quarantined
+            jobs.append(None)
     with connection.pipeline() as pipe:
         for job_id, job in zip(job_ids, jobs, strict=True):
             if job is not None:

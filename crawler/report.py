@@ -28,16 +28,21 @@ FORMATS = (".html", ".png")
 NEEDS_MATPLOTLIB = "a PNG report needs matplotlib: pip install 'crawler[plot]', or write an .html report"
 
 #: Fill colour of each outcome group (colour-blind-safe Okabe-Ito hues), and of the latency lines.
-COLORS = {"ok": "#009e73", "retry": "#e69f00", "failed": "#d55e00", "other": "#999999",
-          "p50": "#0072b2", "p95": "#cc79a7"}
+COLORS = {
+    "ok": "#009e73",
+    "retry": "#e69f00",
+    "failed": "#d55e00",
+    "other": "#999999",
+    "p50": "#0072b2",
+    "p95": "#cc79a7",
+}
 
 #: Size of one SVG chart in CSS pixels, and its margins around the plot area.
 CHART_WIDTH, CHART_HEIGHT = 960, 280
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 72, 36, 40, 46  # right: room for the last time label
 
 #: Steps the time axis picks from, in seconds: the shortest that gives at most MAX_TIME_TICKS labels.
-TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
-              172800, 604800)
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
 MAX_TIME_TICKS = 8
 
 
@@ -101,16 +106,21 @@ def render_html(reports: list[SiteReport]) -> str:
     numbers, a stacked bar chart of requests by outcome and a line chart of p50/p95 latency."""
     names = ", ".join(r.stats.site for r in reports)
     body = "\n".join(_site_section(report) for report in reports)
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
-            f"<title>Crawl report: {_esc(names)}</title>\n<style>{_STYLE}</style></head>\n"
-            f"<body>\n<h1>Crawl report: {_esc(names)}</h1>\n{body}\n</body></html>\n")
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
+        f"<title>Crawl report: {_esc(names)}</title>\n<style>{_STYLE}</style></head>\n"
+        f"<body>\n<h1>Crawl report: {_esc(names)}</h1>\n{body}\n</body></html>\n"
+    )
 
 
 def _site_section(report: SiteReport) -> str:
     stats, series = report.stats, report.series
     lat = stats.latency
-    slowest = "".join(f'<tr><td>{_esc(row["url"])}</td><td class="num">{row["elapsed"]:.3f}</td>'
-                      f'<td class="num">{_esc(row["status"])}</td></tr>' for row in stats.slowest)
+    slowest = "".join(
+        f'<tr><td>{_esc(row["url"])}</td><td class="num">{row["elapsed"]:.3f}</td>'
+        f'<td class="num">{_esc(row["status"])}</td></tr>'
+        for row in stats.slowest
+    )
     return f"""<section class="site">
 <h2>{_esc(stats.site)}: {_esc(time_range(series.first, series.last))}</h2>
 <p class="summary">{stats.downloads} downloads; latency p50 {_ms(lat["p50"])}, p90 {_ms(lat["p90"])},
@@ -160,13 +170,14 @@ def requests_svg(series: TimeSeries) -> str:
                 continue
             y_top, y_bottom = frame.y(stacked + count), frame.y(stacked)
             label = f"{_clock(bucket.start)} UTC: {count} {outcome}"
-            parts.append(f'<rect class="bar {outcome}" x="{x0 + gap / 2:.1f}" y="{y_top:.1f}" '
-                         f'width="{max(x1 - x0 - gap, 0.5):.1f}" height="{y_bottom - y_top:.1f}" '
-                         f'fill="{COLORS[outcome]}"><title>{_esc(label)}</title></rect>')
+            parts.append(
+                f'<rect class="bar {outcome}" x="{x0 + gap / 2:.1f}" y="{y_top:.1f}" '
+                f'width="{max(x1 - x0 - gap, 0.5):.1f}" height="{y_bottom - y_top:.1f}" '
+                f'fill="{COLORS[outcome]}"><title>{_esc(label)}</title></rect>'
+            )
             stacked += count
     title = f"Requests per {duration(size)}, by outcome"
-    return _svg("requests", frame, title, f"requests / {duration(size)}", ticks, "{:g}",
-                parts, list(SERIES_OUTCOMES))
+    return _svg("requests", frame, title, f"requests / {duration(size)}", ticks, "{:g}", parts, list(SERIES_OUTCOMES))
 
 
 def latency_svg(series: TimeSeries) -> str:
@@ -188,10 +199,16 @@ def latency_svg(series: TimeSeries) -> str:
             y = frame.y(value * scale)
             runs[-1].append(f"{x:.1f},{y:.1f}")
             label = f"{_clock(bucket.start)} UTC: {name} {value * scale:.4g} {unit}"
-            parts.append(f'<circle class="point {name}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" '
-                         f'fill="{COLORS[name]}"><title>{_esc(label)}</title></circle>')
-        parts += [f'<polyline class="line {name}" points="{" ".join(run)}" fill="none" stroke="{COLORS[name]}" '
-                  f'stroke-width="1.5"/>' for run in runs if len(run) > 1]
+            parts.append(
+                f'<circle class="point {name}" cx="{x:.1f}" cy="{y:.1f}" r="2.5" '
+                f'fill="{COLORS[name]}"><title>{_esc(label)}</title></circle>'
+            )
+        parts += [
+            f'<polyline class="line {name}" points="{" ".join(run)}" fill="none" stroke="{COLORS[name]}" '
+            f'stroke-width="1.5"/>'
+            for run in runs
+            if len(run) > 1
+        ]
     title = f"Download latency per {duration(series.bucket_seconds)} (of downloads that got an answer)"
     return _svg("latency", frame, title, f"latency ({unit})", ticks, "{:g}", parts, ["p50", "p95"])
 
@@ -201,14 +218,24 @@ def _frame(series: TimeSeries, top: float) -> _Frame:
     return _Frame(start, series.buckets[-1].start.timestamp() + series.bucket_seconds, top)
 
 
-def _svg(kind: str, frame: _Frame, title: str, y_label: str, y_ticks: list[float], y_format: str,
-         marks: list[str], legend: list[str]) -> str:
+def _svg(
+    kind: str,
+    frame: _Frame,
+    title: str,
+    y_label: str,
+    y_ticks: list[float],
+    y_format: str,
+    marks: list[str],
+    legend: list[str],
+) -> str:
     parts = [f'<text class="title" x="{frame.left}" y="18">{_esc(title)}</text>']
     for value in y_ticks:
         y = frame.y(value)
         parts.append(f'<line class="grid" x1="{frame.left}" x2="{frame.right}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick y" x="{frame.left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                     f"{y_format.format(value)}</text>")
+        parts.append(
+            f'<text class="tick y" x="{frame.left - 6}" y="{y + 4:.1f}" text-anchor="end">'
+            f"{y_format.format(value)}</text>"
+        )
     for t, label in time_ticks(frame.t0, frame.t1):
         x = frame.x(t)
         parts.append(f'<line class="axis" x1="{x:.1f}" x2="{x:.1f}" y1="{frame.lower}" y2="{frame.lower + 4}"/>')
@@ -217,18 +244,27 @@ def _svg(kind: str, frame: _Frame, title: str, y_label: str, y_ticks: list[float
     parts.append(f'<line class="axis" x1="{frame.left}" x2="{frame.right}" y1="{frame.lower}" y2="{frame.lower}"/>')
     parts.append(f'<line class="axis" x1="{frame.left}" x2="{frame.left}" y1="{frame.upper}" y2="{frame.lower}"/>')
     middle = (frame.upper + frame.lower) / 2
-    parts.append(f'<text class="label y" x="16" y="{middle:.1f}" text-anchor="middle" '
-                 f'transform="rotate(-90 16 {middle:.1f})">{_esc(y_label)}</text>')
-    parts.append(f'<text class="label x" x="{(frame.left + frame.right) / 2:.1f}" y="{CHART_HEIGHT - 6}" '
-                 f'text-anchor="middle">time (UTC)</text>')
+    parts.append(
+        f'<text class="label y" x="16" y="{middle:.1f}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {middle:.1f})">{_esc(y_label)}</text>'
+    )
+    parts.append(
+        f'<text class="label x" x="{(frame.left + frame.right) / 2:.1f}" y="{CHART_HEIGHT - 6}" '
+        f'text-anchor="middle">time (UTC)</text>'
+    )
     x = frame.right - 78 * len(legend)
     for name in legend:
-        parts.append(f'<rect class="key" x="{x}" y="8" width="12" height="12" fill="{COLORS[name]}"/>'
-                     f'<text class="key" x="{x + 17}" y="18">{name}</text>')
+        parts.append(
+            f'<rect class="key" x="{x}" y="8" width="12" height="12" fill="{COLORS[name]}"/>'
+            f'<text class="key" x="{x + 17}" y="18">{name}</text>'
+        )
         x += 78
-    return (f'<svg class="chart {kind}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" '
-            f'width="{CHART_WIDTH}" height="{CHART_HEIGHT}" role="img" aria-label="{_esc(title)}">\n'
-            + "\n".join(parts) + "\n</svg>")
+    return (
+        f'<svg class="chart {kind}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {CHART_WIDTH} {CHART_HEIGHT}" '
+        f'width="{CHART_WIDTH}" height="{CHART_HEIGHT}" role="img" aria-label="{_esc(title)}">\n'
+        + "\n".join(parts)
+        + "\n</svg>"
+    )
 
 
 def nice_ticks(peak: float, whole: bool = False, most: int = 5) -> tuple[list[float], float]:
@@ -286,6 +322,7 @@ def _esc(value: object) -> str:
 
 # -- PNG --------------------------------------------------------------------------------------
 
+
 def _write_png(path: str | Path, reports: list[SiteReport]) -> None:
     try:  # here, not at the top: the CLI must not pay for matplotlib unless a PNG is asked for
         from matplotlib import dates as mdates
@@ -299,9 +336,12 @@ def _write_png(path: str | Path, reports: list[SiteReport]) -> None:
     for report, subfigure in zip(reports, subfigures, strict=True):
         stats, series = report.stats, report.series
         lat = stats.latency
-        subfigure.suptitle(f"{stats.site}: {time_range(series.first, series.last)}\n"
-                           f"{stats.downloads} downloads; latency p50 {_ms(lat['p50'])}, p90 {_ms(lat['p90'])}, "
-                           f"p99 {_ms(lat['p99'])}, max {_ms(lat['max'])}", fontsize=12)
+        subfigure.suptitle(
+            f"{stats.site}: {time_range(series.first, series.last)}\n"
+            f"{stats.downloads} downloads; latency p50 {_ms(lat['p50'])}, p90 {_ms(lat['p90'])}, "
+            f"p99 {_ms(lat['p99'])}, max {_ms(lat['max'])}",
+            fontsize=12,
+        )
         requests_ax, latency_ax = subfigure.subplots(2, 1, sharex=True)
         _plot_requests(requests_ax, series, mdates)
         _plot_latency(latency_ax, series)
@@ -318,8 +358,15 @@ def _plot_requests(ax: Any, series: TimeSeries, mdates: Any) -> None:
     bottom = [0] * len(starts)
     for outcome in SERIES_OUTCOMES:
         counts = [b.requests[outcome] for b in series.buckets]
-        ax.bar(mdates.date2num(starts), counts, width=size / 86400 * 0.85, bottom=bottom,
-               align="edge", color=COLORS[outcome], label=outcome)
+        ax.bar(
+            mdates.date2num(starts),
+            counts,
+            width=size / 86400 * 0.85,
+            bottom=bottom,
+            align="edge",
+            color=COLORS[outcome],
+            label=outcome,
+        )
         bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
     ax.set_title(f"Requests per {duration(size)}, by outcome", loc="left", fontsize=11)
     ax.set_ylabel(f"requests / {duration(size)}")
@@ -336,8 +383,7 @@ def _plot_latency(ax: Any, series: TimeSeries) -> None:
     centers = [datetime.fromtimestamp(b.start.timestamp() + series.bucket_seconds / 2, UTC) for b in series.buckets]
     for name in ("p50", "p95"):
         values = [math.nan if getattr(b, name) is None else getattr(b, name) * scale for b in series.buckets]
-        ax.plot(centers, values, marker="o", markersize=3, linewidth=1.5,
-                color=COLORS[name], label=name)
+        ax.plot(centers, values, marker="o", markersize=3, linewidth=1.5, color=COLORS[name], label=name)
     title = f"Download latency per {duration(series.bucket_seconds)} (of downloads that got an answer)"
     ax.set_title(title, loc="left", fontsize=11)
     ax.set_ylabel(f"latency ({unit})")

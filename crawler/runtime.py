@@ -10,14 +10,19 @@ from __future__ import annotations
 import threading
 import time
 from functools import cached_property
+from urllib.parse import urlsplit
 
 from redis import Redis
 
+from . import keys
+from .addresses import AddressCache
 from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
 from .gate import Gate, site_gate
-from .policy import LIVE_REFRESH, PolicyCache, SitePolicy
+from .pacing import Pace, Pacer
+from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
+from .proxies import ProxyPool, site_proxies
 from .robots import RobotsCache
 from .scheduler import Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
@@ -39,6 +44,8 @@ class Runtime:
         self._spiders: dict[str, Spider] = {}
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}
+        self._site_proxies: dict[str, list[str]] = {}
+        self._gate_hints: dict[str, str] = {}
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -46,7 +53,28 @@ class Runtime:
 
     @cached_property
     def fetcher(self) -> Fetcher:
-        return Fetcher(self.settings.timeout, self.settings.max_body_bytes, self.settings.user_agent)
+        """The process's HTTP pool; wrapped in the development cache when ``http_cache`` is on."""
+        fetcher = Fetcher(self.settings.timeout, self.settings.max_body_bytes, self.settings.user_agent)
+        if not self.settings.http_cache:
+            return fetcher
+        from .httpcache import CachingFetcher
+
+        return CachingFetcher(fetcher, self.settings.state_dir, on_result=self._count_cache)  # type: ignore[return-value]
+
+    def _count_cache(self, site: str, hit: bool) -> None:
+        self.connection.hincrby(keys.stats(site), "cache_hits" if hit else "cache_misses", 1)
+
+    @cached_property
+    def proxies(self) -> ProxyPool:
+        """This process's proxy rotation and bench, shared by its worker threads."""
+        return ProxyPool()
+
+    def proxy(self, site: str) -> str | None:
+        """The proxy the next request to ``site`` goes through (None: direct)."""
+        listed = self._site_proxies.get(site)
+        if listed is None:
+            listed = self._site_proxies[site] = site_proxies(self.spider(site), self.settings)
+        return self.proxies.choose(listed)
 
     @cached_property
     def store(self) -> Store:
@@ -66,17 +94,90 @@ class Runtime:
     def policy(self, site: str) -> SitePolicy:
         return self.policies.get(site)
 
-    def gate(self, site: str) -> Gate:
-        """The site's gate with the interval in force now (a longer robots.txt Crawl-delay wins)."""
-        interval = max(self.policy(site).interval, self.robots.crawl_delay(site))
-        return site_gate(self.connection, site, interval, self.settings.gate_margin)
+    @cached_property
+    def pacer(self) -> Pacer:
+        return Pacer(self.connection)
+
+    @cached_property
+    def addresses(self) -> AddressCache:
+        return AddressCache()
+
+    def gate_name(self, site: str, url: str | None = None) -> str:
+        """The name of the gate that spaces ``site``'s request for ``url`` (see ``keys.gate``).
+
+        The site's own; a gate shared by name (``Spider.gate``); or with ``gate_by = "ip"``
+        the gate of the address ``url``'s host resolves to (the site's own when it does
+        not resolve: the request will fail anyway).
+        """
+        policy = self.policy(site)
+        if policy.gate:
+            return keys.shared_gate_name(policy.gate)
+        if policy.gate_by == "ip" and url:
+            address = self.addresses.address(urlsplit(url).hostname or "")
+            if address is not None:
+                name = keys.ip_gate_name(address)
+                if self._gate_hints.get(site) != name:  # tell NEXT_JOB which gate to look at
+                    self._gate_hints[site] = name
+                    self.connection.hset(keys.conf(site), "gate", keys.gate(name))
+                return name
+        return site
+
+    def gate(self, site: str, url: str | None = None) -> Gate:
+        """The gate for ``site``'s request for ``url``, with the interval in force now (``effective_interval``).
+
+        For an adaptive interval the gate reads the site's pace from Redis itself, each
+        time it sets its lifetime, so a pace another host has just raised applies.
+        """
+        policy = self.policy(site)
+        interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
+        return site_gate(
+            self.connection,
+            self.gate_name(site, url),
+            interval,
+            self.settings.gate_margin,
+            pace_key=keys.conf(site) if policy.auto else None,
+        )
+
+    def close_gate(self, site: str, url: str | None, seconds: float, why: str) -> None:
+        """Close the gate ``site``'s request for ``url`` takes, for every worker, for ``seconds``."""
+        self.scheduler.close_gate(site, seconds, why, gate_key=keys.gate(self.gate_name(site, url)))
+
+    def observe(
+        self, site: str, gate: Gate, elapsed: float, status: int | None = None, error: str | None = None
+    ) -> Pace | None:
+        """Tell the site's adaptive interval how a request through ``gate`` went (no-op for a fixed one).
+
+        ``status`` is the HTTP status, None with ``error`` ('timeout', 'connection') when
+        there was no answer.
+        """
+        auto = self.policy(site).auto
+        if auto is None:
+            return None
+        sent = gate.rearmed_at or gate.acquired_at or time.monotonic()
+        return self.pacer.observe(
+            keys.conf(site),
+            gate.key,
+            auto,
+            elapsed=elapsed,
+            status=status,
+            error=error,
+            margin=self.settings.gate_margin,
+            since_send=time.monotonic() - sent,
+        )
 
     def frontier(self, site: str) -> Frontier:
         """The site's frontier; also (re)publishes the site's politeness for the scheduler."""
         spider = self.spider(site)
         self.publish(site)
-        return Frontier(self.connection, site, spider.domains(), self.settings.failure_ttl, DEFAULT_DOWNLOAD_TIMEOUT,
-                        refresh=spider.refresh_for)
+        return Frontier(
+            self.connection,
+            site,
+            spider.domains(),
+            self.settings.failure_ttl,
+            DEFAULT_DOWNLOAD_TIMEOUT,
+            refresh=spider.refresh_for,
+            revisit_after=spider.revisit_after,
+        )
 
     def publish(self, site: str, force: bool = False) -> None:
         """Write the site's policy in force where the scheduler reads it (at most once a second)."""
@@ -85,16 +186,31 @@ class Runtime:
             return
         self._published[site] = now
         policy = self.policies.get(site, fresh=force)
-        publish_conf(self.connection, site, policy.interval, self.settings.gate_margin, policy.paused,
-                     policy.concurrency)
+        shared = keys.gate(keys.shared_gate_name(policy.gate)) if policy.gate else None
+        publish_conf(
+            self.connection,
+            site,
+            policy.interval,
+            self.settings.gate_margin,
+            policy.paused,
+            policy.concurrency,
+            auto=policy.auto is not None,
+            gate_key=shared,
+            gate_by_ip=policy.gate_by == "ip",
+        )
 
-    def take_gate(self, site: str) -> Gate:
-        """Wait for ``site``'s gate and take it: one request may start now.
+    def take_gate(self, site: str, url: str | None = None) -> Gate:
+        """Wait for the gate of ``site``'s request for ``url`` and take it: one request may start now.
 
         Pass the gate's ``rearm`` as the fetch's ``on_sent``, so the interval counts
         from the moment the request is on the wire.
         """
-        gate = self.gate(site)
+        if self.settings.http_cache:  # taken only if the fetch misses the cache and sends (httpcache)
+            return self.fetcher.defer(site, lambda: self._acquire(site, url))  # type: ignore[attr-defined]
+        return self._acquire(site, url)
+
+    def _acquire(self, site: str, url: str | None) -> Gate:
+        gate = self.gate(site, url)
         gate.acquire()
         return gate
 

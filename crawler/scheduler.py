@@ -3,7 +3,7 @@
 Three structures in Redis make the crawl fast while the gate keeps it polite:
 
 - the **compact frontier**, a list per site and priority of small JSON arrays (``[url,
-  callback, depth, hops, attempt, meta, refresh]`` with trailing defaults left out),
+  callback, depth, hops, attempt, meta, refresh, validators]`` with trailing defaults left out),
   which holds the bulk of queued URLs at a small fraction of an RQ job's size; a sorted
   set per site names the priorities that have entries, so refills drain the highest
   first;
@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 
 from . import keys
+from .replies import text
 
 #: Jobs a refill tops a site's RQ queue up to, from its compact frontier.
 JOBS_AHEAD = 4
@@ -82,8 +83,13 @@ for _ = 1, tries do
     local site, due = first_due()
     if site == nil then return {-1} end
     if due > now then return {0, due - now} end
-    local conf = redis.call('HMGET', p .. 'conf:' .. site, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms')
-    local interval = math.max(tonumber(conf[1]) or 1000, tonumber(conf[4]) or 0)
+    local conf = redis.call('HMGET', p .. 'conf:' .. site, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms',
+                            'pace_ms', 'margin_ms', 'gate')
+    -- The interval in force (policy.effective_interval): the published one (margin included), or
+    -- the robots.txt Crawl-delay or the adaptive pace, plus the margin, when longer.
+    local margin = tonumber(conf[6]) or 0
+    local interval = math.max(tonumber(conf[1]) or 1000, (tonumber(conf[4]) or 0) + margin,
+                              (tonumber(conf[5]) or 0) + margin)
     local queue = qp .. 'download:' .. site
     local queued = redis.call('LLEN', queue)
     local compact = redis.call('ZCARD', p .. 'levels:' .. site)
@@ -99,7 +105,8 @@ for _ = 1, tries do
         if cap then
             busy = redis.call('ZCARD', wp .. 'download:' .. site) + redis.call('LLEN', queue .. ':intermediate')
         end
-        local gate_ttl = redis.call('PTTL', p .. 'gate:' .. site)
+        -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
+        local gate_ttl = redis.call('PTTL', conf[7] or (p .. 'gate:' .. site))
         if cap and busy >= cap then
             redis.call('ZADD', ready, now + 50, site)
         elseif gate_ttl > 0 then
@@ -131,7 +138,9 @@ end
 # Moves due retries (``delayed``) and refreshes (``recrawl``) to the front of their site's
 # frontier list of their priority and marks those sites ready. Members are
 # ``site\tpriority\tnonce\tentry``. Returns how many moved.
-PROMOTE_DUE = _LEVEL_KEY + """
+PROMOTE_DUE = (
+    _LEVEL_KEY
+    + """
 local p = ARGV[1]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -140,19 +149,28 @@ for set, counter in pairs({delayed = 'delayed', recrawl = 'recrawls'}) do
     local due = redis.call('ZRANGEBYSCORE', p .. set, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
     for _, member in ipairs(due) do
         local a = string.find(member, '\t', 1, true)
-        local b = string.find(member, '\t', a + 1, true)
-        local c = string.find(member, '\t', b + 1, true)
-        local site, priority = string.sub(member, 1, a - 1), string.sub(member, a + 1, b - 1)
-        redis.call('LPUSH', level_key(p, site, priority), string.sub(member, c + 1))
-        redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
-        redis.call('ZADD', p .. 'ready', 'NX', now, site)
-        redis.call('HINCRBY', p .. 'stats:' .. site, counter, -1)
+        local b = a and string.find(member, '\t', a + 1, true)
+        local c = b and string.find(member, '\t', b + 1, true)
+        local site, priority = a and string.sub(member, 1, a - 1), b and string.sub(member, a + 1, b - 1)
+        local level = priority and tonumber(priority)
+        if not c or site == '' or not level or level ~= math.floor(level) or tostring(level) ~= priority then
+            -- Not a member this crawler wrote: kept aside with its reason, never retried.
+            redis.call('LPUSH', p .. 'quarantine', cjson.encode({when = now / 1000, source = p .. set,
+                reason = 'malformed ' .. set .. ' member', content = {member = string.sub(member, 1, 500)}}))
+            redis.call('LTRIM', p .. 'quarantine', 0, 9999)
+        else
+            redis.call('LPUSH', level_key(p, site, priority), string.sub(member, c + 1))
+            redis.call('ZADD', p .. 'levels:' .. site, level, priority)
+            redis.call('ZADD', p .. 'ready', 'NX', now, site)
+            redis.call('HINCRBY', p .. 'stats:' .. site, counter, -1)
+        end
         redis.call('ZREM', p .. set, member)
     end
     moved = moved + #due
 end
 return moved
 """
+)
 
 # ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = member, ARGV[4] = delay in ms,
 # ARGV[5] = set ('delayed' | 'recrawl'), ARGV[6] = its counter in the site's stats.
@@ -171,7 +189,9 @@ return 1
 # ARGV[5] = the job's priority, ARGV[6] = its frontier entry, ARGV[7] = RQ job key prefix.
 # Hands a queued (not yet taken) job back to the front of its frontier list. Returns 1 if
 # it did, 0 if a worker had already taken the job.
-EVICT = _LEVEL_KEY + """
+EVICT = (
+    _LEVEL_KEY
+    + """
 local p, queue, site, job, priority = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 redis.call('ZREM', p .. 'queued:' .. site, job)
 if redis.call('LREM', queue, 1, job) == 0 then return 0 end
@@ -180,10 +200,13 @@ redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
 redis.call('DEL', ARGV[7] .. job)
 return 1
 """
+)
 
 # ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3..] = priorities.
 # Forgets the priorities whose list is empty (atomic against a push, which re-adds them).
-FORGET_EMPTY_LEVELS = _LEVEL_KEY + """
+FORGET_EMPTY_LEVELS = (
+    _LEVEL_KEY
+    + """
 local p, site = ARGV[1], ARGV[2]
 for i = 3, #ARGV do
     if redis.call('LLEN', level_key(p, site, ARGV[i])) == 0 then
@@ -192,9 +215,12 @@ for i = 3, #ARGV do
 end
 return 1
 """
+)
 
 # ARGV[1] = crawler key prefix, ARGV[2..] = sites. Entries waiting in each site's frontier.
-FRONTIER_SIZES = _LEVEL_KEY + """
+FRONTIER_SIZES = (
+    _LEVEL_KEY
+    + """
 local p = ARGV[1]
 local sizes = {}
 for i = 2, #ARGV do
@@ -206,37 +232,85 @@ for i = 2, #ARGV do
 end
 return sizes
 """
+)
 
-# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = token, ARGV[4] = ms.
-# Closes the site's gate for at least ARGV[4] ms for every worker (Retry-After, errors).
+# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = token, ARGV[4] = ms, ARGV[5] = why,
+# ARGV[6] = the gate's key ('' = the site's own).
+# Closes the site's gate for at least ARGV[4] ms for every worker (Retry-After, errors); a
+# closure that lengthens the gate's is noted in the site's conf (closed_until, ms on the
+# Redis clock, and closed_why) for ``crawler status``.
 CLOSE_GATE = """
 local p, site, ms = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local gate = p .. 'gate:' .. site
-if redis.call('PTTL', gate) < ms then redis.call('SET', gate, ARGV[3], 'PX', ms) end
+if ARGV[6] and ARGV[6] ~= '' then gate = ARGV[6] end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('PTTL', gate) < ms then
+    redis.call('SET', gate, ARGV[3], 'PX', ms)
+    redis.call('HSET', p .. 'conf:' .. site, 'closed_until', now + ms, 'closed_why', ARGV[5])
+end
 local score = redis.call('ZSCORE', p .. 'ready', site)
 if score and tonumber(score) < now + ms then redis.call('ZADD', p .. 'ready', now + ms, site) end
 return 1
 """
 
 
-def encode_entry(url: str, callback: str = "parse", depth: int = 0, hops: int = 0, attempt: int = 1,
-                 meta: dict[str, Any] | None = None, refresh: float | None = None) -> str:
-    """A frontier entry: a JSON array with trailing default fields left out."""
-    fields: list[Any] = [url, callback, depth, hops, attempt, meta or {}, refresh]
-    defaults: list[Any] = [None, "parse", 0, 0, 1, {}, None]
+def encode_entry(
+    url: str,
+    callback: str = "parse",
+    depth: int = 0,
+    hops: int = 0,
+    attempt: int = 1,
+    meta: dict[str, Any] | None = None,
+    refresh: float | None = None,
+    validators: Sequence[Any] | None = None,
+) -> str:
+    """A frontier entry: a JSON array with trailing default fields left out.
+
+    ``validators`` ([etag, last_modified]) ride in a scheduled refresh's entry (``conditional``).
+    """
+    fields: list[Any] = [
+        url,
+        callback,
+        depth,
+        hops,
+        attempt,
+        meta or {},
+        refresh,
+        list(validators) if validators is not None else None,
+    ]
+    defaults: list[Any] = [None, "parse", 0, 0, 1, {}, None, None]
     while len(fields) > 1 and fields[-1] == defaults[len(fields) - 1]:
         fields.pop()
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
 
 
+def entry_encoder(
+    callback: str = "parse",
+    depth: int = 0,
+    hops: int = 0,
+    attempt: int = 1,
+    meta: dict[str, Any] | None = None,
+    refresh: float | None = None,
+) -> Callable[[str], str]:
+    """``encode_entry`` with every field but the URL fixed: for many URLs that share them (a page's links).
+
+    The JSON of a list is its items' JSON joined, so only the URL is encoded per call.
+    """
+    tail = encode_entry("", callback, depth, hops, attempt, meta, refresh)[len('[""') :]
+    return lambda url: "[" + _json_string(url) + tail
+
+
+#: A str as JSON, exactly as ``encode_entry``'s ``json.dumps(..., ensure_ascii=False)`` writes it.
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def decode_entry(entry: str | bytes) -> dict[str, Any]:
-    """The fields of a frontier entry, defaults filled in; ValueError for a malformed one."""
+    """The fields of a frontier entry, defaults filled in (``validators`` only if present); ValueError if malformed."""
     fields = json.loads(entry)
-    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 7:
+    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 8:
         raise ValueError(f"malformed frontier entry: {entry!r:.200}")
-    names = ("url", "callback", "depth", "hops", "attempt", "meta", "refresh")
+    names = ("url", "callback", "depth", "hops", "attempt", "meta", "refresh", "validators")
     values: dict[str, Any] = {"callback": "parse", "depth": 0, "hops": 0, "attempt": 1, "meta": {}, "refresh": None}
     values.update(zip(names, fields, strict=False))
     return values
@@ -270,13 +344,13 @@ class Scheduler:
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        args = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, self.group]
+        args: list[str | int] = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, self.group]
         reply = self._next(args=args)
         code = int(reply[0])
         if code == 1:
-            return Next(site=_text(reply[1]), job_id=_text(reply[2]), refill=bool(int(reply[3])))
+            return Next(site=text(reply[1]), job_id=text(reply[2]), refill=bool(int(reply[3])))
         if code == 2:
-            return Next(site=_text(reply[1]), refill=True)
+            return Next(site=text(reply[1]), refill=True)
         if code == 0:
             return Next(wait=int(reply[1]) / 1000.0)
         return Next()
@@ -307,21 +381,49 @@ class Scheduler:
         if priorities:
             self._forget_empty(args=[keys.PREFIX, site, *priorities])
 
-    def close_gate(self, site: str, seconds: float) -> None:
-        """Keep every worker away from ``site`` for at least ``seconds``."""
-        self._close(args=[keys.PREFIX, site, secrets.token_hex(8), max(1, int(seconds * 1000))])
+    def close_gate(self, site: str, seconds: float, why: str = "", gate_key: str | None = None) -> None:
+        """Keep every worker away from ``site`` for at least ``seconds``; ``why`` is shown by ``crawler status``.
+
+        ``gate_key``: the gate the request took, when not the site's own (a shared gate).
+        """
+        self._close(args=[keys.PREFIX, site, secrets.token_hex(8), max(1, int(seconds * 1000)), why, gate_key or ""])
 
 
-def publish_conf(connection: Redis, site: str, interval: float, margin: float, paused: bool = False,
-                 concurrency: int | None = None) -> None:
-    """Write the politeness NEXT_JOB obeys for ``site`` (interval incl. margin, pause, cap)."""
-    mapping = {"interval_ms": max(1, round((interval + margin) * 1000)), "paused": "1" if paused else "0"}
+def publish_conf(
+    connection: Redis,
+    site: str,
+    interval: float,
+    margin: float,
+    paused: bool = False,
+    concurrency: int | None = None,
+    auto: bool = False,
+    gate_key: str | None = None,
+    gate_by_ip: bool = False,
+) -> None:
+    """Write the politeness NEXT_JOB obeys for ``site`` (interval incl. margin, margin, pause, cap).
+
+    ``auto``: the interval is adaptive (its pace, kept in the same hash, applies); a fixed
+    one drops any pace left from an adaptive one. ``gate_key``: the key of a gate shared
+    by name (None: the site's own). ``gate_by_ip``: the gate is the address's, which the
+    download workers write as they resolve it (left as it is here).
+    """
+    mapping = {
+        "interval_ms": max(1, round((interval + margin) * 1000)),
+        "margin_ms": round(margin * 1000),
+        "paused": "1" if paused else "0",
+    }
     with connection.pipeline(transaction=True) as pipe:
         pipe.hset(keys.conf(site), mapping=mapping)  # type: ignore[arg-type]
         if concurrency:
             pipe.hset(keys.conf(site), "concurrency", concurrency)
         else:
             pipe.hdel(keys.conf(site), "concurrency")
+        if not auto:
+            pipe.hdel(keys.conf(site), "pace_ms", "pace_why")
+        if gate_key:
+            pipe.hset(keys.conf(site), "gate", gate_key)
+        elif not gate_by_ip:
+            pipe.hdel(keys.conf(site), "gate")
         pipe.execute()
 
 
@@ -330,7 +432,3 @@ def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
     if not sites:
         return []
     return [int(n) for n in connection.register_script(FRONTIER_SIZES)(args=[keys.PREFIX, *sites])]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

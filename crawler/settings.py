@@ -29,7 +29,7 @@ DEFAULT_STATE_DIR = ".crawler"
 """Where the embedded Redis server keeps its socket, pid and log."""
 
 DEFAULT_TIMEOUT = 30.0
-"""Seconds allowed for connecting and for the whole body of one response."""
+"""Seconds allowed for a whole request: connecting, TLS, headers and body, as one deadline."""
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 """Largest body accepted, after decompression; larger ones are refused and recorded."""
@@ -56,16 +56,19 @@ DEFAULT_DOWNLOAD_TIMEOUT = 300
 """RQ job timeout for one download job, seconds (covers a gate wait and the fetch)."""
 
 DEFAULT_PARSE_TIMEOUT = 120
-"""RQ job timeout for one parse job, seconds."""
+"""Seconds one page's parse may take (callback, items, links) before it is failed."""
 
-DEFAULT_JOB_LEASE = 20
+DEFAULT_JOB_LEASE = 10
 """Seconds a running job's claim lasts without a heartbeat; a killed worker's page returns after about this."""
 
 DEFAULT_USER_AGENT = "crawler/0.1 (+https://example.invalid/crawler)"
 """User-Agent sent when the spider names none."""
 
-DEFAULT_BODY_TTL = 24 * 3600
-"""Seconds a downloaded body may wait in Redis for a parse worker before it expires."""
+DEFAULT_PROXY = None
+"""No proxy: requests go direct unless a spider or ``sites.NAME.proxy`` names one."""
+
+DEFAULT_HTTP_CACHE = False
+"""Development cache off: every request goes to the site (``http_cache``)."""
 
 REDIS_EMBEDDED = "embedded"
 """``REDIS_URL`` value that asks for a private embedded Redis server."""
@@ -89,6 +92,10 @@ class Settings:
     failure_ttl: int = DEFAULT_FAILURE_TTL
     job_lease: int = DEFAULT_JOB_LEASE
     user_agent: str = DEFAULT_USER_AGENT
+    #: Proxy URL(s) for every site, comma-separated, rotated per request (``proxies``).
+    proxy: str | None = DEFAULT_PROXY
+    #: Development HTTP cache: replay responses stored under ``state_dir`` instead of refetching.
+    http_cache: bool = DEFAULT_HTTP_CACHE
     #: Per-site overrides from the config file: {site: {"interval": 2.0, ...}}.
     sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -101,6 +108,7 @@ class Settings:
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
+        check_proxy("proxy", self.proxy)
         for site, overrides in self.sites.items():
             if not isinstance(overrides, Mapping):
                 raise ConfigError(f"config: sites.{site} must be a mapping")
@@ -122,10 +130,44 @@ def check_interval(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_site_interval(name: str, value: Any) -> Any:
+    """A site's interval in the config file: seconds (> 0), or a mapping of ``Auto``'s fields
+    (``{min: 0.5, max: 30}``, ``factor`` and ``ease`` optional) for an adaptive one."""
+    if not isinstance(value, Mapping):
+        return check_interval(name, value)
+    from .pacing import Auto
+
+    unknown = sorted(set(value) - {"min", "max", "factor", "ease"})
+    if unknown:
+        raise ConfigError(
+            f"config: {name}.{unknown[0]} is not a field of an adaptive interval (min, max, factor, ease)"
+        )
+    try:
+        return Auto(**value)
+    except ValueError as exc:
+        raise ConfigError(f"config: {name}: {exc}") from None
+
+
 def check_concurrency(name: str, value: Any) -> int:
     """A concurrency cap: a whole number of at least 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"config: {name} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def check_gate_by(name: str, value: Any) -> str:
+    """What a site's gate spaces: "site" or "ip"."""
+    if value not in ("site", "ip"):
+        raise ConfigError(f"config: {name} must be 'site' or 'ip', got {value!r}")
+    return str(value)
+
+
+def check_gate_name(name: str, value: Any) -> str | None:
+    """The name of a gate shared by several sites: letters, digits, ``.``, ``_``, ``-`` (or None)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", value):
+        raise ConfigError(f"config: {name} must be a name of letters, digits, '.', '_' or '-', got {value!r}")
     return value
 
 
@@ -135,8 +177,23 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def check_proxy(name: str, value: Any) -> Any:
+    """Proxy URL(s): one, a comma-separated string, or a list; the error hides credentials."""
+    from .proxies import parse_proxies  # proxies imports this module
+
+    parse_proxies(value, name)
+    return value
+
+
 #: Site settings a config file may override, with their checks.
-SITE_KEYS = {"interval": check_interval, "concurrency": check_concurrency, "obey_robots": check_bool}
+SITE_KEYS = {
+    "interval": check_site_interval,
+    "concurrency": check_concurrency,
+    "obey_robots": check_bool,
+    "gate_by": check_gate_by,
+    "gate": check_gate_name,
+    "proxy": check_proxy,
+}
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 #: The type each setting's value must have (``redis_url`` defaults to None but is a str).
@@ -152,8 +209,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ConfigError(f"{source}: sites must be a mapping of site name to settings")
         return dict(value)
     kind: type = _KINDS[name]
+    if kind is bool:
+        return _flag(name, value, source)
     try:
-        if kind is bool or isinstance(value, bool) and kind is not str:
+        if isinstance(value, bool) and kind is not str:
             raise TypeError
         if isinstance(value, str) and kind in (int, float):
             value = kind(value.strip())
@@ -166,6 +225,21 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {value!r}") from None
+
+
+#: Spellings of true and false accepted for on/off settings (env variables are text).
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _flag(name: str, value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower() if isinstance(value, str | int) else None
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(f"{source}: {name} must be true or false, got {value!r}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -214,8 +288,42 @@ def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settin
 
 
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^/?#]*@)", re.IGNORECASE)
+#: Query parameters that carry secrets in Redis and database URLs (``?password=``, libpq's ``sslpassword``, …).
+_SECRET_PARAM = re.compile(
+    r"([?&;](?:[a-z_]*pass(?:word|wd)?|pwd|secret|[a-z_]*token|[a-z_]*key|auth)=)([^&;#]*)", re.IGNORECASE
+)
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any user and password replaced by ``***``, for logs and output."""
-    return _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", url)
+    """``url`` with its user and password, and secret query parameters, replaced by ``***``."""
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + "***", _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", url))
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secret values in ``url`` (password of its user part, secret query parameters), percent-decoded too."""
+    if not url:
+        return []
+    from urllib.parse import unquote
+
+    found = []
+    auth = _CREDENTIALS.search(url)
+    if auth and ":" in auth.group("auth"):
+        found.append(auth.group("auth")[:-1].split(":", 1)[1])
+    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
+    found += [unquote(value) for value in found]
+    return sorted({value for value in found if len(value) >= 3}, key=len, reverse=True)
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***`` (error messages, log lines)."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def secrets_of(settings: Settings | None = None) -> list[str]:
+    """Every secret in the configured Redis and database URLs (settings and environment)."""
+    urls = [os.environ.get("REDIS_URL"), os.environ.get("DATABASE_URL")]
+    if settings is not None:
+        urls += [settings.redis_url, settings.database_url]
+    return sorted({secret for url in urls for secret in url_secrets(url)}, key=len, reverse=True)

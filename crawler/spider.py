@@ -8,17 +8,31 @@ method, so they can travel through Redis as plain data.
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
-import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
 from .errors import SpiderLoadError
+from .pacing import Auto
+
+#: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
+#: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
+#: ":" that could start a scheme, no ";" parameters, no "%" escapes), then an optional query.
+_SEGMENT = r"[\w!$&'()*+,=@~-][\w.!$&'()*+,=@~-]*"
+_PLAIN_HREF = re.compile(rf"(/|(?:\.\.?/)*)((?:{_SEGMENT}/)*(?:{_SEGMENT})?)(?:\?([^#\t\n\r]*))?", re.ASCII)
+
+#: An absolute http(s) URL that urljoin returns as it is, whatever the base: lowercase
+#: scheme, plain host and port, no ";" parameters, a non-empty query if any.
+_PLAIN_ABSOLUTE_HREF = re.compile(
+    r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[\w.~!$&'()*+,=:@/%-]*)?(?:\?[^#\t\n\r]+)?", re.ASCII
+)
 
 Callback = Callable[["Page"], Iterable[Any]] | str | None
 
@@ -59,7 +73,12 @@ class Request:
 
 
 class Page:
-    """A downloaded HTML page: its URL, status, headers and a selectolax DOM."""
+    """A downloaded HTML page: its URL, status, headers and a selectolax DOM.
+
+    ``url`` and ``body`` are read once: the DOM, the base URL and resolved links are
+    computed on first use and kept for the page's life, so that a page with N links
+    costs O(N), not a document search per link.
+    """
 
     def __init__(
         self,
@@ -77,6 +96,12 @@ class Page:
         self.meta = meta or {}
         self._encoding = encoding
         self._tree: LexborHTMLParser | None = None
+        self._base_url: str | None = None
+        # href as written -> absolute URL: real pages repeat links (nav, "back to top",
+        # the same API name in every table), and urljoin is the costly step per link.
+        self._joined: dict[str, str] = {}
+        self._joined_targets: dict[str, str] = {}  # href without its fragment -> absolute URL
+        self._directories: dict[str, str] = {}  # "", "/", "../" ... -> what it resolves to, with "/"
 
     @property
     def tree(self) -> LexborHTMLParser:
@@ -109,11 +134,61 @@ class Page:
             return default
         return str(node.text(strip=strip))
 
+    @property
+    def base_url(self) -> str:
+        """What relative links resolve against: the first ``<base href>`` (made absolute), else ``url``.
+
+        The document is searched once per page, on first use.
+        """
+        if self._base_url is None:
+            base = self.tree.css_first("base[href]")
+            self._base_url = urljoin(self.url, base.attributes.get("href") or "") if base else self.url
+        return self._base_url
+
     def urljoin(self, href: str) -> str:
         """``href`` made absolute against this page's URL (``<base href>`` honoured)."""
-        base = self.tree.css_first("base[href]")
-        base_url = urljoin(self.url, base.attributes.get("href") or "") if base else self.url
-        return urljoin(base_url, href.strip())
+        joined = self._joined.get(href)
+        if joined is None:
+            joined = self._joined[href] = self._join(href.strip())
+        return joined
+
+    def _join(self, href: str) -> str:
+        """``urljoin(self.base_url, href)``, with the work shared between similar hrefs.
+
+        urljoin carries a non-empty fragment through untouched (unless it holds a tab or
+        newline, which urlsplit deletes), so a table of contents or a page of line anchors costs
+        one join per target, not per anchor. A plain absolute URL is returned as it is,
+        and a plain relative path is appended to what its leading ``/``, ``./`` or
+        ``../`` resolve to, which is joined once per page.
+        """
+        target, _, fragment = href.partition("#")
+        if not fragment or "\t" in fragment or "\n" in fragment or "\r" in fragment:
+            return self._join_target(href)
+        joined = self._joined_targets.get(target)
+        if joined is None:
+            # A bare "#..." takes the base without its fragment (urljoin(base, "") would keep it).
+            joined = self._join_target(target) if target else urljoin(self.base_url, "#x")[:-2]
+            self._joined_targets[target] = joined
+        return f"{joined}#{fragment}"
+
+    def _join_target(self, href: str) -> str:
+        if _PLAIN_ABSOLUTE_HREF.fullmatch(href):
+            return href
+        plain = _PLAIN_HREF.fullmatch(href) if self._base_is_hierarchical else None
+        if plain is None or not (plain[1] or plain[2]):
+            return urljoin(self.base_url, href)
+        prefix, path, query = plain.groups()
+        directory = self._directories.get(prefix)
+        if directory is None:
+            # urljoin resolves the prefix against the base as for any path after it.
+            directory = self._directories[prefix] = urljoin(self.base_url, prefix + "x")[:-1]
+        return f"{directory}{path}?{query}" if query else directory + path
+
+    @cached_property
+    def _base_is_hierarchical(self) -> bool:
+        """Whether the base URL is one urljoin resolves paths against (http(s) with a host)."""
+        parts = urlsplit(self.base_url)
+        return parts.scheme in ("http", "https") and bool(parts.netloc)
 
     def follow(self, href: str | LexborNode, callback: Callback = None, **kwargs: Any) -> Request:
         """A request for a link, relative to this page; ``href`` may be an ``<a>`` node."""
@@ -122,7 +197,7 @@ class Page:
         return Request(self.urljoin(href), callback=callback, **kwargs)
 
     def follow_all(self, css: str, callback: Callback = None, **kwargs: Any) -> Iterator[Request]:
-        """Requests for the ``href`` of every node matching ``css`` that has one."""
+        """Requests for the ``href`` of every node matching ``css`` that has one, in document order."""
         for node in self.css(css):
             href = node.attributes.get("href")
             if href and href.strip():
@@ -145,21 +220,49 @@ class Spider:
     start_urls: list[str] = []
     #: Hosts (and their subdomains) the spider may request; empty means the start URLs' hosts.
     allowed_domains: list[str] = []
-    #: Seconds between two requests to this site, across every worker on every host.
-    interval: float = 1.0
+    #: Seconds between two requests to this site, across every worker on every host; or
+    #: ``Auto(min=…, max=…)``: an interval that follows the site's response times and errors.
+    interval: float | Auto = 1.0
+    #: What one gate spaces: "site" (this spider's requests), or "ip" (every request to one IP
+    #: address, whichever spider or host name it is for: sites that share a server).
+    gate_by: str = "site"
+    #: A gate shared by name with other spiders (they are spaced as one site); None: gate_by.
+    gate: str | None = None
     #: Item field whose value identifies an item; None keys items by page URL and position.
     item_key: str | None = None
     #: Honour robots.txt.
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
-    #: Follow redirects from a public host to private or loopback addresses (refused by default).
+    #: Reach private, loopback or link-local addresses through host names (DNS) and redirects from
+    #: public hosts (refused by default; a URL naming an IP address or localhost is always allowed).
     allow_private_addresses: bool = False
     #: Refetch pages on a schedule: seconds between fetches for every page, or a mapping
     #: from callback name to seconds (``{"parse_product": 86400}``); None never refetches.
     refresh: float | Mapping[str, float] | None = None
     #: Priority of scheduled refreshes, below new pages (0) and seeds (10) by default.
     refresh_priority: int = -10
+    #: Seconds a seen URL stays seen (up to a quarter more), after which a link to it, or a
+    #: seed, queues it again: a periodic re-crawl finds new and changed pages. None: for good.
+    revisit_after: float | None = None
+    #: Proxy URL(s) for this site's requests (``http://user:pass@host:port``), a list rotated per request;
+    #: None: the ``proxy`` setting's; "" or []: direct. The gate stays the site's whatever the proxy.
+    proxy: str | list[str] | None = None
+    #: Sitemaps (or sitemap indexes, or robots.txt URLs, whose Sitemap: lines are read) to take URLs from;
+    #: seeded with the start URLs (``crawler seed SITE``). Plain XML or gzipped, up to 50 MB each.
+    sitemap_urls: list[str] = []
+    #: (regex, callback name) pairs: a sitemap URL goes to the callback of the first regex found in it;
+    #: a URL that matches none is not queued.
+    sitemap_rules: list[tuple[str, str]] = [("", "parse")]
+    #: Regexes: the sitemaps an index lists are followed when one is found in their URL (default: all).
+    sitemap_follow: list[str] = [""]
+    #: Also read the Sitemap: lines of the robots.txt of every origin of ``start_urls`` and ``sitemap_urls``.
+    sitemap_follow_robots: bool = False
+    #: Read ``sitemap_urls`` again every this many seconds (pages whose <lastmod> moved are fetched again).
+    sitemap_refresh: float | None = None
+    #: Send a refresh the page's last ETag / Last-Modified (If-None-Match / If-Modified-Since), so an
+    #: unchanged page answers 304 and is not downloaded or parsed again. Off for servers that answer 304 wrongly.
+    conditional_refresh: bool = True
 
     def refresh_for(self, request: Request) -> float | None:
         """Seconds after which ``request``'s page is to be fetched again, or None."""
@@ -175,24 +278,25 @@ class Spider:
         raise NotImplementedError(f"{type(self).__name__}.parse is not defined")
 
     def start_requests(self) -> Iterator[Request]:
-        """Requests seeded when no URL is given on the command line."""
+        """Requests seeded when no URL is given on the command line: the start URLs, then the sitemaps."""
         for url in self.start_urls:
             yield Request(url)
+        from .sitemaps import sitemap_requests  # sitemaps imports this module
+
+        yield from sitemap_requests(self)
 
     def callback(self, name: str) -> Callable[[Page], Iterable[Any]]:
         """The bound method a request names; raises AttributeError for an unknown one."""
         method = getattr(self, name, None)
         if not callable(method) or name.startswith("_"):
             raise AttributeError(f"spider {self.name!r} has no callback {name!r}")
-        return method  # type: ignore[no-any-return]
+        return method
 
     def domains(self) -> list[str]:
-        """The allowed domains, defaulting to the start URLs' hosts."""
+        """The allowed domains, defaulting to the hosts of the start URLs and sitemaps."""
         if self.allowed_domains:
             return [d.lower().lstrip(".") for d in self.allowed_domains]
-        from urllib.parse import urlsplit
-
-        return sorted({(urlsplit(u).hostname or "").lower() for u in self.start_urls} - {""})
+        return sorted({(urlsplit(u).hostname or "").lower() for u in [*self.start_urls, *self.sitemap_urls]} - {""})
 
 
 @dataclass
@@ -209,7 +313,7 @@ class SpiderSet:
         if name in self.spiders:
             return self.spiders[name]
         for error in self.errors:
-            if error.module == name:
+            if error.module == name or error.site == name:
                 raise error
         known = ", ".join(sorted(self.spiders)) or "none"
         raise ConfigError(f"unknown site {name!r} (known: {known})")
@@ -218,9 +322,12 @@ class SpiderSet:
 def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> SpiderSet:
     """Import every ``*.py`` module in ``directory`` and collect its Spider subclasses.
 
-    A module that fails to import is reported in ``errors`` by name; the others load.
+    A module that fails to import is reported in ``errors`` by name, file and line, and
+    so is a spider whose attributes are wrong (``spidercheck``); the others load.
     ``extra`` spiders (the bundled demo) are added as if found there.
     """
+    from .spidercheck import check_spider, import_failure
+
     spiders: dict[str, type[Spider]] = {s.name: s for s in extra}
     errors: list[SpiderLoadError] = []
     path = Path(directory)
@@ -230,13 +337,16 @@ def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> S
         try:
             module = _import_file(file)
         except Exception as exc:  # any error in user code is reported, not raised
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            errors.append(SpiderLoadError(file.stem, last))
+            errors.append(SpiderLoadError(file.stem, import_failure(file, exc)))
             continue
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Spider) and obj is not Spider and obj.name:
                 if obj.__module__ == module.__name__:
-                    spiders[obj.name] = obj
+                    problem = check_spider(obj, file)
+                    if problem:
+                        errors.append(SpiderLoadError(file.stem, problem, site=str(obj.name)))
+                    else:
+                        spiders[obj.name] = obj
     return SpiderSet(spiders, errors)
 
 

@@ -146,14 +146,21 @@ def time_series(site: str, rows: Iterable[dict[str, Any]], size: int | None = No
     buckets = []
     for index, (counter, values) in enumerate(zip(counts, latencies, strict=True)):
         values.sort()
-        buckets.append(Bucket(
-            start=datetime.fromtimestamp((base + index) * size, UTC),
-            requests={outcome: counter[outcome] for outcome in SERIES_OUTCOMES},
-            p50=percentile(values, 0.5) if values else None,
-            p95=percentile(values, 0.95) if values else None,
-        ))
-    return TimeSeries(site=site, bucket_seconds=size, buckets=buckets, first=min(_utc(r["started"]) for r in downloads),
-                      last=max(_utc(r["finished"]) for r in downloads))
+        buckets.append(
+            Bucket(
+                start=datetime.fromtimestamp((base + index) * size, UTC),
+                requests={outcome: counter[outcome] for outcome in SERIES_OUTCOMES},
+                p50=percentile(values, 0.5) if values else None,
+                p95=percentile(values, 0.95) if values else None,
+            )
+        )
+    return TimeSeries(
+        site=site,
+        bucket_seconds=size,
+        buckets=buckets,
+        first=min(_utc(r["started"]) for r in downloads),
+        last=max(_utc(r["finished"]) for r in downloads),
+    )
 
 
 def recent_rates(store: Store, sites: Iterable[str], window: float = 60.0) -> dict[str, float]:

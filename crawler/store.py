@@ -36,6 +36,7 @@ from sqlalchemy import (
     event,
     exists,
     func,
+    literal,
     select,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -62,6 +63,7 @@ items = Table(
     Column("last_seen", DateTime(timezone=True), nullable=False),
     Column("changed", DateTime(timezone=True), nullable=False),
     UniqueConstraint("site", "key", name="items_site_key"),
+    Index("items_site_url", "site", "url"),  # a page's items, when a refresh finds it unchanged
 )
 
 fetches = Table(
@@ -70,8 +72,8 @@ fetches = Table(
     Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
     Column("site", String(200), nullable=False),
     Column("url", Text, nullable=False),
-    Column("kind", String(16), nullable=False),  # download | parse
-    Column("outcome", String(16), nullable=False),  # ok | redirect | retry | failed | refused | skipped
+    Column("kind", String(16), nullable=False),  # download | parse | retry (crawler retry requeued the page)
+    Column("outcome", String(16), nullable=False),  # ok | unchanged | redirect | retry | failed | refused | skipped
     Column("status", Integer),
     Column("bytes", Integer),
     Column("elapsed", Float),
@@ -93,6 +95,7 @@ schema_versions = migrations.version_table(metadata)
 MIGRATIONS: tuple[migrations.Migration, ...] = (
     migrations.add_column(2, fetches.c.callback),
     migrations.add_column(3, fetches.c.meta),
+    migrations.add_index(4, next(i for i in items.indexes if i.name == "items_site_url")),
 )
 
 #: The schema version this code writes.
@@ -103,6 +106,10 @@ POSTGRES_INSTALL = "pip install 'crawler[postgres]'"
 
 #: Outcomes of a fetch record.
 OK, REDIRECT, RETRY, FAILED, REFUSED, SKIPPED = "ok", "redirect", "retry", "failed", "refused", "skipped"
+#: Outcome of a refresh the server answered 304 Not Modified: nothing downloaded, nothing parsed.
+UNCHANGED = "unchanged"
+#: Outcome of the record ``crawler retry`` leaves (kind ``retry``): the failed page is queued again.
+REQUEUED = "requeued"
 
 #: Most values bound in one SQL ``IN (...)`` (SQLite caps a statement's parameters).
 _IN_BATCH = 500
@@ -157,13 +164,15 @@ class Store:
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)}: {exc}") from None
         except ImportError as exc:
-            raise ConfigError(f"database driver {exc.name} is not installed for {redact_url(url)}"
-                              f"{_install_hint(url)}") from None
+            raise ConfigError(
+                f"database driver {exc.name} is not installed for {redact_url(url)}{_install_hint(url)}"
+            ) from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         elif self.engine.dialect.name != "postgresql":
-            raise ConfigError(f"unsupported database {self.engine.dialect.name!r} in {redact_url(url)}: "
-                              f"use SQLite or PostgreSQL")
+            raise ConfigError(
+                f"unsupported database {self.engine.dialect.name!r} in {redact_url(url)}: use SQLite or PostgreSQL"
+            )
         try:
             migrations.upgrade(self.engine, metadata, schema_versions, MIGRATIONS)
         except DBAPIError as exc:
@@ -231,6 +240,23 @@ class Store:
             },
         )
 
+    def touch_items(self, site: str, url: str, seen: datetime) -> int:
+        """Mark the items of page ``url`` seen again at ``seen`` (the page did not change). Returns how many.
+
+        ``last_seen`` only moves forward; data, digest and ``changed`` stay as they are.
+        """
+        if seen.tzinfo is None:
+            raise ValueError("seen must be a timezone-aware datetime")
+        latest = getattr(func, "greatest" if self.engine.dialect.name == "postgresql" else "max")
+        moment = literal(seen, items.c.last_seen.type)
+        query = (
+            items.update()
+            .where(items.c.site == site, items.c.url == url)
+            .values(last_seen=latest(items.c.last_seen, moment))
+        )
+        with self.engine.begin() as conn:
+            return int(conn.execute(query).rowcount)
+
     def record_fetches(self, records: Iterable[FetchRecord]) -> None:
         """Append fetch records."""
         rows = [vars(r) for r in records]
@@ -279,19 +305,28 @@ class Store:
         with self.engine.connect() as conn:
             return {outcome: int(n) for outcome, n in conn.execute(query)}
 
-    def failed_pages(self, site: str | None = None, limit: int | None = None,
-                     urls: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def failed_pages(
+        self,
+        site: str | None = None,
+        limit: int | None = None,
+        urls: Iterable[str] | None = None,
+        outcomes: tuple[str, ...] = (FAILED,),
+    ) -> list[dict[str, Any]]:
         """Pages whose latest fetch record (download or parse) failed, by site then age.
 
         A page that failed and later succeeded, or is being retried, is not listed.
-        ``site`` (None for every site) and ``urls`` narrow the pages looked at.
+        ``site`` (None for every site) and ``urls`` narrow the pages looked at; ``outcomes``
+        names the latest outcomes looked for (``REQUEUED`` too: pages ``crawler retry`` queued).
         """
         later = fetches.alias("later")
-        newer_record = exists().where(later.c.site == fetches.c.site, later.c.url == fetches.c.url,
-                                      later.c.id > fetches.c.id)
+        newer_record = exists().where(
+            later.c.site == fetches.c.site, later.c.url == fetches.c.url, later.c.id > fetches.c.id
+        )
         # Only failed records are visited (index on site, outcome); each is checked for a later
         # record of its page (index on site, url), so the cost follows the failures, not the crawl.
-        query = select(fetches).where(fetches.c.outcome == FAILED, ~newer_record).order_by(fetches.c.site, fetches.c.id)
+        query = (
+            select(fetches).where(fetches.c.outcome.in_(outcomes), ~newer_record).order_by(fetches.c.site, fetches.c.id)
+        )
         if site is not None:
             query = query.where(fetches.c.site == site)
         if limit is not None:
@@ -302,7 +337,7 @@ class Store:
             wanted = list(dict.fromkeys(urls))
             rows = []
             for start in range(0, len(wanted), _IN_BATCH):
-                batch = wanted[start:start + _IN_BATCH]
+                batch = wanted[start : start + _IN_BATCH]
                 rows += [dict(row._mapping) for row in conn.execute(query.where(fetches.c.url.in_(batch)))]
             return sorted(rows, key=lambda row: (row["site"], row["id"]))[:limit]
 

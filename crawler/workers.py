@@ -1,15 +1,16 @@
-"""Download and parse workers: in-process RQ workers, gate-aware queue choice, drain.
+"""Download workers: in-process RQ workers, gate-aware queue choice, drain; what every worker shares.
 
-Both are ``rq.SimpleWorker`` subclasses (jobs run in the worker's own process and
-thread, so the HTTP pool and database engine live across jobs) that keep RQ's
-registries, heartbeats and failure records. The download worker asks the scheduler
-(one Lua call, whatever the number of sites) for a site that has work *and* whose gate
-is open, so it never sits behind one closed gate while another site has budget; when
-every gate with work is closed it sleeps exactly until the first one opens.
+The download worker is an ``rq.SimpleWorker`` subclass (jobs run in the worker's own
+process and thread, so the HTTP pool and database engine live across jobs) that keeps
+RQ's registries, heartbeats and failure records. It asks the scheduler (one Lua call,
+whatever the number of sites) for a site that has work *and* whose gate is open, so it
+never sits behind one closed gate while another site has budget; when every gate with
+work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
+workers (``parsing``); they share the job-timeout watchdog and the drain test here.
 
 ``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
-scheduled for the download queues served and the parse queue), not when one queue
-is momentarily empty.
+scheduled for the download queues served, no page waiting in the pages stream), not
+when one queue is momentarily empty.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from rq.timeouts import JobTimeoutException, TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from . import keys, runtime
+from . import keys, outbox, runtime
 from .recovery import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
+from .replies import text
 from .scheduler import JOBS_AHEAD, Next, Scheduler, frontier_sizes
+from .vetting import CrawlerJob
 
 log = logging.getLogger("crawler.workers")
 
@@ -48,12 +51,14 @@ PROMOTE_EVERY = 0.2
 WORKER_BEAT_EVERY = 5.0
 #: Seconds between two idle looks for sites with work missing from the ready set.
 REPAIR_EVERY = 1.0
+#: Seconds between two looks for fetch records waiting for the database.
+FLUSH_EVERY = 2.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
 MAX_REFILLS = 8
 
 
 def queues_for(connection: Redis, names: Iterable[str]) -> list[Queue]:
-    return [Queue(name, connection=connection, serializer=JSONSerializer) for name in names]
+    return [Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob) for name in names]
 
 
 def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
@@ -69,19 +74,20 @@ def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
 
 
 def pending_work(connection: Redis, sites: Iterable[str]) -> int:
-    """Everything left for ``sites``: compact frontiers, delayed retries, RQ jobs, parse jobs."""
+    """Everything left for ``sites``: compact frontiers, delayed retries, RQ jobs, and every page to parse."""
     sites = list(sites)
     with connection.pipeline(transaction=False) as pipe:
         for site in sites:
             pipe.hget(keys.stats(site), "delayed")
         replies = pipe.execute()
     waiting = sum(int(n or 0) for n in replies) + sum(frontier_sizes(connection, sites))
-    names = [keys.download_queue(site) for site in sites] + [keys.PARSE_QUEUE]
-    return waiting + pending_jobs(connection, names)
+    waiting += outbox.waiting(connection)  # records waiting for the database
+    waiting += int(connection.xlen(keys.pages()))  # pages unread or being parsed: deleted once done with
+    return waiting + pending_jobs(connection, [keys.download_queue(site) for site in sites])
 
 
 def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
-    """Whether nothing is left to do for ``sites``: downloads, retries, every parse job.
+    """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
 
     Checked twice a moment apart, so work passing between two lists is not missed.
     """
@@ -90,10 +96,6 @@ def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
         return False
     time.sleep(0.05)
     return pending_work(connection, sites) == 0
-
-
-#: Seconds a parse worker waits after handing back a job it has no spider for.
-HAND_BACK_WAIT = 1.0
 
 
 class _Watchdog:
@@ -226,14 +228,21 @@ class CrawlWorker(SimpleWorker):
 
     death_penalty_class = WatchdogDeathPenalty  # SIGALRM works only in a process's main thread
 
-    def __init__(self, queues: Sequence[Queue], connection: Redis, sites: Sequence[str],
-                 stop_event: threading.Event | None = None, **kwargs: Any):
-        super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        connection: Redis,
+        sites: Sequence[str],
+        stop_event: threading.Event | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(queues, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob, **kwargs)
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self._burst = False
         self._last_promote = 0.0
         self._last_reap = 0.0
+        self._last_flush = 0.0
         self._redis_wait = 0.0
         self._lease = LeaseKeeper(self.maintain_heartbeats, self.name)
         self._claimed: str | None = None  # id of the job claimed by ``prepare_execution``
@@ -381,8 +390,9 @@ class CrawlWorker(SimpleWorker):
             self.increment_successful_job_count(pipeline=pipe)
             self.increment_total_working_time(job.ended_at - job.started_at, pipe)
             self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            pipe.delete(job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id),
-                        job.execution_registry.key)
+            pipe.delete(
+                job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
+            )
             self.set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.execute()
         self.log.info("Worker %s: %s: Job OK (%s)", self.name, job.origin, job.id)
@@ -425,6 +435,9 @@ class CrawlWorker(SimpleWorker):
         if now - self._last_reap >= REAP_EVERY:
             self._last_reap = now
             reap(self.connection)
+        if now - self._last_flush >= FLUSH_EVERY:
+            self._last_flush = now
+            outbox.flush(runtime.current())
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """A job to run now, else how long until one may be ready (None: no work)."""
@@ -435,8 +448,10 @@ class CrawlWorker(SimpleWorker):
         return None, None
 
     def _take(self, queue: Queue) -> tuple[Job, Queue] | None:
-        result = Queue.dequeue_any([queue], None, connection=self.connection,
-                                   job_class=self.job_class, serializer=self.serializer)
+        # A job this worker cannot trust or read is quarantined as it is read and skipped (``vetting``).
+        result = Queue.dequeue_any(
+            [queue], None, connection=self.connection, job_class=self.job_class, serializer=self.serializer
+        )
         if result is not None:
             job, _ = result
             job.redis_server_version = self.get_redis_server_version()
@@ -446,8 +461,14 @@ class CrawlWorker(SimpleWorker):
 
 def _plain(job: Job) -> bool:
     """Whether RQ has nothing to do for ``job``'s success beyond deleting it (see ``_finish``)."""
-    return (job.result_ttl == 0 and job.repeats_left is None and not job.has_rate_limit and not job.group_id
-            and job._success_callback_name is None and not job.webhooks)
+    return (
+        job.result_ttl == 0
+        and job.repeats_left is None
+        and not job.has_rate_limit
+        and not job.group_id
+        and job._success_callback_name is None
+        and not job.webhooks
+    )
 
 
 class DownloadWorker(CrawlWorker):
@@ -459,11 +480,14 @@ class DownloadWorker(CrawlWorker):
     call asked for it.
     """
 
-    def __init__(self, connection: Redis, sites: Sequence[str], all_sites: bool = True, **kwargs: Any):
+    def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
         queues = queues_for(connection, (keys.download_queue(s) for s in sites))
         super().__init__(queues, connection, sites, **kwargs)
         self._by_site = dict(zip(sites, queues, strict=True))
-        self.site_scheduler = Scheduler(connection, () if all_sites else sites)
+        # Always the sites this worker has spiders for: a site seeded elsewhere, or whose
+        # spider failed to load here, is never handed to it (it would hand it back, again
+        # and again, at tens of thousands of Redis calls a second).
+        self.site_scheduler = Scheduler(connection, sites)
         self._refill: str | None = None
         self._warned: set[str] = set()
         self._last_repair = 0.0
@@ -506,7 +530,26 @@ class DownloadWorker(CrawlWorker):
             replies = pipe.execute()
         stranded = {site: 0 for i, site in enumerate(self._by_site) if replies[2 * i] or replies[2 * i + 1]}
         if stranded:
-            self.connection.zadd(keys.ready(), stranded, nx=True)  # type: ignore[arg-type]
+            self.connection.zadd(keys.ready(), stranded, nx=True)
+        self._warn_unserved()
+
+    def _warn_unserved(self) -> None:
+        """Say once per site that a site with work waiting has no spider in this worker."""
+        others = sorted({text(s) for s in self.connection.smembers(keys.sites())} - set(self._by_site) - self._warned)
+        if not others:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            for site in others:
+                pipe.zscore(keys.ready(), site)
+            waiting = pipe.execute()
+        for site, score in zip(others, waiting, strict=True):
+            if score is not None:
+                self._warned.add(site)
+                log.warning(
+                    "site %r has work but no spider in this worker (not loaded here, or its module "
+                    "failed to load): left to other workers",
+                    site,
+                )
 
     def _give_back(self, step: Next) -> None:
         """Return a job of a site this worker has no spider for to the front of its queue."""
@@ -523,8 +566,8 @@ class DownloadWorker(CrawlWorker):
 
     def _fetch(self, job_id: str, queue: Queue) -> Job | None:
         try:
-            job = Job.fetch(job_id, connection=self.connection, serializer=self.serializer)
-        except NoSuchJobError:  # its hash expired or was deleted: drop the id
+            job = CrawlerJob.fetch(job_id, connection=self.connection, serializer=self.serializer)
+        except NoSuchJobError:  # its hash expired or was deleted, or it was refused and quarantined
             self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
             return None
         job.redis_server_version = self.get_redis_server_version()
@@ -538,33 +581,3 @@ class DownloadWorker(CrawlWorker):
                 runtime.current().frontier(site).refill(JOBS_AHEAD)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._redis_down(exc)  # the next NEXT_JOB asks for the refill again
-
-
-class ParseWorker(CrawlWorker):
-    """Serves the parse queue; in burst mode waits until downloads of ``sites`` drain too.
-
-    A parse job of a site this process has no spider for goes back to the end of the
-    queue for a worker that has it (one warning per site), as download workers do.
-    """
-
-    def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
-        super().__init__(queues_for(connection, [keys.PARSE_QUEUE]), connection, sites, **kwargs)
-        self._warned: set[str] = set()
-
-    def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
-        found, wait = super().next_job()
-        if found is None:
-            return found, wait
-        job, queue = found
-        payload = job.args[0] if job.args else None
-        site = payload.get("site") if isinstance(payload, dict) else None
-        if not isinstance(site, str) or site in runtime.current().spider_set.spiders:
-            return found, None  # a malformed payload is the job's to fail, with its error recorded
-        if site not in self._warned:
-            self._warned.add(site)
-            log.warning("no spider for site %r here: leaving its parse jobs to other workers", site)
-        with self.connection.pipeline(transaction=True) as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            pipe.rpush(queue.key, job.id)
-            pipe.execute()
-        return None, HAND_BACK_WAIT

@@ -51,8 +51,10 @@ class Books(Spider):
 
     def parse_book(self, page: Page) -> Iterator[dict[str, Any]]:
         """A product page: ``div.product_main`` and the "Product Information" table."""
-        info = {row.css_first("th").text(strip=True): row.css_first("td").text(strip=True)
-                for row in page.css("table.table-striped tr")}
+        info = {
+            row.css_first("th").text(strip=True): row.css_first("td").text(strip=True)
+            for row in page.css("table.table-striped tr")
+        }
         price = page.text("div.product_main p.price_color")
         match = PRICE.fullmatch(price)
         if match is None:  # fails this page, with the reason in `crawler failed books`

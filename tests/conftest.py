@@ -69,8 +69,9 @@ def sqlite_url(tmp_path: Path) -> str:
 def settings(sqlite_url: str, tmp_path: Path) -> Settings:
     """Settings for a fast test crawl: quick retries, an empty sites directory."""
     (tmp_path / "sites").mkdir(exist_ok=True)
-    return load_settings(database_url=sqlite_url, backoff=0.2, sites_dir=str(tmp_path / "sites"),
-                         state_dir=str(tmp_path / "state"))
+    return load_settings(
+        database_url=sqlite_url, backoff=0.2, sites_dir=str(tmp_path / "sites"), state_dir=str(tmp_path / "state")
+    )
 
 
 @pytest.fixture

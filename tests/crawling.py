@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,7 +15,7 @@ from redis import Redis
 from crawler.runtime import Runtime, install
 from crawler.settings import Settings
 from crawler.store import Store
-from crawler.workers import CrawlWorker, DownloadWorker, ParseWorker
+from crawler.testing import join_burst_workers, start_burst_workers
 
 #: Seconds an in-process crawl may take before the test fails.
 CRAWL_TIMEOUT = 60.0
@@ -33,31 +32,19 @@ def installed_runtime(connection: Redis, settings: Settings, **kwargs: Any) -> I
         rt.close()
 
 
-def start_in_threads(connection: Redis, downloads: int = 2, parsers: int = 1,
-                     sites: tuple[str, ...] = ("demo",)) -> tuple[list[threading.Thread], threading.Event]:
+def start_in_threads(
+    connection: Redis, downloads: int = 2, parsers: int = 1, sites: tuple[str, ...] = ("demo",)
+) -> tuple[list[threading.Thread], threading.Event]:
     """Burst download and parse workers in threads of this process (as a worker process runs them)."""
-    stop = threading.Event()
-    workers: list[CrawlWorker] = [DownloadWorker(connection, sites, stop_event=stop) for _ in range(downloads)]
-    workers += [ParseWorker(connection, sites, stop_event=stop) for _ in range(parsers)]
-    threads = [
-        threading.Thread(target=w.work, kwargs={"burst": True}, name=f"test-worker-{i}", daemon=True)
-        for i, w in enumerate(workers)
-    ]
-    for thread in threads:
-        thread.start()
-    return threads, stop
+    return start_burst_workers(connection, sites, downloads, parsers)
 
 
 def join_all(threads: list[threading.Thread], stop: threading.Event, timeout: float = CRAWL_TIMEOUT) -> None:
     """Wait for burst workers to drain; fail (after stopping them) if they do not."""
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    if any(t.is_alive() for t in threads):
-        stop.set()
-        for thread in threads:
-            thread.join(10)
-        pytest.fail(f"burst workers did not drain the crawl within {timeout:g}s")
+    try:
+        join_burst_workers(threads, stop, timeout)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
 
 
 def run_in_threads(connection: Redis, sites: tuple[str, ...] = ("demo",), timeout: float = CRAWL_TIMEOUT) -> None:

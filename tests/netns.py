@@ -121,8 +121,9 @@ def unavailable_reason() -> str | None:
 
 def netem_available(netns: str) -> bool:
     """Whether the kernel has sch_netem (tried on ``netns``'s loopback, then removed)."""
-    added = subprocess.run(["tc", "-n", netns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
-                           capture_output=True)
+    added = subprocess.run(
+        ["tc", "-n", netns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"], capture_output=True
+    )
     if added.returncode != 0:
         return False
     subprocess.run(["tc", "-n", netns, "qdisc", "del", "dev", "lo", "root"], capture_output=True)
@@ -174,8 +175,20 @@ class Topology:
         for k, service in enumerate(self.services):
             inside, outside = service.name[:15], f"{spec.name}-{k}"[:15]
             server_side, host_side = f"10.231.{number}.{4 * k + 1}", f"10.231.{number}.{4 * k + 2}"
-            _ip("-n", host.netns, "link", "add", inside, "type", "veth", "peer", "name", outside,
-                "netns", self.server_ns)
+            _ip(
+                "-n",
+                host.netns,
+                "link",
+                "add",
+                inside,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                outside,
+                "netns",
+                self.server_ns,
+            )
             _ip("-n", host.netns, "addr", "add", f"{host_side}/30", "dev", inside)
             _ip("-n", self.server_ns, "addr", "add", f"{server_side}/30", "dev", outside)
             _ip("-n", host.netns, "link", "set", inside, "up")
@@ -186,8 +199,21 @@ class Topology:
                 _ip("-n", host.netns, "route", "add", f"{service.address}/32", "via", server_side, "dev", inside)
                 for netns, device in ((host.netns, inside), (self.server_ns, outside)):
                     if delay > 0:
-                        _run("tc", "-n", netns, "qdisc", "add", "dev", device, "root", "netem",
-                             "delay", f"{delay:g}ms", "limit", "10000")
+                        _run(
+                            "tc",
+                            "-n",
+                            netns,
+                            "qdisc",
+                            "add",
+                            "dev",
+                            device,
+                            "root",
+                            "netem",
+                            "delay",
+                            f"{delay:g}ms",
+                            "limit",
+                            "10000",
+                        )
             else:
                 _ip("-n", host.netns, "addr", "add", f"{service.address}/32", "dev", "lo")
                 routes.append(f"{service.address}:{service.port}={server_side}:{service.port}@{delay:g}")
@@ -208,11 +234,13 @@ class Topology:
         route = f"0.0.0.0:{service.port}={target[0]}:{target[1]}@0"
         return self._start_relay(f"bridge to {service.name}", None, [route], listen_netns=self.server_ns)
 
-    def _start_relay(self, name: str, netns: str | None, routes: list[str],
-                     listen_netns: str | None = None) -> subprocess.Popen[bytes]:
+    def _start_relay(
+        self, name: str, netns: str | None, routes: list[str], listen_netns: str | None = None
+    ) -> subprocess.Popen[bytes]:
         options = ["--listen-netns", listen_netns] if listen_netns else []
-        process = self.run(netns, [sys.executable, str(Path(__file__).resolve()), "relay", *options, *routes],
-                           stdout=subprocess.PIPE)
+        process = self.run(
+            netns, [sys.executable, str(Path(__file__).resolve()), "relay", *options, *routes], stdout=subprocess.PIPE
+        )
         assert process.stdout is not None
         line = _read_line(process.stdout, RELAY_START)
         if line.strip() != b"ready":
@@ -222,8 +250,14 @@ class Topology:
         threading.Thread(target=process.stdout.read, name=f"relay-{name}-out", daemon=True).start()
         return process
 
-    def run(self, netns: str | None, argv: Sequence[str], env: Mapping[str, str] | None = None,
-            hostname: str | None = None, stdout: int | IO[Any] | None = None) -> subprocess.Popen[bytes]:
+    def run(
+        self,
+        netns: str | None,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        hostname: str | None = None,
+        stdout: int | IO[Any] | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start ``argv`` inside ``netns`` (None: the caller's own); given a ``hostname``, as a host's init process.
 
         A host's process gets its own hostname (UTS namespace) and process ids (PID
@@ -233,11 +267,25 @@ class Topology:
         """
         command = ["ip", "netns", "exec", netns] if netns is not None else []
         if hostname:
-            command += ["unshare", "--uts", "--pid", "--fork", "--kill-child",
-                        "sh", "-c", 'hostname "$0" && exec "$@"', hostname]
-        process = subprocess.Popen([*command, *argv], env=dict(env) if env is not None else None,
-                                   stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+            command += [
+                "unshare",
+                "--uts",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "sh",
+                "-c",
+                'hostname "$0" && exec "$@"',
+                hostname,
+            ]
+        process = subprocess.Popen(
+            [*command, *argv],
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._processes.append(process)
         return process
 
@@ -443,8 +491,9 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     await delivery
 
 
-async def _relay_connection(target: tuple[str, int], delay: float,
-                            reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _relay_connection(
+    target: tuple[str, int], delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     try:
         up_reader, up_writer = await asyncio.open_connection(*target)
     except OSError:
@@ -462,8 +511,12 @@ async def _serve(routes: list[str], listen_netns: str | None = None) -> None:
     for route in routes:
         listen, target, delay = parse_route(route)
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         target: tuple[str, int] = target, delay: float = delay) -> None:
+        async def handle(
+            reader: asyncio.StreamReader,
+            writer: asyncio.StreamWriter,
+            target: tuple[str, int] = target,
+            delay: float = delay,
+        ) -> None:
             await _relay_connection(target, delay, reader, writer)
 
         if listen_netns:

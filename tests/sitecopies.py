@@ -84,8 +84,9 @@ class SiteCopy:
         server.site = self
         self.port = server.server_address[1]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name=f"sitecopy-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"sitecopy-{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -101,8 +102,9 @@ class SiteCopy:
     def __enter__(self) -> Any:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     @property
@@ -191,133 +193,323 @@ class Quote:
     tags: tuple[str, ...]
 
 
-AUTHORS = {a.slug: a for a in [
-    Author("Albert-Einstein", "Albert Einstein", "March 14, 1879", "in Ulm, Germany",
-           "In 1879, Albert Einstein was born in Ulm, Germany. He completed his Ph.D. at the "
-           "University of Zurich by 1909. His theory of relativity changed physics."),
-    Author("J-K-Rowling", "J.K. Rowling", "July 31, 1965",
-           "in Yate, South Gloucestershire, England, The United Kingdom",
-           "Although she writes under the pen name J.K. Rowling, her name is Joanne Rowling. "
-           "She wrote the Harry Potter series."),
-    Author("Jane-Austen", "Jane Austen", "December 16, 1775", "in Steventon Rectory, Hampshire, The United Kingdom",
-           "Jane Austen was an English novelist whose works of romantic fiction, set among the "
-           "landed gentry, earned her a place among the most widely read writers in English."),
-    Author("Marilyn-Monroe", "Marilyn Monroe", "June 01, 1926", "in The United States",
-           "Marilyn Monroe (born Norma Jeane Mortenson) was an actress, singer and model."),
-    Author("Andre-Gide", "André Gide", "November 22, 1869", "in Paris, France",
-           "André Paul Guillaume Gide was a French author and winner of the Nobel Prize in "
-           "literature in 1947."),
-    Author("Thomas-A-Edison", "Thomas A. Edison", "February 11, 1847", "in Milan, Ohio, The United States",
-           "Thomas Alva Edison was an American inventor, scientist & businessman who developed "
-           "many devices that greatly influenced life around the world."),
-    Author("Eleanor-Roosevelt", "Eleanor Roosevelt", "October 11, 1884", "in The United States",
-           "Anna Eleanor Roosevelt was an American political leader who used her influence as an "
-           "active First Lady from 1933 to 1945."),
-    Author("Steve-Martin", "Steve Martin", "August 14, 1945", "in Waco, Texas, The United States",
-           "Stephen Glenn \"Steve\" Martin is an American actor, comedian, writer, playwright, "
-           "producer, musician, and composer."),
-    Author("Bob-Marley", "Bob Marley", "February 06, 1945", "in Nine Mile, Saint Ann, Jamaica",
-           "Robert \"Bob\" Nesta Marley was a Jamaican singer-songwriter and musician."),
-    Author("Dr-Seuss", "Dr. Seuss", "March 02, 1904", "in Springfield, MA, The United States",
-           "Theodor Seuss Geisel was born 2 March 1904 in Springfield, Massachusetts."),
-    Author("Douglas-Adams", "Douglas Adams", "March 11, 1952", "in Cambridge, England, The United Kingdom",
-           "Douglas Noël Adams was an English author, comic radio dramatist, and musician."),
-    Author("Elie-Wiesel", "Elie Wiesel", "September 30, 1928", "in Sighet, Romania",
-           "Eliezer Wiesel was a Romanian-born Jewish-American writer, professor and activist."),
-    Author("Friedrich-Nietzsche", "Friedrich Nietzsche", "October 15, 1844",
-           "in Röcken bei Lützen, Prussian Province of Saxony, Germany",
-           "Friedrich Wilhelm Nietzsche was a German philosopher of the late 19th century."),
-    Author("Mark-Twain", "Mark Twain", "November 30, 1835", "in Florida, Missouri, The United States",
-           "Samuel Langhorne Clemens, better known by his pen name Mark Twain, was an American "
-           "author and humorist."),
-    Author("Allen-Saunders", "Allen Saunders", "April 24, 1899", "in Lebanon, Indiana, The United States",
-           "Allen Saunders was an American writer, journalist and cartoonist."),
-    Author("Pablo-Neruda", "Pablo Neruda", "July 12, 1904", "in Parral, Chile",
-           "Pablo Neruda was the pen name of the Chilean poet and diplomat Neftalí Ricardo Reyes Basoalto."),
-    Author("Ralph-Waldo-Emerson", "Ralph Waldo Emerson", "May 25, 1803", "in Boston, Massachusetts, The United States",
-           "Ralph Waldo Emerson was an American essayist, lecturer, and poet."),
-    Author("Mother-Teresa", "Mother Teresa", "August 26, 1910", "in Skopje, Ottoman Empire (now Republic of Macedonia)",
-           "Mother Teresa founded the Missionaries of Charity in Calcutta in 1950."),
-    Author("Garrison-Keillor", "Garrison Keillor", "August 07, 1942", "in Anoka, Minnesota, The United States",
-           "Garrison Keillor is an American author, storyteller, humorist and radio host."),
-    Author("Jim-Henson", "Jim Henson", "September 24, 1936", "in Greenville, Mississippi, The United States",
-           "James Maury \"Jim\" Henson was an American puppeteer, best known as the creator of The Muppets."),
-]}
+AUTHORS = {
+    a.slug: a
+    for a in [
+        Author(
+            "Albert-Einstein",
+            "Albert Einstein",
+            "March 14, 1879",
+            "in Ulm, Germany",
+            "In 1879, Albert Einstein was born in Ulm, Germany. He completed his Ph.D. at the "
+            "University of Zurich by 1909. His theory of relativity changed physics.",
+        ),
+        Author(
+            "J-K-Rowling",
+            "J.K. Rowling",
+            "July 31, 1965",
+            "in Yate, South Gloucestershire, England, The United Kingdom",
+            "Although she writes under the pen name J.K. Rowling, her name is Joanne Rowling. "
+            "She wrote the Harry Potter series.",
+        ),
+        Author(
+            "Jane-Austen",
+            "Jane Austen",
+            "December 16, 1775",
+            "in Steventon Rectory, Hampshire, The United Kingdom",
+            "Jane Austen was an English novelist whose works of romantic fiction, set among the "
+            "landed gentry, earned her a place among the most widely read writers in English.",
+        ),
+        Author(
+            "Marilyn-Monroe",
+            "Marilyn Monroe",
+            "June 01, 1926",
+            "in The United States",
+            "Marilyn Monroe (born Norma Jeane Mortenson) was an actress, singer and model.",
+        ),
+        Author(
+            "Andre-Gide",
+            "André Gide",
+            "November 22, 1869",
+            "in Paris, France",
+            "André Paul Guillaume Gide was a French author and winner of the Nobel Prize in literature in 1947.",
+        ),
+        Author(
+            "Thomas-A-Edison",
+            "Thomas A. Edison",
+            "February 11, 1847",
+            "in Milan, Ohio, The United States",
+            "Thomas Alva Edison was an American inventor, scientist & businessman who developed "
+            "many devices that greatly influenced life around the world.",
+        ),
+        Author(
+            "Eleanor-Roosevelt",
+            "Eleanor Roosevelt",
+            "October 11, 1884",
+            "in The United States",
+            "Anna Eleanor Roosevelt was an American political leader who used her influence as an "
+            "active First Lady from 1933 to 1945.",
+        ),
+        Author(
+            "Steve-Martin",
+            "Steve Martin",
+            "August 14, 1945",
+            "in Waco, Texas, The United States",
+            'Stephen Glenn "Steve" Martin is an American actor, comedian, writer, playwright, '
+            "producer, musician, and composer.",
+        ),
+        Author(
+            "Bob-Marley",
+            "Bob Marley",
+            "February 06, 1945",
+            "in Nine Mile, Saint Ann, Jamaica",
+            'Robert "Bob" Nesta Marley was a Jamaican singer-songwriter and musician.',
+        ),
+        Author(
+            "Dr-Seuss",
+            "Dr. Seuss",
+            "March 02, 1904",
+            "in Springfield, MA, The United States",
+            "Theodor Seuss Geisel was born 2 March 1904 in Springfield, Massachusetts.",
+        ),
+        Author(
+            "Douglas-Adams",
+            "Douglas Adams",
+            "March 11, 1952",
+            "in Cambridge, England, The United Kingdom",
+            "Douglas Noël Adams was an English author, comic radio dramatist, and musician.",
+        ),
+        Author(
+            "Elie-Wiesel",
+            "Elie Wiesel",
+            "September 30, 1928",
+            "in Sighet, Romania",
+            "Eliezer Wiesel was a Romanian-born Jewish-American writer, professor and activist.",
+        ),
+        Author(
+            "Friedrich-Nietzsche",
+            "Friedrich Nietzsche",
+            "October 15, 1844",
+            "in Röcken bei Lützen, Prussian Province of Saxony, Germany",
+            "Friedrich Wilhelm Nietzsche was a German philosopher of the late 19th century.",
+        ),
+        Author(
+            "Mark-Twain",
+            "Mark Twain",
+            "November 30, 1835",
+            "in Florida, Missouri, The United States",
+            "Samuel Langhorne Clemens, better known by his pen name Mark Twain, was an American author and humorist.",
+        ),
+        Author(
+            "Allen-Saunders",
+            "Allen Saunders",
+            "April 24, 1899",
+            "in Lebanon, Indiana, The United States",
+            "Allen Saunders was an American writer, journalist and cartoonist.",
+        ),
+        Author(
+            "Pablo-Neruda",
+            "Pablo Neruda",
+            "July 12, 1904",
+            "in Parral, Chile",
+            "Pablo Neruda was the pen name of the Chilean poet and diplomat Neftalí Ricardo Reyes Basoalto.",
+        ),
+        Author(
+            "Ralph-Waldo-Emerson",
+            "Ralph Waldo Emerson",
+            "May 25, 1803",
+            "in Boston, Massachusetts, The United States",
+            "Ralph Waldo Emerson was an American essayist, lecturer, and poet.",
+        ),
+        Author(
+            "Mother-Teresa",
+            "Mother Teresa",
+            "August 26, 1910",
+            "in Skopje, Ottoman Empire (now Republic of Macedonia)",
+            "Mother Teresa founded the Missionaries of Charity in Calcutta in 1950.",
+        ),
+        Author(
+            "Garrison-Keillor",
+            "Garrison Keillor",
+            "August 07, 1942",
+            "in Anoka, Minnesota, The United States",
+            "Garrison Keillor is an American author, storyteller, humorist and radio host.",
+        ),
+        Author(
+            "Jim-Henson",
+            "Jim Henson",
+            "September 24, 1936",
+            "in Greenville, Mississippi, The United States",
+            'James Maury "Jim" Henson was an American puppeteer, best known as the creator of The Muppets.',
+        ),
+    ]
+}
 
 QUOTE_PAGES: list[list[Quote]] = [
     [
-        Quote("The world as we have created it is a process of our thinking. It cannot be changed "
-              "without changing our thinking.", "Albert-Einstein", ("change", "deep-thoughts", "thinking", "world")),
-        Quote("It is our choices, Harry, that show what we truly are, far more than our abilities.",
-              "J-K-Rowling", ("abilities", "choices")),
-        Quote("There are only two ways to live your life. One is as though nothing is a miracle. The other "
-              "is as though everything is a miracle.", "Albert-Einstein",
-              ("inspirational", "life", "live", "miracle", "miracles")),
-        Quote("The person, be it gentleman or lady, who has not pleasure in a good novel, must be "
-              "intolerably stupid.", "Jane-Austen", ("aliteracy", "books", "classic", "humor")),
-        Quote("Imperfection is beauty, madness is genius and it's better to be absolutely ridiculous than "
-              "absolutely boring.", "Marilyn-Monroe", ("be-yourself", "inspirational")),
-        Quote("Try not to become a man of success. Rather become a man of value.", "Albert-Einstein",
-              ("adulthood", "success", "value")),
-        Quote("It is better to be hated for what you are than to be loved for what you are not.",
-              "Andre-Gide", ("life", "love")),
-        Quote("I have not failed. I've just found 10,000 ways that won't work.", "Thomas-A-Edison",
-              ("edison", "failure", "inspirational", "paraphrased")),
-        Quote("A woman is like a tea bag; you never know how strong it is until it's in hot water.",
-              "Eleanor-Roosevelt", ("misattributed-eleanor-roosevelt",)),
+        Quote(
+            "The world as we have created it is a process of our thinking. It cannot be changed "
+            "without changing our thinking.",
+            "Albert-Einstein",
+            ("change", "deep-thoughts", "thinking", "world"),
+        ),
+        Quote(
+            "It is our choices, Harry, that show what we truly are, far more than our abilities.",
+            "J-K-Rowling",
+            ("abilities", "choices"),
+        ),
+        Quote(
+            "There are only two ways to live your life. One is as though nothing is a miracle. The other "
+            "is as though everything is a miracle.",
+            "Albert-Einstein",
+            ("inspirational", "life", "live", "miracle", "miracles"),
+        ),
+        Quote(
+            "The person, be it gentleman or lady, who has not pleasure in a good novel, must be intolerably stupid.",
+            "Jane-Austen",
+            ("aliteracy", "books", "classic", "humor"),
+        ),
+        Quote(
+            "Imperfection is beauty, madness is genius and it's better to be absolutely ridiculous than "
+            "absolutely boring.",
+            "Marilyn-Monroe",
+            ("be-yourself", "inspirational"),
+        ),
+        Quote(
+            "Try not to become a man of success. Rather become a man of value.",
+            "Albert-Einstein",
+            ("adulthood", "success", "value"),
+        ),
+        Quote(
+            "It is better to be hated for what you are than to be loved for what you are not.",
+            "Andre-Gide",
+            ("life", "love"),
+        ),
+        Quote(
+            "I have not failed. I've just found 10,000 ways that won't work.",
+            "Thomas-A-Edison",
+            ("edison", "failure", "inspirational", "paraphrased"),
+        ),
+        Quote(
+            "A woman is like a tea bag; you never know how strong it is until it's in hot water.",
+            "Eleanor-Roosevelt",
+            ("misattributed-eleanor-roosevelt",),
+        ),
         Quote("A day without sunshine is like, you know, night.", "Steve-Martin", ("humor", "obvious", "simile")),
     ],
     [
-        Quote("This life is what you make it. No matter what, you're going to mess up sometimes, it's a "
-              "universal truth. But the good part is you get to decide how you're going to mess it up.",
-              "Marilyn-Monroe", ("friends", "heartbreak", "inspirational", "life", "love", "sisters")),
-        Quote("It takes a great deal of bravery to stand up to our enemies, but just as much to stand up "
-              "to our friends.", "J-K-Rowling", ("courage", "friends")),
-        Quote("If you can't explain it to a six year old, you don't understand it yourself.",
-              "Albert-Einstein", ("simplicity", "understand")),
-        Quote("The truth is, everyone is going to hurt you. You just got to find the ones worth suffering "
-              "for.", "Bob-Marley", ("friendship",)),
-        Quote("I like nonsense, it wakes up the brain cells. Fantasy is a necessary ingredient in living.",
-              "Dr-Seuss", ("fantasy",)),
-        Quote("I may not have gone where I intended to go, but I think I have ended up where I needed to "
-              "be.", "Douglas-Adams", ("life", "navigation")),
-        Quote("The opposite of love is not hate, it's indifference. The opposite of art is not ugliness, "
-              "it's indifference.", "Elie-Wiesel",
-              ("activism", "apathy", "hate", "indifference", "inspirational", "love", "opposite", "philosophy")),
-        Quote("It is not a lack of love, but a lack of friendship that makes unhappy marriages.",
-              "Friedrich-Nietzsche",
-              ("friendship", "lack-of-friendship", "lack-of-love", "love", "marriage", "unhappy-marriage")),
-        Quote("Good friends, good books, and a sleepy conscience: this is the ideal life.", "Mark-Twain",
-              ("books", "contentment", "friends", "friendship", "life")),
-        Quote("Life is what happens to us while we are making other plans.", "Allen-Saunders",
-              ("fate", "life", "misattributed-john-lennon", "planning", "plans")),
+        Quote(
+            "This life is what you make it. No matter what, you're going to mess up sometimes, it's a "
+            "universal truth. But the good part is you get to decide how you're going to mess it up.",
+            "Marilyn-Monroe",
+            ("friends", "heartbreak", "inspirational", "life", "love", "sisters"),
+        ),
+        Quote(
+            "It takes a great deal of bravery to stand up to our enemies, but just as much to stand up to our friends.",
+            "J-K-Rowling",
+            ("courage", "friends"),
+        ),
+        Quote(
+            "If you can't explain it to a six year old, you don't understand it yourself.",
+            "Albert-Einstein",
+            ("simplicity", "understand"),
+        ),
+        Quote(
+            "The truth is, everyone is going to hurt you. You just got to find the ones worth suffering for.",
+            "Bob-Marley",
+            ("friendship",),
+        ),
+        Quote(
+            "I like nonsense, it wakes up the brain cells. Fantasy is a necessary ingredient in living.",
+            "Dr-Seuss",
+            ("fantasy",),
+        ),
+        Quote(
+            "I may not have gone where I intended to go, but I think I have ended up where I needed to be.",
+            "Douglas-Adams",
+            ("life", "navigation"),
+        ),
+        Quote(
+            "The opposite of love is not hate, it's indifference. The opposite of art is not ugliness, "
+            "it's indifference.",
+            "Elie-Wiesel",
+            ("activism", "apathy", "hate", "indifference", "inspirational", "love", "opposite", "philosophy"),
+        ),
+        Quote(
+            "It is not a lack of love, but a lack of friendship that makes unhappy marriages.",
+            "Friedrich-Nietzsche",
+            ("friendship", "lack-of-friendship", "lack-of-love", "love", "marriage", "unhappy-marriage"),
+        ),
+        Quote(
+            "Good friends, good books, and a sleepy conscience: this is the ideal life.",
+            "Mark-Twain",
+            ("books", "contentment", "friends", "friendship", "life"),
+        ),
+        Quote(
+            "Life is what happens to us while we are making other plans.",
+            "Allen-Saunders",
+            ("fate", "life", "misattributed-john-lennon", "planning", "plans"),
+        ),
     ],
     [
-        Quote("I love you without knowing how, or when, or from where. I love you simply, without "
-              "problems or pride.", "Pablo-Neruda", ("love", "poetry")),
-        Quote("For every minute you are angry you lose sixty seconds of happiness.", "Ralph-Waldo-Emerson",
-              ("happiness",)),
+        Quote(
+            "I love you without knowing how, or when, or from where. I love you simply, without problems or pride.",
+            "Pablo-Neruda",
+            ("love", "poetry"),
+        ),
+        Quote(
+            "For every minute you are angry you lose sixty seconds of happiness.", "Ralph-Waldo-Emerson", ("happiness",)
+        ),
         Quote("If you judge people, you have no time to love them.", "Mother-Teresa", ("attributed-no-source",)),
-        Quote("Anyone who thinks sitting in church can make you a Christian must also think that sitting "
-              "in a garage can make you a car.", "Garrison-Keillor", ("humor", "religion")),
-        Quote("Beauty is in the eye of the beholder and it may be necessary from time to time to give a "
-              "stupid or misinformed beholder a black eye.", "Jim-Henson", ("humor",)),
-        Quote("Today you are You, that is truer than true. There is no one alive who is Youer than You.",
-              "Dr-Seuss", ("comedy", "life", "yourself")),
-        Quote("If you want your children to be intelligent, read them fairy tales. If you want them to be "
-              "more intelligent, read them more fairy tales.", "Albert-Einstein", ("children", "fairy-tales")),
-        Quote("It is impossible to live without failing at something, unless you live so cautiously that "
-              "you might as well not have lived at all - in which case, you fail by default.",
-              "J-K-Rowling", ()),
-        Quote("Logic will get you from A to Z; imagination will get you everywhere.", "Albert-Einstein",
-              ("imagination",)),
+        Quote(
+            "Anyone who thinks sitting in church can make you a Christian must also think that sitting "
+            "in a garage can make you a car.",
+            "Garrison-Keillor",
+            ("humor", "religion"),
+        ),
+        Quote(
+            "Beauty is in the eye of the beholder and it may be necessary from time to time to give a "
+            "stupid or misinformed beholder a black eye.",
+            "Jim-Henson",
+            ("humor",),
+        ),
+        Quote(
+            "Today you are You, that is truer than true. There is no one alive who is Youer than You.",
+            "Dr-Seuss",
+            ("comedy", "life", "yourself"),
+        ),
+        Quote(
+            "If you want your children to be intelligent, read them fairy tales. If you want them to be "
+            "more intelligent, read them more fairy tales.",
+            "Albert-Einstein",
+            ("children", "fairy-tales"),
+        ),
+        Quote(
+            "It is impossible to live without failing at something, unless you live so cautiously that "
+            "you might as well not have lived at all - in which case, you fail by default.",
+            "J-K-Rowling",
+            (),
+        ),
+        Quote(
+            "Logic will get you from A to Z; imagination will get you everywhere.", "Albert-Einstein", ("imagination",)
+        ),
         Quote("One good thing about music, when it hits you, you feel no pain.", "Bob-Marley", ("music",)),
     ],
 ]
 
 #: The site's "Top Ten tags" box (``a.tag`` links outside any quote).
-TOP_TAGS = [("love", 28), ("inspirational", 26), ("life", 26), ("humor", 24), ("books", 22),
-            ("reading", 14), ("friendship", 10), ("friends", 8), ("truth", 8), ("simile", 6)]
+TOP_TAGS = [
+    ("love", 28),
+    ("inspirational", 26),
+    ("life", 26),
+    ("humor", 24),
+    ("books", 22),
+    ("reading", 14),
+    ("friendship", 10),
+    ("friends", 8),
+    ("truth", 8),
+    ("simile", 6),
+]
 
 _QUOTES_HEAD = """<!DOCTYPE html>
 <html lang="en">
@@ -407,16 +599,22 @@ class QuotesSite(SiteCopy):
         if quotes:
             parts.append('    <nav>\n        <ul class="pager">\n')
             if number > 1:
-                parts.append(f'            <li class="previous">\n                <a href="/page/{number - 1}/">'
-                             '<span aria-hidden="true">&larr;</span> Previous</a>\n            </li>\n')
+                parts.append(
+                    f'            <li class="previous">\n                <a href="/page/{number - 1}/">'
+                    '<span aria-hidden="true">&larr;</span> Previous</a>\n            </li>\n'
+                )
             if number < len(QUOTE_PAGES):
-                parts.append(f'            <li class="next">\n                <a href="/page/{number + 1}/">Next '
-                             '<span aria-hidden="true">&rarr;</span></a>\n            </li>\n')
+                parts.append(
+                    f'            <li class="next">\n                <a href="/page/{number + 1}/">Next '
+                    '<span aria-hidden="true">&rarr;</span></a>\n            </li>\n'
+                )
             parts.append("        </ul>\n    </nav>\n")
         parts.append('    </div>\n    <div class="col-md-4 tags-box">\n        <h2>Top Ten tags</h2>\n')
         for tag, size in TOP_TAGS:
-            parts.append(f'            <span class="tag-item">\n            <a class="tag" style="font-size: '
-                         f'{size}px" href="/tag/{tag}/">{tag}</a>\n            </span>\n')
+            parts.append(
+                f'            <span class="tag-item">\n            <a class="tag" style="font-size: '
+                f'{size}px" href="/tag/{tag}/">{tag}</a>\n            </span>\n'
+            )
         parts.append("    </div>\n</div>\n")
         parts.append(_QUOTES_FOOT)
         return "".join(parts).encode()
@@ -454,12 +652,29 @@ def _quote_html(quote: Quote) -> str:
 
 def expected_quote(quote: Quote) -> dict[str, Any]:
     """The item the quotes spider yields for ``quote``."""
-    return {"type": "quote", "key": f"quote:{quote.text}", "text": quote.text,
-            "author": AUTHORS[quote.author].name, "tags": list(quote.tags)}
+    return {
+        "type": "quote",
+        "key": f"quote:{quote.text}",
+        "text": quote.text,
+        "author": AUTHORS[quote.author].name,
+        "tags": list(quote.tags),
+    }
 
 
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-           "October", "November", "December"]
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 
 
 def expected_author(slug: str, url: str) -> dict[str, Any]:
@@ -532,32 +747,67 @@ _BOOK_ROWS = [
     (963, "in-a-dark-dark-wood", "In a Dark, Dark Wood", "19.63", "One", "mystery_3"),
     (942, "the-past-never-ends", "The Past Never Ends", "56.50", "Four", "mystery_3"),
     (877, "a-murder-in-time", "A Murder in Time", "16.64", "One", "mystery_3"),
-    (852, "the-murder-of-roger-ackroyd-hercule-poirot-4",
-     "The Murder of Roger Ackroyd (Hercule Poirot #4)",
-     "44.10", "Four", "mystery_3"),
-    (811, "full-moon-over-noahs-ark-an-odyssey-to-mount-ararat-and-beyond",
-     "Full Moon over Noah’s Ark: An Odyssey to Mount Ararat and Beyond",
-     "49.43", "Four", "travel_2"),
+    (
+        852,
+        "the-murder-of-roger-ackroyd-hercule-poirot-4",
+        "The Murder of Roger Ackroyd (Hercule Poirot #4)",
+        "44.10",
+        "Four",
+        "mystery_3",
+    ),
+    (
+        811,
+        "full-moon-over-noahs-ark-an-odyssey-to-mount-ararat-and-beyond",
+        "Full Moon over Noah’s Ark: An Odyssey to Mount Ararat and Beyond",
+        "49.43",
+        "Four",
+        "travel_2",
+    ),
     (761, "howl-and-other-poems", "Howl and Other Poems", "40.45", "Two", "poetry_23"),
-    (732, "see-america-a-celebration-of-our-national-parks-treasured-sites",
-     "See America: A Celebration of Our National Parks & Treasured Sites",
-     "48.87", "Three", "travel_2"),
+    (
+        732,
+        "see-america-a-celebration-of-our-national-parks-treasured-sites",
+        "See America: A Celebration of Our National Parks & Treasured Sites",
+        "48.87",
+        "Three",
+        "travel_2",
+    ),
     (720, "the-last-mile-amos-decker-2", "The Last Mile (Amos Decker #2)", "54.21", "Two", "mystery_3"),
     (712, "that-darkness-gardiner-and-renner-1", "That Darkness (Gardiner and Renner #1)", "13.92", "One", "mystery_3"),
     (686, "tastes-like-fear-di-marnie-rome-3", "Tastes Like Fear (DI Marnie Rome #3)", "10.69", "One", "mystery_3"),
-    (657, "a-time-of-torment-charlie-parker-14",
-     "A Time of Torment (Charlie Parker #14)",
-     "48.35", "Five", "mystery_3"),
-    (656, "a-study-in-scarlet-sherlock-holmes-1",
-     "A Study in Scarlet (Sherlock Holmes #1)",
-     "16.73", "Two", "mystery_3"),
+    (
+        657,
+        "a-time-of-torment-charlie-parker-14",
+        "A Time of Torment (Charlie Parker #14)",
+        "48.35",
+        "Five",
+        "mystery_3",
+    ),
+    (
+        656,
+        "a-study-in-scarlet-sherlock-holmes-1",
+        "A Study in Scarlet (Sherlock Holmes #1)",
+        "16.73",
+        "Two",
+        "mystery_3",
+    ),
     (627, "poisonous-max-revere-novels-3", "Poisonous (Max Revere Novels #3)", "26.80", "Three", "mystery_3"),
-    (587, "murder-at-the-42nd-street-library-raymond-ambler-1",
-     "Murder at the 42nd Street Library (Raymond Ambler #1)",
-     "54.36", "Four", "mystery_3"),
-    (552, "vagabonding-an-uncommon-guide-to-the-art-of-long-term-world-travel",
-     "Vagabonding: An Uncommon Guide to the Art of Long-Term World Travel",
-     "36.94", "Two", "travel_2"),
+    (
+        587,
+        "murder-at-the-42nd-street-library-raymond-ambler-1",
+        "Murder at the 42nd Street Library (Raymond Ambler #1)",
+        "54.36",
+        "Four",
+        "mystery_3",
+    ),
+    (
+        552,
+        "vagabonding-an-uncommon-guide-to-the-art-of-long-term-world-travel",
+        "Vagabonding: An Uncommon Guide to the Art of Long-Term World Travel",
+        "36.94",
+        "Two",
+        "travel_2",
+    ),
     (542, "most-wanted", "Most Wanted", "35.28", "Three", "mystery_3"),
     (521, "hide-away-eve-duncan-20", "Hide Away (Eve Duncan #20)", "11.84", "Four", "mystery_3"),
     (504, "under-the-tuscan-sun", "Under the Tuscan Sun", "37.33", "Three", "travel_2"),
@@ -567,27 +817,57 @@ _BOOK_ROWS = [
     (446, "the-great-railway-bazaar", "The Great Railway Bazaar", "30.54", "One", "travel_2"),
     (440, "playing-with-fire", "Playing with Fire", "13.71", "Three", "mystery_3"),
     (421, "a-year-in-provence-provence-1", "A Year in Provence (Provence #1)", "56.88", "Four", "travel_2"),
-    (419, "what-happened-on-beale-street-secrets-of-the-south-mysteries-2",
-     "What Happened on Beale Street (Secrets of the South Mysteries #2)",
-     "25.37", "Five", "mystery_3"),
-    (351, "the-bachelor-girls-guide-to-murder-herringford-and-watts-mysteries-1",
-     "The Bachelor Girl's Guide to Murder (Herringford and Watts Mysteries #1)",
-     "52.30", "Four", "mystery_3"),
+    (
+        419,
+        "what-happened-on-beale-street-secrets-of-the-south-mysteries-2",
+        "What Happened on Beale Street (Secrets of the South Mysteries #2)",
+        "25.37",
+        "Five",
+        "mystery_3",
+    ),
+    (
+        351,
+        "the-bachelor-girls-guide-to-murder-herringford-and-watts-mysteries-1",
+        "The Bachelor Girl's Guide to Murder (Herringford and Watts Mysteries #1)",
+        "52.30",
+        "Four",
+        "mystery_3",
+    ),
     (344, "the-waste-land", "The Waste Land", "10.97", "Five", "poetry_23"),
-    (285, "delivering-the-truth-quaker-midwife-mystery-1",
-     "Delivering the Truth (Quaker Midwife Mystery #1)",
-     "20.89", "Four", "mystery_3"),
-    (277, "the-road-to-little-dribbling-adventures-of-an-american-in-britain-notes-from-a-small-island-2",
-     "The Road to Little Dribbling: Adventures of an American in Britain (Notes From a Small Island #2)",
-     "23.21", "One", "travel_2"),
-    (250, "the-mysterious-affair-at-styles-hercule-poirot-1",
-     "The Mysterious Affair at Styles (Hercule Poirot #1)",
-     "24.80", "One", "mystery_3"),
+    (
+        285,
+        "delivering-the-truth-quaker-midwife-mystery-1",
+        "Delivering the Truth (Quaker Midwife Mystery #1)",
+        "20.89",
+        "Four",
+        "mystery_3",
+    ),
+    (
+        277,
+        "the-road-to-little-dribbling-adventures-of-an-american-in-britain-notes-from-a-small-island-2",
+        "The Road to Little Dribbling: Adventures of an American in Britain (Notes From a Small Island #2)",
+        "23.21",
+        "One",
+        "travel_2",
+    ),
+    (
+        250,
+        "the-mysterious-affair-at-styles-hercule-poirot-1",
+        "The Mysterious Affair at Styles (Hercule Poirot #1)",
+        "24.80",
+        "One",
+        "mystery_3",
+    ),
     (234, "in-the-woods-dublin-murder-squad-1", "In the Woods (Dublin Murder Squad #1)", "38.38", "Three", "mystery_3"),
     (211, "leaves-of-grass", "Leaves of Grass", "41.34", "Three", "poetry_23"),
-    (198, "neither-here-nor-there-travels-in-europe",
-     "Neither Here nor There: Travels in Europe",
-     "38.95", "Three", "travel_2"),
+    (
+        198,
+        "neither-here-nor-there-travels-in-europe",
+        "Neither Here nor There: Travels in Europe",
+        "38.95",
+        "Three",
+        "travel_2",
+    ),
     (155, "the-prophet", "The Prophet", "28.44", "Four", "poetry_23"),
     (1, "1000-places-to-see-before-you-die", "1,000 Places to See Before You Die", "26.08", "Five", "travel_2"),
 ]
@@ -674,11 +954,18 @@ class BooksSite(SiteCopy):
 
     # -- pages ------------------------------------------------------------------------
 
-    def _add_listing(self, title: str, first: str, directory: str, books: list[Book], category_dir: str | None,
-                     aliases: tuple[str, ...] | list[str] = ()) -> None:
+    def _add_listing(
+        self,
+        title: str,
+        first: str,
+        directory: str,
+        books: list[Book],
+        category_dir: str | None,
+        aliases: tuple[str, ...] | list[str] = (),
+    ) -> None:
         paths = listing_paths(first, directory, len(books))
         for number, path in enumerate(paths, start=1):
-            chunk = books[(number - 1) * PER_PAGE:number * PER_PAGE]
+            chunk = books[(number - 1) * PER_PAGE : number * PER_PAGE]
             body = self._listing(title, path, chunk, number, len(paths), len(books), category_dir)
             self.pages[path] = body
             if number == 1:
@@ -688,8 +975,9 @@ class BooksSite(SiteCopy):
                 alias = f"{directory}/page-1.html"
                 self.pages[alias] = self._listing(title, alias, chunk, 1, len(paths), len(books), category_dir)
 
-    def _listing(self, title: str, path: str, books: list[Book], number: int, pages: int, total: int,
-                 category_dir: str | None) -> bytes:
+    def _listing(
+        self, title: str, path: str, books: list[Book], number: int, pages: int, total: int, category_dir: str | None
+    ) -> bytes:
         here = posixpath.dirname(path)
         crumbs = f'    <li><a href="{rel("/index.html", here)}">Home</a></li>\n'
         if category_dir is not None and category_dir != ALL_BOOKS_DIR:
@@ -701,8 +989,14 @@ class BooksSite(SiteCopy):
             "                            \n                        </a>\n                </li>\n"
             for c in CATEGORIES
         )
-        shown = (f" - showing <strong>{(number - 1) * PER_PAGE + 1}</strong> to "
-                 f"<strong>{(number - 1) * PER_PAGE + len(books)}</strong>") if pages > 1 else ""
+        shown = (
+            (
+                f" - showing <strong>{(number - 1) * PER_PAGE + 1}</strong> to "
+                f"<strong>{(number - 1) * PER_PAGE + len(books)}</strong>"
+            )
+            if pages > 1
+            else ""
+        )
         pods = "".join(self._pod(book, here) for book in books)
         pager = ""
         if pages > 1:
@@ -794,7 +1088,7 @@ class="thumbnail"></a>
     def _product(self, book: Book) -> bytes:
         here = book.dir
         category = _category(book.category)
-        stars = "\n".join("        <i class=\"icon-star\"></i>" for _ in range(5))
+        stars = "\n".join('        <i class="icon-star"></i>' for _ in range(5))
         body = f"""
 <div class="container-fluid page">
     <div class="page_inner">

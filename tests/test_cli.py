@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,7 +33,7 @@ UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 UNREACHABLE_DATABASE = "postgresql+psycopg://u:secret@127.0.0.1:1/x"
 
 BROKEN_SPIDER = "import a_module_that_does_not_exist_anywhere\n"
-GOOD_SPIDER = '''
+GOOD_SPIDER = """
 from crawler import Spider
 
 
@@ -44,7 +44,7 @@ class Good(Spider):
 
     def parse(self, page):
         return []
-'''
+"""
 
 Invoke = Callable[..., Result]
 
@@ -86,8 +86,9 @@ def stderr_lines(result: Result) -> list[str]:
 def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("crawler")
     command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli import main; main()"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
+    }
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -101,29 +102,42 @@ def seed_items(database_url: str, site: str, items: list[dict]) -> None:
 
 ITEMS = [
     {"sku": "SKU-00001", "name": "Product 1", "price": 79.19, "in_stock": True, "url": "http://127.0.0.1/product/1"},
-    {"sku": "SKU-00002", "name": "Prodüct 2, \"quoted\"", "price": 158.38, "in_stock": False,
-     "url": "http://127.0.0.1/product/2"},
+    {
+        "sku": "SKU-00002",
+        "name": 'Prodüct 2, "quoted"',
+        "price": 158.38,
+        "in_stock": False,
+        "url": "http://127.0.0.1/product/2",
+    },
 ]
 
 
 # -- bad input: one line, non-zero exit -------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [
-    ["seed", "nosuch", "http://127.0.0.1/"],
-    ["export", "nosuch"],
-    ["status", "nosuch"],
-    ["set", "nosuch", "--interval", "1"],
-], ids=["seed", "export", "status", "set"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["seed", "nosuch", "http://127.0.0.1/"],
+        ["export", "nosuch"],
+        ["status", "nosuch"],
+        ["set", "nosuch", "--interval", "1"],
+    ],
+    ids=["seed", "export", "status", "set"],
+)
 def test_unknown_site_is_one_line_error_naming_the_known_sites(invoke: Invoke, args: list[str]) -> None:
     assert_one_line_error(invoke(*args), "unknown site 'nosuch'", "demo")
 
 
-@pytest.mark.parametrize("url, reason", [
-    ("not a url", "not an http(s) URL"),
-    ("ftp://x", "not an http(s) URL"),
-    ("http://", "no valid host"),
-], ids=["words", "ftp", "no-host"])
+@pytest.mark.parametrize(
+    "url, reason",
+    [
+        ("not a url", "not an http(s) URL"),
+        ("ftp://x", "not an http(s) URL"),
+        ("http://", "no valid host"),
+    ],
+    ids=["words", "ftp", "no-host"],
+)
 def test_invalid_seed_url_is_one_line_error(invoke: Invoke, redis_conn: Redis, url: str, reason: str) -> None:
     assert_one_line_error(invoke("seed", "demo", url), reason)
     assert redis_conn.keys("rq:queue:*") == []
@@ -169,14 +183,17 @@ def test_seeding_the_broken_spider_is_exactly_one_line(invoke: Invoke, sites_dir
     assert_one_line_error(invoke("seed", "broken"), "'broken'")
 
 
-@pytest.mark.parametrize("args", [
-    ["seed", "demo", "http://127.0.0.1/"],
-    ["status"],
-    ["set", "demo", "--interval", "1"],
-    ["pause", "demo"],
-], ids=["seed", "status", "set", "pause"])
-def test_unreachable_redis_is_one_line_error(invoke: Invoke, sqlite_url: str, sites_dir: Path,
-                                             args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["seed", "demo", "http://127.0.0.1/"],
+        ["status"],
+        ["set", "demo", "--interval", "1"],
+        ["pause", "demo"],
+    ],
+    ids=["seed", "status", "set", "pause"],
+)
+def test_unreachable_redis_is_one_line_error(invoke: Invoke, sqlite_url: str, sites_dir: Path, args: list[str]) -> None:
     base = ["--redis-url", UNREACHABLE_REDIS, "--database-url", sqlite_url, "--sites", str(sites_dir)]
     assert_one_line_error(invoke(*args, base=base), "cannot reach Redis", "127.0.0.1:1")
 
@@ -188,13 +205,17 @@ def test_unreachable_redis_error_hides_the_password(invoke: Invoke, sqlite_url: 
     assert "hunter2" not in result.output
 
 
-@pytest.mark.parametrize("args", [
-    ["worker", "download", "--burst"],
-    ["worker", "parse", "--burst"],
-], ids=["download", "parse"])
-def test_worker_with_unreachable_redis_or_database_is_one_line_error(invoke: Invoke, redis_url: str,
-                                                                     sqlite_url: str, sites_dir: Path,
-                                                                     args: list[str]) -> None:
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["worker", "download", "--burst"],
+        ["worker", "parse", "--burst"],
+    ],
+    ids=["download", "parse"],
+)
+def test_worker_with_unreachable_redis_or_database_is_one_line_error(
+    invoke: Invoke, redis_url: str, sqlite_url: str, sites_dir: Path, args: list[str]
+) -> None:
     no_redis = ["--redis-url", UNREACHABLE_REDIS, "--database-url", sqlite_url, "--sites", str(sites_dir)]
     assert_one_line_error(invoke(*args, base=no_redis), "cannot reach Redis")
     no_database = ["--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE, "--sites", str(sites_dir)]
@@ -214,23 +235,29 @@ def test_pause_without_a_site_is_one_line_error(invoke: Invoke) -> None:
     assert_one_line_error(invoke("pause"), "name a SITE or give --all")
 
 
-def test_unreachable_database_is_one_line_error_without_the_password(invoke: Invoke, redis_url: str,
-                                                                     sites_dir: Path) -> None:
+def test_unreachable_database_is_one_line_error_without_the_password(
+    invoke: Invoke, redis_url: str, sites_dir: Path
+) -> None:
     base = ["--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE, "--sites", str(sites_dir)]
     result = invoke("export", "demo", base=base)
     assert_one_line_error(result, "cannot reach database", "127.0.0.1:1")
     assert "secret" not in result.output
 
 
-@pytest.mark.parametrize("text, fragments", [
-    ("timeout: [1, 2\n", ("not valid YAML",)),
-    ("timeout: abc\n", ("timeout", "'abc'")),
-    ("bogus_setting: 1\n", ("unknown setting", "bogus_setting")),
-    ("- just\n- a list\n", ("must be a mapping",)),
-    ("sites:\n  demo:\n    interval: 0\n", ("sites.demo.interval",)),
-], ids=["bad-yaml", "wrong-type", "unknown-key", "not-a-mapping", "bad-site-interval"])
-def test_malformed_config_file_is_one_line_error(invoke: Invoke, tmp_path: Path, text: str,
-                                                 fragments: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("timeout: [1, 2\n", ("not valid YAML",)),
+        ("timeout: abc\n", ("timeout", "'abc'")),
+        ("bogus_setting: 1\n", ("unknown setting", "bogus_setting")),
+        ("- just\n- a list\n", ("must be a mapping",)),
+        ("sites:\n  demo:\n    interval: 0\n", ("sites.demo.interval",)),
+    ],
+    ids=["bad-yaml", "wrong-type", "unknown-key", "not-a-mapping", "bad-site-interval"],
+)
+def test_malformed_config_file_is_one_line_error(
+    invoke: Invoke, tmp_path: Path, text: str, fragments: tuple[str, ...]
+) -> None:
     config = tmp_path / "crawler.yaml"
     config.write_text(text)
     assert_one_line_error(invoke("--config", str(config), "sites"), *fragments)
@@ -255,17 +282,96 @@ def test_console_script_reports_bad_seed_in_one_line_on_real_stderr(base_args: l
     assert result.returncode == 1
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        "Error: http://example.com/ is outside the allowed domains (127.0.0.1, localhost)"]
+        "Error: http://example.com/ is outside the allowed domains (127.0.0.1, localhost)"
+    ]
 
 
-def test_console_script_reports_unreachable_database_in_one_line(redis_url: str, sites_dir: Path,
-                                                                 tmp_path: Path) -> None:
-    result = run_console_script("--redis-url", redis_url, "--database-url", UNREACHABLE_DATABASE,
-                                "--sites", str(sites_dir), "export", "demo", cwd=tmp_path)
+def test_console_script_reports_unreachable_database_in_one_line(
+    redis_url: str, sites_dir: Path, tmp_path: Path
+) -> None:
+    result = run_console_script(
+        "--redis-url",
+        redis_url,
+        "--database-url",
+        UNREACHABLE_DATABASE,
+        "--sites",
+        str(sites_dir),
+        "export",
+        "demo",
+        cwd=tmp_path,
+    )
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: cannot reach database"), result.stderr
     assert "Traceback" not in result.stderr and "secret" not in result.stderr + result.stdout
+
+
+@pytest.fixture
+def password_redis(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A private redis-server that requires a password: (its URL with the password in the query, the password)."""
+    from crawler.connection import redis_server_binary
+
+    password = "hunter2-" + os.urandom(4).hex()
+    sock = tmp_path / "pw.sock"
+    server = subprocess.Popen(
+        [redis_server_binary(), "--port", "0", "--unixsocket", str(sock), "--save", "", "--requirepass", password],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+        yield f"unix://{sock}?db=0&password={password}", password
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_a_password_in_a_url_query_never_reaches_output_or_worker_logs(
+    password_redis: tuple[str, str], sites_dir: Path, tmp_path: Path
+) -> None:
+    url, password = password_redis
+    database = f"sqlite:///{tmp_path / 'c.db'}"
+    worker = run_console_script(
+        "--redis-url",
+        url,
+        "--database-url",
+        database,
+        "--sites",
+        str(sites_dir),
+        "worker",
+        "download",
+        "--burst",
+        "-v",
+        cwd=tmp_path,
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert "password=***" in worker.stderr  # the start line names the Redis, redacted
+    wrong = run_console_script(
+        "--redis-url", url + "x", "--database-url", database, "--sites", str(sites_dir), "status", cwd=tmp_path
+    )
+    assert wrong.returncode == 1 and "refused the credentials" in wrong.stderr, wrong.stderr
+    db_password = f"postgresql+psycopg://crawler@127.0.0.1:1/x?password={password}&sslpassword={password}"
+    no_db = run_console_script(
+        "--redis-url", url, "--database-url", db_password, "--sites", str(sites_dir), "export", "demo", cwd=tmp_path
+    )
+    assert no_db.returncode == 1 and "cannot reach database" in no_db.stderr, no_db.stderr
+    bad_db = run_console_script(
+        "--redis-url",
+        url,
+        "--database-url",
+        f"postgresql+psycopg://u:{password}@[::1/x",
+        "--sites",
+        str(sites_dir),
+        "export",
+        "demo",
+        cwd=tmp_path,
+    )
+    assert bad_db.returncode == 1, bad_db.stderr
+    for result in (worker, wrong, no_db, bad_db):
+        assert password not in result.stdout + result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
 
 
 # -- good paths --------------------------------------------------------------------------
@@ -348,19 +454,23 @@ def test_seed_priority_is_kept_and_bounded(invoke: Invoke, redis_conn: Redis) ->
     assert invoke("seed", "demo", "http://127.0.0.1:9/", "--priority", "50").exit_code == 0
     assert invoke("seed", "demo", "http://127.0.0.1:9/default").exit_code == 0
     waiting = Frontier(redis_conn, "demo", [], 0, 0).waiting()
-    assert [(t.url, t.priority) for t in waiting] == [("http://127.0.0.1:9/", 50),
-                                                      ("http://127.0.0.1:9/default", SEED_PRIORITY)]
+    assert [(t.url, t.priority) for t in waiting] == [
+        ("http://127.0.0.1:9/", 50),
+        ("http://127.0.0.1:9/default", SEED_PRIORITY),
+    ]
     result = invoke("seed", "demo", "http://127.0.0.1:9/x", "--priority", "5000")
     assert result.exit_code != 0 and "5000" in result.stderr
 
 
-def test_status_shows_pending_refreshes_and_the_observed_rate(invoke: Invoke, redis_conn: Redis,
-                                                              sqlite_url: str) -> None:
+def test_status_shows_pending_refreshes_and_the_observed_rate(
+    invoke: Invoke, redis_conn: Redis, sqlite_url: str
+) -> None:
     store = Store(sqlite_url)
     now = datetime.now(UTC)
-    store.record_fetches([FetchRecord("demo", f"http://127.0.0.1:9/{i}", OK, now - timedelta(seconds=i), now)
-                          for i in range(30)]
-                         + [FetchRecord("demo", "http://127.0.0.1:9/old", OK, now - timedelta(minutes=5), now)])
+    store.record_fetches(
+        [FetchRecord("demo", f"http://127.0.0.1:9/{i}", OK, now - timedelta(seconds=i), now) for i in range(30)]
+        + [FetchRecord("demo", "http://127.0.0.1:9/old", OK, now - timedelta(minutes=5), now)]
+    )
     store.close()
     Scheduler(redis_conn).schedule_refresh("demo", '["http://127.0.0.1:9/p"]', 3600, -10)
     result = invoke("status", "demo", "--json")
@@ -372,8 +482,9 @@ def test_status_shows_pending_refreshes_and_the_observed_rate(invoke: Invoke, re
     assert "refreshes" in table and "0.50" in table
 
 
-def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(redis_conn: Redis, capsys: pytest.CaptureFixture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(
+    redis_conn: Redis, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from crawler import cli as cli_module
 
     seed_urls(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
@@ -386,10 +497,11 @@ def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(redis_conn: Redi
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2
     assert "demo: done 0, queued 2" in lines[0] and "ETA -" in lines[0]
-    assert "demo: done 3, queued 2" in lines[1]
-    rate = float(lines[1].split(", ")[-2].split()[0])
+    assert "demo: done 3, queued 2" in lines[1] and "to parse 0, parsed 0" in lines[1]
+    rate = float(lines[1].split(", ")[-3].split()[0])
     assert 2 < rate < 6  # 3 pages in about 0.6 s
-    assert f"ETA {format_eta(2 / rate)}" in lines[1]
+    assert lines[1].split(", ")[-2] == "0.0 parsed/s"
+    assert lines[1].endswith("ETA -")  # nothing parsed yet: the parse stage's end is unknown, not 0s
 
 
 def test_eta_formats() -> None:
@@ -397,12 +509,16 @@ def test_eta_formats() -> None:
 
 
 def test_status_shows_the_parse_backlog(invoke: Invoke, redis_conn: Redis) -> None:
-    from crawler.jobs import PARSE_FUNC, parse_queue
+    from crawler import keys, pages
 
     assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 0, "in_flight": 0}
-    parse_queue(redis_conn).enqueue(PARSE_FUNC, {"site": "demo", "url": "http://127.0.0.1:9/", "body": "x"})
-    assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 1, "in_flight": 0}
-    assert "parse jobs (all sites): 1 queued, 0 in flight" in invoke("status").stdout
+    for n in range(3):
+        pages.add(redis_conn, {"site": "demo", "url": f"http://127.0.0.1:9/{n}"}, b"x")
+    assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 3, "in_flight": 0}
+    pages.ensure_group(redis_conn)
+    redis_conn.xreadgroup(keys.PARSERS, "someone", {keys.pages(): ">"}, count=1)  # a parse worker took one
+    assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 2, "in_flight": 1}
+    assert "pages to parse (all sites): 2 queued, 1 in flight" in invoke("status").stdout
 
 
 def test_export_history_adds_when_each_item_was_seen_and_changed(invoke: Invoke, sqlite_url: str) -> None:
@@ -412,7 +528,13 @@ def test_export_history_adds_when_each_item_was_seen_and_changed(invoke: Invoke,
     store.upsert_items("demo", [Item("A", "http://127.0.0.1:9/a", {"sku": "A", "price": 2})], seen=later)
     store.close()
     (line,) = invoke("export", "demo", "--history").stdout.splitlines()
-    assert json.loads(line) == {"sku": "A", "price": 2, "_key": "A", "_url": "http://127.0.0.1:9/a",
-                                "_first_seen": first.isoformat(), "_last_seen": later.isoformat(),
-                                "_changed": later.isoformat()}
+    assert json.loads(line) == {
+        "sku": "A",
+        "price": 2,
+        "_key": "A",
+        "_url": "http://127.0.0.1:9/a",
+        "_first_seen": first.isoformat(),
+        "_last_seen": later.isoformat(),
+        "_changed": later.isoformat(),
+    }
     assert "_changed" in invoke("export", "demo", "--history", "--format", "csv").stdout.splitlines()[0]

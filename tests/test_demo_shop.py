@@ -227,18 +227,14 @@ def test_spider_settings() -> None:
 
 
 @pytest.mark.parametrize("product_id", [1, 4, 12, 45])
-def test_parse_product_yields_expected_item(
-    site: ShopSite, client: httpx.Client, product_id: int
-) -> None:
+def test_parse_product_yields_expected_item(site: ShopSite, client: httpx.Client, product_id: int) -> None:
     page = fetch_page(client, f"{site.url}/product/{product_id}")
     results = list(DemoShop().parse_product(page))
     items = [r for r in results if isinstance(r, dict)]
     assert items == [site.expected_items()[f"SKU-{product_id:05d}"]]
     requests = [r for r in results if isinstance(r, Request)]
     related = product_id % PRODUCTS + 1
-    assert [(r.url, r.callback) for r in requests] == [
-        (f"{site.url}/product/{related}", "parse_product")
-    ]
+    assert [(r.url, r.callback) for r in requests] == [(f"{site.url}/product/{related}", "parse_product")]
 
 
 @pytest.mark.parametrize("number", [1, 2, 3])

@@ -42,7 +42,7 @@ def sections() -> dict[str, str]:
     found = {}
     for mark, following in zip(marks, marks[1:] + [None], strict=True):
         end = following.start() if following is not None else len(text)
-        found.setdefault(mark.group(1).strip(), text[mark.end():end])
+        found.setdefault(mark.group(1).strip(), text[mark.end() : end])
     return found
 
 

@@ -17,18 +17,41 @@ from crawler.store import FAILED, OK, FetchRecord, utcnow
 
 def record(**changes: object) -> FetchRecord:
     now = utcnow()
-    base: dict[str, object] = dict(site="demo", url="http://127.0.0.1:9/p", outcome=OK, started=now, finished=now,
-                                   status=200, bytes=512, elapsed=0.0123, worker="w1", attempt=1, callback="parse")
+    base: dict[str, object] = dict(
+        site="demo",
+        url="http://127.0.0.1:9/p",
+        outcome=OK,
+        started=now,
+        finished=now,
+        status=200,
+        bytes=512,
+        elapsed=0.0123,
+        worker="w1",
+        attempt=1,
+        callback="parse",
+    )
     base.update(changes)
     return FetchRecord(**base)  # type: ignore[arg-type]
 
 
 def test_fields_are_plain_json_and_errors_are_one_line() -> None:
-    data = fields(record(outcome=FAILED, status=None, error="Traceback (most recent call last):\n  ...\nKeyError: 'x'"),
-                  gate_wait=0.25)
-    assert data == {"kind": "download", "site": "demo", "url": "http://127.0.0.1:9/p", "outcome": FAILED,
-                    "bytes": 512, "elapsed_ms": 12.3, "attempt": 1, "worker": "w1", "callback": "parse",
-                    "gate_wait_ms": 250.0, "error": "KeyError: 'x'"}
+    data = fields(
+        record(outcome=FAILED, status=None, error="Traceback (most recent call last):\n  ...\nKeyError: 'x'"),
+        gate_wait=0.25,
+    )
+    assert data == {
+        "kind": "download",
+        "site": "demo",
+        "url": "http://127.0.0.1:9/p",
+        "outcome": FAILED,
+        "bytes": 512,
+        "elapsed_ms": 12.3,
+        "attempt": 1,
+        "worker": "w1",
+        "callback": "parse",
+        "gate_wait_ms": 250.0,
+        "error": "KeyError: 'x'",
+    }
     assert summary(record()) == "download ok 200 12ms http://127.0.0.1:9/p"
 
 
@@ -44,15 +67,15 @@ def test_json_formatter_puts_job_fields_at_the_top_level() -> None:
     assert json.loads(formatter.format(plain))["message"] == "Redis is back"
 
 
-def test_a_worker_with_log_format_json_logs_each_job_as_json(redis_url: str, redis_conn: Redis, sqlite_url: str,
-                                                             tmp_path: Path) -> None:
+def test_a_worker_with_log_format_json_logs_each_job_as_json(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
     (tmp_path / "sites").mkdir()
     base_args = ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(tmp_path / "sites")]
     with ShopSite(products=3) as shop:
         # A PDF and a 404: download jobs that make no parse job, so a download worker alone drains.
         seed(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), [shop.url + "/catalogue.pdf", shop.url + "/missing"])
-        result = run_console_script(*base_args, "worker", "download", "--burst", "--log-format", "json",
-                                    cwd=tmp_path)
+        result = run_console_script(*base_args, "worker", "download", "--burst", "--log-format", "json", cwd=tmp_path)
         origin = shop.url
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]

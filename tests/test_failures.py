@@ -52,14 +52,35 @@ class Records:
         self.site = site
         self.clock = datetime(2025, 1, 1, tzinfo=UTC)
 
-    def add(self, path: str, outcome: str, kind: str = "download", status: int | None = None,
-            error: str | None = None, callback: str | None = "parse_product", attempt: int = 1,
-            meta: dict | None = None) -> None:
+    def add(
+        self,
+        path: str,
+        outcome: str,
+        kind: str = "download",
+        status: int | None = None,
+        error: str | None = None,
+        callback: str | None = "parse_product",
+        attempt: int = 1,
+        meta: dict | None = None,
+    ) -> None:
         self.clock += timedelta(seconds=1)
-        self.store.record_fetches([FetchRecord(
-            site=self.site, url=SHOP + path, outcome=outcome, kind=kind, status=status, error=error,
-            callback=callback, attempt=attempt, started=self.clock, finished=self.clock, meta=meta,
-        )])
+        self.store.record_fetches(
+            [
+                FetchRecord(
+                    site=self.site,
+                    url=SHOP + path,
+                    outcome=outcome,
+                    kind=kind,
+                    status=status,
+                    error=error,
+                    callback=callback,
+                    attempt=attempt,
+                    started=self.clock,
+                    finished=self.clock,
+                    meta=meta,
+                )
+            ]
+        )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -149,7 +170,9 @@ def test_latest_record_wins_across_download_and_parse(store: Store) -> None:
 
     rows = store.failed_pages("demo")
     assert [(r["url"], r["kind"], r["status"]) for r in rows] == [
-        (SHOP + "/product/4", "download", 500), (SHOP + "/product/6", "parse", None)]
+        (SHOP + "/product/4", "download", 500),
+        (SHOP + "/product/6", "parse", None),
+    ]
 
 
 def test_failed_pages_of_one_site_or_all_with_a_limit_and_by_url(store: Store) -> None:
@@ -158,17 +181,22 @@ def test_failed_pages_of_one_site_or_all_with_a_limit_and_by_url(store: Store) -
     Records(store, "demo").add("/product/2", FAILED, status=404)
 
     assert [(r["site"], r["url"]) for r in store.failed_pages()] == [
-        ("demo", SHOP + "/product/1"), ("demo", SHOP + "/product/2"), ("other", SHOP + "/a")]
+        ("demo", SHOP + "/product/1"),
+        ("demo", SHOP + "/product/2"),
+        ("other", SHOP + "/a"),
+    ]
     assert [r["url"] for r in store.failed_pages("demo", limit=1)] == [SHOP + "/product/1"]
     assert [r["url"] for r in store.failed_pages("demo", urls=[SHOP + "/product/2", SHOP + "/a"])] == [
-        SHOP + "/product/2"]
+        SHOP + "/product/2"
+    ]
 
 
 def test_reason_of_a_failure_without_error_text_is_its_status() -> None:
     page = FailedPage("demo", SHOP, "download", 500, 1, datetime.now(UTC), None, None)
     assert page.reason == "HTTP 500"
-    assert FailedPage("demo", SHOP, "download", None, 1, datetime.now(UTC), "timed out\nmore", None).reason == \
-        "timed out"
+    assert (
+        FailedPage("demo", SHOP, "download", None, 1, datetime.now(UTC), "timed out\nmore", None).reason == "timed out"
+    )
 
 
 # -- the commands ---------------------------------------------------------------------------
@@ -233,8 +261,9 @@ def test_failed_for_an_unknown_site_is_one_line_error(invoke: Invoke) -> None:
 def test_retry_all_requeues_failed_pages_with_their_callback_past_the_seen_set(
     invoke: Invoke, records: Records, redis_conn: Redis
 ) -> None:
-    records.add("/product/7", FAILED, status=500, error="HTTP 500 (gave up after 4 attempts)",
-                meta={"category": "books"})
+    records.add(
+        "/product/7", FAILED, status=500, error="HTTP 500 (gave up after 4 attempts)", meta={"category": "books"}
+    )
     records.add("/", FAILED, kind="parse", error=TRACEBACK, callback=None)  # an old record: no callback
     records.add("/product/8", OK, status=200)
     for path in ("/product/7", "/", "/product/8"):  # as the crawl left them: seen
@@ -245,7 +274,28 @@ def test_retry_all_requeues_failed_pages_with_their_callback_past_the_seen_set(
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "demo: 2 failed pages requeued"
     assert sorted((t.url, t.callback, t.attempt, t.meta) for t in queued_tasks(redis_conn)) == [
-        (SHOP + "/", "parse", 1, {}), (SHOP + "/product/7", "parse_product", 1, {"category": "books"})]
+        (SHOP + "/", "parse", 1, {}),
+        (SHOP + "/product/7", "parse_product", 1, {"category": "books"}),
+    ]
+
+
+def test_retry_twice_queues_each_page_once_until_it_fails_again(
+    invoke: Invoke, records: Records, redis_conn: Redis
+) -> None:
+    records.add("/product/7", FAILED, status=500)
+    records.add("/product/9", FAILED, status=500)
+    assert invoke("retry", "demo", "--all").stdout.strip() == "demo: 2 failed pages requeued"
+
+    again = invoke("retry", "demo", "--all")
+    named = invoke("retry", "demo", SHOP + "/product/7")  # requeued already: not an error, not queued again
+
+    assert again.exit_code == 0 and again.stdout.strip() == "demo: 0 failed pages requeued", again.output
+    assert named.exit_code == 0 and named.stdout.strip() == "demo: 0 failed pages requeued", named.output
+    assert sorted(t.url for t in queued_tasks(redis_conn)) == [SHOP + "/product/7", SHOP + "/product/9"]
+    assert invoke("failed", "demo").stdout.strip() == "no failed pages"  # requeued, not failed
+    records.add("/product/9", FAILED, status=500)  # fetched again, failed again: listed and retryable again
+    assert [p["url"] for p in failed_json(invoke, "demo")] == [SHOP + "/product/9"]
+    assert invoke("retry", "demo", "--all").stdout.strip() == "demo: 1 failed page requeued"
 
 
 def test_retry_of_named_urls_requeues_only_those(invoke: Invoke, records: Records, redis_conn: Redis) -> None:
@@ -271,22 +321,35 @@ def test_retry_of_a_url_that_did_not_fail_is_one_line_error_and_queues_nothing(
     assert not queued_tasks(redis_conn)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["retry", "demo"], "--all"),
-    (["retry", "demo", "--all", SHOP + "/product/7"], "not both"),
-    (["retry", "nosuch", "--all"], "unknown site 'nosuch'"),
-], ids=["neither", "both", "unknown-site"])
-def test_retry_without_a_clear_choice_is_one_line_error(invoke: Invoke, records: Records, redis_conn: Redis,
-                                                        args: list[str], fragment: str) -> None:
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["retry", "demo"], "--all"),
+        (["retry", "demo", "--all", SHOP + "/product/7"], "not both"),
+        (["retry", "nosuch", "--all"], "unknown site 'nosuch'"),
+    ],
+    ids=["neither", "both", "unknown-site"],
+)
+def test_retry_without_a_clear_choice_is_one_line_error(
+    invoke: Invoke, records: Records, redis_conn: Redis, args: list[str], fragment: str
+) -> None:
     records.add("/product/7", FAILED, status=500)
     assert_one_line_error(invoke(*args), fragment)
     assert not queued_tasks(redis_conn)
 
 
 def test_retry_pages_refuses_a_page_now_outside_the_allowed_domains(runtime: Runtime) -> None:
-    runtime.store.record_fetches([FetchRecord(
-        site="demo", url="http://elsewhere.example/", outcome=FAILED, started=datetime.now(UTC),
-        finished=datetime.now(UTC))])
+    runtime.store.record_fetches(
+        [
+            FetchRecord(
+                site="demo",
+                url="http://elsewhere.example/",
+                outcome=FAILED,
+                started=datetime.now(UTC),
+                finished=datetime.now(UTC),
+            )
+        ]
+    )
     with pytest.raises(ConfigError, match="cannot requeue http://elsewhere.example/"):
         retry_pages(runtime.store, runtime.frontier("demo"))
     assert not queued_tasks(runtime.connection)
@@ -356,8 +419,7 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
 
         assert len(stored_items(runtime.store, "flaky")) == 19  # the crawl went on past the bug
         (page,) = failed_json(invoke, "flaky")
-        assert (page["url"], page["kind"], page["callback"]) == (f"{shop.url}/product/{bad}", "parse",
-                                                                 "parse_product")
+        assert (page["url"], page["kind"], page["callback"]) == (f"{shop.url}/product/{bad}", "parse", "parse_product")
         assert page["reason"] == "ValueError: flaky spider cannot parse this product"
         assert page["error"].startswith("Traceback") and "parse_product" in page["error"]
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import zlib
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from redis import Redis
+from w3lib.url import canonicalize_url
 
 from crawler import keys
 from crawler.errors import RefusedURL
@@ -94,6 +98,107 @@ def test_canonicalize_refuses_non_http_hostless_and_malformed(url: str) -> None:
         canonicalize(url)
 
 
+def old_canonicalize(url: str) -> str:
+    """``canonicalize`` as written before its shortcuts: the oracle they are held to."""
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise RefusedURL(f"not an http(s) URL: {url!r}")
+    host = (parts.hostname or "").lower()
+    if not host or any(c.isspace() for c in host) or "%" in host:
+        raise RefusedURL(f"URL has no valid host: {url!r}")
+    try:
+        canonical = canonicalize_url(url, keep_fragments=False)
+    except (ValueError, UnicodeError) as exc:
+        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
+    if port == {"http": 80, "https": 443}[scheme]:
+        parts = urlsplit(canonical)
+        netloc = parts.netloc.rsplit(":", 1)[0]
+        canonical = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    return canonical
+
+
+def outcome(function: Callable[[str], str], url: str) -> str:
+    try:
+        return function(url)
+    except RefusedURL as exc:
+        return f"refused: {exc}"
+
+
+SCHEMES = ["http://", "https://", "HTTP://", "Https://", "ftp://", "mailto:", "", "//", " http://", "http:/"]
+HOSTS = [
+    "example.com",
+    "Example.COM",
+    "a.b-c.example.com",
+    "127.0.0.1",
+    "[::1]",
+    "[::1",
+    "exa mple.com",
+    "",
+    "xn--bcher-kva.example",
+    "bücher.example",
+    "example.com:80",
+    "example.com:443",
+    "example.com:8443",
+    "user:pw@example.com",
+    "example.com:abc",
+    "example.com:99999",
+    "ex%41mple.com",
+    "example.com.",
+    "localhost",
+]
+PATH_PIECES = [
+    "/",
+    "/",
+    "/",
+    "a",
+    "b-c",
+    "x.html",
+    "~u",
+    ".",
+    "..",
+    "//",
+    ";p",
+    "%2f",
+    "%41",
+    " ",
+    "\t",
+    "é",
+    ":",
+    "@",
+    "'",
+    "(",
+    "|",
+    "[",
+    "\\",
+    "+",
+    "\ud800",
+]
+TAILS = ["", "", "", "?b=2&a=1", "?q", "?", "#f", "#", "#f g", "#é", "?x=1#f", "#\ud800", "  "]
+
+
+def random_urls(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        rng.choice(SCHEMES)
+        + rng.choice(HOSTS)
+        + "".join(rng.choices(PATH_PIECES, k=rng.randrange(0, 6)))
+        + rng.choice(TAILS)
+        for _ in range(n)
+    ]
+
+
+def test_canonicalize_gives_what_it_always_gave_for_any_url() -> None:
+    plain = [f"https://docs.example/{p}" for p in ("a/b.html", "a/b.html#x", "a/./b", "a/../b", "a;p", "A/~b/", "")]
+    for url in (plain + random_urls(5_000, seed=7)) * 2:  # twice: the second time from the caches
+        assert outcome(canonicalize, url) == outcome(old_canonicalize, url), url
+
+
 # host_allowed ----------------------------------------------------------------------
 
 
@@ -135,6 +240,74 @@ def test_add_deduplicates_within_one_batch(frontier: Frontier) -> None:
     assert queued(frontier) == 1
 
 
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_adding_a_batch_does_what_adding_its_requests_one_by_one_does(
+    redis_conn: Redis, chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if chunk:  # the seen set asked in many calls, as for a page of more than SEEN_CHUNK links
+        monkeypatch.setattr("crawler.frontier.SEEN_CHUNK", chunk)
+    rng = random.Random(3)
+    urls = random_urls(300, seed=11) + [f"http://example.com/{p}" for p in ("a", "a#1", "a#2", "A", "b?y=1&x=2")]
+    # Spellings that differ only after the page: a fragment that cannot be encoded, a space before "#".
+    urls += [
+        "http://example.com/s#ok",
+        "http://example.com/s#\ud800",
+        "http://example.com/t #x",
+        "http://example.com/t ",
+    ]
+    urls += [f"https://www.example.com/p/{n}{rng.choice(['', '#top', '?b=1&a=2', '/./x'])}" for n in range(150)]
+    shared_meta = {"from": "nav"}
+    requests = []
+    for _ in range(3_000):
+        meta = rng.choice([{}, shared_meta, {"n": rng.randrange(3)}])
+        requests.append(
+            Request(
+                rng.choice(urls),
+                callback=rng.choice(["parse", "parse_item"]),
+                meta=meta,
+                priority=rng.choice([0, 0, 5, -1]),
+                dont_filter=rng.random() < 0.05,
+                refresh=rng.choice([None, None, 30.0]),
+            )
+        )
+    requests.append(Request("http://example.com/p", priority=5000))  # a bad priority is refused too
+
+    def refresh(request: Request) -> float | None:
+        return 3600.0 if request.callback == "parse_item" else None
+
+    def frontier(site: str) -> Frontier:
+        made = Frontier(redis_conn, site, ["example.com"], FAILURE_TTL, JOB_TIMEOUT, refresh=refresh)
+        made.add([Request("http://example.com/seen-before")])
+        return made
+
+    batch, single = frontier("batch"), frontier("single")
+    result = batch.add(requests, depth=2, hops=1)
+    singles = [single.add([request], depth=2, hops=1) for request in requests]
+
+    assert result.enqueued == [url for s in singles for url in s.enqueued]
+    assert result.duplicates == sum(s.duplicates for s in singles) > 0
+    assert result.refused == [refusal for s in singles for refusal in s.refused or []]
+    assert len(result.enqueued) > 100 and len(result.refused or []) > 100
+
+    def waiting(f: Frontier) -> list[tuple[int, str]]:
+        return [(task.priority, task.to_entry()) for task in f.waiting()]
+
+    assert waiting(batch) == waiting(single)
+    assert redis_conn.smembers(keys.seen("batch")) == redis_conn.smembers(keys.seen("single"))
+
+
+def test_a_page_of_repeated_links_sends_each_url_to_the_seen_set_once(frontier: Frontier, redis_conn: Redis) -> None:
+    def calls(command: str) -> int:
+        return int(redis_conn.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    before_sadd, before_evalsha, before_sismember = calls("sadd"), calls("evalsha"), calls("sismember")
+    result = frontier.add([Request(f"http://example.com/{i % 1_000}#{i}") for i in range(12_000)])
+    assert len(result.enqueued) == 1_000 and result.duplicates == 11_000
+    assert calls("sismember") - before_sismember == 1_000  # one look per distinct URL
+    assert calls("sadd") - before_sadd == 1 + 1  # the new ones in one SADD, plus the site into the set of sites
+    assert calls("evalsha") - before_evalsha <= 2  # one call (a second after loading the script)
+
+
 def test_dont_filter_enqueues_a_seen_url_again(frontier: Frontier) -> None:
     frontier.add([Request("http://example.com/a")])
     result = frontier.add([Request("http://example.com/a", dont_filter=True)])
@@ -149,11 +322,13 @@ def test_forget_lets_a_url_be_enqueued_again(frontier: Frontier) -> None:
 
 
 def test_off_domain_and_bad_links_are_returned_not_raised(frontier: Frontier, redis_conn: Redis) -> None:
-    result = frontier.add([
-        Request("http://evilexample.com/x"),
-        Request("mailto:a@example.com"),
-        Request("http://sub.example.com/ok"),
-    ])
+    result = frontier.add(
+        [
+            Request("http://evilexample.com/x"),
+            Request("mailto:a@example.com"),
+            Request("http://sub.example.com/ok"),
+        ]
+    )
     assert result.enqueued == ["http://sub.example.com/ok"]
     assert result.refused is not None
     refused = dict(result.refused)
@@ -172,7 +347,8 @@ def test_add_with_only_refused_links_enqueues_nothing(frontier: Frontier, redis_
 def test_added_urls_wait_compactly_and_mark_the_site_ready(frontier: Frontier, redis_conn: Redis) -> None:
     frontier.add([Request("http://example.com/a"), Request("http://example.com/p", callback="parse_product")])
     assert redis_conn.lrange(keys.frontier(SITE), 0, -1) == [
-        b'["http://example.com/a"]', b'["http://example.com/p","parse_product"]'
+        b'["http://example.com/a"]',
+        b'["http://example.com/p","parse_product"]',
     ]
     assert redis_conn.zscore(keys.ready(), SITE) == 0  # due now
     assert frontier.queue.count == 0  # no RQ job until a worker asks for one
@@ -202,10 +378,18 @@ def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redi
     func, _instance, args, kwargs = json.loads(data)
     assert func == DOWNLOAD_FUNC
     assert kwargs == {}
-    assert args == [{
-        "site": SITE, "url": "http://example.com/p", "callback": "parse_product",
-        "meta": {"k": [1, 2]}, "depth": 3, "hops": 1, "attempt": 1, "priority": 0,
-    }]
+    assert args == [
+        {
+            "site": SITE,
+            "url": "http://example.com/p",
+            "callback": "parse_product",
+            "meta": {"k": [1, 2]},
+            "depth": 3,
+            "hops": 1,
+            "attempt": 1,
+            "priority": 0,
+        }
+    ]
     assert raw[b"result_ttl"] == b"0"
     assert raw[b"failure_ttl"] == str(FAILURE_TTL).encode()
     assert raw[b"timeout"] == str(JOB_TIMEOUT).encode()
@@ -225,8 +409,9 @@ def test_callback_method_is_stored_by_name(frontier: Frontier) -> None:
 # seed ----------------------------------------------------------------------------------
 
 
-def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(frontier: Frontier,
-                                                                         redis_conn: Redis) -> None:
+def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(
+    frontier: Frontier, redis_conn: Redis
+) -> None:
     with pytest.raises(RefusedURL, match="evil.org"):
         seed(frontier, ["http://example.com/1", "http://evil.org/2", "http://example.com/3"])
     assert queued(frontier) == 0

@@ -106,8 +106,7 @@ def test_three_processes_never_acquire_closer_than_interval(redis_url: str, redi
     ready = context.Barrier(4)
     until = context.Value("d", 0.0)
     processes = [
-        context.Process(target=process_hammer, args=(redis_url, "procs", ready, until, 2, results))
-        for _ in range(3)
+        context.Process(target=process_hammer, args=(redis_url, "procs", ready, until, 2, results)) for _ in range(3)
     ]
     for process in processes:
         process.start()
@@ -271,3 +270,43 @@ def test_rearm_takes_an_expired_gate_again_and_reports_a_lost_one(redis_conn: Re
     assert other.acquire(blocking=False)
     assert not gate.rearm()  # someone else holds it: spacing may have been lost
     assert redis_conn.get(gate.key) == other.token.encode()  # type: ignore[union-attr]
+
+
+def test_a_holder_frozen_past_its_send_grace_waits_for_the_gate_again_before_sending(redis_conn: Redis) -> None:
+    interval = 0.2
+    frozen, other = site_gate(redis_conn, "frozen", interval), site_gate(redis_conn, "frozen", interval)
+    frozen.acquire()
+    time.sleep(interval + SEND_GRACE + 0.05)  # frozen (SIGSTOP, a GC pause) until its lock expired
+    other.acquire()
+    other.before_send()
+    other_sent = time.monotonic()
+    other.rearm()
+
+    frozen.before_send()  # resumed: must not send on the lapsed turn
+    frozen_sent = time.monotonic()
+
+    assert frozen_sent - other_sent >= interval, f"{(frozen_sent - other_sent) * 1000:.1f} ms after the other send"
+    assert redis_conn.get(frozen.key) == frozen.token.encode()  # it holds the gate now
+
+
+def test_a_holder_within_its_send_grace_sends_at_once_without_a_redis_call(redis_conn: Redis) -> None:
+    gate = site_gate(redis_conn, "prompt", 0.5)
+    gate.acquire()
+    before = sum(int(s["calls"]) for s in redis_conn.info("commandstats").values())
+    started = time.monotonic()
+    gate.before_send()
+    assert time.monotonic() - started < 0.01
+    after = sum(int(s["calls"]) for s in redis_conn.info("commandstats").values())
+    assert after - before == 1  # the INFO above itself
+
+
+def test_a_holder_past_its_grace_that_still_holds_the_gate_renews_it_at_once(redis_conn: Redis) -> None:
+    gate = site_gate(redis_conn, "slow-connect", 1.0)
+    gate.acquire()
+    first = gate.acquired_at
+    time.sleep(SEND_GRACE)  # a slow connection set-up: the lock is still ours (1.25 s lifetime)
+    started = time.monotonic()
+    gate.before_send()
+    assert time.monotonic() - started < 0.05  # renewed, not waited for
+    assert gate.acquired_at is not None and first is not None and gate.acquired_at > first
+    assert redis_conn.pttl(gate.key) > 1000  # a full lifetime again

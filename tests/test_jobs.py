@@ -1,17 +1,19 @@
 """The job functions, called directly (no worker) on single URLs of a real loopback shop.
 
 Each test pins one outcome of ``crawler.jobs.download`` / ``crawler.jobs.parse``: what
-is recorded in the database and what is left in Redis (bodies, parse jobs, retries).
+is recorded in the database and what is left in Redis (pages to parse, retries).
 """
 
 from __future__ import annotations
 
 import pickle
+import socket
 import threading
 import time
 import zlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,16 @@ from typing import Any
 import pytest
 from redis import Redis
 from rq import Queue
-from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
-from crawler import jobs, keys
+from crawler import jobs, keys, pages, quarantine
 from crawler.demo import ShopSite
+from crawler.fetch import Fetcher
 from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint
 from crawler.runtime import Runtime
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
+from crawler.vetting import page_entry
 from crawler.workers import DownloadWorker
 
 SITE = "demo"
@@ -68,8 +71,17 @@ def download_queue(connection: Redis) -> Backlog:
     return Backlog(connection)
 
 
-def parse_queue(connection: Redis) -> Queue:
-    return Queue(keys.PARSE_QUEUE, connection=connection, serializer=JSONSerializer)
+def pages_waiting(connection: Redis) -> int:
+    """Entries in the pages stream: pages waiting for a parse worker or being parsed."""
+    return int(connection.xlen(keys.pages()))
+
+
+def read_page(connection: Redis) -> tuple[str, dict[str, Any], bytes]:
+    """Read the only page entry as a parse worker does: its id, its parse task, its compressed body."""
+    pages.ensure_group(connection)
+    ((_, ((entry_id, fields),)),) = connection.xreadgroup(keys.PARSERS, "test", {keys.pages(): ">"}, count=10)
+    task, body = page_entry(fields)
+    return entry_id.decode(), task, body
 
 
 def queued_payloads(queue: Queue | Backlog) -> list[dict[str, Any]]:
@@ -100,6 +112,8 @@ class Redirector:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
+        #: Status of /robots.txt (200: a Crawl-delay of 2 s).
+        self.robots_status = 200
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,7 +121,9 @@ class Redirector:
 
             def do_GET(self) -> None:
                 owner.paths.append(self.path)
-                if self.path == "/robots.txt":
+                if self.path == "/robots.txt" and owner.robots_status != 200:
+                    self._send(owner.robots_status)
+                elif self.path == "/robots.txt":
                     body = b"User-agent: *\nCrawl-delay: 2\n"
                     self.send_response(200)
                     self.send_header("Content-Type", "text/plain")
@@ -116,12 +132,24 @@ class Redirector:
                     self.wfile.write(body)
                 elif self.path == "/down":
                     self._send(500)
+                elif self.path == "/drip":
+                    self._drip()
                 elif self.path == "/away":
                     self._send(301, "http://offsite.invalid/landing")
                 elif self.path.startswith("/hop/"):
                     self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
                 else:
                     self._send(404)
+
+            def _drip(self) -> None:
+                """The status line and headers one byte every 0.2 s (25 s in all, unless the client hangs up)."""
+                try:
+                    for byte in b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nX-Pad: " + b"p" * 80:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:
+                    self.close_connection = True
 
             def _send(self, status: int, location: str | None = None) -> None:
                 self.send_response(status)
@@ -156,22 +184,27 @@ def redirector() -> Iterator[Redirector]:
 # -- download -------------------------------------------------------------------------
 
 
-def test_html_page_stores_compressed_body_and_enqueues_a_parse_job(runtime: Runtime, redis_conn: Redis,
-                                                                   shop: ShopSite) -> None:
+def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     url = f"{shop.url}/product/1"
     jobs.download(payload(url, "parse_product", meta={"from": "test"}, depth=2))
 
-    (parse_job,) = parse_queue(redis_conn).get_jobs()
-    task = parse_job.args[0]
-    assert parse_job.func_name == jobs.PARSE_FUNC
+    ((_, fields),) = redis_conn.xrange(keys.pages())
+    assert set(fields) == {b"task", b"body"}  # the body travels with its task: no key of its own, no RQ job
+    task, compressed = page_entry(fields)
     assert (task["site"], task["url"], task["callback"], task["meta"], task["depth"], task["status"]) == (
-        SITE, url, "parse_product", {"from": "test"}, 2, 200)
+        SITE,
+        url,
+        "parse_product",
+        {"from": "test"},
+        2,
+        200,
+    )
     assert task["headers"]["content-type"].startswith("text/html")
-    body_keys = redis_conn.keys(keys.body("*"))
-    assert body_keys == [keys.body(task["body"]).encode()]
-    body = zlib.decompress(redis_conn.get(keys.body(task["body"])))
+    body = zlib.decompress(compressed)
     assert b'<span class="sku">SKU-00001</span>' in body
-    assert 0 < redis_conn.ttl(keys.body(task["body"]))  # transient: it expires if never parsed
+    assert redis_conn.keys("rq:queue:parse*") == [] and redis_conn.keys("crawler:body:*") == []
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["bytes"], record["attempt"]) == (OK, 200, len(body), 1)
@@ -179,19 +212,21 @@ def test_html_page_stores_compressed_body_and_enqueues_a_parse_job(runtime: Runt
     assert stats(redis_conn)["fetched"] == 1
 
 
-def test_parse_stores_items_enqueues_new_links_and_deletes_the_body(runtime: Runtime, redis_conn: Redis,
-                                                                     shop: ShopSite) -> None:
+def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_entry(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     url = f"{shop.url}/product/1"
     jobs.download(payload(url, "parse_product"))
-    task = take_next(parse_queue(redis_conn))
+    entry_id, task, body = read_page(redis_conn)
+    assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 1
 
-    jobs.parse(task)
+    jobs.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
 
-    assert redis_conn.exists(keys.body(task["body"])) == 0
+    assert pages_waiting(redis_conn) == 0 and redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 0
     assert list(runtime.store.items(SITE)) == [shop.expected_items()["SKU-00001"]]
     related = queued_payloads(download_queue(redis_conn))
     assert [(p["url"], p["callback"], p["depth"]) for p in related] == [(f"{shop.url}/product/2", "parse_product", 1)]
-    assert [r["outcome"] for r in records(runtime, url, kind="parse")] == [OK]
+    assert [(r["outcome"], r["worker"]) for r in records(runtime, url, kind="parse")] == [(OK, "w1")]
     assert stats(redis_conn)["items"] == 1
     # The item was seen when its page was fetched, however late the parse ran.
     (item,) = runtime.store.item_rows(SITE)
@@ -203,13 +238,13 @@ def _utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite hands back naive UTC
 
 
-def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(runtime: Runtime, redis_conn: Redis,
-                                                                          shop: ShopSite) -> None:
+def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     url = f"{shop.url}/catalogue.pdf"
     jobs.download(payload(url))
 
-    assert parse_queue(redis_conn).count == 0
-    assert redis_conn.keys(keys.body("*")) == []
+    assert pages_waiting(redis_conn) == 0
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"]) == (SKIPPED, 200)
     assert "application/pdf" in record["error"]
@@ -232,7 +267,7 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
     retry = DownloadTask.from_entry(site, entry, int(priority))
     assert retry.to_json() == payload(url, "parse_product", attempt=2)
     assert due >= before + 1.0
-    assert download_queue(redis_conn).count == 0 and parse_queue(redis_conn).count == 0
+    assert download_queue(redis_conn).count == 0 and pages_waiting(redis_conn) == 0
     assert Frontier(redis_conn, "demo", [], 0, 0).waiting() == []
     assert stats(redis_conn)["delayed"] == 1
     # Retry-After closes the site's gate for every worker, not just this URL.
@@ -243,8 +278,9 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
     assert "retry in 1s" in record["error"]
 
 
-def test_retry_is_not_released_before_retry_after_has_passed(runtime: Runtime, redis_conn: Redis,
-                                                             shop: ShopSite) -> None:
+def test_retry_is_not_released_before_retry_after_has_passed(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     jobs.download(payload(f"{shop.url}/product/3", "parse_product"))
     (arrival,) = [e.time for e in shop.requests_for("/product/3")]
 
@@ -270,12 +306,13 @@ def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Re
     queue = download_queue(redis_conn)
     assert queue.count == 0
     assert delayed(redis_conn) == []
-    assert parse_queue(redis_conn).count == 0
+    assert pages_waiting(redis_conn) == 0
     assert stats(redis_conn)["failed"] == 1
 
 
-def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(runtime: Runtime, redis_conn: Redis,
-                                                                        shop: ShopSite) -> None:
+def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     old, new = f"{shop.url}/old/product/5", f"{shop.url}/product/5"
     queue = download_queue(redis_conn)
 
@@ -290,8 +327,9 @@ def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(runtime: 
     assert len(shop.requests_for("/product/5")) == 0  # a redirect is a job of its own, not followed inline
 
 
-def test_redirect_off_the_allowed_domains_is_refused_and_recorded(runtime: Runtime, redis_conn: Redis,
-                                                                  redirector: Redirector) -> None:
+def test_redirect_off_the_allowed_domains_is_refused_and_recorded(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
     url = f"{redirector.url}/away"
     jobs.download(payload(url))
 
@@ -303,8 +341,9 @@ def test_redirect_off_the_allowed_domains_is_refused_and_recorded(runtime: Runti
     assert not redis_conn.sismember(keys.seen(SITE), fingerprint("http://offsite.invalid/landing"))
 
 
-def test_redirect_chain_longer_than_max_redirects_fails(runtime: Runtime, redis_conn: Redis,
-                                                        redirector: Redirector) -> None:
+def test_redirect_chain_longer_than_max_redirects_fails(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
     limit = runtime.settings.max_redirects
     queue = download_queue(redis_conn)
     task = payload(f"{redirector.url}/hop/0")
@@ -320,20 +359,24 @@ def test_redirect_chain_longer_than_max_redirects_fails(runtime: Runtime, redis_
     assert (last["outcome"], last["status"]) == (FAILED, 302)
     assert f"more than {limit} redirects" in last["error"]
     assert [r["outcome"] for r in runtime.store.fetch_rows(SITE) if "/hop/" in r["url"]] == (
-        [REDIRECT] * limit + [FAILED])
+        [REDIRECT] * limit + [FAILED]
+    )
 
 
-def test_parse_of_an_expired_body_is_recorded_failed(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
+def test_a_stored_body_that_is_a_zlib_bomb_fails_its_page_within_the_cap(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     url = f"{shop.url}/product/2"
     jobs.download(payload(url, "parse_product"))
-    task = take_next(parse_queue(redis_conn))
-    redis_conn.delete(keys.body(task["body"]))
+    entry_id, task, _ = read_page(redis_conn)
+    bomb = zlib.compress(b"<p>" + b"a" * (runtime.settings.max_body_bytes * 4), 9)  # written by someone else
 
-    jobs.parse(task)
+    jobs.parse(task, bomb, "w1", partial(pages.ack, entry_id=entry_id))
 
     (record,) = records(runtime, url, kind="parse")
-    assert record["outcome"] == FAILED and "body missing" in record["error"]
-    assert list(runtime.store.items(SITE)) == []
+    assert record["outcome"] == FAILED and "BodyTooLarge" in record["error"]
+    assert list(runtime.store.items(SITE)) == [] and pages_waiting(redis_conn) == 0
+    assert stats(redis_conn)["failed"] == 1
 
 
 # -- serialization --------------------------------------------------------------------
@@ -349,8 +392,9 @@ class _Canary:
         return (open, (str(self.path), "w"))
 
 
-def test_pickled_job_in_a_download_queue_is_failed_without_running_code(runtime: Runtime, redis_conn: Redis,
-                                                                        tmp_path: Path) -> None:
+def test_pickled_job_in_a_download_queue_is_quarantined_without_running_code(
+    runtime: Runtime, redis_conn: Redis, tmp_path: Path
+) -> None:
     canary = tmp_path / "canary"
     # A writer to Redis enqueues a job the way a pickle-serializing RQ client would.
     evil = Queue(keys.download_queue(SITE), connection=redis_conn).enqueue(DOWNLOAD_FUNC, _Canary(canary))
@@ -360,9 +404,11 @@ def test_pickled_job_in_a_download_queue_is_failed_without_running_code(runtime:
     DownloadWorker(redis_conn, [SITE]).work(burst=True)
 
     assert not canary.exists(), "the worker unpickled a job argument"
-    failed = FailedJobRegistry(keys.download_queue(SITE), connection=redis_conn, serializer=JSONSerializer)
-    assert failed.get_job_ids() == [evil.id]
-    assert redis_conn.hget(evil.key, "status") == b"failed"
+    (refused,) = quarantine.entries(redis_conn)
+    assert refused.job_id == evil.id and "not a JSON job" in refused.reason
+    assert refused.source == keys.download_queue(SITE)
+    assert not redis_conn.exists(evil.key)  # out of the queue, its registries and its hash
+    assert redis_conn.llen(Queue(keys.download_queue(SITE), connection=redis_conn).key) == 0
     assert runtime.store.fetch_rows(SITE) == []  # the download function never ran
     # Control: the same bytes, unpickled, do run code.
     pickle.loads(zlib.decompress(raw))
@@ -373,12 +419,13 @@ def test_download_rejects_a_payload_that_is_not_a_download_task(runtime: Runtime
     with pytest.raises(ValueError, match="not a download task"):
         jobs.download(["demo", "http://127.0.0.1/"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a parse task"):
-        jobs.parse("crawler:body:x")  # type: ignore[arg-type]
+        jobs.parse("crawler:body:x", b"")  # type: ignore[arg-type]
     assert runtime.store.fetch_rows(SITE) == []
 
 
-def test_seeded_request_and_redirect_target_share_one_seen_entry(runtime: Runtime, redis_conn: Redis,
-                                                                   shop: ShopSite) -> None:
+def test_seeded_request_and_redirect_target_share_one_seen_entry(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     frontier = runtime.frontier(SITE)
     added = frontier.add([Request(f"{shop.url}/product/5#reviews", callback="parse_product")])
     assert added.enqueued == [f"{shop.url}/product/5"]
@@ -397,17 +444,18 @@ def test_a_redirect_from_a_public_host_to_a_private_address_is_refused() -> None
     assert not jobs.redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
 
 
-def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(runtime: Runtime, redis_conn: Redis,
-                                                                        redirector: Redirector) -> None:
+def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
     jobs.download(payload(f"{redirector.url}/hop/0"))
     assert redis_conn.hget(keys.conf(SITE), "robots_delay_ms") == b"2000"
     # Not only the scheduler's hand-outs: the gate itself now closes for the Crawl-delay.
     assert 2000 < redis_conn.pttl(keys.gate(SITE)) <= 2000 + runtime.settings.gate_margin * 1000
 
 
-def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(runtime: Runtime, redis_conn: Redis,
-                                                                           redirector: Redirector,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # About the error pause: keep the gate to the interval, not the redirector's robots.txt Crawl-delay.
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
     for _ in range(jobs.ERRORS_BEFORE_PAUSE - 1):
@@ -423,8 +471,9 @@ def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(runt
     assert redis_conn.get(keys.errors(SITE)) is None
 
 
-def test_a_send_after_the_gate_was_lost_is_warned_about(runtime: Runtime, redis_conn: Redis,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_send_after_the_gate_was_lost_is_warned_about(
+    runtime: Runtime, redis_conn: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     task = DownloadTask(SITE, "http://127.0.0.1:9/slow")
     gate = runtime.take_gate(SITE)
     redis_conn.delete(keys.gate(SITE))  # its send grace ran out and another worker took it
@@ -433,3 +482,66 @@ def test_a_send_after_the_gate_was_lost_is_warned_about(runtime: Runtime, redis_
         jobs._rearm(gate, task)
     assert "spacing may be short" in caplog.text and task.url in caplog.text
     assert redis_conn.get(keys.gate(SITE)) == b"someone-else"  # never taken over
+
+
+def test_unreadable_robots_txt_puts_the_page_back_without_spending_an_attempt(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
+    redirector.robots_status = 503
+    url = f"{redirector.url}/hop/0"
+    before = float(redis_conn.time()[0])
+    jobs.download(payload(url, attempt=2))
+
+    assert redirector.paths == ["/robots.txt"]  # the page itself was not requested
+    (robots,) = records(runtime, f"{redirector.url}/robots.txt")
+    assert (robots["outcome"], robots["status"]) == (FAILED, 503)
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["attempt"]) == (RETRY, 2)
+    assert "robots.txt" in record["error"] and "retry in 60s" in record["error"]
+    ((member, due),) = delayed(redis_conn)
+    site, priority, _nonce, entry = member.split("\t", 3)
+    assert DownloadTask.from_entry(site, entry, int(priority)).to_json() == payload(url, attempt=2)  # same attempt
+    assert before + 59 <= due <= before + 62
+    # The whole site waits for robots.txt, and the wait is not one of its errors.
+    assert 58_000 < redis_conn.pttl(keys.gate(SITE)) <= 60_000
+    assert redis_conn.get(keys.errors(SITE)) is None
+    assert stats(redis_conn).get("failed", 0) == 0
+
+
+def test_headers_dripped_past_the_timeout_are_recorded_and_retried(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(runtime.__dict__, "fetcher", Fetcher(timeout=1.0, max_body_bytes=1 << 20, user_agent="t"))
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)  # not the redirector's 2 s Crawl-delay
+    url = f"{redirector.url}/drip"
+    started = time.monotonic()
+    jobs.download(payload(url))
+
+    assert time.monotonic() - started < 3  # not the 300 s job timeout
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["attempt"]) == (RETRY, 1)
+    assert "timed out" in record["error"] and "whole request" in record["error"]
+    ((member, _due),) = delayed(redis_conn)
+    site, priority, _nonce, entry = member.split("\t", 3)
+    assert DownloadTask.from_entry(site, entry, int(priority)).attempt == 2
+
+
+def test_a_host_name_resolving_to_a_private_address_is_recorded_failed_unrequested(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = socket.getaddrinfo
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, *args, **kwargs: real("127.0.0.1" if host == "rebind.test" else host, *args, **kwargs),
+    )  # what a rebinding DNS answers
+    url = shop.url.replace("127.0.0.1", "rebind.test") + "/product/1"
+    # A spider that lists rebind.test (its public name) among its domains.
+    monkeypatch.setattr(runtime.spider(SITE), "allowed_domains", ["rebind.test"])
+    jobs.download(payload(url, "parse_product"))
+
+    assert shop.requests == []  # neither robots.txt nor the page: refused before a byte was sent
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["status"]) == (FAILED, None)
+    assert "rebind.test resolves to 127.0.0.1" in record["error"]
+    assert delayed(redis_conn) == [] and pages_waiting(redis_conn) == 0  # permanent: not retried

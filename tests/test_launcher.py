@@ -37,11 +37,25 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_workers_stop_when_their_launcher_is_killed(redis_url: str, redis_conn: Redis, sqlite_url: str,
-                                                    tmp_path: Path) -> None:
+def test_workers_stop_when_their_launcher_is_killed(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
     (tmp_path / "sites").mkdir()
-    command = [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
-               "--database-url", sqlite_url, "--sites", str(tmp_path / "sites"), "worker", "download", "-n", "2"]
+    command = [
+        sys.executable,
+        "-c",
+        "from crawler.cli import main; main()",
+        "--redis-url",
+        redis_url,
+        "--database-url",
+        sqlite_url,
+        "--sites",
+        str(tmp_path / "sites"),
+        "worker",
+        "download",
+        "-n",
+        "2",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=open(tmp_path / "err.log", "w"), text=True)
     try:

@@ -28,10 +28,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from redis import Redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
-from crawler import keys
+from crawler import keys, pages
 from crawler.cli import cli
 from crawler.demo import ShopSite
 from crawler.frontier import DownloadTask, seed
@@ -49,12 +47,26 @@ PROCESS_TIMEOUT = 30.0
 # -- helpers ------------------------------------------------------------------------------
 
 
-def record(outcome: str, status: int | None = 200, elapsed: float | None = 0.1, nbytes: int | None = None,
-           kind: str = "download", site: str = SITE) -> FetchRecord:
+def record(
+    outcome: str,
+    status: int | None = 200,
+    elapsed: float | None = 0.1,
+    nbytes: int | None = None,
+    kind: str = "download",
+    site: str = SITE,
+) -> FetchRecord:
     finished = utcnow()
-    return FetchRecord(site=site, url=f"http://127.0.0.1/{outcome}", outcome=outcome, kind=kind, status=status,
-                       bytes=nbytes, elapsed=elapsed, started=finished - timedelta(seconds=elapsed or 0),
-                       finished=finished)
+    return FetchRecord(
+        site=site,
+        url=f"http://127.0.0.1/{outcome}",
+        outcome=outcome,
+        kind=kind,
+        status=status,
+        bytes=nbytes,
+        elapsed=elapsed,
+        started=finished - timedelta(seconds=elapsed or 0),
+        finished=finished,
+    )
 
 
 def count(connection: Redis, *jobs: tuple[FetchRecord, float | None]) -> None:
@@ -129,8 +141,9 @@ def invoke(base_args: list[str], *args: str) -> Result:
 
 
 def start_console_script(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
+    }
     command = [sys.executable, "-c", "from crawler.cli import main; main()", *args]
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -162,11 +175,19 @@ def stop(process: subprocess.Popen[str], sig: int) -> int:
 
 
 def test_requests_are_counted_by_site_kind_outcome_and_status(redis_conn: Redis, collector: MetricsCollector) -> None:
-    count(redis_conn,
-          (record(OK, nbytes=1000), 0.0), (record(OK, nbytes=500), 0.0), (record(REDIRECT, 301, nbytes=0), 0.0),
-          (record(RETRY, 503), 0.0), (record(RETRY, None), 0.0), (record(FAILED, 404), 0.0),
-          (record(REFUSED, None), None), (record(OK, kind="parse"), None), (record(FAILED, kind="parse"), None),
-          (record(OK, site="other", nbytes=7), 0.0))
+    count(
+        redis_conn,
+        (record(OK, nbytes=1000), 0.0),
+        (record(OK, nbytes=500), 0.0),
+        (record(REDIRECT, 301, nbytes=0), 0.0),
+        (record(RETRY, 503), 0.0),
+        (record(RETRY, None), 0.0),
+        (record(FAILED, 404), 0.0),
+        (record(REFUSED, None), None),
+        (record(OK, kind="parse"), None),
+        (record(FAILED, kind="parse"), None),
+        (record(OK, site="other", nbytes=7), 0.0),
+    )
     text = exposition(collector)
 
     requests = values(text, "crawler_requests_total", site=SITE)
@@ -187,17 +208,33 @@ def test_requests_are_counted_by_site_kind_outcome_and_status(redis_conn: Redis,
 
 
 def test_duration_and_gate_wait_histograms_are_cumulative_with_count_and_sum(
-        redis_conn: Redis, collector: MetricsCollector) -> None:
+    redis_conn: Redis, collector: MetricsCollector
+) -> None:
     elapsed = [0.005, 0.025, 0.03, 0.7, 45.0]  # 0.025 sits on a bound: le means "at most"
     waits = [0.0, 0.001, 0.2, 400.0]
-    count(redis_conn, *[(record(OK, elapsed=e), w) for e, w in zip(elapsed, [*waits, None], strict=True)],
-          (record(OK, kind="parse", elapsed=0.3), None))
+    count(
+        redis_conn,
+        *[(record(OK, elapsed=e), w) for e, w in zip(elapsed, [*waits, None], strict=True)],
+        (record(OK, kind="parse", elapsed=0.3), None),
+    )
     text = exposition(collector)
 
     download = buckets(text, "crawler_request_duration_seconds", site=SITE, kind="download")
     assert list(download) == list(DURATION_BUCKETS)
-    assert download == {0.01: 1, 0.025: 2, 0.05: 3, 0.1: 3, 0.25: 3, 0.5: 3, 1.0: 4, 2.5: 4, 5.0: 4, 10.0: 4,
-                        30.0: 4, float("inf"): 5}
+    assert download == {
+        0.01: 1,
+        0.025: 2,
+        0.05: 3,
+        0.1: 3,
+        0.25: 3,
+        0.5: 3,
+        1.0: 4,
+        2.5: 4,
+        5.0: 4,
+        10.0: 4,
+        30.0: 4,
+        float("inf"): 5,
+    }
     assert value(text, "crawler_request_duration_seconds_count", site=SITE, kind="download") == 5
     assert value(text, "crawler_request_duration_seconds_sum", site=SITE, kind="download") == pytest.approx(45.76)
     parse = buckets(text, "crawler_request_duration_seconds", site=SITE, kind="parse")
@@ -221,8 +258,7 @@ def test_a_download_costs_at_most_six_commands_on_one_hash_and_a_parse_three(red
     assert {args[1] for args in download + parse} == {keys.metrics(SITE)}
 
 
-def test_redis_outage_gives_redis_up_zero_and_a_warning_not_an_error(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_redis_outage_gives_redis_up_zero_and_a_warning_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
     unreachable = Redis.from_url("redis://127.0.0.1:1/0")
     with caplog.at_level(logging.WARNING, logger="crawler.metrics"):
         text = exposition(MetricsCollector(unreachable, timeout=1.0))
@@ -236,8 +272,10 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     urls = [f"http://127.0.0.1:9/page/{n}" for n in range(5)]
     seed(runtime.frontier("demo"), urls)
     set_live(redis_conn, "demo", interval=0.5, paused=True)
-    Queue(keys.PARSE_QUEUE, connection=redis_conn, serializer=JSONSerializer).enqueue(
-        "crawler.jobs.parse", {"site": "demo"}, result_ttl=0)
+    for n in range(3):  # pages waiting for a parse worker, one of them read by one
+        pages.add(redis_conn, {"site": "demo", "url": f"http://127.0.0.1:9/parse/{n}"}, b"x")
+    pages.ensure_group(redis_conn)
+    redis_conn.xreadgroup(keys.PARSERS, "someone", {keys.pages(): ">"}, count=1)
     for url in urls[:3]:  # the same page twice: one refresh pending
         runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", url).to_entry(), 3600, 0)
     runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", urls[0]).to_entry(), 60, 0)
@@ -254,15 +292,17 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     assert value(text, "crawler_refreshes_scheduled", site="demo") == 3
     assert value(text, "crawler_site_paused", site="demo") == 1
     assert value(text, "crawler_site_interval_seconds", site="demo") == 0.5
-    assert value(text, "crawler_parse_queue_depth") == 1
+    assert value(text, "crawler_parse_queue_depth") == 2
+    assert value(text, "crawler_parse_in_flight") == 1
     assert values(text, "crawler_workers") == {}  # none registered
 
 
 # -- end to end ---------------------------------------------------------------------------------
 
 
-def test_endpoint_after_a_real_crawl_matches_the_fetches_table(runtime: Runtime, redis_conn: Redis,
-                                                               shop: ShopSite) -> None:
+def test_endpoint_after_a_real_crawl_matches_the_fetches_table(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
     seed(runtime.frontier("demo"), [shop.url + "/"])
     threads, stop_event = start_in_threads(redis_conn)
     join_all(threads, stop_event)
@@ -277,13 +317,16 @@ def test_endpoint_after_a_real_crawl_matches_the_fetches_table(runtime: Runtime,
 
     rows = runtime.store.fetch_rows("demo")
     expected = Counter((r["kind"], r["outcome"], "none" if r["status"] is None else str(r["status"])) for r in rows)
-    counted = {(dict(k)["kind"], dict(k)["outcome"], dict(k)["status"]): n
-               for k, n in values(text, "crawler_requests_total", site="demo").items()}
+    counted = {
+        (dict(k)["kind"], dict(k)["outcome"], dict(k)["status"]): n
+        for k, n in values(text, "crawler_requests_total", site="demo").items()
+    }
     assert counted == dict(expected)
     assert {outcome for _, outcome, _ in counted} >= {OK, REDIRECT, RETRY, FAILED, REFUSED, "skipped"}
     downloads = [r for r in rows if r["kind"] == "download"]
     assert value(text, "crawler_response_bytes_total", site="demo", kind="download") == sum(
-        r["bytes"] or 0 for r in downloads)
+        r["bytes"] or 0 for r in downloads
+    )
     for kind in ("download", "parse"):
         timed = [r["elapsed"] for r in rows if r["kind"] == kind and r["elapsed"] is not None]
         assert value(text, "crawler_request_duration_seconds_count", site="demo", kind=kind) == len(timed)
@@ -294,8 +337,13 @@ def test_endpoint_after_a_real_crawl_matches_the_fetches_table(runtime: Runtime,
     gated = [r for r in downloads if r["outcome"] != REFUSED and not r["url"].endswith("/robots.txt")]
     assert value(text, "crawler_gate_wait_seconds_count", site="demo") == len(gated)
 
-    for gauge in ("crawler_queue_depth", "crawler_in_flight", "crawler_retries_waiting", "crawler_refreshes_scheduled",
-                  "crawler_site_paused"):
+    for gauge in (
+        "crawler_queue_depth",
+        "crawler_in_flight",
+        "crawler_retries_waiting",
+        "crawler_refreshes_scheduled",
+        "crawler_site_paused",
+    ):
         assert value(text, gauge, site="demo") == 0, gauge
     assert value(text, "crawler_parse_queue_depth") == 0 and value(text, "crawler_parse_in_flight") == 0
     assert value(text, "crawler_site_interval_seconds", site="demo") == runtime.policy("demo").interval
@@ -311,14 +359,16 @@ def test_metrics_command_on_a_port_in_use_is_one_line_error(base_args: list[str]
 
 
 def test_worker_metrics_port_in_use_is_one_line_error_and_starts_no_worker(
-        base_args: list[str], busy_port: int, redis_conn: Redis) -> None:
+    base_args: list[str], busy_port: int, redis_conn: Redis
+) -> None:
     result = invoke(base_args, "worker", "parse", "--burst", "--metrics-port", str(busy_port))
     assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{busy_port}")
     assert redis_conn.keys("rq:worker:*") == []
 
 
-def test_metrics_command_serves_until_interrupted(base_args: list[str], redis_url: str, runtime: Runtime,
-                                                  tmp_path: Path) -> None:
+def test_metrics_command_serves_until_interrupted(
+    base_args: list[str], redis_url: str, runtime: Runtime, tmp_path: Path
+) -> None:
     seed(runtime.frontier("demo"), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
     port = free_port()
     process = start_console_script(*base_args, "metrics", "--port", str(port), cwd=tmp_path)
@@ -334,8 +384,7 @@ def test_metrics_command_serves_until_interrupted(base_args: list[str], redis_ur
     assert "Traceback" not in (process.stderr.read() if process.stderr else "")
 
 
-def test_worker_metrics_port_serves_the_fleet_while_its_workers_run(base_args: list[str],
-                                                                    tmp_path: Path) -> None:
+def test_worker_metrics_port_serves_the_fleet_while_its_workers_run(base_args: list[str], tmp_path: Path) -> None:
     process = start_console_script(*base_args, "worker", "parse", "-n", "2", "--metrics-port", "0", cwd=tmp_path)
     try:
         url = metrics_url(process)

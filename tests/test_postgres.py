@@ -103,7 +103,8 @@ def previous_release_schema() -> MetaData:
     """The tables as the last release before schema versions created them (no fetches.callback)."""
     old = MetaData()
     Table(
-        "items", old,
+        "items",
+        old,
         Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
         Column("site", String(200), nullable=False),
         Column("key", Text, nullable=False),
@@ -116,7 +117,8 @@ def previous_release_schema() -> MetaData:
         UniqueConstraint("site", "key", name="items_site_key"),
     )
     Table(
-        "fetches", old,
+        "fetches",
+        old,
         Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
         Column("site", String(200), nullable=False),
         Column("url", Text, nullable=False),
@@ -136,12 +138,27 @@ def previous_release_schema() -> MetaData:
     return old
 
 
-OLD_ITEM = {"site": SITE, "key": "sku-1", "url": "http://shop.example/1", "data": {"price": 10},
-            "digest": "0" * 32, "first_seen": datetime(2024, 1, 1, tzinfo=UTC),
-            "last_seen": datetime(2024, 2, 1, tzinfo=UTC), "changed": datetime(2024, 1, 15, tzinfo=UTC)}
-OLD_FETCH = {"site": SITE, "url": "http://shop.example/1", "kind": "parse", "outcome": "failed", "status": 200,
-             "started": datetime(2024, 2, 1, tzinfo=UTC), "finished": datetime(2024, 2, 1, tzinfo=UTC),
-             "attempt": 1, "error": "Traceback: boom"}
+OLD_ITEM = {
+    "site": SITE,
+    "key": "sku-1",
+    "url": "http://shop.example/1",
+    "data": {"price": 10},
+    "digest": "0" * 32,
+    "first_seen": datetime(2024, 1, 1, tzinfo=UTC),
+    "last_seen": datetime(2024, 2, 1, tzinfo=UTC),
+    "changed": datetime(2024, 1, 15, tzinfo=UTC),
+}
+OLD_FETCH = {
+    "site": SITE,
+    "url": "http://shop.example/1",
+    "kind": "parse",
+    "outcome": "failed",
+    "status": 200,
+    "started": datetime(2024, 2, 1, tzinfo=UTC),
+    "finished": datetime(2024, 2, 1, tzinfo=UTC),
+    "attempt": 1,
+    "error": "Traceback: boom",
+}
 
 
 #: What the migration steps record when they bring a previous-release database up to date.
@@ -222,11 +239,24 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
         assert [p["url"] for p in store.failed_pages(SITE)] == ["http://shop.example/1"]
         # The new column is in use at once: a failed page now keeps its callback.
         now = utcnow()
-        store.record_fetches([FetchRecord(site=SITE, url="http://shop.example/2", outcome="failed", kind="parse",
-                                          started=now, finished=now, callback="parse_product",
-                                          meta={"from": "listing"})])
+        store.record_fetches(
+            [
+                FetchRecord(
+                    site=SITE,
+                    url="http://shop.example/2",
+                    outcome="failed",
+                    kind="parse",
+                    started=now,
+                    finished=now,
+                    callback="parse_product",
+                    meta={"from": "listing"},
+                )
+            ]
+        )
         assert (store.fetch_rows(SITE)[-1]["callback"], store.fetch_rows(SITE)[-1]["meta"]) == (
-            "parse_product", {"from": "listing"})
+            "parse_product",
+            {"from": "listing"},
+        )
         store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 11})])
         assert as_utc(store.item_rows(SITE)[0]["first_seen"]) == OLD_ITEM["first_seen"]
     finally:
@@ -345,15 +375,20 @@ def test_the_cli_refuses_a_newer_database_in_one_line(pg_url: str, redis_url: st
     Store(pg_url).close()
     engine = create_engine(engine_url(pg_url))
     with engine.begin() as conn:
-        conn.execute(schema_versions.insert().values(version=SCHEMA_VERSION + 5, description="later",
-                                                     applied=utcnow()))
+        conn.execute(schema_versions.insert().values(version=SCHEMA_VERSION + 5, description="later", applied=utcnow()))
     engine.dispose()
     (tmp_path / "sites").mkdir()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith("CRAWLER_")}
     env["DATABASE_URL"] = pg_url
     script = Path(sys.executable).with_name("crawler")
-    result = subprocess.run([str(script), "--redis-url", redis_url, "--sites", str(tmp_path / "sites"),
-                             "export", "demo"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(script), "--redis-url", redis_url, "--sites", str(tmp_path / "sites"), "export", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"Error: database schema is version {SCHEMA_VERSION + 5}, newer than this crawler's {SCHEMA_VERSION}: "
@@ -378,9 +413,14 @@ def write_overlapping_batches(url: str, writer: int, rounds: int, start_at: floa
     for _ in range(rounds):
         keys = rng.sample(SAME_KEYS + OWN_KEYS, 100)
         seen = utcnow()
-        batch = [Item(k, f"http://shop.example/{k}",
-                      {"v": k} if k.startswith("same") else {"seen": seen.isoformat(), "writer": writer})
-                 for k in keys]
+        batch = [
+            Item(
+                k,
+                f"http://shop.example/{k}",
+                {"v": k} if k.startswith("same") else {"seen": seen.isoformat(), "writer": writer},
+            )
+            for k in keys
+        ]
         store.upsert_items(SITE, batch + batch[:10], seen=seen)  # a key twice in one batch, too
         log.append((seen.isoformat(), keys))
     store.close()
@@ -392,8 +432,9 @@ def test_concurrent_upserts_of_overlapping_keys_lose_and_duplicate_nothing(pg_ur
     writers, rounds = 4, 40
     start_at = time.time() + 3
     logs = [tmp_path / f"writer-{w}.json" for w in range(writers)]
-    exits = run_processes(write_overlapping_batches, [(pg_url, w, rounds, start_at, str(logs[w]))
-                                                      for w in range(writers)])
+    exits = run_processes(
+        write_overlapping_batches, [(pg_url, w, rounds, start_at, str(logs[w])) for w in range(writers)]
+    )
     assert exits == [0] * writers, "a writer failed (deadlock, or a row updated twice in one statement?)"
     seen: dict[str, list[datetime]] = {}
     for log in logs:
@@ -421,7 +462,8 @@ def test_concurrent_upserts_of_overlapping_keys_lose_and_duplicate_nothing(pg_ur
 
 
 def test_a_crawl_with_several_download_and_parse_processes_stores_every_item_once(
-        pg_url: str, redis_url: str, redis_conn: Redis, settings: Settings) -> None:
+    pg_url: str, redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
     settings = dataclasses.replace(settings, database_url=pg_url, sites={"demo": {"interval": 0.005}})
     with ShopSite(products=150, per_page=10) as shop:
         rt = Runtime(redis_conn, settings)
@@ -429,8 +471,12 @@ def test_a_crawl_with_several_download_and_parse_processes_stores_every_item_onc
             seed(rt.frontier("demo"), [shop.url + "/"])
         finally:
             rt.close()
-        processes = start_workers([WorkerSpec("download", ("demo",), threads=2, burst=True)] * 2
-                                  + [WorkerSpec("parse", ("demo",), burst=True)] * 3, settings, redis_url)
+        processes = start_workers(
+            [WorkerSpec("download", ("demo",), threads=2, burst=True)] * 2
+            + [WorkerSpec("parse", ("demo",), burst=True)] * 3,
+            settings,
+            redis_url,
+        )
         try:
             assert wait_for(processes) == 0
         finally:

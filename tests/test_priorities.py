@@ -89,9 +89,13 @@ def test_a_job_a_worker_already_took_is_not_handed_back(frontier: Frontier, redi
 
 
 def test_out_of_range_priorities_are_refused_not_queued(frontier: Frontier) -> None:
-    result = frontier.add([Request("http://example.com/x", priority=5000),
-                           Request("http://example.com/y", priority="high"),  # type: ignore[arg-type]
-                           Request("http://example.com/z", priority=-7)])
+    result = frontier.add(
+        [
+            Request("http://example.com/x", priority=5000),
+            Request("http://example.com/y", priority="high"),  # type: ignore[arg-type]
+            Request("http://example.com/z", priority=-7),
+        ]
+    )
     assert result.enqueued == ["http://example.com/z"]
     assert result.refused is not None and len(result.refused) == 2
     assert "between -1000 and 1000" in result.refused[0][1]
@@ -125,13 +129,14 @@ def test_a_seed_overtakes_a_flood_of_background_work(redis_conn: Redis, settings
     # server also depends on which thread gets a CPU first, not only on the hand-outs.
     downloads = 1
     spiders = SpiderSet({"demo": ProductsOnly}, [])
-    with ShopSite(products=300, faults=False) as shop, installed_runtime(redis_conn, settings,
-                                                                        spider_set=spiders) as rt:
+    with (
+        ShopSite(products=300, faults=False) as shop,
+        installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
+    ):
         set_live(redis_conn, "demo", paused=True)
         rt.publish("demo", force=True)
         front = rt.frontier("demo")
-        front.add([Request(f"{shop.url}/product/{i}", callback="parse_product", priority=-10)
-                   for i in range(1, 121)])
+        front.add([Request(f"{shop.url}/product/{i}", callback="parse_product", priority=-10) for i in range(1, 121)])
         front.refill(JOBS_AHEAD)  # background jobs already made, as in a running crawl
         seed(front, [f"{shop.url}/product/201"])
         threads, stop = start_in_threads(redis_conn, downloads=downloads)

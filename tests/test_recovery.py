@@ -8,13 +8,16 @@ requests to the site closer than its interval.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,13 @@ import pytest
 from crawling import items_by_key
 from redis import Redis
 
+from crawler import keys
 from crawler.connection import connect, redis_server_binary
 from crawler.demo import ShopSite
 from crawler.frontier import seed
+from crawler.gate import SEND_GRACE
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.recovery import REAP_EVERY
 from crawler.runtime import Runtime, install
 from crawler.settings import Settings
 from crawler.store import Store
@@ -76,34 +82,41 @@ def assert_polite(shop: ShopSite) -> None:
     assert gap is not None and gap >= INTERVAL, f"two requests {gap * 1000:.1f} ms apart"
 
 
-def test_a_download_worker_killed_mid_request_loses_no_page(redis_url: str, redis_conn: Redis,
-                                                            settings: Settings) -> None:
+def test_a_download_worker_killed_mid_request_loses_no_page(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
     settings = crawl_settings(settings)
     with ShopSite(products=40, slow_every=5, slow_seconds=1.5) as shop:
         seed_shop(redis_conn, settings, shop)
-        victim, = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
+        (victim,) = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
         parser = start_workers([WorkerSpec("parse", ("demo",), burst=True)], settings, redis_url)
         # Kill it while it waits for a slow product page (every 5th product takes 1.5 s).
         wait_until(lambda: any(e.path == "/product/5" for e in shop.requests), 60, "a slow page to be requested")
         os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.time()  # the shop logs arrivals on this clock
         victim.join()
-        killed_at = time.monotonic()
         others = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
         assert wait_drained(others + parser) == 0
         assert items_by_sku(settings.database_url) == shop.expected_items()
         refetched = [e.time for e in shop.requests_for("/product/5")]
         store = Store(settings.database_url)
-        rows = [(r["kind"], r["outcome"], r["worker"], r["attempt"], (r["error"] or "")[-300:])
-                for r in store.fetch_rows("demo") if r["url"].endswith("/product/5")]
+        rows = [
+            (r["kind"], r["outcome"], r["worker"], r["attempt"], (r["error"] or "")[-300:])
+            for r in store.fetch_rows("demo")
+            if r["url"].endswith("/product/5")
+        ]
         store.close()
         assert len(refetched) == 2, f"the killed worker's page was fetched {len(refetched)} times: {rows}"
-        assert time.monotonic() - killed_at < 60
+        # The documented bound: job_lease + one reaper period (plus a moment to take and send it).
+        again = refetched[1] - killed_at
+        assert again <= LEASE + REAP_EVERY + 0.5, f"served again {again:.1f}s after the kill"
         assert_polite(shop)
 
 
-def test_a_parse_worker_killed_mid_job_loses_no_item(redis_url: str, redis_conn: Redis, settings: Settings,
-                                                     tmp_path: Path) -> None:
-    # A spider whose product callback is slow, so a parse job is surely running when killed.
+def test_a_parse_worker_killed_mid_job_loses_no_item(
+    redis_url: str, redis_conn: Redis, settings: Settings, tmp_path: Path
+) -> None:
+    # A spider whose product callback is slow, so a page is surely being parsed when killed.
     (Path(settings.sites_dir) / "slowparse.py").write_text(
         "import time\n"
         "from crawler.demo.spider import DemoShop\n\n"
@@ -119,26 +132,97 @@ def test_a_parse_worker_killed_mid_job_loses_no_item(redis_url: str, redis_conn:
         seed(rt.frontier("slowparse"), [shop.url + "/"])
         rt.close()
         download = start_workers([WorkerSpec("download", ("slowparse",), burst=True)], settings, redis_url)
-        victim, = start_workers([WorkerSpec("parse", ("slowparse",), burst=True)], settings, redis_url)
+        (victim,) = start_workers([WorkerSpec("parse", ("slowparse",), burst=True)], settings, redis_url)
         store = Store(settings.database_url)
         wait_until(lambda: store.count_items("slowparse") >= 3, 60, "some items to be stored")
         os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
         victim.join()
+        held = redis_conn.xpending_range(keys.pages(), keys.PARSERS, "-", "+", 100)
+        assert held, "the killed parse worker held no page"
+        (victim_name,) = {p["consumer"].decode() for p in held}
+        urls = {
+            json.loads(redis_conn.xrange(keys.pages(), p["message_id"], p["message_id"])[0][1][b"task"])["url"]
+            for p in held
+        }
         rescuer = start_workers([WorkerSpec("parse", ("slowparse",), burst=True)], settings, redis_url)
         assert wait_drained(download + rescuer) == 0
         rows = store.item_rows("slowparse")
+        parses = [r for r in store.fetch_rows("slowparse") if r["kind"] == "parse" and r["url"] in urls]
         store.close()
         expected = shop.expected_items()
     assert sorted(r["data"]["sku"] for r in rows) == sorted(expected)  # each item once
     assert {r["data"]["sku"]: r["data"] for r in rows} == expected
+    # The pages it held were parsed once, by another worker, once their lease had run out.
+    assert sorted(r["url"] for r in parses) == sorted(urls) and {r["outcome"] for r in parses} == {"ok"}
+    assert victim_name not in {r["worker"] for r in parses}
+    first = min(r["finished"].replace(tzinfo=UTC).timestamp() for r in parses)
+    assert first - killed_at <= LEASE + 3.0, f"a page of the killed worker parsed again {first - killed_at:.1f}s later"
+    assert redis_conn.xlen(keys.pages()) == 0
 
 
-def test_sigterm_finishes_the_current_page_and_leaves_the_rest_queued(redis_url: str, redis_conn: Redis,
-                                                                      settings: Settings) -> None:
+KILLER_SPIDER = """
+import os
+import signal
+from crawler import Spider
+
+
+class Killer(Spider):
+    name = "killer"
+    start_urls = ["http://127.0.0.1:9/"]
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page):
+        if page.url.endswith("/deadly"):
+            os.kill(os.getpid(), signal.SIGKILL)  # as an out-of-memory kill would
+        yield {"url": page.url}
+"""
+
+
+def test_a_page_that_kills_its_parse_worker_five_times_is_recorded_failed_and_dropped(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    import zlib
+
+    from crawler import pages
+
+    (Path(settings.sites_dir) / "killer.py").write_text(KILLER_SPIDER)
+    settings = dataclasses.replace(settings, job_lease=LEASE)
+    urls = [f"http://127.0.0.1:9/{name}" for name in ("a", "b", "deadly", "c", "d", "e")]
+    for url in urls:  # one batch: the pages behind the deadly one are not its victims
+        pages.add(redis_conn, {"site": "killer", "url": url, "status": 200}, zlib.compress(b"<p>page</p>"))
+    deaths = 0
+    deadline = time.monotonic() + 150
+    while True:  # one burst parse worker after another, as a supervisor restarts them
+        (worker,) = start_workers([WorkerSpec("parse", ("killer",), burst=True)], settings, redis_url)
+        worker.join(max(deadline - time.monotonic(), 1))
+        if worker.is_alive():
+            stop_workers([worker])
+            pytest.fail(f"the parse workers did not drain the stream after {deaths} deaths")
+        if worker.exitcode == 0:
+            break
+        assert worker.exitcode == -signal.SIGKILL
+        deaths += 1
+    store = Store(settings.database_url)
+    try:
+        records = store.fetch_rows("killer")
+    finally:
+        store.close()
+    assert deaths == 5
+    (dead,) = [r for r in records if r["outcome"] == "failed"]
+    assert dead["url"] == urls[2] and "parse worker died 5 times on this page" in dead["error"]
+    assert sorted(r["url"] for r in records if r["outcome"] == "ok") == sorted(set(urls) - {urls[2]})
+    assert redis_conn.xlen(keys.pages()) == 0  # dropped: not run a sixth time
+    assert redis_conn.hget(keys.stats("killer"), "failed") == b"1"
+
+
+def test_sigterm_finishes_the_current_page_and_leaves_the_rest_queued(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
     settings = crawl_settings(settings)
     with ShopSite(products=20, slow_every=2, slow_seconds=1.0) as shop:
         seed_shop(redis_conn, settings, shop)
-        worker, = start_workers([WorkerSpec("download", ("demo",))], settings, redis_url)
+        (worker,) = start_workers([WorkerSpec("download", ("demo",))], settings, redis_url)
         parser = start_workers([WorkerSpec("parse", ("demo",), burst=True)], settings, redis_url)
         wait_until(lambda: any(e.path == "/product/2" for e in shop.requests), 60, "a slow page to be requested")
         os.kill(worker.pid, signal.SIGTERM)
@@ -146,8 +230,9 @@ def test_sigterm_finishes_the_current_page_and_leaves_the_rest_queued(redis_url:
         assert worker.exitcode == 0, "the worker did not stop on SIGTERM"
         store = Store(settings.database_url)
         try:
-            fetched = [r for r in store.fetch_rows("demo")
-                       if r["url"] == f"{shop.url}/product/2" and r["kind"] == "download"]
+            fetched = [
+                r for r in store.fetch_rows("demo") if r["url"] == f"{shop.url}/product/2" and r["kind"] == "download"
+            ]
         finally:
             store.close()
         assert [r["outcome"] for r in fetched] == ["ok"], "the page in flight was not finished"
@@ -167,8 +252,21 @@ def restartable_redis(tmp_path: Path) -> Iterator[tuple[str, Any]]:
     directory = tmp_path / "redis"
     directory.mkdir()
     sock = directory / "r.sock"
-    args = [redis_server_binary(), "--port", "0", "--unixsocket", str(sock), "--dir", str(directory),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+    args = [
+        redis_server_binary(),
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--save",
+        "",
+    ]
     state: dict[str, subprocess.Popen[bytes]] = {}
 
     def start() -> None:
@@ -194,15 +292,19 @@ def _answers(url: str) -> bool:
         return False
 
 
-def test_workers_ride_out_a_redis_restart_and_stay_polite(restartable_redis: tuple[str, Any],
-                                                          settings: Settings) -> None:
+def test_workers_ride_out_a_redis_restart_and_stay_polite(
+    restartable_redis: tuple[str, Any], settings: Settings
+) -> None:
     url, restart = restartable_redis
     settings = crawl_settings(settings)
     connection = connect(url)
     with ShopSite(products=60) as shop:
         seed_shop(connection, settings, shop)
-        processes = start_workers([WorkerSpec("download", ("demo",), threads=2, burst=True),
-                                   WorkerSpec("parse", ("demo",), burst=True)], settings, url)
+        processes = start_workers(
+            [WorkerSpec("download", ("demo",), threads=2, burst=True), WorkerSpec("parse", ("demo",), burst=True)],
+            settings,
+            url,
+        )
         wait_until(lambda: len(shop.requests) >= 15, 60, "the crawl to get going")
         restart(down_for=2.0)
         assert wait_drained(processes, timeout=150) == 0
@@ -229,6 +331,10 @@ class TcpProxy:
 
     def down(self) -> None:
         if self.listener is not None:
+            try:  # wakes the blocked accept(); a bare close() from another thread leaves it accepting
+                self.listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self.listener.close()
             self.listener = None
         with self.lock:
@@ -273,8 +379,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_database_outage_delays_items_but_loses_none(redis_url: str, redis_conn: Redis, settings: Settings,
-                                                       postgres_url: str) -> None:
+def test_a_database_outage_delays_items_but_loses_none_and_downloads_each_page_once(
+    redis_url: str, redis_conn: Redis, settings: Settings, postgres_url: str
+) -> None:
     from sqlalchemy.engine import make_url
 
     real = make_url(postgres_url)
@@ -285,14 +392,19 @@ def test_a_database_outage_delays_items_but_loses_none(redis_url: str, redis_con
     Store(through_proxy).close()  # schema first
     with ShopSite(products=30, faults=False) as shop:
         seed_shop(redis_conn, settings, shop)
-        processes = start_workers([WorkerSpec("download", ("demo",), burst=True),
-                                   WorkerSpec("parse", ("demo",), burst=True)], settings, redis_url)
+        processes = start_workers(
+            [WorkerSpec("download", ("demo",), burst=True), WorkerSpec("parse", ("demo",), burst=True)],
+            settings,
+            redis_url,
+        )
         wait_until(lambda: len(shop.requests) >= 8, 60, "the crawl to get going")
         proxy.down()
-        time.sleep(3)  # jobs fail meanwhile and are scheduled for retry
+        time.sleep(8)  # downloads go on, their records wait in Redis; pages wait in the parse worker
+        parked = redis_conn.llen(keys.outbox())
         proxy.up()
         assert wait_drained(processes, timeout=150) == 0
         expected = shop.expected_items()
+        fetched = Counter(entry.path for entry in shop.requests)
     proxy.down()
     assert items_by_sku(postgres_url) == expected
     store = Store(postgres_url)
@@ -301,6 +413,18 @@ def test_a_database_outage_delays_items_but_loses_none(redis_url: str, redis_con
     finally:
         store.close()
     assert {item["url"] for item in expected.values()} <= urls
+    assert parked > 0, "no record waited for the database: the outage missed the crawl"
+    assert redis_conn.llen(keys.outbox()) == 0
+    twice = {path: n for path, n in fetched.items() if n > 1}
+    assert not twice, f"pages downloaded more than once across the outage: {twice}"
+    store = Store(postgres_url)
+    try:
+        downloads = Counter(r["url"] for r in store.fetch_rows("demo") if r["kind"] == "download")
+    finally:
+        store.close()
+    assert set(downloads.values()) == {1}, "a fetch record was doubled"
+    recorded = {url.split("/", 3)[3] for url in downloads}
+    assert {path.lstrip("/") for path in fetched} <= recorded, "a request left no fetch record"
 
 
 def test_install_is_per_process() -> None:
@@ -315,3 +439,81 @@ def test_install_is_per_process() -> None:
         finally:
             runtime_module._current = saved
     assert install is not None
+
+
+def test_download_workers_frozen_right_after_taking_the_gate_never_send_closer_than_the_interval(
+    redis_url: str, redis_conn: Redis, settings: Settings, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """SIGSTOP lands between a worker's gate acquisition and its send, again and again: no short gap
+    but from a freeze that lands in the microseconds between the send check and the socket write.
+
+    That residue is what the HTTP stack allows (the check runs in the network stream's
+    write, right before the socket call): the worker detects it afterwards (its rearm
+    finds another holder) and says so in a warning, so such a gap is never silent. The
+    test allows short gaps only as many as two per such warning (the late request and its
+    neighbour), and at most two such landings per crawl; without the check (the code
+    before it), the same freezes gave 9-13 short gaps per crawl, down to 1 ms.
+
+    A watcher sees each new holder of the site's gate (its token changes) and at once
+    freezes one of the download processes (the holder, one time in three) until just
+    after that gate's lifetime ran out, while the others go on: another worker takes
+    the gate and sends, and the frozen one resumes less than an interval later.
+    """
+    import random
+
+    interval = 0.15
+    lifetime = interval + settings.gate_margin + SEND_GRACE
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": interval}}, job_lease=LEASE)
+    rng = random.Random(20261122)
+    with ShopSite(products=60, faults=False) as shop:
+        seed_shop(redis_conn, settings, shop)
+        downloads = start_workers([WorkerSpec("download", ("demo",), threads=2, burst=True)] * 3, settings, redis_url)
+        parser = start_workers([WorkerSpec("parse", ("demo",), burst=True)], settings, redis_url)
+        stop, freezes = threading.Event(), []
+
+        def freezer() -> None:
+            gate_key = keys.gate("demo")
+            while not stop.is_set() and len(freezes) < 20:
+                holder = redis_conn.get(gate_key)
+                deadline = time.monotonic() + 2
+                while not stop.is_set() and time.monotonic() < deadline:
+                    token = redis_conn.get(gate_key)
+                    if token is not None and token != holder:
+                        break  # a new holder, most likely between its SET and its send
+                else:
+                    continue
+                victim = rng.choice(downloads)
+                try:
+                    os.kill(victim.pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    continue
+                freezes.append(victim.pid)
+                try:  # resumed just after the gate it took expired: inside the next holder's interval
+                    time.sleep(lifetime + rng.uniform(0.005, interval * 0.8))
+                finally:
+                    os.kill(victim.pid, signal.SIGCONT)
+                time.sleep(rng.uniform(0.05, 0.3))
+
+        watcher = threading.Thread(target=freezer, daemon=True)
+        watcher.start()
+        try:
+            assert wait_drained(downloads + parser, timeout=180) == 0
+        finally:
+            stop.set()
+            watcher.join(5)
+            for process in downloads:
+                if process.pid is not None:
+                    try:
+                        os.kill(process.pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+        assert len(freezes) >= 10, f"only {len(freezes)} freezes landed during the crawl"
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        times = [entry.time for entry in shop.requests]
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        short = sum(g < interval for g in gaps)
+        late = capfd.readouterr().err.count("request sent after the gate's send grace had run out")
+        assert late <= 2 and short <= 2 * late, (
+            f"{short} gaps under {interval}s (smallest {gaps[0] * 1000:.1f} ms), {late} late sends reported, "
+            f"over {len(freezes)} freezes"
+        )

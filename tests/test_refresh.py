@@ -59,16 +59,19 @@ def test_refresh_rules_by_callback_by_default_and_per_request() -> None:
 
 def test_bad_refresh_values_are_refused(redis_conn: Redis, settings: Settings) -> None:
     with installed_runtime(redis_conn, settings) as rt:
-        result = rt.frontier("demo").add([Request("http://127.0.0.1/a", refresh=-1),
-                                          Request("http://127.0.0.1/b", refresh="daily")])  # type: ignore[arg-type]
+        result = rt.frontier("demo").add(
+            [Request("http://127.0.0.1/a", refresh=-1), Request("http://127.0.0.1/b", refresh="daily")]
+        )  # type: ignore[arg-type]
     assert result.enqueued == [] and result.refused is not None and len(result.refused) == 2
     assert "positive number of seconds" in result.refused[0][1]
 
 
 def test_refreshed_pages_are_fetched_again_and_their_changes_recorded(redis_conn: Redis, settings: Settings) -> None:
     spiders = SpiderSet({"demo": RefreshedShop}, [])
-    with ShopSite(products=5, per_page=5, faults=False) as shop, \
-            installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
+    with (
+        ShopSite(products=5, per_page=5, faults=False) as shop,
+        installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
+    ):
         seed(rt.frontier("demo"), [shop.url + "/"])
         run_in_threads(redis_conn)
         # A burst crawl drains although refreshes are pending: they are not left-over work.
@@ -119,8 +122,9 @@ def test_scheduling_a_pending_refresh_again_only_moves_it(redis_conn: Redis) -> 
 
 
 @pytest.mark.parametrize(("path", "refreshed"), [("/product/1", True), ("/missing", False)])
-def test_a_page_gone_for_good_is_not_refreshed(redis_conn: Redis, settings: Settings, path: str,
-                                               refreshed: bool) -> None:
+def test_a_page_gone_for_good_is_not_refreshed(
+    redis_conn: Redis, settings: Settings, path: str, refreshed: bool
+) -> None:
     spiders = SpiderSet({"demo": RefreshedShop}, [])
     with ShopSite(products=5) as shop, installed_runtime(redis_conn, settings, spider_set=spiders):
         url = shop.url + path

@@ -36,7 +36,7 @@ START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 ODD_URL = "http://shop/?q=<b>bold</b>&x=1"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-GOOD_SPIDER = '''
+GOOD_SPIDER = """
 from crawler import Spider
 
 
@@ -46,14 +46,22 @@ class Good(Spider):
 
     def parse(self, page):
         return []
-'''
+"""
 
 
-def download(site: str, second: float, outcome: str, status: int | None, elapsed: float,
-             url: str | None = None) -> FetchRecord:
+def download(
+    site: str, second: float, outcome: str, status: int | None, elapsed: float, url: str | None = None
+) -> FetchRecord:
     started = START + timedelta(seconds=second)
-    return FetchRecord(site=site, url=url or f"http://shop/{second}", outcome=outcome, started=started,
-                       finished=started + timedelta(seconds=elapsed), status=status, elapsed=elapsed)
+    return FetchRecord(
+        site=site,
+        url=url or f"http://shop/{second}",
+        outcome=outcome,
+        started=started,
+        finished=started + timedelta(seconds=elapsed),
+        status=status,
+        elapsed=elapsed,
+    )
 
 
 def crawl(site: str = "demo") -> list[FetchRecord]:
@@ -113,8 +121,7 @@ def test_html_latency_chart_has_a_point_per_answered_bucket_and_breaks_at_gaps(p
     assert [t.text() for t in page.css("svg.latency text.tick.y")] == ["0", "200", "400", "600", "800", "1000"]
 
 
-def test_html_has_a_title_with_the_time_range_axis_labels_and_the_summary(store: Store,
-                                                                           page: LexborHTMLParser) -> None:
+def test_html_has_a_title_with_the_time_range_axis_labels_and_the_summary(store: Store, page: LexborHTMLParser) -> None:
     assert page.css_first("h2").text() == "demo: 2026-11-21 12:00:01 to 12:04:01 UTC"
     assert [t.text() for t in page.css("svg.requests text.tick.x")] == ["12:00", "12:01", "12:02", "12:03", "12:04"]
     assert [t.text() for t in page.css("svg text.label.x")] == ["time (UTC)", "time (UTC)"]
@@ -125,8 +132,10 @@ def test_html_has_a_title_with_the_time_range_axis_labels_and_the_summary(store:
     stats = site_stats(store, "demo")
     lat = stats.latency
     assert f"{stats.downloads} downloads" in summary and stats.downloads == 26
-    assert (f"p50 {lat['p50'] * 1000:.0f} ms, p90 {lat['p90'] * 1000:.0f} ms" in summary.replace("\n", " ")
-            and f"max {lat['max'] * 1000:.0f} ms" in summary)
+    assert (
+        f"p50 {lat['p50'] * 1000:.0f} ms, p90 {lat['p90'] * 1000:.0f} ms" in summary.replace("\n", " ")
+        and f"max {lat['max'] * 1000:.0f} ms" in summary
+    )
     assert "statuses: none 1, 200 22, 301 1, 503 2" in summary and "one bucket = 10 s" in summary
 
 
@@ -151,19 +160,34 @@ def test_a_site_without_downloads_has_no_report(store: Store) -> None:
         site_reports(store, ["empty"])
 
 
-@pytest.mark.parametrize(("peak", "whole", "ticks"), [
-    (0, False, [0, 1]), (2, True, [0, 1, 2]), (7, True, [0, 2, 4, 6, 8]), (1000, False, [0, 200, 400, 600, 800, 1000]),
-    (0.9, False, [0, 0.2, 0.4, 0.6, 0.8, 1.0]), (12, False, [0, 2.5, 5, 7.5, 10, 12.5]), (13, False, [0, 5, 10, 15]),
-])
+@pytest.mark.parametrize(
+    ("peak", "whole", "ticks"),
+    [
+        (0, False, [0, 1]),
+        (2, True, [0, 1, 2]),
+        (7, True, [0, 2, 4, 6, 8]),
+        (1000, False, [0, 200, 400, 600, 800, 1000]),
+        (0.9, False, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        (12, False, [0, 2.5, 5, 7.5, 10, 12.5]),
+        (13, False, [0, 5, 10, 15]),
+    ],
+)
 def test_axis_ticks_are_round_and_cover_the_peak(peak: float, whole: bool, ticks: list[float]) -> None:
     assert nice_ticks(peak, whole=whole) == (ticks, ticks[-1])
 
 
 def test_time_ticks_fall_on_round_times_and_show_the_date_past_a_day() -> None:
     noon = START.timestamp()
-    assert [label for _, label in time_ticks(noon - 3, noon + 12)] == ["11:59:58", "12:00:00", "12:00:02",
-                                                                        "12:00:04", "12:00:06", "12:00:08",
-                                                                        "12:00:10", "12:00:12"]
+    assert [label for _, label in time_ticks(noon - 3, noon + 12)] == [
+        "11:59:58",
+        "12:00:00",
+        "12:00:02",
+        "12:00:04",
+        "12:00:06",
+        "12:00:08",
+        "12:00:10",
+        "12:00:12",
+    ]
     assert [label for _, label in time_ticks(noon, noon + 3 * 86400)][:2] == ["11-21 12:00", "11-22 00:00"]
 
 
@@ -182,7 +206,7 @@ def pixels_of(path: Path, color: str) -> int:
     from matplotlib.image import imread
 
     image = imread(path)[:, :, :3]
-    wanted = [int(color[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+    wanted = [int(color[i : i + 2], 16) / 255 for i in (1, 3, 5)]
     return int((abs(image - wanted) < 0.02).all(axis=2).sum())
 
 
@@ -255,17 +279,22 @@ def test_stats_plot_of_a_comma_list_or_all_sites(invoke, sqlite_url: str, tmp_pa
     assert every.stdout.strip() == "wrote all.html: demo, good, retired"
 
 
-@pytest.mark.parametrize(("args", "error"), [
-    (["demo", "--plot", "report.svg"], "--plot FILE must end in .html or .png, not 'report.svg'"),
-    (["demo", "--plot", "report"], "must end in .html or .png"),
-    (["nosuch", "--plot", "report.html"], "unknown site 'nosuch'"),
-    (["demo,nosuch", "--plot", "report.html"], "unknown site 'nosuch'"),
-    (["good", "--plot", "report.html"], "no downloads recorded for site 'good': nothing to plot"),
-    (["demo", "--plot", "no/such/dir/report.html"], "cannot write 'no/such/dir/report.html'"),
-    (["demo", "--plot", "report.html", "--json"], "give --json or --plot, not both"),
-], ids=["svg", "no-suffix", "unknown-site", "unknown-in-list", "empty-site", "unwritable", "with-json"])
-def test_stats_plot_bad_input_is_one_line_error(invoke, sqlite_url: str, tmp_path: Path, args: list[str],
-                                                error: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["demo", "--plot", "report.svg"], "--plot FILE must end in .html or .png, not 'report.svg'"),
+        (["demo", "--plot", "report"], "must end in .html or .png"),
+        (["nosuch", "--plot", "report.html"], "unknown site 'nosuch'"),
+        (["demo,nosuch", "--plot", "report.html"], "unknown site 'nosuch'"),
+        (["good", "--plot", "report.html"], "no downloads recorded for site 'good': nothing to plot"),
+        (["demo", "--plot", "no/such/dir/report.html"], "cannot write 'no/such/dir/report.html'"),
+        (["demo", "--plot", "report.html", "--json"], "give --json or --plot, not both"),
+    ],
+    ids=["svg", "no-suffix", "unknown-site", "unknown-in-list", "empty-site", "unwritable", "with-json"],
+)
+def test_stats_plot_bad_input_is_one_line_error(
+    invoke, sqlite_url: str, tmp_path: Path, args: list[str], error: str
+) -> None:
     fill_database(sqlite_url, "demo")
     assert_one_line_error(invoke(*args), error)
     assert not list(tmp_path.glob("report*"))
@@ -275,8 +304,9 @@ def test_stats_plot_of_all_with_an_empty_database_is_one_line_error(invoke) -> N
     assert_one_line_error(invoke("all", "--plot", "report.html"), "no downloads recorded for any site")
 
 
-def test_stats_plot_png_without_matplotlib_is_one_line_error(invoke, sqlite_url: str, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stats_plot_png_without_matplotlib_is_one_line_error(
+    invoke, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fill_database(sqlite_url, "demo")
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert_one_line_error(invoke("demo", "--plot", "report.png"), "pip install 'crawler[plot]'")

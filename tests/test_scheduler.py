@@ -11,7 +11,7 @@ from rq.serializers import JSONSerializer
 
 from crawler import keys
 from crawler.frontier import DownloadTask, Frontier
-from crawler.scheduler import Scheduler, decode_entry, encode_entry, publish_conf
+from crawler.scheduler import Scheduler, decode_entry, encode_entry, entry_encoder, publish_conf
 from crawler.spider import Request
 
 
@@ -41,11 +41,35 @@ def test_entries_round_trip_and_leave_out_defaults() -> None:
     assert encode_entry("http://a/") == '["http://a/"]'
     assert encode_entry("http://a/", "parse_item") == '["http://a/","parse_item"]'
     full = encode_entry("http://a/", "cb", 2, 1, 3, {"k": "v"})
-    assert decode_entry(full) == {"url": "http://a/", "callback": "cb", "depth": 2, "hops": 1, "attempt": 3,
-                                  "meta": {"k": "v"}, "refresh": None}
-    for bad in ("{}", "[]", "[1]", '["a",1,2,3,4,5,6,7]', "nope"):
+    assert decode_entry(full) == {
+        "url": "http://a/",
+        "callback": "cb",
+        "depth": 2,
+        "hops": 1,
+        "attempt": 3,
+        "meta": {"k": "v"},
+        "refresh": None,
+    }
+    for bad in ("{}", "[]", "[1]", '["a",1,2,3,4,5,6,7,8]', "nope"):
         with pytest.raises(ValueError):
             decode_entry(bad)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        (),
+        ("parse_item",),
+        ("parse", 2, 1),
+        ("cb", 0, 0, 1, {"k": ["é", 1]}),
+        ("parse", 0, 0, 1, {}, 60.0),
+        ("cb", 3, 2, 4, {"q": '"'}, 0.5),
+    ],
+)
+def test_an_entry_encoder_writes_what_encode_entry_writes(fields: tuple) -> None:  # type: ignore[type-arg]
+    encode = entry_encoder(*fields)
+    for url in ("http://a/", 'http://a/"quoted"\\', "http://a/é?x=1&y=ü", "http://a/\n\u2028", ""):
+        assert encode(url) == encode_entry(url, *fields)
 
 
 def test_a_site_with_work_is_handed_out_once_per_interval(redis_conn: Redis) -> None:

@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 
 from crawler.errors import ConfigError
-from crawler.settings import DEFAULT_DATABASE_URL, DEFAULT_TIMEOUT, Settings, load_settings, redact_url
+from crawler.settings import (
+    DEFAULT_DATABASE_URL,
+    DEFAULT_TIMEOUT,
+    Settings,
+    load_settings,
+    redact_url,
+    scrub,
+    url_secrets,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -181,10 +189,21 @@ def test_sites_that_is_not_a_mapping_is_refused(config) -> None:  # type: ignore
         ("redis://user:s3cret@cache:6379/0", "redis://***@cache:6379/0"),
         ("rediss://default:s3cret@cache.example:6380", "rediss://***@cache.example:6380"),
         ("postgresql://crawler:s3cret@db:5432/crawl", "postgresql://***@db:5432/crawl"),
-        ("postgresql+psycopg://crawler:s3cret@db/crawl?sslmode=require", "postgresql+psycopg://***@db/crawl?sslmode=require"),
+        (
+            "postgresql+psycopg://crawler:s3cret@db/crawl?sslmode=require",
+            "postgresql+psycopg://***@db/crawl?sslmode=require",
+        ),
         ("redis://cache:6379/0", "redis://cache:6379/0"),
         ("unix:///tmp/redis.sock?db=0", "unix:///tmp/redis.sock?db=0"),
         ("sqlite:///crawl.db", "sqlite:///crawl.db"),
+        ("redis://cache:6379/0?password=s3cret", "redis://cache:6379/0?password=***"),
+        ("unix:///tmp/r.sock?db=0&password=s3cret", "unix:///tmp/r.sock?db=0&password=***"),
+        (
+            "postgresql://db/crawl?user=u&password=s3cret&sslmode=require",
+            "postgresql://db/crawl?user=u&password=***&sslmode=require",
+        ),
+        ("postgresql://u@db/crawl?sslpassword=s3cret", "postgresql://***@db/crawl?sslpassword=***"),
+        ("redis://:s3cret@cache/0?password=s3cret", "redis://***@cache/0?password=***"),
     ],
 )
 def test_redact_url_hides_user_and_password(url: str, redacted: str) -> None:
@@ -194,3 +213,11 @@ def test_redact_url_hides_user_and_password(url: str, redacted: str) -> None:
 
 def test_redact_url_hides_a_password_containing_at_sign() -> None:
     assert redact_url("redis://:p@ssw0rd@cache:6379/0") == "redis://***@cache:6379/0"
+
+
+def test_secrets_of_a_url_are_scrubbed_from_any_message_in_every_spelling() -> None:
+    url = "redis://:pa%40ss1@cache/0?password=hunter22"
+    secrets = url_secrets(url)
+    assert set(secrets) == {"pa%40ss1", "pa@ss1", "hunter22"}
+    message = f"cannot parse {url}; AUTH pa@ss1 refused; hunter22"
+    assert scrub(message, secrets) == "cannot parse redis://:***@cache/0?password=***; AUTH *** refused; ***"

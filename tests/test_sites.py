@@ -27,10 +27,12 @@ from sitecopies import (
     expected_quote,
 )
 
+from crawler import testing
 from crawler.frontier import seed
 from crawler.settings import Settings
-from crawler.spider import Page, Request, Spider, SpiderSet, load_spiders
+from crawler.spider import Request, Spider, SpiderSet, load_spiders
 from crawler.store import OK, Store
+from crawler.testing import run_page
 
 SITES_DIR = Path(__file__).resolve().parent.parent / "sites"
 QUOTES_LIVE = "https://quotes.toscrape.com"
@@ -68,13 +70,9 @@ Outputs = tuple[list[dict[str, Any]], list[Request]]
 
 
 def run(spider: Spider, callback: str, site: SiteCopy, path: str, base: str) -> Outputs:
-    """Run ``callback`` on ``site``'s page at ``path``, as if fetched from ``base + path``."""
-    page = Page(base + path, site.body(path), 200, {"Content-Type": site.content_type})
-    items: list[dict[str, Any]] = []
-    requests: list[Request] = []
-    for output in spider.callback(callback)(page):
-        (requests if isinstance(output, Request) else items).append(output)
-    return items, requests
+    """Run ``callback`` on ``site``'s page at ``path``, as if fetched from ``base + path`` (``crawler.testing``)."""
+    out = run_page(spider, base + path, site.body(path), callback=callback, headers={"Content-Type": site.content_type})
+    return out.items, out.requests
 
 
 def links(requests: list[Request], callback: str) -> list[str]:
@@ -98,15 +96,16 @@ def test_both_spiders_load_from_sites_and_aim_at_the_live_sites(spiders: SpiderS
 # -- quotes: callbacks ----------------------------------------------------------------
 
 
-def test_quotes_first_page_gives_its_ten_quotes_authors_and_next_page(quotes_spider: Spider,
-                                                                       quotes_site: QuotesSite) -> None:
+def test_quotes_first_page_gives_its_ten_quotes_authors_and_next_page(
+    quotes_spider: Spider, quotes_site: QuotesSite
+) -> None:
     items, requests = run(quotes_spider, "parse", quotes_site, "/", QUOTES_LIVE)
     assert items[0] == {
         "type": "quote",
         "key": "quote:The world as we have created it is a process of our thinking. "
-               "It cannot be changed without changing our thinking.",
+        "It cannot be changed without changing our thinking.",
         "text": "The world as we have created it is a process of our thinking. "
-                "It cannot be changed without changing our thinking.",
+        "It cannot be changed without changing our thinking.",
         "author": "Albert Einstein",
         "tags": ["change", "deep-thoughts", "thinking", "world"],
     }
@@ -117,8 +116,9 @@ def test_quotes_first_page_gives_its_ten_quotes_authors_and_next_page(quotes_spi
     assert len(requests) == 11  # no tag, login, "Top Ten tags" or footer links
 
 
-def test_quotes_later_pages_follow_next_not_previous_and_the_last_page_stops(quotes_spider: Spider,
-                                                                             quotes_site: QuotesSite) -> None:
+def test_quotes_later_pages_follow_next_not_previous_and_the_last_page_stops(
+    quotes_spider: Spider, quotes_site: QuotesSite
+) -> None:
     items, requests = run(quotes_spider, "parse", quotes_site, "/page/2/", QUOTES_LIVE)
     assert items == [expected_quote(q) for q in QUOTE_PAGES[1]]
     assert links(requests, "parse") == [f"{QUOTES_LIVE}/page/3/"]
@@ -138,15 +138,17 @@ def test_quotes_author_page_gives_one_author_item(quotes_spider: Spider, quotes_
     url = f"{QUOTES_LIVE}/author/Albert-Einstein"
     items, requests = run(quotes_spider, "parse_author", quotes_site, "/author/Albert-Einstein", QUOTES_LIVE)
     assert requests == []
-    assert items == [{
-        "type": "author",
-        "key": "author:Albert-Einstein",
-        "name": "Albert Einstein",
-        "born_date": "1879-03-14",
-        "born_location": "Ulm, Germany",
-        "description": AUTHORS["Albert-Einstein"].description,
-        "url": url,
-    }]
+    assert items == [
+        {
+            "type": "author",
+            "key": "author:Albert-Einstein",
+            "name": "Albert Einstein",
+            "born_date": "1879-03-14",
+            "born_location": "Ulm, Germany",
+            "description": AUTHORS["Albert-Einstein"].description,
+            "url": url,
+        }
+    ]
     # The same page with the trailing slash is the same author (the same key).
     items, _ = run(quotes_spider, "parse_author", quotes_site, "/author/Albert-Einstein/", QUOTES_LIVE)
     assert items == [expected_author("Albert-Einstein", url + "/")]
@@ -158,8 +160,9 @@ def test_quotes_author_page_gives_one_author_item(quotes_spider: Spider, quotes_
 # -- books: callbacks -----------------------------------------------------------------
 
 
-def test_books_home_page_links_its_books_the_next_page_and_the_categories(books_spider: Spider,
-                                                                          books_site: BooksSite) -> None:
+def test_books_home_page_links_its_books_the_next_page_and_the_categories(
+    books_spider: Spider, books_site: BooksSite
+) -> None:
     for path in ("/", "/index.html"):
         items, requests = run(books_spider, "parse", books_site, path, BOOKS_LIVE)
         assert items == []
@@ -174,8 +177,7 @@ def test_books_home_page_links_its_books_the_next_page_and_the_categories(books_
         ]
 
 
-def test_books_catalogue_pages_resolve_their_links_under_catalogue(books_spider: Spider,
-                                                                   books_site: BooksSite) -> None:
+def test_books_catalogue_pages_resolve_their_links_under_catalogue(books_spider: Spider, books_site: BooksSite) -> None:
     _, requests = run(books_spider, "parse", books_site, "/catalogue/page-2.html", BOOKS_LIVE)
     assert links(requests, "parse_book") == [f"{BOOKS_LIVE}{b.path}" for b in BOOKS[20:40]]
     assert links(requests, "parse")[0] == f"{BOOKS_LIVE}/catalogue/page-3.html"  # href="page-3.html"
@@ -203,8 +205,9 @@ def test_books_category_pages_list_their_books_and_page_on(books_spider: Spider,
     assert f"{directory}/page-3.html" not in links(requests, "parse")
 
 
-def test_books_every_link_followed_from_every_listing_page_is_a_page_of_the_site(books_spider: Spider,
-                                                                                 books_site: BooksSite) -> None:
+def test_books_every_link_followed_from_every_listing_page_is_a_page_of_the_site(
+    books_spider: Spider, books_site: BooksSite
+) -> None:
     listings = [p for p in books_site.pages if "/category/" in p or "page-" in p or p in ("/", "/index.html")]
     # "All products" (/, /index.html, catalogue/page-1..3.html), "Books" (index.html, page-1..3.html), and
     # each category's index.html, page-1.html and further pages: Travel 2, Mystery 3, Poetry 2.
@@ -224,17 +227,19 @@ def test_books_product_page_gives_the_exact_item(books_spider: Spider, books_sit
     path = "/catalogue/a-light-in-the-attic_1000/index.html"
     items, requests = run(books_spider, "parse_book", books_site, path, BOOKS_LIVE)
     assert requests == []  # the breadcrumb links back to listings already crawled
-    assert items == [{
-        "upc": "a897fe39b1053632",
-        "title": "A Light in the Attic",
-        "price": "51.77",
-        "currency": "GBP",
-        "in_stock": True,
-        "stock": 22,
-        "rating": 3,
-        "category": "Poetry",
-        "url": BOOKS_LIVE + path,
-    }]
+    assert items == [
+        {
+            "upc": "a897fe39b1053632",
+            "title": "A Light in the Attic",
+            "price": "51.77",
+            "currency": "GBP",
+            "in_stock": True,
+            "stock": 22,
+            "rating": 3,
+            "category": "Poetry",
+            "url": BOOKS_LIVE + path,
+        }
+    ]
 
 
 def test_books_every_product_page_including_out_of_stock(books_spider: Spider, books_site: BooksSite) -> None:
@@ -255,11 +260,15 @@ def test_books_every_product_page_including_out_of_stock(books_spider: Spider, b
 
 def loopback_copy(spider: type[Spider], site: SiteCopy) -> type[Spider]:
     """``spider`` aimed at the copy: its start URL on loopback, a short interval."""
-    return type(spider.__name__, (spider,), {
-        "start_urls": [site.url + "/"],
-        "allowed_domains": ["127.0.0.1"],
-        "interval": 0.01,
-    })
+    return type(
+        spider.__name__,
+        (spider,),
+        {
+            "start_urls": [site.url + "/"],
+            "allowed_domains": ["127.0.0.1"],
+            "interval": 0.01,
+        },
+    )
 
 
 def crawl(connection: Redis, settings: Settings, spider: type[Spider]) -> None:
@@ -286,17 +295,23 @@ def assert_complete_crawl(settings: Settings, site_name: str, site: SiteCopy) ->
     assert pages == {site.url + path for path in site.crawl_paths() - {"/robots.txt"}}
 
 
-def test_quotes_crawl_of_the_copy_stores_every_quote_and_author_once(redis_conn: Redis, settings: Settings,
-                                                                      spiders: SpiderSet) -> None:
+def test_quotes_crawl_of_the_copy_stores_every_quote_and_author_once(spiders: SpiderSet) -> None:
+    # With crawler.testing.crawl: its own embedded Redis and SQLite file, worker threads.
     with QuotesSite() as site:
-        spider = loopback_copy(spiders.get("quotes"), site)
-        crawl(redis_conn, settings, spider)
-        assert_complete_crawl(settings, "quotes", site)
-        assert len(site.expected_items()) == 30 + len(AUTHORS)
+        result = testing.crawl(
+            spiders.get("quotes"), [site.url + "/"], allowed_domains=["127.0.0.1"], interval=0.01, timeout=CRAWL_TIMEOUT
+        )
+        assert result.keyed == site.expected_items()
+        assert len(result.items) == len(site.expected_items()) == 30 + len(AUTHORS)
+        assert site.counts() == dict.fromkeys(site.crawl_paths(), 1)
+        assert {(r["kind"], r["outcome"]) for r in result.fetches} == {("download", OK), ("parse", OK)}
+        assert set(result.urls("parse")) == {site.url + path for path in site.crawl_paths() - {"/robots.txt"}}
+        assert result.failed == []
 
 
-def test_books_crawl_of_the_copy_stores_every_book_once(redis_conn: Redis, settings: Settings,
-                                                        spiders: SpiderSet) -> None:
+def test_books_crawl_of_the_copy_stores_every_book_once(
+    redis_conn: Redis, settings: Settings, spiders: SpiderSet
+) -> None:
     with BooksSite() as site:
         spider = loopback_copy(spiders.get("books"), site)
         crawl(redis_conn, settings, spider)

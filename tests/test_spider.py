@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import pytest
+from selectolax.lexbor import LexborHTMLParser
 
 import crawler
 from crawler.errors import ConfigError, SpiderLoadError
@@ -48,7 +51,7 @@ def page() -> Page:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert crawler.__all__ == ["Page", "Request", "Spider"]
+    assert crawler.__all__ == ["Auto", "Page", "Request", "Spider"]
 
 
 # Page ----------------------------------------------------------------------------------
@@ -86,6 +89,151 @@ def test_urljoin_honours_base_href() -> None:
     assert page.urljoin("c") == "http://shop.example/base/dir/c"
     absolute = Page("http://shop.example/a/b", b'<base href="https://mirror.example/root/">')
     assert absolute.urljoin("c?q=1") == "https://mirror.example/root/c?q=1"
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        ('<base href="/base/dir/">', "http://shop.example/base/dir/c?q=1"),  # relative to the page
+        ('<base href="sub/">', "http://shop.example/a/sub/c?q=1"),
+        ('<base href="https://mirror.example/root/">', "https://mirror.example/root/c?q=1"),
+        ("", "http://shop.example/a/c?q=1"),  # no base: the page's URL
+        ('<base target="_blank">', "http://shop.example/a/c?q=1"),  # a base without href is no base
+        ('<base href="">', "http://shop.example/a/c?q=1"),  # nor is an empty one
+        ('<base target="_top"><base href="/second/">', "http://shop.example/second/c?q=1"),  # first with href
+        ('<base href="/first/"><base href="/second/">', "http://shop.example/first/c?q=1"),
+    ],
+)
+def test_base_href_semantics(head: str, expected: str) -> None:
+    page = Page("http://shop.example/a/b", f"<html><head>{head}</head><body><a href='c?q=1'>c</a></body>".encode())
+    assert page.urljoin("c?q=1") == expected
+    assert [r.url for r in page.follow_all("a")] == [expected]
+    assert page.urljoin("https://else.example/x") == "https://else.example/x"
+
+
+class CountingParser(LexborHTMLParser):
+    """The parser Page uses, counting the document searches for a ``<base>``."""
+
+    base_queries = 0
+
+    def css_first(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        if "base" in query:
+            CountingParser.base_queries += 1
+        return super().css_first(query, *args, **kwargs)
+
+
+@pytest.mark.parametrize("head", ["", '<base href="/b/">'])
+def test_base_is_looked_up_once_per_page_however_many_links(monkeypatch: pytest.MonkeyPatch, head: str) -> None:
+    monkeypatch.setattr("crawler.spider.LexborHTMLParser", CountingParser)
+    monkeypatch.setattr(CountingParser, "base_queries", 0)
+    links = "".join(f'<a href="p/{i}">{i}</a><a href="#top">top</a>' for i in range(2_000))
+    page = Page("http://shop.example/a/", f"<head>{head}</head><body>{links}</body>".encode())
+    requests = list(page.follow_all("a"))
+    page.urljoin("x")
+    page.follow(page.css_first("a"))
+    assert len(requests) == 4_000
+    assert CountingParser.base_queries == 1
+
+
+def test_repeated_hrefs_resolve_alike_however_spelled() -> None:
+    page = Page("http://shop.example/cat/", b'<a href="p">1</a><a href=" p ">2</a><a href="p">3</a><a href="/p">4</a>')
+    assert [r.url for r in page.follow_all("a")] == ["http://shop.example/cat/p"] * 3 + ["http://shop.example/p"]
+
+
+def old_base_url(page_url: str, body: bytes) -> str:
+    """The base ``Page.urljoin`` joined against before links were cached: with urljoin, the oracle."""
+    base = LexborHTMLParser(body.decode()).css_first("base[href]")
+    return urljoin(page_url, base.attributes.get("href") or "") if base else page_url
+
+
+BASES = [
+    "http://shop.example/cat/shoes",
+    "http://shop.example",
+    "https://shop.example/a/b/",
+    "http://h/a//b/c;p?q#f",
+    "https://Shop.Example:8443/x/../y/./z",
+    "http://h/a/..",
+    "mailto:someone@shop.example",
+    "data:text/html,x",
+]
+#: Pieces of hrefs: plain ones (the fast paths) and every kind of oddity.
+PLAIN = ["a", "b-c", "/", "/", "../", "./", "?", "=", "&", "#", "x.html", "~u", "http://h.example", "https://h:8080"]
+ODD = [".", "..", "//", ":", ";", "%2F", " ", "\t", "\n", "é", "http:", "https://other.example", "@", "\\", "'", "#"]
+
+
+def random_hrefs(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    plain = ["".join(rng.choices(PLAIN, k=rng.randrange(1, 9))) for _ in range(n)]
+    odd = ["".join(rng.choices(PLAIN + ODD, k=rng.randrange(1, 9))) for _ in range(n)]
+    return plain + odd
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("tag", [False, True])
+def test_urljoin_gives_what_urllib_gives_for_any_href(base: str, tag: bool) -> None:
+    body = b'<head><base href="../up/"></head>' if tag else b"<p>no base</p>"
+    hrefs = random_hrefs(1_500, seed=len(base)) + [
+        "a",
+        "a/b/",
+        "../a?x=1",
+        "./",
+        "../",
+        "../../../../a",
+        "/",
+        "/a/b?",
+        "?q",
+        "#f",
+        "a#",
+        "a#f\tg",
+        "a?b#c",
+        "a//b",
+        "a/./b",
+        "a/../b",
+        ".a",
+        "a:b",
+        "//other.example/x",
+        "a;p",
+        "a?",
+        " a#x ",
+        "%41",
+        "a b",
+        "https://Other.Example/a/../b?x",
+        "HTTP://h/x",
+        "http://h:80/a;p?q",
+        "http://h?",
+        "http://h/a?",
+        "https://h/é",
+        "http://h",
+        "https://h//a/%2e%2E/b?c=d#e",
+        "http://[::1]/a",
+        "http://u@h/",
+        "ftp://h/a",
+        "http:a",
+    ]
+    page = Page(base, body)
+    old_base = old_base_url(base, body)
+    for href in hrefs * 2:  # twice: the second time from the page's caches
+        assert page.urljoin(href) == urljoin(old_base, href.strip()), href
+
+
+def test_follow_all_returns_100000_links_in_document_order() -> None:
+    def href(i: int) -> str:
+        return (f"item/{i}", f"/abs/{i}?q={i}", f"https://cdn.example/{i}", f"../up/{i}#f")[i % 4]
+
+    def expected(i: int) -> str:
+        return (
+            f"http://shop.example/cat/item/{i}",
+            f"http://shop.example/abs/{i}?q={i}",
+            f"https://cdn.example/{i}",
+            f"http://shop.example/up/{i}#f",
+        )[i % 4]
+
+    n = 100_000
+    body = "<ul>" + "".join(f'<li><a href="{href(i)}">{i}</a></li>' for i in range(n)) + "</ul>"
+    page = Page("http://shop.example/cat/list", body.encode())
+    urls = [r.url for r in page.follow_all("li a", callback="parse_item")]
+    assert len(urls) == n
+    assert urls == [expected(i) for i in range(n)]
 
 
 def test_follow_accepts_a_node_and_names_the_callback(page: Page) -> None:

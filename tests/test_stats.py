@@ -19,8 +19,16 @@ START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 
 def record(i: int, elapsed: float, status: int | None, outcome: str, kind: str = "download") -> FetchRecord:
     finished = START + timedelta(seconds=20 * i)
-    return FetchRecord(site="demo", url=f"http://shop/{i}", outcome=outcome, started=finished - timedelta(seconds=1),
-                       finished=finished, kind=kind, status=status, elapsed=elapsed)
+    return FetchRecord(
+        site="demo",
+        url=f"http://shop/{i}",
+        outcome=outcome,
+        started=finished - timedelta(seconds=1),
+        finished=finished,
+        kind=kind,
+        status=status,
+        elapsed=elapsed,
+    )
 
 
 def fill(store: Store) -> None:
@@ -47,8 +55,12 @@ def test_site_stats_summarizes_downloads(sqlite_url: str) -> None:
     assert stats.statuses == {"200": 10, "503": 1, "none": 1}
     # Latency of answered downloads only (the timeout without a status is left out).
     assert stats.latency == {"p50": 0.06, "p90": 0.1, "p99": 2.5, "max": 2.5}
-    assert stats.per_minute == [("2026-11-21 12:00", 3), ("2026-11-21 12:01", 3), ("2026-11-21 12:02", 3),
-                                ("2026-11-21 12:03", 3)]
+    assert stats.per_minute == [
+        ("2026-11-21 12:00", 3),
+        ("2026-11-21 12:01", 3),
+        ("2026-11-21 12:02", 3),
+        ("2026-11-21 12:03", 3),
+    ]
     assert [row["url"] for row in stats.slowest] == ["http://shop/11", "http://shop/10"]
 
 
@@ -86,8 +98,13 @@ def test_time_series_counts_each_download_in_the_bucket_its_request_started_in(s
         {OK: 0, RETRY: 1, FAILED: 1, "other": 0},  # the parse record in this minute is not a download
     ]
     # Latency of answered downloads only: the timeout (no status) in the last minute is left out.
-    assert [(b.p50, b.p95) for b in series.buckets] == [(0.01, 0.01), (0.03, 0.04), (0.06, 0.07), (0.09, 0.1),
-                                                        (2.5, 2.5)]
+    assert [(b.p50, b.p95) for b in series.buckets] == [
+        (0.01, 0.01),
+        (0.03, 0.04),
+        (0.06, 0.07),
+        (0.09, 0.1),
+        (2.5, 2.5),
+    ]
     assert (series.first, series.last) == (START - timedelta(seconds=1), START + timedelta(seconds=220))
 
 
@@ -107,11 +124,21 @@ def test_time_series_picks_buckets_that_give_a_short_crawl_at_least_twenty_point
 
 
 def test_time_series_p95_is_the_nearest_rank_and_rare_outcomes_count_as_other() -> None:
-    rows = [{"kind": "download", "outcome": OK, "status": 200, "elapsed": float(v),
-             "started": START + timedelta(seconds=v), "finished": START + timedelta(seconds=v + 1)}
-            for v in range(1, 21)]
-    rows += [{"kind": "download", "outcome": outcome, "status": None, "elapsed": 0.5, "started": START,
-              "finished": START} for outcome in (REDIRECT, REFUSED, SKIPPED)]
+    rows = [
+        {
+            "kind": "download",
+            "outcome": OK,
+            "status": 200,
+            "elapsed": float(v),
+            "started": START + timedelta(seconds=v),
+            "finished": START + timedelta(seconds=v + 1),
+        }
+        for v in range(1, 21)
+    ]
+    rows += [
+        {"kind": "download", "outcome": outcome, "status": None, "elapsed": 0.5, "started": START, "finished": START}
+        for outcome in (REDIRECT, REFUSED, SKIPPED)
+    ]
     (bucket,) = time_series("shop", rows, size=60).buckets
     assert bucket.requests == {OK: 20, RETRY: 0, FAILED: 0, "other": 3}
     assert (bucket.p50, bucket.p95) == (10.0, 19.0)  # of 1..20: the 10th and the 19th value, not the max
@@ -123,11 +150,22 @@ def test_time_series_of_no_downloads_is_an_error() -> None:
         time_series("shop", [parse])
 
 
-@pytest.mark.parametrize(("span", "size"), [
-    (0, 1), (19, 1), (40, 2), (599, 15), (600, 30), (1199, 30),  # short: at least 20 points, 1 s at the least
-    (1200, 60), (6 * 3600 - 1, 60),  # a minute from 20 minutes to 6 hours
-    (6 * 3600, 120), (30 * 3600, 600), (10 ** 9, 86400),  # long: under 360 points, a day at the most
-])
+@pytest.mark.parametrize(
+    ("span", "size"),
+    [
+        (0, 1),
+        (19, 1),
+        (40, 2),
+        (599, 15),
+        (600, 30),
+        (1199, 30),  # short: at least 20 points, 1 s at the least
+        (1200, 60),
+        (6 * 3600 - 1, 60),  # a minute from 20 minutes to 6 hours
+        (6 * 3600, 120),
+        (30 * 3600, 600),
+        (10**9, 86400),  # long: under 360 points, a day at the most
+    ],
+)
 def test_bucket_size_is_a_minute_unless_the_crawl_is_short_or_long(span: float, size: int) -> None:
     assert bucket_seconds(span) == size
 
@@ -135,8 +173,11 @@ def test_bucket_size_is_a_minute_unless_the_crawl_is_short_or_long(span: float, 
 def test_sites_with_downloads_leaves_out_sites_with_parses_only(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     fill(store)
-    store.record_fetches([FetchRecord(site="other", url="http://o/", outcome=OK, started=START, finished=START,
-                                      kind="parse"),
-                          FetchRecord(site="alpha", url="http://a/", outcome=FAILED, started=START, finished=START)])
+    store.record_fetches(
+        [
+            FetchRecord(site="other", url="http://o/", outcome=OK, started=START, finished=START, kind="parse"),
+            FetchRecord(site="alpha", url="http://a/", outcome=FAILED, started=START, finished=START),
+        ]
+    )
     assert sites_with_downloads(store) == ["alpha", "demo"]
     store.close()

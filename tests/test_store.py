@@ -69,11 +69,14 @@ def test_changed_moves_only_when_the_data_changes_and_first_seen_stays(store: St
 
 
 def test_repeated_keys_in_one_batch_keep_the_last(store: Store) -> None:
-    written = store.upsert_items(SITE, [
-        Item("a", "http://shop.example/a", {"v": 1}),
-        Item("b", "http://shop.example/b", {"v": 2}),
-        Item("a", "http://shop.example/a", {"v": 3}),
-    ])
+    written = store.upsert_items(
+        SITE,
+        [
+            Item("a", "http://shop.example/a", {"v": 1}),
+            Item("b", "http://shop.example/b", {"v": 2}),
+            Item("a", "http://shop.example/a", {"v": 3}),
+        ],
+    )
     assert written == 2
     assert list(store.items(SITE)) == [{"v": 3}, {"v": 2}]
 
@@ -91,8 +94,9 @@ def history(store: Store) -> tuple[dict, datetime, datetime, datetime]:
 
 
 @pytest.mark.parametrize("order", list(itertools.permutations(range(3))), ids=str)
-def test_writes_of_the_same_data_give_one_history_whatever_order_they_commit_in(store: Store,
-                                                                               order: tuple[int, ...]) -> None:
+def test_writes_of_the_same_data_give_one_history_whatever_order_they_commit_in(
+    store: Store, order: tuple[int, ...]
+) -> None:
     # Three parsers saw the item at 1, 2 and 3 s; a slow one may commit last.
     for i in order:
         store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 5})], seen=at(i + 1))
@@ -143,18 +147,34 @@ def test_items_keep_nested_and_unicode_data(store: Store) -> None:
 def test_fetch_records_round_trip(store: Store) -> None:
     started = datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
     record = FetchRecord(
-        site=SITE, url="http://shop.example/p/1", outcome=FAILED, started=started,
-        finished=started + timedelta(seconds=1.5), status=503, bytes=1234, elapsed=1.5,
-        worker="host.1234", attempt=2, error="HTTP 503; retry in 4s\nsecond line",
+        site=SITE,
+        url="http://shop.example/p/1",
+        outcome=FAILED,
+        started=started,
+        finished=started + timedelta(seconds=1.5),
+        status=503,
+        bytes=1234,
+        elapsed=1.5,
+        worker="host.1234",
+        attempt=2,
+        error="HTTP 503; retry in 4s\nsecond line",
     )
-    parse = FetchRecord(site=SITE, url="http://shop.example/p/1", outcome=OK, kind="parse",
-                        started=started, finished=started)
+    parse = FetchRecord(
+        site=SITE, url="http://shop.example/p/1", outcome=OK, kind="parse", started=started, finished=started
+    )
     store.record_fetches([record, parse])
     first, second = store.fetch_rows(SITE)
     columns = ("site", "url", "kind", "outcome", "status", "bytes", "elapsed", "worker", "attempt", "error")
     assert {k: first[k] for k in columns} == {
-        "site": SITE, "url": "http://shop.example/p/1", "kind": "download", "outcome": FAILED, "status": 503,
-        "bytes": 1234, "elapsed": 1.5, "worker": "host.1234", "attempt": 2,
+        "site": SITE,
+        "url": "http://shop.example/p/1",
+        "kind": "download",
+        "outcome": FAILED,
+        "status": 503,
+        "bytes": 1234,
+        "elapsed": 1.5,
+        "worker": "host.1234",
+        "attempt": 2,
         "error": "HTTP 503; retry in 4s\nsecond line",
     }
     assert as_utc(first["started"]) == started
@@ -169,8 +189,9 @@ def test_outcome_counts_count_downloads_per_outcome(store: Store) -> None:
     def record(outcome: str, kind: str = "download", site: str = SITE) -> FetchRecord:
         return FetchRecord(site=site, url="http://shop.example/", outcome=outcome, started=now, finished=now, kind=kind)
 
-    store.record_fetches([record(OK), record(OK), record(RETRY), record(FAILED),
-                          record(OK, kind="parse"), record(OK, site="other")])
+    store.record_fetches(
+        [record(OK), record(OK), record(RETRY), record(FAILED), record(OK, kind="parse"), record(OK, site="other")]
+    )
     assert store.outcome_counts(SITE) == {OK: 2, RETRY: 1, FAILED: 1}
     assert store.outcome_counts("nobody") == {}
 
@@ -185,19 +206,23 @@ def test_second_store_on_the_same_database_reuses_the_schema(store: Store, datab
         again.close()
 
 
-@pytest.mark.parametrize("given, used", [
-    ("postgresql://u:pw@db.internal:5433/crawl", "postgresql+psycopg://u:pw@db.internal:5433/crawl"),
-    ("postgres://u@db.internal/crawl?sslmode=require", "postgresql+psycopg://u@db.internal/crawl?sslmode=require"),
-    ("postgresql+psycopg2://u@db.internal/crawl", "postgresql+psycopg2://u@db.internal/crawl"),
-    ("postgresql+psycopg://u@db.internal/crawl", "postgresql+psycopg://u@db.internal/crawl"),
-    ("sqlite:///crawler.db", "sqlite:///crawler.db"),
-])
+@pytest.mark.parametrize(
+    "given, used",
+    [
+        ("postgresql://u:pw@db.internal:5433/crawl", "postgresql+psycopg://u:pw@db.internal:5433/crawl"),
+        ("postgres://u@db.internal/crawl?sslmode=require", "postgresql+psycopg://u@db.internal/crawl?sslmode=require"),
+        ("postgresql+psycopg2://u@db.internal/crawl", "postgresql+psycopg2://u@db.internal/crawl"),
+        ("postgresql+psycopg://u@db.internal/crawl", "postgresql+psycopg://u@db.internal/crawl"),
+        ("sqlite:///crawler.db", "sqlite:///crawler.db"),
+    ],
+)
 def test_a_bare_postgresql_url_means_psycopg_3(given: str, used: str) -> None:
     assert engine_url(given).render_as_string(hide_password=False) == used
 
 
-@pytest.mark.parametrize("url", ["postgresql://crawler:Sup3rS3cret@127.0.0.1:1/crawl",
-                                 "postgres://crawler:Sup3rS3cret@127.0.0.1:1/crawl"])
+@pytest.mark.parametrize(
+    "url", ["postgresql://crawler:Sup3rS3cret@127.0.0.1:1/crawl", "postgres://crawler:Sup3rS3cret@127.0.0.1:1/crawl"]
+)
 def test_missing_postgres_driver_names_the_extra_to_install(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg now raises ImportError
     with pytest.raises(ConfigError) as info:
@@ -228,3 +253,21 @@ def test_unreachable_postgres_is_a_config_error_without_the_password() -> None:
 def test_unwritable_sqlite_path_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot reach database"):
         Store(f"sqlite:///{tmp_path}/no/such/dir/crawl.db")
+
+
+def test_touching_a_page_moves_only_its_items_last_seen_forward(store: Store) -> None:
+    start = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    page, other_page = "http://shop.example/1", "http://shop.example/2"
+    store.upsert_items(
+        SITE, [Item("a", page, {"p": 1}), Item("b", page, {"p": 2}), Item("c", other_page, {"p": 3})], seen=start
+    )
+    store.upsert_items("other", [Item("a", "http://shop.example/1", {"p": 1})], seen=start)
+    later = start + timedelta(hours=1)
+    assert store.touch_items(SITE, "http://shop.example/1", later) == 2
+    rows = {row["key"]: row for row in store.item_rows(SITE)}
+    assert [as_utc(rows[k]["last_seen"]) for k in "abc"] == [later, later, start]
+    assert all(as_utc(rows[k]["changed"]) == start and rows[k]["data"]["p"] for k in "abc")
+    assert as_utc(store.item_rows("other")[0]["last_seen"]) == start
+    assert store.touch_items(SITE, "http://shop.example/1", start) == 2  # an older sighting moves nothing back
+    assert as_utc(store.item_rows(SITE)[0]["last_seen"]) == later
+    assert store.touch_items(SITE, "http://shop.example/none", later) == 0

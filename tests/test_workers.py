@@ -8,6 +8,7 @@ with the right values, robots.txt obeyed, retries bounded, politeness held.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -23,17 +24,17 @@ from redis import Redis
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from crawler import keys
+from crawler import keys, pages
 from crawler.connection import EmbeddedRedis
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
 from crawler.frontier import SEED_PRIORITY, seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.parsing import ParseWorker
 from crawler.policy import set_live
 from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.store import FAILED, SKIPPED, Store
-from crawler.workers import ParseWorker
 
 #: Longest an in-process crawl of a small shop may take before the test gives up.
 
@@ -64,14 +65,21 @@ def expected_paths(shop: ShopSite) -> set[str]:
     return paths
 
 
+def assert_no_page_left(connection: Redis) -> None:
+    """Every page entry parsed and deleted, none held by a parse worker."""
+    assert connection.xlen(keys.pages()) == 0
+    assert connection.xpending(keys.pages(), keys.PARSERS)["pending"] == 0
+
+
 def assert_each_page_fetched_once(shop: ShopSite, max_retries: int) -> None:
     counts = request_counts(shop)
     assert set(counts) == expected_paths(shop)
     assert counts[f"/product/{TRANSIENT_ID}"] == 2  # 503, then 200
     assert [e.status for e in shop.requests_for(f"/product/{TRANSIENT_ID}")] == [503, 200]
     assert counts[f"/product/{BROKEN_ID}"] == 1 + max_retries
-    others = {path: n for path, n in counts.items()
-              if path not in (f"/product/{TRANSIENT_ID}", f"/product/{BROKEN_ID}")}
+    others = {
+        path: n for path, n in counts.items() if path not in (f"/product/{TRANSIENT_ID}", f"/product/{BROKEN_ID}")
+    }
     assert {path: n for path, n in others.items() if n != 1} == {}
     assert not [e for e in shop.requests if e.path.startswith("/private/")]
 
@@ -111,12 +119,12 @@ def test_in_process_crawl_stores_every_item_once_and_fetches_every_page_once(
     # Every parse succeeded.
     assert {r["outcome"] for r in rows if r["kind"] == "parse"} == {"ok"}
 
-    # Nothing left behind: bodies deleted once parsed, finished jobs gone, no failed jobs.
-    assert redis_conn.keys(keys.body("*")) == []
+    # Nothing left behind: pages deleted once parsed, none held, finished jobs gone, no failed jobs.
+    assert_no_page_left(redis_conn)
     assert redis_conn.keys("rq:job:*") == []
-    for queue in (keys.download_queue("demo"), keys.PARSE_QUEUE):
-        assert FailedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0
-        assert StartedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0
+    queue = keys.download_queue("demo")
+    assert FailedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0
+    assert StartedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0
 
 
 FLAKY_SPIDER = '''
@@ -159,8 +167,46 @@ def test_callback_that_raises_fails_that_page_with_traceback_and_crawl_goes_on(
         assert error.startswith("Traceback")
         assert "ValueError: flaky spider cannot parse this product" in error
         assert "parse_product" in error
-        assert redis_conn.keys(keys.body("*")) == []
-        assert FailedJobRegistry(keys.PARSE_QUEUE, connection=redis_conn, serializer=JSONSerializer).count == 0
+        assert_no_page_left(redis_conn)
+
+
+SLOW_SPIDER = """
+import time
+from crawler.demo.spider import DemoShop
+
+
+class Slow(DemoShop):
+    name = "slow"
+
+    def parse_product(self, page):
+        if page.url.endswith("/product/{slow}"):
+            while True:  # a parse that never ends (a pathological page), in Python bytecode
+                time.sleep(0.01)
+        yield from super().parse_product(page)
+"""
+
+
+def test_a_parse_that_times_out_fails_that_page_visibly_and_it_can_be_retried(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crawler import jobs
+    from crawler.failures import failed_pages
+
+    monkeypatch.setattr(jobs, "DEFAULT_PARSE_TIMEOUT", 2)
+    slow = 3
+    Path(settings.sites_dir, "slow.py").write_text(SLOW_SPIDER.format(slow=slow))
+    with ShopSite(products=12) as shop, installed_runtime(redis_conn, settings) as rt:
+        seed(rt.frontier("slow"), [shop.url + "/"])
+        threads, stop = start_in_threads(redis_conn, sites=("slow",))
+        join_all(threads, stop)
+        pages = [p for p in failed_pages(rt.store, "slow") if p.kind == "parse"]
+        assert len(pages) == 1, [(p.url, p.reason) for p in pages]
+        (page,) = pages
+        assert (page.url, page.kind) == (f"{shop.url}/product/{slow}", "parse")
+        assert page.error is not None and page.error.startswith("parse timed out after 2s")
+        assert "JobTimeoutException" in page.error
+        assert len(list(rt.store.items("slow"))) == len(shop.expected_items()) - 1
+        assert_no_page_left(redis_conn)
 
 
 def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_conn: Redis) -> None:
@@ -249,16 +295,18 @@ def test_two_processes_of_download_workers_fetch_each_page_once_and_keep_the_int
     finally:
         store.close()
     assert len(workers) >= 2, "the downloads were not shared between workers"
-    assert redis_conn.keys(keys.body("*")) == []
+    assert_no_page_left(redis_conn)
 
 
 def test_demo_command_crawls_on_an_embedded_redis_and_stops_it(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
+    }
     crawler = Path(sys.executable).with_name("crawler")
     command = [str(crawler)] if crawler.exists() else [sys.executable, "-c", "from crawler.cli import main; main()"]
-    result = subprocess.run([*command, "demo", "--products", "40"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [*command, "demo", "--products", "40"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "Traceback" not in output
@@ -290,25 +338,84 @@ def test_status_counts_live_workers_per_host(runtime: Runtime, redis_conn: Redis
     assert workers_by_host(redis_conn) == {}  # a stopped worker leaves the registry
 
 
-def test_a_parse_job_of_a_site_without_a_spider_here_is_left_to_other_workers(
-        runtime: Runtime, redis_conn: Redis, caplog: pytest.LogCaptureFixture) -> None:
-    from crawler.jobs import PARSE_FUNC, parse_queue
+def test_a_page_of_a_site_without_a_spider_here_is_left_to_other_workers(
+    runtime: Runtime, redis_conn: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    import zlib
 
-    queue = parse_queue(redis_conn)
-    ghost = queue.enqueue(PARSE_FUNC, {"site": "ghost", "url": "http://127.0.0.1:9/", "body": "x"}, result_ttl=0)
-    known = queue.enqueue(PARSE_FUNC, {"site": "demo", "url": "http://127.0.0.1:9/", "body": "gone"}, result_ttl=0)
+    pages.add(redis_conn, {"site": "ghost", "url": "http://127.0.0.1:9/"}, zlib.compress(b"<p>boo</p>"))
+    pages.add(redis_conn, {"site": "demo", "url": "http://127.0.0.1:9/known"}, zlib.compress(b"<p>hi</p>"))
     stop = threading.Event()
     worker = ParseWorker(redis_conn, ("demo",), stop_event=stop)
     thread = threading.Thread(target=worker.work, daemon=True)
-    with caplog.at_level("WARNING", logger="crawler.workers"):
+    with caplog.at_level("WARNING", logger="crawler.parsing"):
         thread.start()
         deadline = time.monotonic() + 10
-        while queue.fetch_job(known.id) is not None:  # run (its body expired: recorded failed) and deleted
-            assert time.monotonic() < deadline, "the parse job of a known site was not run"
+        while not runtime.store.fetch_rows("demo"):  # the known site's page is parsed
+            assert time.monotonic() < deadline, "the page of a known site was not parsed"
             time.sleep(0.05)
-        time.sleep(1.5)  # the ghost job comes round again meanwhile
+        time.sleep(2.5)  # the ghost page comes round again meanwhile
         stop.set()
         thread.join(10)
-    assert queue.get_job_ids() == [ghost.id]  # back in the queue for a worker that has the spider
-    assert FailedJobRegistry(keys.PARSE_QUEUE, connection=redis_conn, serializer=JSONSerializer).count == 0
+    ((_, fields),) = redis_conn.xrange(keys.pages())  # back in the stream for a worker that has the spider
+    assert json.loads(fields[b"task"])["site"] == "ghost" and zlib.decompress(fields[b"body"]) == b"<p>boo</p>"
+    assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 0  # held by no one: any worker may read it
+    (record,) = runtime.store.fetch_rows("demo")
+    assert (record["kind"], record["url"], record["outcome"]) == ("parse", "http://127.0.0.1:9/known", "ok")
+    assert runtime.store.fetch_rows("ghost") == []
     assert caplog.text.count("no spider for site 'ghost'") == 1
+
+
+def _redis_calls(connection: Redis) -> int:
+    return sum(int(stat["calls"]) for stat in connection.info("commandstats").values())
+
+
+def test_a_site_whose_spider_failed_to_load_does_not_stall_workers_started_without_sites(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """Work queued for a site whose module is broken on this host: skipped (said once), the rest crawled.
+
+    The workers are started as the Procfile and the systemd units start them: the CLI, no ``--sites``.
+    """
+    broken = "from crawler import Spider\nclass Broken(Spider):\n    name = \n"
+    (Path(settings.sites_dir) / "broken.py").write_text(broken)
+    redis_conn.sadd(keys.sites(), "broken")  # work for "broken", queued from a host where its module loaded
+    redis_conn.rpush(keys.frontier("broken"), *[f'["http://127.0.0.1:9/{n}"]' for n in range(50)])
+    redis_conn.zadd(keys.levels("broken"), {"0": 0})
+    redis_conn.zadd(keys.ready(), {"broken": 0})
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": 0.02}})
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": settings.database_url,
+        "CRAWLER_SITES_DIR": settings.sites_dir,
+        "CRAWLER_STATE_DIR": settings.state_dir,
+    }
+    crawler = str(Path(sys.executable).parent / "crawler")
+    with ShopSite(products=40) as shop:
+        rt = Runtime(redis_conn, settings)
+        try:
+            seed(rt.frontier("demo"), [shop.url + "/"])
+            redis_conn.hset(keys.live_settings("demo"), "interval", 0.02)
+        finally:
+            rt.close()
+        before = _redis_calls(redis_conn)
+        workers = [
+            subprocess.Popen(
+                [crawler, "worker", kind, "--burst", "--threads", threads], env=env, stderr=subprocess.PIPE, text=True
+            )
+            for kind, threads in (("download", "2"), ("parse", "1"))
+        ]
+        try:
+            outputs = [w.communicate(timeout=120)[1] for w in workers]
+        finally:
+            for w in workers:
+                w.kill()
+        calls = _redis_calls(redis_conn) - before
+        assert [w.returncode for w in workers] == [0, 0], outputs
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        pages = len(shop.requests)
+    assert calls / pages < 400, f"{calls} Redis calls for {pages} pages: a worker spun on the broken site"
+    assert redis_conn.llen(keys.frontier("broken")) == 50  # untouched, for a worker that has its spider
+    warnings = [line for line in outputs[0].splitlines() if "'broken' has work but no spider" in line]
+    assert len(warnings) == 2, outputs[0]  # once per download worker (two threads)

@@ -17,14 +17,18 @@ Layout::
     /catalogue.pdf         application/pdf, never HTML
     /private/admin         200, but a polite crawler never asks for it
 
-With ``faults=True``: /product/3 answers 503 (``Retry-After: 1``) to its first request
-only, /product/7 always answers 500, /missing answers 404 and /old/product/5 answers
-301 to /product/5.
+With ``faults=True``: /product/3 answers 503 (``Retry-After: 1``, or what
+``retry_after`` says; None sends none) to its first request only, /product/7 always
+answers 500, /missing answers 404 and /old/product/5 answers 301 to /product/5.
+
+With ``etags=True``: every 200 carries an ``ETag`` (a digest of its body), and a request
+whose ``If-None-Match`` names the current one gets ``304 Not Modified`` without a body.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import html
 import math
 import socket
@@ -61,6 +65,9 @@ class RequestLogEntry:
     method: str
     path: str
     status: int = 0
+    #: The request's headers (names in lower case), and the bytes of body sent back.
+    headers: dict[str, str] = field(default_factory=dict)
+    sent: int = 0
 
 
 @dataclass
@@ -89,7 +96,7 @@ def product_sku(product_id: int) -> str:
 
 def _page(title: str, body: str) -> bytes:
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title></head>\n<body>\n{body}\n</body></html>\n"
     ).encode()
 
@@ -98,8 +105,8 @@ class ShopSite:
     """The demo shop: construct, ``start()`` (or use as a context manager), crawl ``url``.
 
     ``latency`` seconds are slept before every answer; with ``slow_every > 0`` every
-    product whose ID is a multiple of it sleeps ``slow_seconds`` more. ``port=0`` picks
-    a free port.
+    product whose ID is a multiple of it sleeps ``slow_seconds`` more; both can be
+    changed while the shop runs. ``port=0`` picks a free port.
     """
 
     def __init__(
@@ -109,9 +116,11 @@ class ShopSite:
         latency: float = 0.0,
         slow_every: int = 0,
         slow_seconds: float = 0.5,
+        etags: bool = False,
         faults: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
+        retry_after: str | None = "1",
     ):
         if products < 0 or per_page < 1:
             raise ValueError("products must be >= 0 and per_page >= 1")
@@ -121,12 +130,16 @@ class ShopSite:
         self.slow_every = slow_every
         self.slow_seconds = slow_seconds
         self.faults = faults
+        #: ``Retry-After`` of the transient 503 (None: the header is not sent).
+        self.retry_after = retry_after
         self.host = host
         self.port = port
         #: Every request received, ordered by arrival time.
         self.requests: list[RequestLogEntry] = []
         #: Prices set while the shop runs (``reprice``), by product ID.
         self.repriced: dict[int, str] = {}
+        #: Whether 200 answers carry an ETag (a digest of the body) and If-None-Match gets a 304.
+        self.etags = etags
         self._lock = threading.Lock()
         self._failed_once: set[int] = set()
         self._connections: set[socket.socket] = set()
@@ -144,8 +157,10 @@ class ShopSite:
         self.port = server.server_address[1]
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.05},
-            name=f"shop-{self.port}", daemon=True,
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"shop-{self.port}",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -330,7 +345,8 @@ class ShopSite:
                 self._failed_once.add(product_id)
             if first_time:
                 body = _page("Unavailable", "<h1>Service unavailable</h1>")
-                return _Response(503, body, headers={"Retry-After": "1"})
+                headers = {"Retry-After": self.retry_after} if self.retry_after is not None else {}
+                return _Response(503, body, headers=headers)
         related = product_id % self.products + 1
         stock = "in stock" if product_in_stock(product_id) else "out of stock"
         price = self.repriced.get(product_id) or product_price(product_id)
@@ -344,6 +360,15 @@ class ShopSite:
             '<p><a href="/products?page=1">Back to products</a></p>',
         )
         return _Response(200, body)
+
+
+def _revalidated(response: _Response, if_none_match: str | None) -> _Response:
+    """``response`` with its ETag, or a 304 when the request's If-None-Match names it."""
+    etag = '"' + hashlib.blake2b(response.body, digest_size=8).hexdigest() + '"'
+    offered = {tag.strip().removeprefix("W/") for tag in (if_none_match or "").split(",")}
+    if etag in offered or "*" in offered:
+        return _Response(304, b"", response.content_type, {"ETag": etag})
+    return _Response(response.status, response.body, response.content_type, {**response.headers, "ETag": etag})
 
 
 class _ShopServer(ThreadingHTTPServer):
@@ -392,6 +417,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, with_body: bool) -> None:
         response = self.server.site._respond(self.path)
+        if self._entry is not None:
+            self._entry.headers = {name.lower(): value for name, value in self.headers.items()}
+        if self.server.site.etags and response.status == 200:
+            response = _revalidated(response, self.headers.get("If-None-Match"))
+        if response.status == 304:  # no body, no length (RFC 9110 §15.4.5)
+            self.send_response(304)
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            return
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
@@ -400,6 +435,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if with_body:
             self.wfile.write(response.body)
+            if self._entry is not None:
+                self._entry.sent = len(response.body)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Silenced: the request log is ``ShopSite.requests``."""

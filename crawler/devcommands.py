@@ -1,0 +1,113 @@
+"""The spider author's commands: ``crawler fetch``, ``crawler parse``, ``crawler shell``.
+
+Registered on the ``crawler`` group by ``crawler.cli``; thin shells over
+``crawler.devtools`` and ``crawler.shell``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+
+import click
+
+from .cli import Context, cli, pass_context
+from .devtools import fetch_as_worker, page_of, parse_meta, route, run_callback, seen_in, site_for, summary_lines
+from .devtools import verdict as worker_verdict
+from .errors import ConfigError
+from .fetch import Response
+from .spider import Page
+
+
+@cli.command("fetch")
+@click.argument("url")
+@click.option("--site", "site_name", help="The site whose gate and robots.txt apply [the one whose domains allow URL].")
+@click.option("--headers", "headers_only", is_flag=True, help="Print the status and headers only, on stdout.")
+@pass_context
+def fetch_(obj: Context, url: str, site_name: str | None, headers_only: bool) -> None:
+    """Download URL as a worker would (robots.txt, the site's gate, the caps): status, headers, body."""
+    site = site_for(obj.spider_set, url, site_name)
+    response = fetch_as_worker(obj.runtime, site, url)
+    head = _head(response, site)
+    if headers_only:
+        click.echo(head)
+        return
+    click.echo(head + "\n", err=True)
+    click.echo(response.body, nl=False)  # bytes: written as received, whatever the charset
+
+
+def _head(response: Response, site: str) -> str:
+    lines = [
+        f"HTTP {response.status} {response.url} (site {site}, {len(response.body)} bytes in "
+        f"{response.elapsed:.3f}s): {worker_verdict(response)}"
+    ]
+    lines += [f"{name}: {value}" for name, value in response.headers.items()]
+    return "\n".join(lines)
+
+
+@cli.command("parse")
+@click.argument("site")
+@click.argument("url")
+@click.option("--callback", default="parse", show_default=True, help="The spider method to run on the page.")
+@click.option("--meta", "meta_json", metavar="JSON", help="The request's meta, a JSON object (page.meta).")
+@click.option(
+    "--body",
+    "body_file",
+    type=click.Path(dir_okay=False, exists=True),
+    help="Parse this saved file as URL's body instead of downloading it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_context
+def parse_(
+    obj: Context, site: str, url: str, callback: str, meta_json: str | None, body_file: str | None, as_json: bool
+) -> None:
+    """Run one callback on URL and print its items and requests, with where each would go."""
+    spider = obj.spider_set.get(site)()
+    meta = parse_meta(meta_json)
+    try:
+        spider.callback(callback)
+    except AttributeError as exc:
+        raise ConfigError(str(exc.args[0] if exc.args else exc)) from None
+    if body_file is not None:
+        with open(body_file, "rb") as f:
+            page = Page(url, f.read(), meta=meta)
+    else:
+        page = page_of(fetch_as_worker(obj.runtime, site, url), meta)
+    try:
+        outputs = run_callback(spider, page, callback)
+    except Exception as exc:
+        # The spider's own bug: its traceback is what its author needs, then the one-line verdict.
+        click.echo(traceback.format_exc().rstrip(), err=True)
+        raise ConfigError(f"{callback} raised {type(exc).__name__} on {url}") from None
+    routed = route(outputs.requests, spider.domains(), seen_in(obj.redis, site))
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"items": outputs.items, "requests": [r.as_dict() for r in routed]},
+                indent=2,
+                ensure_ascii=False,
+                default=str,
+            )
+        )
+        return
+    for line in summary_lines(outputs, routed):
+        click.echo(line)
+
+
+@cli.command("shell")
+@click.argument("site")
+@click.argument("url", required=False)
+@click.option("--plain", is_flag=True, help="Python's own console even if IPython is installed.")
+@pass_context
+def shell_(obj: Context, site: str, url: str | None, plain: bool) -> None:
+    """An interactive prompt with SITE's spider and a fetched page bound (IPython when installed)."""
+    from .shell import Shell
+
+    obj.site(site)
+    shell = Shell(obj.runtime, site, echo=click.echo)
+    if url is not None:
+        shell.fetch(url)
+    if not sys.stdin.isatty() and not plain:
+        plain = True  # IPython wants a terminal; piped commands go to the plain console
+    shell.interact(plain=plain)

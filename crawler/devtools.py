@@ -1,0 +1,192 @@
+"""One URL, one callback, no crawl: what ``crawler fetch``, ``crawler parse`` and ``crawler shell`` do.
+
+``fetch_as_worker`` downloads a URL the way a download worker would (robots.txt, then
+the site's gate, then one GET with the same caps and no redirect followed);
+``run_callback`` runs a spider callback on a page and sorts what it yields into items
+and requests, as a parse worker would; ``route`` says where each request would go
+(queued, refused, already seen) without queueing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError, RefusedURL
+from .fetch import Response
+from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
+from .spider import Page, Request, Spider, SpiderSet
+
+#: Where a request a callback yields would go.
+QUEUED, REFUSED, SEEN = "queued", "refused", "already seen"
+
+
+@dataclass
+class Outputs:
+    """What one callback yielded on one page: items (dicts) and requests, in order."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+
+    def links(self, callback: str | None = None) -> list[str]:
+        """URLs of the requests (those for ``callback`` only, when given)."""
+        return [r.url for r in self.requests if callback is None or r.callback == callback]
+
+
+def run_callback(spider: Spider, page: Page, callback: str = "parse") -> Outputs:
+    """Run ``spider``'s ``callback`` on ``page``; its exceptions propagate.
+
+    Like a parse worker, it refuses anything but dicts, ``Request`` objects and None.
+    """
+    method = spider.callback(callback)
+    outputs = Outputs()
+    for output in method(page) or ():
+        if isinstance(output, Request):
+            outputs.requests.append(output)
+        elif isinstance(output, dict):
+            outputs.items.append(output)
+        elif output is not None:
+            raise TypeError(f"{callback} yielded {type(output).__name__}; expected dict or Request")
+    return outputs
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where one request would go: ``queued``, ``refused`` (with the reason) or ``already seen``."""
+
+    url: str
+    callback: str
+    outcome: str
+    reason: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "callback": self.callback, "outcome": self.outcome, "reason": self.reason}
+
+
+def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> list[Routed]:
+    """Where each request would go, as the frontier would decide, queueing nothing.
+
+    ``seen(canonical_url) -> bool`` tells whether the site has seen a URL (its seen set
+    in Redis); None: nothing seen yet. A URL met twice in ``requests`` is seen the
+    second time, as the frontier would see it.
+    """
+    routed = []
+    here: set[str] = set()
+    for request in requests:
+        callback = str(request.callback)
+        try:
+            check_priority(request.priority)
+            check_refresh(request.refresh)
+            url = canonicalize(request.url)
+        except (RefusedURL, ValueError) as exc:
+            routed.append(Routed(request.url, callback, REFUSED, str(exc)))
+            continue
+        if not host_allowed(url, domains):
+            routed.append(Routed(url, callback, REFUSED, f"outside the allowed domains ({', '.join(domains)})"))
+        elif not request.dont_filter and (url in here or (seen is not None and seen(url))):
+            routed.append(Routed(url, callback, SEEN))
+        else:
+            routed.append(Routed(url, callback, QUEUED))
+        here.add(url)
+    return routed
+
+
+def seen_in(connection: Any, site: str) -> Any:
+    """``seen(url)`` for ``route``: whether ``site``'s seen set in Redis has the canonical URL."""
+    from . import keys
+
+    return lambda url: bool(connection.sismember(keys.seen(site), fingerprint(url)))
+
+
+def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:
+    """The site a URL belongs to: ``named`` if given (checked), else the one spider whose domains allow it."""
+    if named is not None:
+        spiders.get(named)
+        return named
+    try:
+        canonical = canonicalize(url)
+    except RefusedURL as exc:
+        raise ConfigError(str(exc)) from None
+    matches = sorted(name for name, cls in spiders.spiders.items() if host_allowed(canonical, cls().domains()))
+    if not matches:
+        raise ConfigError(f"no spider allows {canonical}: give --site NAME")
+    if len(matches) > 1:
+        raise ConfigError(f"{canonical} is allowed to several spiders ({', '.join(matches)}): give --site NAME")
+    return matches[0]
+
+
+def fetch_as_worker(rt: Any, site: str, url: str) -> Response:
+    """GET ``url`` for ``site`` as a download worker would: robots.txt, the gate, the caps.
+
+    Raises RefusedURL when the URL is off the site's domains or robots.txt disallows
+    it, and the fetch's own errors (timeouts, connection, body too large). Nothing is
+    recorded or queued.
+    """
+    spider = rt.spider(site)
+    canonical = canonicalize(url)
+    if not host_allowed(canonical, spider.domains()):
+        raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(spider.domains())})")
+    user_agent = spider.user_agent or rt.settings.user_agent
+    if rt.policy(site).obey_robots and not rt.robots.allowed(site, canonical, user_agent, lambda: rt.take_gate(site)):
+        raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
+    gate = rt.take_gate(site)
+    return rt.fetcher.get(canonical, user_agent=spider.user_agent, on_sent=gate.rearm)
+
+
+def verdict(response: Response) -> str:
+    """What a download worker does with ``response``, in a few words."""
+    status = response.status
+    if 300 <= status < 400:
+        where = response.location
+        return f"redirect to {where}: a request of its own" if where else "redirect without Location: failed"
+    if status == 429 or status >= 500:
+        return "retried later with backoff"
+    if status >= 400:
+        return "recorded failed, not retried"
+    if not response.is_html:
+        return f"not HTML ({response.content_type}): recorded skipped, no callback"
+    return "handed to the callback"
+
+
+def page_of(response: Response, meta: dict[str, Any] | None = None) -> Page:
+    """The ``Page`` a parse worker would build from ``response``.
+
+    Raises ConfigError when a worker would not hand the response to a callback.
+    """
+    if not (200 <= response.status < 300) or not response.is_html:
+        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response)}")
+    return Page(
+        response.url,
+        response.body,
+        status=response.status,
+        headers=response.headers,
+        meta=meta or {},
+        encoding=response.encoding,
+    )
+
+
+def parse_meta(text: str | None) -> dict[str, Any]:
+    """``--meta``: a JSON object, or ConfigError saying what is wrong."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--meta is not valid JSON: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--meta must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def summary_lines(outputs: Outputs, routed: list[Routed]) -> Iterator[str]:
+    """``crawler parse``'s report: the items as JSON lines, then each request and where it would go."""
+    yield f"{len(outputs.items)} item{'' if len(outputs.items) == 1 else 's'}"
+    for item in outputs.items:
+        yield json.dumps(item, ensure_ascii=False, default=str)
+    yield f"{len(routed)} request{'' if len(routed) == 1 else 's'}"
+    width = max((len(r.callback) for r in routed), default=0)
+    for r in routed:
+        reason = f"  ({r.reason})" if r.reason else ""
+        yield f"  {r.outcome:<12}  {r.callback:<{width}}  {r.url}{reason}"

@@ -1,0 +1,128 @@
+"""The development HTTP cache: re-running a spider being written replays pages instead of refetching them.
+
+Opt-in (``http_cache`` setting, ``--http-cache`` flag). ``CachingFetcher`` wraps a
+``fetch.Fetcher``: its httpx client gets hishel's ``CacheTransport`` (non-RFC mode:
+every successful GET is stored by URL in a SQLite file under the state directory and
+served from there afterwards, whatever the response's caching headers). Only 2xx
+responses are stored; redirects, 4xx and 5xx always go to the site.
+
+A cache hit sends no request, so it must not take the site's gate. With the cache on,
+``Runtime.take_gate`` hands out a ``DeferredGate``, registered for the calling thread;
+the transport under the cache takes it only when a request is really about to be sent
+(a miss). Hits and misses are counted per site in Redis (``cache_hits``,
+``cache_misses`` in the site's stats), for ``crawler status`` and ``crawler stats``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .fetch import Fetcher, GuardedTransport, Response
+
+#: The cache's SQLite file, under the state directory.
+CACHE_FILE = "http-cache.sqlite"
+
+
+class DeferredGate:
+    """A site's gate, taken only if a request is actually sent (``take``); otherwise never.
+
+    Stands in for ``gate.Gate`` where the job uses it after the fetch: ``rearm``.
+    """
+
+    def __init__(self, site: str, take: Callable[[], Any]):
+        self.site = site
+        self._take = take
+        self.gate: Any = None
+
+    def take(self) -> None:
+        if self.gate is None:
+            self.gate = self._take()
+
+    def rearm(self) -> bool:
+        return bool(self.gate.rearm()) if self.gate is not None else True
+
+    def before_send(self) -> None:
+        """``Gate.before_send`` of the gate, taken now if it was not yet (a request is being written)."""
+        self.take()
+        self.gate.before_send()
+
+
+class _Sending(httpx.BaseTransport):
+    """The transport under the cache: reached on a miss only; takes the pending gate, then sends."""
+
+    def __init__(self, inner: httpx.BaseTransport, local: threading.local):
+        self.inner = inner
+        self.local = local
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        pending: DeferredGate | None = getattr(self.local, "pending", None)
+        if pending is not None:
+            pending.take()
+        self.local.sent = True
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class CachingFetcher:
+    """A ``Fetcher`` whose GETs are stored on disk and replayed (see the module docstring).
+
+    ``on_result(site, hit)`` is told about each fetch made under a ``DeferredGate``.
+    """
+
+    def __init__(self, fetcher: Fetcher, state_dir: str | Path, on_result: Callable[[str, bool], None] | None = None):
+        from hishel import SqliteStorage
+        from hishel.httpx import CacheTransport
+
+        self.fetcher = fetcher
+        self.path = Path(state_dir) / CACHE_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.on_result = on_result
+        self._local = threading.local()
+        old = fetcher.client
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        # Under the cache, the fetcher's own guarded transport: the deadline, the address check
+        # and the gate's send check hold for every request that is really sent.
+        sending = _Sending(GuardedTransport(limits), self._local)
+        fetcher.client = httpx.Client(
+            follow_redirects=False,
+            timeout=old.timeout,
+            headers=old.headers,
+            trust_env=False,
+            transport=CacheTransport(next_transport=sending, storage=SqliteStorage(database_path=self.path)),
+        )
+        old.close()
+
+    def defer(self, site: str, take: Callable[[], Any]) -> DeferredGate:
+        """A gate for ``site`` that the next fetch in this thread takes only if it sends a request."""
+        gate = DeferredGate(site, take)
+        self._local.pending = gate
+        return gate
+
+    def get(
+        self, url: str, user_agent: str | None = None, on_sent: Callable[[], Any] | None = None, **options: Any
+    ) -> Response:
+        """``Fetcher.get`` (same options), from the cache when the URL is stored (``extra["cache"]``: hit or miss)."""
+        self._local.sent = False
+        pending: DeferredGate | None = getattr(self._local, "pending", None)
+        try:
+            response = self.fetcher.get(url, user_agent=user_agent, on_sent=on_sent, **options)
+        finally:
+            self._local.pending = None
+        hit = not self._local.sent
+        response.extra["cache"] = "hit" if hit else "miss"
+        if pending is not None and self.on_result is not None:
+            self.on_result(pending.site, hit)
+        return response
+
+    def close(self) -> None:
+        self.fetcher.close()
+
+    def __getattr__(self, name: str) -> Any:  # timeout, max_body_bytes, client: as the wrapped fetcher's
+        return getattr(self.fetcher, name)

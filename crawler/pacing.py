@@ -1,0 +1,201 @@
+"""Adaptive politeness: a site's interval that follows the site's health, shared by the fleet.
+
+A spider sets ``interval = Auto(min=0.5, max=30)``. After every request to the site,
+the worker that made it updates the site's **pace** in Redis (``PACE``, one Lua call),
+in the site's ``crawler:conf:SITE`` hash, where every worker on every host reads it:
+the gate scripts take it at each take and each rearm (``Gate(pace_key=…)``), so the
+gap after a request is at least the pace in force when it was sent; ``NEXT_JOB``
+spaces its hand-outs by it too. The rule, after Heritrix's ``delayFactor`` but counted
+from the send, as the gate counts:
+
+- a healthy answer (any status but 429 and 5xx): the pace becomes ``factor`` × the
+  request's elapsed time if that is more (up at once), else it eases down by ``ease``
+  (10%) of itself per answer (down slowly);
+- 429, 503, 504, a timeout or a failed connection: the pace doubles;
+- any other 5xx: it goes up to ``factor`` × elapsed, never down;
+- always within [``min``, ``max``]; with no pace yet, ``min`` is in force.
+
+Why 5: Heritrix's default delay factor. Counted from the send, one connection then
+keeps the site busy with our requests at most 1/5 of the time, and a site whose
+response time doubles under load sees our rate halve.
+
+Separately, for every site (adaptive or not), a 429 or 503 *without* ``Retry-After``
+closes the site's gate for every worker for ``throttle_pause`` (exponential in the
+site's run of errors, with jitter); see ``jobs._retry_or_fail``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from redis import Redis
+
+#: Pace multiplier of a response's elapsed time (Heritrix's default ``delayFactor``).
+DEFAULT_FACTOR = 5.0
+#: Fraction by which the pace eases down after each healthy, fast answer.
+DEFAULT_EASE = 0.1
+#: Statuses that say "too much" (or "too slow"): the pace doubles.
+THROTTLE_STATUSES = (429, 503, 504)
+
+
+@dataclass(frozen=True)
+class Auto:
+    """An interval that follows the site: ``factor`` × the last response time, within [min, max] seconds.
+
+    It doubles on 429/503/504 and timeouts, and eases down by ``ease`` (a fraction)
+    per healthy answer faster than that. One value per site, in Redis, for the fleet.
+    """
+
+    min: float = 0.5
+    max: float = 30.0
+    factor: float = DEFAULT_FACTOR
+    ease: float = DEFAULT_EASE
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max", "factor", "ease"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"Auto {name} must be a number, got {value!r}")
+        if not 0 < self.min <= self.max:
+            raise ValueError(f"Auto needs 0 < min <= max, got min={self.min!r} max={self.max!r}")
+        if self.factor <= 0:
+            raise ValueError(f"Auto factor must be greater than 0, got {self.factor!r}")
+        if not 0 <= self.ease < 1:
+            raise ValueError(f"Auto ease must be at least 0 and below 1, got {self.ease!r}")
+
+    def __str__(self) -> str:
+        return f"auto {self.min:g}-{self.max:g}s"
+
+
+def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:
+    """Seconds to close a site's gate after a 429/503 without Retry-After.
+
+    ``backoff`` × 2^(n−1) for the n-th transient error in a row, at most ``cap``, with
+    "equal jitter": a uniform draw from half that to all of it, so the pause is never
+    under half its step and clients that were throttled together do not come back together.
+    """
+    step = min(backoff * 2 ** max(0, errors_in_a_row - 1), cap)
+    return step / 2 + (rng or random).uniform(0, step / 2)
+
+
+# KEYS[1] = the site's conf hash (fields pace_ms, pace_why), KEYS[2] = the site's gate.
+# ARGV[1] = event: 'ok' (a healthy answer), 'error' (another 5xx), 'throttle' (429/503/504,
+# timeout, no connection); ARGV[2] = the request's elapsed ms; ARGV[3], ARGV[4] = min, max ms;
+# ARGV[5] = factor, ARGV[6] = ease; ARGV[7] = what happened ('503', 'timeout'); ARGV[8] = the
+# gate margin in ms; ARGV[9] = ms since the request was sent.
+# Sets the new pace and why, and keeps the gate closed until the send + new pace + margin
+# (never shortening it). Returns {pace_ms, why}.
+PACE = """
+local conf, gate = KEYS[1], KEYS[2]
+local event, elapsed = ARGV[1], math.floor(tonumber(ARGV[2]))
+local lo, hi, factor, ease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local old = tonumber(redis.call('HGET', conf, 'pace_ms')) or lo
+local target = math.floor(factor * elapsed)
+local because = 'last ' .. elapsed .. ' ms × ' .. ARGV[5]
+local new, why
+if event == 'throttle' then
+    new, why = old * 2, 'doubled after ' .. ARGV[7]
+elseif event == 'error' then
+    if target > old then new, why = target, because else new, why = old, 'held after ' .. ARGV[7] end
+else
+    local eased = math.floor(old * (1 - ease))
+    if target >= eased then new, why = target, because else new, why = eased, 'easing off, ' .. because end
+end
+if new <= lo then
+    new, why = lo, why .. ', at min'
+elseif new >= hi then
+    new, why = hi, why .. ', at max'
+end
+new = math.floor(new)
+redis.call('HSET', conf, 'pace_ms', new, 'pace_why', why)
+local closed_until = new + tonumber(ARGV[8]) - tonumber(ARGV[9])
+if closed_until > 0 then
+    local ttl = redis.call('PTTL', gate)
+    if ttl == -2 then
+        redis.call('SET', gate, 'pace', 'PX', closed_until)
+    elseif ttl >= 0 and ttl < closed_until then
+        redis.call('PEXPIRE', gate, closed_until)
+    end
+end
+return {new, why}
+"""
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A site's adaptive interval as stored in Redis: seconds, and why."""
+
+    seconds: float
+    why: str
+
+    def __str__(self) -> str:
+        return f"auto {self.seconds:g}s ({self.why})"
+
+
+def classify(status: int | None, error: str | None) -> str:
+    """The PACE event of a request's outcome: 'ok', 'error' or 'throttle'.
+
+    ``status`` is the HTTP status (None when there was no answer); ``error`` names a
+    failure without one ('timeout', 'connection').
+    """
+    if status is None:
+        return "throttle" if error else "ok"
+    if status in THROTTLE_STATUSES:
+        return "throttle"
+    return "error" if status >= 500 else "ok"
+
+
+class Pacer:
+    """Client of ``PACE`` for one process."""
+
+    def __init__(self, connection: Redis):
+        self.connection = connection
+        self._pace = connection.register_script(PACE)
+
+    def observe(
+        self,
+        conf_key: str,
+        gate_key: str,
+        auto: Auto,
+        *,
+        elapsed: float,
+        status: int | None,
+        error: str | None,
+        margin: float,
+        since_send: float,
+    ) -> Pace:
+        """Update the site's pace after one request (see the module docstring); returns the new pace.
+
+        ``since_send`` is how long ago the request was sent: the gate is kept closed until
+        the send + the new pace + ``margin``, so a pace that grows applies to the next request.
+        """
+        event = classify(status, error)
+        what = str(status) if status is not None else (error or "")
+        reply: Any = self._pace(
+            keys=[conf_key, gate_key],
+            args=[
+                event,
+                max(0, round(elapsed * 1000)),
+                round(auto.min * 1000),
+                round(auto.max * 1000),
+                f"{auto.factor:g}",
+                repr(auto.ease),
+                what,
+                round(margin * 1000),
+                max(0, round(since_send * 1000)),
+            ],
+        )
+        return Pace(int(reply[0]) / 1000.0, _text(reply[1]))
+
+
+def read_pace(fields: dict[str, str]) -> Pace | None:
+    """The pace in a site's conf hash (decoded fields), or None when it has none."""
+    if "pace_ms" not in fields:
+        return None
+    return Pace(int(fields["pace_ms"]) / 1000.0, fields.get("pace_why", ""))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,277 @@
+"""Pages waiting for a parser: the Redis Stream ``crawler:pages`` and its consumer group.
+
+A download job adds one entry per HTML page (``add``, one ``XADD``): ``task``, the
+parse task as JSON (site, url, status, headers, encoding, callback, meta, depth,
+fetched), and ``body``, the page zlib-compressed. Parse workers (``parsing``) read
+entries in batches through the consumer group ``parsers`` (``XREADGROUP``) and, once a
+page is parsed (or failed, or quarantined), acknowledge and delete its entry in the
+pipeline that counts it (``ack``). So an entry lives exactly until it is done with, and
+the stream's length is the parse backlog: entries not yet read plus entries being parsed.
+
+Nothing is lost when a parse worker dies. Its entries stay pending in the group;
+every worker looks, once a second, for entries pending longer than ``job_lease``
+without a sign of life and claims them (``reclaim``: ``XPENDING … IDLE`` then
+``XCLAIM`` with the same minimum idle time, in one script, so two workers never claim
+one entry). A worker keeps the entries it holds from being claimed by touching them
+every second (``touch``: ``XCLAIM … JUSTID`` of those still its own, in one script).
+An entry's delivery count counts the times its holder vanished while running it (the
+holder's oldest pending entry: workers run entries oldest first); once it passes
+``MAX_DELIVERIES`` (its page killed its worker that often) the page is recorded failed
+and dropped instead of being run again. Consumers are named after their host and process; one with nothing pending
+and idle for ``FORGET_IDLE`` seconds is removed from the group (``forget``). A parse
+worker also says it is alive every ``BEAT_EVERY`` seconds in ``crawler:parsers``
+(``beat``), which ``crawler status`` reads: on Redis 6.2 a consumer's idle time is not
+renewed by a read that finds nothing, so it cannot tell an idle worker from a dead one.
+
+Scripts need Redis 6.2 or later (``XPENDING … IDLE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis import Redis
+
+from . import keys, quarantine
+from .replies import text
+
+#: Times a worker may vanish while running one page; past that the page is failed, not run again.
+MAX_DELIVERIES = 5
+#: Seconds a consumer with nothing pending may stay idle before it is removed from the group.
+FORGET_IDLE = 3600
+#: Seconds between two signs of life of a parse worker (``beat``).
+BEAT_EVERY = 5.0
+#: Seconds since its last sign of life within which a parse worker counts as alive (``crawler status``).
+ALIVE_WITHIN = 3 * BEAT_EVERY
+
+#: An entry in hand: its id, its fields (task and body), and 1 + the times a worker vanished running it.
+Entry = tuple[str, dict[bytes, bytes], int]
+
+# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = the claiming consumer, ARGV[3] = least
+# idle ms, ARGV[4] = most entries. Claims entries pending at least ARGV[3] ms, oldest first, in
+# one script so that no two consumers claim one entry. A worker runs its entries oldest first
+# and acknowledges each when done, so the oldest entry a vanished holder left is the one it was
+# running: that one alone has its delivery count raised; the others were never started and keep
+# theirs (so a page that kills its worker does not use up the deliveries of the pages queued
+# behind it). An entry deleted without being acknowledged leaves the pending list.
+# Returns {{id, deliveries, {field, value, …}}, …}.
+RECLAIM = """
+local claimed, blamed = {}, {}
+for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])) do
+    local id, holder, deliveries = p[1], p[2], p[4]
+    local entry = redis.call('XRANGE', KEYS[1], id, id)[1]
+    if not entry then
+        redis.call('XACK', KEYS[1], ARGV[1], id)
+    else
+        if not blamed[holder] then
+            blamed[holder] = true
+            deliveries = deliveries + 1
+        end
+        redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id, 'RETRYCOUNT', deliveries, 'JUSTID')
+        claimed[#claimed + 1] = {id, deliveries, entry[2]}
+    end
+end
+return claimed
+"""
+
+# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = the consumer, ARGV[3…] = entry ids it holds.
+# Resets the idle time of those of the ids still pending for this consumer (not their delivery
+# count): an entry claimed meanwhile by another (this one was frozen past the lease) stays theirs.
+# Returns the ids touched.
+TOUCH = """
+local ids, claim = {}, {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+for i = 3, #ARGV do
+    if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
+        ids[#ids + 1] = ARGV[i]
+        claim[#claim + 1] = ARGV[i]
+    end
+end
+if #ids > 0 then
+    claim[#claim + 1] = 'JUSTID'
+    redis.call(unpack(claim))
+end
+return ids
+"""
+
+# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = least idle ms, ARGV[3] = one consumer's
+# name ('' = any). Removes consumers with nothing pending, idle at least ARGV[2] ms, checked and
+# removed in one step so that no pending entry goes with them. Returns how many were removed.
+FORGET = """
+local removed = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+    local f = {}
+    for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+    if f['pending'] == 0 and f['idle'] >= tonumber(ARGV[2]) and (ARGV[3] == '' or ARGV[3] == f['name']) then
+        redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+        removed = removed + 1
+    end
+end
+return removed
+"""
+
+
+def add(connection: Any, task: dict[str, Any], body: bytes) -> None:
+    """Add a page for the parse workers (connection or pipeline): its parse task and zlib-compressed ``body``."""
+    connection.xadd(keys.pages(), {"task": json.dumps(task, ensure_ascii=False), "body": body})
+
+
+def consumer_name() -> str:
+    """A name for a new consumer: ``host:pid:random``, unique across the fleet."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def named_client(connection: Redis, name: str) -> Redis:
+    """A client on ``connection``'s server whose connections carry ``name`` (``CLIENT LIST`` shows it)."""
+    pool = connection.connection_pool
+    kwargs = {**pool.connection_kwargs, "client_name": name}
+    return Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+
+
+def ensure_group(connection: Redis) -> None:
+    """Create the stream and its group of parse workers if missing.
+
+    The group starts at the stream's first entry: entries are deleted once done with,
+    so whatever is in the stream is still to be parsed.
+    """
+    try:
+        connection.xgroup_create(keys.pages(), keys.PARSERS, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def is_nogroup(exc: Exception) -> bool:
+    """Whether ``exc`` says the stream or its group is missing (a fresh or flushed Redis)."""
+    return isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc)  # a script's error quotes it
+
+
+def read(connection: Redis, consumer: str, count: int, block_ms: int) -> list[Entry]:
+    """Up to ``count`` entries never delivered before, waiting up to ``block_ms`` for one."""
+    try:
+        reply: Any = connection.xreadgroup(keys.PARSERS, consumer, {keys.pages(): ">"}, count=count, block=block_ms)
+    except redis.ResponseError as exc:
+        if not is_nogroup(exc):
+            raise
+        ensure_group(connection)
+        return []
+    return [(text(entry_id), fields, 1) for _, entries in reply or [] for entry_id, fields in entries]
+
+
+def reclaim(connection: Redis, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
+    """Claim for ``consumer`` up to ``count`` entries pending longer than ``min_idle_ms`` (a dead holder)."""
+    try:
+        reply: Any = connection.register_script(RECLAIM)(
+            keys=[keys.pages()], args=[keys.PARSERS, consumer, min_idle_ms, count]
+        )
+    except redis.ResponseError as exc:
+        if not is_nogroup(exc):
+            raise
+        ensure_group(connection)
+        return []
+    return [
+        (text(entry_id), dict(zip(flat[::2], flat[1::2], strict=True)), int(deliveries))
+        for entry_id, deliveries, flat in reply
+    ]
+
+
+def touch(connection: Redis, consumer: str, ids: Sequence[str]) -> set[str]:
+    """Keep ``consumer``'s entries ``ids`` from being reclaimed; returns those still its own."""
+    if not ids:
+        return set()
+    touched = connection.register_script(TOUCH)(keys=[keys.pages()], args=[keys.PARSERS, consumer, *ids])
+    return {text(entry_id) for entry_id in touched}
+
+
+def ack(pipe: Any, entry_id: str) -> None:
+    """Acknowledge and delete an entry done with (in the caller's pipeline)."""
+    pipe.xack(keys.pages(), keys.PARSERS, entry_id)
+    pipe.xdel(keys.pages(), entry_id)
+
+
+def hand_back(connection: Redis, entries: Sequence[Entry]) -> None:
+    """Put entries back at the end of the stream for any worker, undelivered (one transaction)."""
+    if not entries:
+        return
+    with connection.pipeline(transaction=True) as pipe:
+        for entry_id, fields, _ in entries:
+            again: dict[Any, Any] = dict(fields)
+            pipe.xadd(keys.pages(), again)
+            ack(pipe, entry_id)
+        pipe.execute()
+
+
+def refuse(connection: Redis, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
+    """Quarantine an entry that is not a page (its fields kept with ``reason``), and drop it from the stream."""
+    shown = {k: f"<{len(v)} bytes>" if k == b"body" else v for k, v in fields.items()}
+    with connection.pipeline(transaction=True) as pipe:
+        quarantine.record(connection, keys.pages(), f"malformed page entry: {reason}", entry_id, shown, pipeline=pipe)
+        ack(pipe, entry_id)
+        pipe.execute()
+
+
+def forget(connection: Redis, min_idle_ms: int, name: str = "") -> int:
+    """Remove consumers (or the one ``name``) with nothing pending and idle for ``min_idle_ms``."""
+    try:
+        return int(connection.register_script(FORGET)(keys=[keys.pages()], args=[keys.PARSERS, min_idle_ms, name]))
+    except redis.ResponseError as exc:
+        if "no such key" in str(exc).lower() or is_nogroup(exc):
+            return 0
+        raise
+
+
+def backlog(connection: Redis) -> tuple[int, int]:
+    """Entries not yet read by a parse worker, and entries read and not yet done with, in one round trip."""
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.xlen(keys.pages())
+        pipe.xpending(keys.pages(), keys.PARSERS)
+        length, pending = pipe.execute(raise_on_error=False)
+    held = int(pending["pending"]) if isinstance(pending, dict) else 0  # no group yet: nothing read
+    total = int(length) if isinstance(length, int) else 0
+    return max(total - held, 0), held
+
+
+def beat(connection: Redis, consumer: str) -> None:
+    """Say that parse worker ``consumer`` is alive (and forget those silent for long)."""
+    now = time.time()
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.zadd(keys.parsers(), {consumer: now})
+        pipe.zremrangebyscore(keys.parsers(), "-inf", now - FORGET_IDLE)
+        pipe.execute()
+
+
+def leave(connection: Redis, consumer: str) -> None:
+    """A parse worker stops: out of the live workers, and out of the group unless entries are pending for it."""
+    connection.zrem(keys.parsers(), consumer)
+    forget(connection, 0, consumer)
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A live parse worker."""
+
+    name: str
+    pending: int  # entries it holds
+
+    @property
+    def host(self) -> str:
+        return self.name.split(":", 1)[0]
+
+
+def live_consumers(connection: Redis) -> list[Consumer]:
+    """Parse workers alive in the last ``ALIVE_WITHIN`` seconds, with the entries each holds."""
+    alive = [text(name) for name in connection.zrangebyscore(keys.parsers(), time.time() - ALIVE_WITHIN, "+inf")]
+    if not alive:
+        return []
+    try:
+        held = {text(c["name"]): int(c["pending"]) for c in connection.xinfo_consumers(keys.pages(), keys.PARSERS)}
+    except redis.ResponseError:  # no stream or group yet: nothing held
+        held = {}
+    return [Consumer(name, held.get(name, 0)) for name in alive]

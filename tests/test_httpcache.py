@@ -1,0 +1,116 @@
+"""The development HTTP cache: pages replayed from disk, no request sent and no gate taken on a hit."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from redis import Redis
+
+from crawler import keys
+from crawler.cli import cli
+from crawler.demo import ShopSite
+from crawler.devtools import fetch_as_worker
+from crawler.httpcache import CACHE_FILE, CachingFetcher
+from crawler.runtime import Runtime
+from crawler.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name in ("REDIS_URL", "DATABASE_URL") or name.startswith("CRAWLER_"):
+            monkeypatch.delenv(name)
+
+
+def paths(shop: ShopSite) -> list[str]:
+    return [entry.path for entry in shop.requests]
+
+
+def test_a_hit_sends_no_request_and_takes_no_gate(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
+    cached = dataclasses.replace(settings, http_cache=True, sites={"demo": {"interval": 1.0}})
+    rt = Runtime(redis_conn, cached)
+    try:
+        assert isinstance(rt.fetcher, CachingFetcher)
+        first = fetch_as_worker(rt, "demo", f"{shop.url}/product/1")
+        assert first.extra["cache"] == "miss"
+        started = time.monotonic()
+        again = fetch_as_worker(rt, "demo", f"{shop.url}/product/1")
+        took = time.monotonic() - started
+    finally:
+        rt.close()
+    assert (again.status, again.body, again.extra["cache"]) == (200, first.body, "hit")
+    # The gate closed for 1 s by the first fetch was not waited for: the hit sent nothing.
+    assert took < 0.5, took
+    assert paths(shop) == ["/robots.txt", "/product/1"]
+    # Misses: robots.txt and the page's first fetch; hits: the page's second.
+    assert redis_conn.hmget(keys.stats("demo"), "cache_hits", "cache_misses") == [b"1", b"2"]
+    assert (Path(cached.state_dir) / CACHE_FILE).exists()
+
+
+def test_a_miss_still_takes_the_gate(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
+    cached = dataclasses.replace(settings, http_cache=True, sites={"demo": {"interval": 0.4}})
+    rt = Runtime(redis_conn, cached)
+    try:
+        for n in (1, 2):
+            fetch_as_worker(rt, "demo", f"{shop.url}/product/{n}")
+    finally:
+        rt.close()
+    times = [entry.time for entry in shop.requests]
+    assert paths(shop) == ["/robots.txt", "/product/1", "/product/2"]
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= 0.4
+
+
+def test_errors_are_not_stored_and_without_the_setting_nothing_is(
+    redis_conn: Redis, settings: Settings, shop: ShopSite
+) -> None:
+    cached = dataclasses.replace(settings, http_cache=True, sites={"demo": {"interval": 0.01}})
+    rt = Runtime(redis_conn, cached)
+    try:
+        for _ in range(2):
+            assert fetch_as_worker(rt, "demo", f"{shop.url}/missing").status == 404
+    finally:
+        rt.close()
+    assert paths(shop).count("/missing") == 2
+    plain = Runtime(redis_conn, dataclasses.replace(settings, state_dir=settings.state_dir + "-plain"))
+    try:
+        assert not isinstance(plain.fetcher, CachingFetcher)
+    finally:
+        plain.close()
+    assert not (Path(settings.state_dir + "-plain") / CACHE_FILE).exists()
+
+
+SUMMARY = re.compile(r"^demo: (\d+) fetched, .*$", re.MULTILINE)
+
+
+def test_a_second_crawl_with_the_cache_does_not_hit_the_site(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "sites").mkdir()
+    base = ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(tmp_path / "sites"), "--http-cache"]
+    env = {"CRAWLER_STATE_DIR": str(tmp_path / "state")}
+    runner = CliRunner()
+    with ShopSite(products=6, faults=False) as shop:
+        args = ["crawl", "demo", shop.url + "/", "-n", "1", "--threads", "1"]
+        first = runner.invoke(cli, [*base, *args], env=env)
+        assert first.exit_code == 0, first.output
+        sent = len(shop.requests)
+        pages = int(SUMMARY.search(first.stdout).group(1))
+        assert pages == 1 + 1 + 6 and "from the development cache" not in first.stdout
+
+        again = runner.invoke(cli, [*base, *args, "--fresh"], env=env)
+        assert again.exit_code == 0, again.output
+        # Every page (the PDF too) replayed from disk; robots.txt is still cached in Redis.
+        assert len(shop.requests) == sent
+        assert SUMMARY.search(again.stdout).group(0).endswith(f"; {pages + 1} from the development cache")
+
+    status = runner.invoke(cli, [*base, "status", "demo"], env=env)
+    assert f"development cache: demo {pages + 1} hits, 0 misses" in status.stdout
+    stats = runner.invoke(cli, [*base, "stats", "demo"], env=env)
+    assert stats.exit_code == 0, stats.output
+    assert stats.stdout.startswith(f"development cache: {pages + 1} hits (no request sent; in the counts below)")

@@ -1,0 +1,145 @@
+"""Re-running a crawl: ``crawler reset`` forgets a site's progress, ``crawl --fresh`` starts over,
+and each run's summary counts that run only (real worker processes against the demo shop)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from crawling import assert_one_line_error
+from redis import Redis
+
+from crawler import keys
+from crawler.cli import cli
+from crawler.demo import ShopSite
+from crawler.frontier import Frontier, seed
+from crawler.reset import reset_site
+from crawler.scheduler import Scheduler
+from crawler.store import OK, FetchRecord, Item, Store, utcnow
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name in ("REDIS_URL", "DATABASE_URL") or name.startswith("CRAWLER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def base(redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path) -> list[str]:
+    (tmp_path / "sites").mkdir(exist_ok=True)
+    return ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(tmp_path / "sites")]
+
+
+def invoke(base: list[str], *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, [*base, *args], input=input)
+
+
+def progress_of(connection: Redis, site: str) -> dict[str, int]:
+    return {
+        "seen": connection.scard(keys.seen(site)),
+        "stats": connection.exists(keys.stats(site)),
+        "frontier": connection.exists(keys.frontier(site), keys.frontier(site, 50)),
+        "levels": connection.exists(keys.levels(site)),
+        "jobs": connection.llen(f"rq:queue:download:{site}"),
+        "ready": int(connection.zscore(keys.ready(), site) is not None),
+        "waiting": sum(
+            1
+            for m in connection.zrange(keys.delayed(), 0, -1) + connection.zrange(keys.recrawls(), 0, -1)
+            if m.decode().startswith(f"{site}\t")
+        ),
+    }
+
+
+def fill(connection: Redis, site: str) -> None:
+    frontier = Frontier(connection, site, ["127.0.0.1"], 60, 60)
+    seed(frontier, [f"http://127.0.0.1:9/{site}/{i}" for i in range(10)])
+    seed(frontier, [f"http://127.0.0.1:9/{site}/urgent"], priority=50)
+    frontier.refill(4)
+    connection.hset(keys.stats(site), mapping={"fetched": 5, "parsed": 4, "items": 9})
+    scheduler = Scheduler(connection)
+    scheduler.schedule(site, f'["http://127.0.0.1:9/{site}/retry"]', 60)
+    scheduler.schedule_refresh(site, f'["http://127.0.0.1:9/{site}/again"]', 3600, -10)
+
+
+def test_reset_forgets_one_site_s_queue_seen_set_and_counters_and_nothing_else(redis_conn: Redis) -> None:
+    fill(redis_conn, "demo")
+    fill(redis_conn, "other")
+    redis_conn.hset(keys.live_settings("demo"), "interval", "2.5")
+    before = progress_of(redis_conn, "other")
+    assert progress_of(redis_conn, "demo") == before and before["seen"] == 11 and before["jobs"] == 4
+
+    result = reset_site(redis_conn, "demo")
+
+    assert (result.queued, result.seen, result.in_flight) == (12, 11, 0)  # 11 queued + 1 retry waiting
+    assert progress_of(redis_conn, "demo") == dict.fromkeys(before, 0)
+    assert progress_of(redis_conn, "other") == before
+    assert redis_conn.hget(keys.live_settings("demo"), "interval") == b"2.5"  # how the site is crawled stays
+    assert not redis_conn.keys("rq:job:*") or all(  # the dropped jobs' hashes went with them
+        b"demo" not in (redis_conn.hget(k, "description") or b"") for k in redis_conn.keys("rq:job:*")
+    )
+
+
+def test_reset_asks_first_and_keeps_items_and_fetch_records(
+    base: list[str], redis_conn: Redis, sqlite_url: str
+) -> None:
+    fill(redis_conn, "demo")
+    store = Store(sqlite_url)
+    store.upsert_items("demo", [Item("A", "http://127.0.0.1:9/a", {"sku": "A"})])
+    store.record_fetches([FetchRecord("demo", "http://127.0.0.1:9/a", OK, utcnow(), utcnow())])
+    store.close()
+
+    declined = invoke(base, "reset", "demo", input="n\n")
+    assert declined.exit_code == 1 and declined.stderr.splitlines()[-1] == (
+        "Error: demo not reset (give --yes to skip the question)"
+    )
+    assert redis_conn.scard(keys.seen("demo")) == 11
+
+    result = invoke(base, "reset", "demo", input="y\n")
+    assert result.exit_code == 0, result.output
+    assert "Forget demo's queued URLs, its 11 seen URLs and its counters?" in result.stderr
+    assert "demo: forgot 12 queued and 11 seen URLs and the counters (items and fetch records kept)" in result.stderr
+    assert redis_conn.scard(keys.seen("demo")) == 0
+    store = Store(sqlite_url)
+    assert [row["sku"] for row in store.items("demo")] == ["A"] and len(store.fetch_rows("demo")) == 1
+    store.close()
+
+    assert invoke(base, "reset", "demo", "--yes").exit_code == 0
+    assert_one_line_error(invoke(base, "reset", "nosuch", "--yes"), "unknown site 'nosuch'")
+
+
+SUMMARY = re.compile(
+    r"^demo: (\d+) fetched, (\d+) parsed, (\d+) items, (\d+) failed, (\d+) refused "
+    r"in [\d.]+s \(([\d.]+) pages/s\)$",
+    re.MULTILINE,
+)
+
+
+def test_each_run_s_summary_counts_that_run_and_fresh_starts_over(base: list[str], redis_conn: Redis) -> None:
+    with ShopSite(products=8, faults=False) as shop:
+        args = ["crawl", "demo", shop.url + "/", "-n", "1", "--threads", "1"]
+        first = invoke(base, *args)
+        assert first.exit_code == 0, first.output
+        fetched, parsed, items, failed, refused, _ = SUMMARY.search(first.stdout).groups()
+        pages = 1 + 1 + 8  # home, one listing page, 8 products (+ robots.txt, not counted)
+        assert (int(fetched), int(parsed), int(items), int(failed), int(refused)) == (pages, pages, 8, 0, 1)
+
+        again = invoke(base, *args)
+        assert again.exit_code == 0, again.output
+        assert SUMMARY.search(again.stdout).groups()[:5] == ("0", "0", "0", "0", "0")
+        assert SUMMARY.search(again.stdout).group(6) == "0.0"
+        assert (
+            "demo: nothing new to crawl: every URL seeded was seen before (`crawler crawl --fresh` starts over)"
+            in again.stderr
+        )
+        # Nothing fetched twice (robots.txt and the catalogue PDF, skipped as not HTML, are the two more).
+        assert len(shop.requests) == pages + 2, " ".join(e.path for e in shop.requests)
+
+        fresh = invoke(base, *args, "--fresh")
+        assert fresh.exit_code == 0, fresh.output
+        assert "demo: forgot 0 queued and 12 seen URLs and the counters" in fresh.stderr  # the pages, the PDF
+        assert SUMMARY.search(fresh.stdout).groups()[:2] == (str(pages), str(pages))
+        assert redis_conn.hget(keys.stats("demo"), "fetched") == str(pages).encode()  # counted from zero again

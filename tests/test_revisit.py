@@ -1,0 +1,106 @@
+"""Seen URLs that expire (``Spider.revisit_after``): time-bucketed seen sets on the Redis clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from crawling import installed_runtime, run_in_threads
+from redis import Redis
+
+from crawler import keys
+from crawler.demo import ShopSite
+from crawler.demo.spider import DemoShop
+from crawler.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
+from crawler.settings import Settings
+from crawler.spider import Request, SpiderSet
+from crawler.store import Store
+
+URL = "http://example.com/a"
+
+
+def frontier(connection: Redis, revisit_after: float | None, site: str = "shop") -> Frontier:
+    return Frontier(connection, site, ["example.com"], 60, 60, revisit_after=revisit_after)
+
+
+def bucket_keys(connection: Redis, site: str = "shop") -> list[bytes]:
+    return sorted(connection.scan_iter(match=keys.seen(site) + ":*"))
+
+
+def test_a_seen_url_stays_seen_for_revisit_after_then_is_queued_again(redis_conn: Redis) -> None:
+    front = frontier(redis_conn, revisit_after=1.0)
+    assert front.add([Request(URL)]).enqueued == [URL]
+    added = time.monotonic()
+    assert front.add([Request(URL), Request(URL + "#x")]).duplicates == 2
+    time.sleep(max(0.0, added + 0.9 - time.monotonic()))
+    assert front.add([Request(URL)]).duplicates == 1  # still seen just before revisit_after
+    time.sleep(max(0.0, added + 1.0 * (1 + 1 / SEEN_BUCKETS) + 0.05 - time.monotonic()))
+    assert front.add([Request(URL)]).enqueued == [URL]  # seen no more: queued again
+    assert front.add([Request(URL)]).duplicates == 1  # and seen again from now
+    assert not redis_conn.exists(keys.seen("shop"))  # nothing in the plain set
+
+
+def test_buckets_expire_once_no_lookup_can_reach_them(redis_conn: Redis) -> None:
+    front = frontier(redis_conn, revisit_after=2.0)
+    front.add([Request(f"{URL}/{i}") for i in range(10)])
+    (bucket,) = bucket_keys(redis_conn)
+    width_ms = 2000 / SEEN_BUCKETS
+    assert redis_conn.scard(bucket) == 10
+    # Looked up until the end of the bucket SEEN_BUCKETS after it, plus a second.
+    assert 2000 + 1000 < redis_conn.pttl(bucket) <= 2000 + width_ms + 1000
+    front.forget(f"{URL}/3")
+    assert redis_conn.scard(bucket) == 9 and front.add([Request(f"{URL}/3")]).enqueued
+
+
+@pytest.mark.parametrize("value", [0, -5])
+def test_revisit_after_must_be_positive(redis_conn: Redis, value: float) -> None:
+    with pytest.raises(ValueError, match="revisit_after"):
+        frontier(redis_conn, revisit_after=value)
+
+
+def test_a_seen_url_costs_no_more_memory_in_buckets_than_in_the_plain_set(redis_conn: Redis) -> None:
+    urls = [f"{URL}/{i:08d}" for i in range(20_000)]
+    frontier(redis_conn, None, "plain").add([Request(u) for u in urls])
+    frontier(redis_conn, 3600, "bucketed").add([Request(u) for u in urls])
+    plain = redis_conn.memory_usage(keys.seen("plain"), samples=0)
+    buckets = sum(redis_conn.memory_usage(k, samples=0) for k in bucket_keys(redis_conn, "bucketed"))
+    assert sum(redis_conn.scard(k) for k in bucket_keys(redis_conn, "bucketed")) == len(urls)
+    assert buckets <= plain * 1.02, f"{buckets / len(urls):.1f} B per URL in buckets, {plain / len(urls):.1f} plain"
+    zset_key = "zset-for-contrast"  # what a sorted set of fingerprint -> time would cost
+    for start in range(0, len(urls), 5000):
+        redis_conn.zadd(zset_key, {fingerprint(u): time.time() for u in urls[start : start + 5000]})
+    assert redis_conn.memory_usage(zset_key, samples=0) > plain * 1.3
+
+
+class RevisitedShop(DemoShop):
+    """The demo spider, its seen URLs kept 2 s, without robots.txt."""
+
+    obey_robots = False
+    revisit_after = 2.0
+
+
+def test_a_periodic_recrawl_finds_new_and_changed_pages_without_a_reset(redis_conn: Redis, settings: Settings) -> None:
+    spiders = SpiderSet({"demo": RevisitedShop}, [])
+    with (
+        ShopSite(products=5, per_page=10, faults=False) as shop,
+        installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
+    ):
+        seed(rt.frontier("demo"), [shop.url + "/"])
+        run_in_threads(redis_conn)
+        crawled = time.monotonic()  # every URL of the first crawl was seen by now
+        assert seed(rt.frontier("demo"), [shop.url + "/"]).duplicates == 1  # seen: a re-seed does nothing yet
+        shop.reprice(2, "1.23")
+        shop.products = 6  # a new product appears on the listing
+        time.sleep(max(0.0, crawled + RevisitedShop.revisit_after * (1 + 1 / SEEN_BUCKETS) + 0.1 - time.monotonic()))
+        assert seed(rt.frontier("demo"), [shop.url + "/"]).enqueued == [shop.url + "/"]
+        run_in_threads(redis_conn)
+        store = Store(settings.database_url)
+        try:
+            items = {row["key"]: row["data"] for row in store.item_rows("demo")}
+        finally:
+            store.close()
+
+    for i in range(1, 6):
+        assert len(shop.requests_for(f"/product/{i}")) == 2, f"product {i} was not fetched again"
+    assert len(shop.requests_for("/product/6")) == 1
+    assert items["SKU-00002"]["price"] == 1.23 and "SKU-00006" in items

@@ -1,0 +1,251 @@
+"""robots.txt per RFC 9309, against a real loopback server and a real Redis.
+
+Each test pins one rule of ``crawler.robots``: what a 2xx, 3xx, 4xx, 5xx or no answer
+means, how much is read, how an outage is shared, retried and, after 30 days, outlived.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from crawler import keys
+from crawler.errors import RobotsUnavailable
+from crawler.fetch import Fetcher
+from crawler.gate import Gate
+from crawler.robots import (
+    ROBOTS_MAX_BYTES,
+    ROBOTS_MAX_REDIRECTS,
+    ROBOTS_OUTAGE_GRACE,
+    ROBOTS_RETRY_FIRST,
+    Outage,
+    RobotsCache,
+    _unfollowable,
+)
+from crawler.runtime import Runtime
+
+SITE = "demo"
+AGENT = "test-agent"
+RULES = b"User-agent: *\nDisallow: /private/\n"
+
+
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that stopped reading on purpose
+            super().handle_error(request, client_address)
+
+
+class RobotsServer:
+    """A loopback server answering each path with what ``answers`` says; logs the paths asked for."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, tuple[int, bytes, dict[str, str]]] = {}
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                owner.paths.append(self.path)
+                status, body, headers = owner.answers.get(self.path, (404, b"", {}))
+                self.send_response(status)
+                for name, value in {"Content-Type": "text/plain", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def answer(self, path: str, status: int, body: bytes = b"", **headers: str) -> None:
+        self.answers[path] = (status, body, {name.replace("_", "-"): value for name, value in headers.items()})
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def site() -> Iterator[RobotsServer]:
+    server = RobotsServer()
+    yield server
+    server.close()
+
+
+class Turns:
+    """``take_turn`` for the robots cache: the site's real gate, counted."""
+
+    def __init__(self, runtime: Runtime):
+        self.runtime = runtime
+        self.count = 0
+
+    def __call__(self) -> Gate:
+        self.count += 1
+        return self.runtime.take_gate(SITE)
+
+
+def allowed(robots: RobotsCache, runtime: Runtime, url: str, turns: Turns | None = None) -> bool:
+    return robots.allowed(SITE, url, AGENT, turns or Turns(runtime))
+
+
+def fresh_cache(runtime: Runtime, max_body_bytes: int = 10 * 1024 * 1024) -> RobotsCache:
+    """A robots cache as another worker process has it: same Redis, nothing parsed yet."""
+    return RobotsCache(runtime.connection, Fetcher(timeout=2.0, max_body_bytes=max_body_bytes, user_agent=AGENT))
+
+
+def test_robots_txt_larger_than_the_body_cap_is_read_up_to_500_kib_and_obeyed(
+    runtime: Runtime, site: RobotsServer
+) -> None:
+    padding = b"# " + b"x" * 1000 + b"\n"
+    body = RULES + padding * (ROBOTS_MAX_BYTES // len(padding) + 1) + b"Disallow: /late/\n" + padding * 100
+    assert len(body) > ROBOTS_MAX_BYTES
+    site.answer("/robots.txt", 200, body)
+    robots = fresh_cache(runtime, max_body_bytes=64 * 1024)  # far less than robots.txt: it is cut, not refused
+
+    assert not allowed(robots, runtime, f"{site.origin}/private/page")
+    assert allowed(robots, runtime, f"{site.origin}/public")
+    assert allowed(robots, runtime, f"{site.origin}/late/page")  # its rule lies past the first 500 KiB
+    assert len(runtime.connection.get(keys.robots(SITE, site.origin))) == ROBOTS_MAX_BYTES
+
+
+@pytest.mark.parametrize("status", [401, 403, 404, 410])
+def test_4xx_means_no_rules(runtime: Runtime, site: RobotsServer, status: int) -> None:
+    site.answer("/robots.txt", status, b"User-agent: *\nDisallow: /\n")  # a 4xx body is not rules
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/page")
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/other")  # cached: asked once
+    assert site.paths == ["/robots.txt"]
+    assert runtime.connection.ttl(keys.robots(SITE, site.origin)) > 23 * 3600
+
+
+@pytest.mark.parametrize("answer", [500, 503, 429, "refused"])
+def test_5xx_429_or_no_answer_disallows_the_origin_until_robots_txt_can_be_read(
+    runtime: Runtime, site: RobotsServer, answer: int | str
+) -> None:
+    if answer == "refused":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            origin = f"http://127.0.0.1:{probe.getsockname()[1]}"  # nothing listens there once closed
+    else:
+        origin = site.origin
+        site.answer("/robots.txt", int(answer), b"User-agent: *\nAllow: /\n", Retry_After="1")
+    connection = runtime.connection
+
+    with pytest.raises(RobotsUnavailable) as first:
+        allowed(fresh_cache(runtime), runtime, f"{origin}/page")
+    assert ROBOTS_RETRY_FIRST - 2 < first.value.retry_after <= ROBOTS_RETRY_FIRST
+    # Another worker does not ask again: the outage is in Redis, with its wait.
+    with pytest.raises(RobotsUnavailable):
+        allowed(fresh_cache(runtime), runtime, f"{origin}/other")
+    assert len(site.paths) == (0 if answer == "refused" else 1)
+    outage = Outage.load(connection, SITE, origin)
+    assert outage is not None and outage.failures == 1
+
+    # Its wait over, robots.txt is asked again; failing again doubles the wait.
+    connection.hset(keys.robots_outage(SITE, origin), "retry_at", time.time() - 1)
+    with pytest.raises(RobotsUnavailable) as second:
+        allowed(fresh_cache(runtime), runtime, f"{origin}/page")
+    assert 2 * ROBOTS_RETRY_FIRST - 2 < second.value.retry_after <= 2 * ROBOTS_RETRY_FIRST
+    again = Outage.load(connection, SITE, origin)
+    assert again is not None and (again.failures, again.since) == (2, outage.since)
+
+
+def test_robots_txt_read_again_ends_the_outage_and_its_rules_apply(runtime: Runtime, site: RobotsServer) -> None:
+    site.answer("/robots.txt", 503)
+    with pytest.raises(RobotsUnavailable):
+        allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")
+    site.answer("/robots.txt", 200, RULES)
+    runtime.connection.hset(keys.robots_outage(SITE, site.origin), "retry_at", time.time() - 1)
+
+    robots = fresh_cache(runtime)
+    assert allowed(robots, runtime, f"{site.origin}/page")
+    assert not allowed(robots, runtime, f"{site.origin}/private/x")
+    assert runtime.connection.exists(keys.robots_outage(SITE, site.origin)) == 0
+    assert runtime.connection.get(keys.robots_copy(SITE, site.origin)) == RULES
+    assert runtime.connection.ttl(keys.robots_copy(SITE, site.origin)) > 59 * 24 * 3600
+
+
+def start_long_outage(connection: Redis, origin: str) -> None:
+    """An outage that began 31 days ago and whose wait is over."""
+    now = time.time()
+    Outage(now - ROBOTS_OUTAGE_GRACE - 24 * 3600, 40, now - 1, "HTTP 503").save(connection, SITE, origin)
+
+
+def test_after_30_days_of_outage_the_last_copy_read_is_used(runtime: Runtime, site: RobotsServer) -> None:
+    site.answer("/robots.txt", 200, RULES)
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")
+    runtime.connection.delete(keys.robots(SITE, site.origin))  # the 24 h copy expired; the last copy is kept
+    site.answer("/robots.txt", 503)
+    start_long_outage(runtime.connection, site.origin)
+
+    robots = fresh_cache(runtime)
+    assert not allowed(robots, runtime, f"{site.origin}/private/x")
+    assert allowed(robots, runtime, f"{site.origin}/page")
+    assert site.paths == ["/robots.txt", "/robots.txt"]  # still asked for, and the outage goes on
+    outage = Outage.load(runtime.connection, SITE, site.origin)
+    assert outage is not None and outage.failures == 41
+
+
+def test_after_30_days_of_outage_with_no_copy_everything_is_allowed(runtime: Runtime, site: RobotsServer) -> None:
+    site.answer("/robots.txt", 503)
+    start_long_outage(runtime.connection, site.origin)
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/x")
+
+
+def redirect_chain(site: RobotsServer, hops: int) -> None:
+    """/robots.txt → /hop/1 → … → /hop/HOPS, which has the rules."""
+    names = ["/robots.txt"] + [f"/hop/{n}" for n in range(1, hops + 1)]
+    for source, target in zip(names, names[1:], strict=False):
+        site.answer(source, 301, Location=target)
+    site.answer(names[-1], 200, RULES)
+
+
+def test_robots_txt_redirects_are_followed_up_to_five_hops_each_through_the_gate(
+    runtime: Runtime, site: RobotsServer
+) -> None:
+    redirect_chain(site, ROBOTS_MAX_REDIRECTS)
+    turns = Turns(runtime)
+    assert not allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/x", turns)
+    assert site.paths == ["/robots.txt"] + [f"/hop/{n}" for n in range(1, ROBOTS_MAX_REDIRECTS + 1)]
+    assert turns.count == ROBOTS_MAX_REDIRECTS + 1
+    # The rules found are the first origin's.
+    assert runtime.connection.get(keys.robots(SITE, site.origin)) == RULES
+
+
+def test_robots_txt_more_than_five_redirects_away_counts_as_no_rules(runtime: Runtime, site: RobotsServer) -> None:
+    redirect_chain(site, ROBOTS_MAX_REDIRECTS + 1)
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/x")
+    assert f"/hop/{ROBOTS_MAX_REDIRECTS + 1}" not in site.paths
+
+
+def test_robots_txt_redirects_off_http_or_from_a_public_host_inward_are_not_followed() -> None:
+    public = "http://93.184.216.34/robots.txt"
+    assert _unfollowable(public, "ftp://93.184.216.34/robots.txt", False) is not None
+    assert _unfollowable(public, "http://127.0.0.1/robots.txt", False) is not None
+    assert _unfollowable(public, "http://[::1]/robots.txt", False) is not None
+    assert _unfollowable(public, "http://localhost/robots.txt", False) is not None
+    assert _unfollowable(public, "http://127.0.0.1/robots.txt", True) is None  # the spider allows it
+    assert _unfollowable(public, "https://93.184.216.35/robots.txt", False) is None
+    assert _unfollowable("http://127.0.0.1:8000/robots.txt", "http://127.0.0.1:8001/robots.txt", False) is None
+
+
+def test_a_retry_after_longer_than_the_backoff_is_honoured(runtime: Runtime, site: RobotsServer) -> None:
+    site.answer("/robots.txt", 503, Retry_After="600")
+    with pytest.raises(RobotsUnavailable) as caught:
+        allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")
+    assert 598 < caught.value.retry_after <= 600

@@ -1,0 +1,272 @@
+"""Seeding from a file or stdin: every good URL queued once, bad lines counted, Redis work in bounded chunks."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from crawling import assert_one_line_error
+from redis import Redis
+from w3lib.url import canonicalize_url
+
+from crawler import keys
+from crawler.cli import cli
+from crawler.errors import RefusedURL
+from crawler.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
+from crawler.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
+
+COUNT = 20_000
+DUPLICATES = 500
+BAD = ["ftp://127.0.0.1/file", "http://elsewhere.example/p", "not a url", "http://"]
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name in ("REDIS_URL", "DATABASE_URL") or name.startswith("CRAWLER_"):
+            monkeypatch.delenv(name)
+
+
+def url_file_lines() -> tuple[list[bytes], set[str]]:
+    """Lines of a seed file for the demo site and the canonical URLs it should queue.
+
+    COUNT good URLs (half with a query, spelt unsorted), DUPLICATES of them again in
+    another spelling, the BAD lines, a non-UTF-8 line, comments and blank lines, shuffled.
+    """
+    rng = random.Random(7)
+    good = [
+        f"http://127.0.0.1:8080/product/{i}?sort=price&page={i % 7}" if i % 2 else f"http://127.0.0.1:8080/product/{i}"
+        for i in range(COUNT)
+    ]
+    expected = {canonicalize(url) for url in good}
+    again = [
+        url.replace("/product/", "/product/./").replace(":8080/", ":8080/x/../") + "#top"
+        for url in rng.sample(good, DUPLICATES)
+    ]
+    lines = [f"  {url}\t".encode() for url in good + again] + [url.encode() for url in BAD]
+    lines += [b"\xff\xfe/bad-bytes", b"# a comment", b"", b"   "]
+    rng.shuffle(lines)
+    return [line + b"\n" for line in lines], expected
+
+
+def queued_urls(connection: Redis, site: str = "demo") -> list[str]:
+    """Every URL waiting for ``site`` (frontier lists of every priority and RQ jobs), repeats kept."""
+    frontier = Frontier(connection, site, ["127.0.0.1"], 60, 60)
+    urls = [task.url for task in frontier.waiting()]
+    assert connection.llen(keys.RQ_QUEUE_PREFIX + keys.download_queue(site)) == 0
+    return urls
+
+
+def commands(connection: Redis) -> dict[str, int]:
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in connection.info("commandstats").items()}
+
+
+def seed_cli(redis_url: str, sqlite_url: str, tmp_path: Path, *args: str, stdin: bytes | None = None) -> Result:
+    (tmp_path / "sites").mkdir(exist_ok=True)
+    base = ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(tmp_path / "sites")]
+    return CliRunner().invoke(cli, [*base, "seed", "demo", *args], input=stdin)
+
+
+def check_seeded(result: Result, connection: Redis, expected: set[str]) -> None:
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"demo: {COUNT:,} enqueued, {DUPLICATES:,} already seen, {len(BAD) + 1} bad lines"
+    warnings = result.stderr.splitlines()
+    assert len(warnings) == len(BAD) + 1 and all(w.startswith("warning: line ") for w in warnings), warnings
+    assert any("not UTF-8" in w for w in warnings) and any("outside the allowed domains" in w for w in warnings)
+    urls = queued_urls(connection)
+    assert len(urls) == COUNT and set(urls) == expected  # each once
+    assert connection.scard(keys.seen("demo")) == COUNT
+    assert connection.llen(keys.frontier("demo", SEED_PRIORITY)) == COUNT
+
+
+def test_a_file_of_20000_urls_queues_each_good_one_once_and_counts_the_rest(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    lines, expected = url_file_lines()
+    path = tmp_path / "urls.txt"
+    path.write_bytes(b"".join(lines))
+    before = commands(redis_conn)
+    result = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path))
+    after = commands(redis_conn)
+    check_seeded(result, redis_conn, expected)
+    # Streamed in chunks: one seen-set script call and one push per chunk, none for the whole file.
+    chunks = -(-(COUNT + DUPLICATES + len(BAD)) // SEED_CHUNK)
+    assert after["evalsha"] - before.get("evalsha", 0) >= chunks - 1
+    assert after["rpush"] - before.get("rpush", 0) >= chunks - 1
+
+
+def test_urls_from_stdin_and_from_a_gzipped_file(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    lines, expected = url_file_lines()
+    check_seeded(seed_cli(redis_url, sqlite_url, tmp_path, "--from", "-", stdin=b"".join(lines)), redis_conn, expected)
+    redis_conn.flushdb()
+    path = tmp_path / "urls.txt.gz"
+    path.write_bytes(gzip.compress(b"".join(lines)))
+    check_seeded(seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path)), redis_conn, expected)
+
+
+def test_seeding_the_same_file_again_queues_nothing_new_unless_forced(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "urls.txt"
+    path.write_text("".join(f"http://127.0.0.1/p/{i}\n" for i in range(3000)))
+    assert (
+        seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path)).stdout.strip()
+        == "demo: 3,000 enqueued, 0 already seen"
+    )
+    again = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path))
+    assert again.exit_code == 0 and again.stdout.strip() == "demo: 0 enqueued, 3,000 already seen"
+    forced = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path), "--force", "--priority", "50")
+    assert forced.stdout.strip() == "demo: 3,000 enqueued, 0 already seen"
+    assert redis_conn.llen(keys.frontier("demo", 50)) == 3000 and len(queued_urls(redis_conn)) == 6000
+
+
+def test_seeded_pages_go_to_the_callback_given(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "urls.txt"
+    path.write_text("http://127.0.0.1/product/1\nhttp://127.0.0.1/product/2\n")
+    result = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path), "--callback", "parse_product")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "demo: 2 enqueued, 0 already seen"
+    tasks = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60).waiting()
+    assert [(t.url, t.callback) for t in tasks] == [
+        ("http://127.0.0.1/product/1", "parse_product"),
+        ("http://127.0.0.1/product/2", "parse_product"),
+    ]
+    assert_one_line_error(
+        seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path), "--callback", "nope"), "has no callback 'nope'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "fragments"),
+    [
+        (b"ftp://127.0.0.1/x\nhttp://elsewhere.example/\n", ("no URL to seed", "2 bad lines", "line 1", "ftp://")),
+        (b"# only a comment\n\n", ("no URL to seed", "the input is empty")),
+    ],
+)
+def test_a_file_without_a_good_url_is_a_one_line_error(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path, content: bytes, fragments: tuple[str, ...]
+) -> None:
+    path = tmp_path / "urls.txt"
+    path.write_bytes(content)
+    assert_one_line_error(seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path)), *fragments)
+    assert queued_urls(redis_conn) == []
+
+
+def test_a_missing_file_or_urls_with_from_are_one_line_errors(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope.txt"
+    assert_one_line_error(
+        seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(missing)), "cannot read", "No such file"
+    )
+    assert_one_line_error(
+        seed_cli(redis_url, sqlite_url, tmp_path, "http://127.0.0.1/", "--from", str(missing)), "not both"
+    )
+    broken = tmp_path / "cut.txt.gz"
+    broken.write_bytes(gzip.compress(b"http://127.0.0.1/a\n" * 5000)[:-20])
+    assert_one_line_error(seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(broken)), "cannot read")
+
+
+def test_a_byte_order_mark_and_windows_line_ends_are_no_bad_lines(redis_conn: Redis) -> None:
+    frontier = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60)
+    report = seed_lines(frontier, [b"\xef\xbb\xbfhttp://127.0.0.1/a\r\n", b"http://127.0.0.1/b\r\n"])
+    assert (report.enqueued, report.bad) == (2, 0)
+
+
+def test_only_the_first_bad_lines_are_kept_but_all_are_counted(redis_conn: Redis) -> None:
+    frontier = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60)
+    lines = [b"http://127.0.0.1/ok\n"] + [f"gopher://x/{i}\n".encode() for i in range(50)]
+    report = seed_lines(frontier, lines, chunk=7)
+    assert (report.enqueued, report.bad, len(report.examples)) == (1, 50, BAD_EXAMPLES)
+    assert report.bad_lines()[0].startswith("line 2: not an http(s) URL")
+    assert report.bad_lines()[-1] == f"... and {50 - BAD_EXAMPLES} more"
+    assert SeedReport(enqueued=1, bad=1).summary("s") == "s: 1 enqueued, 0 already seen, 1 bad line"
+
+
+def test_one_add_of_many_urls_pushes_in_bounded_pieces(redis_conn: Redis) -> None:
+    """The API path (``Frontier.add`` of a big batch) never sends one RPUSH of the whole batch."""
+    from crawler.spider import Request
+
+    frontier = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60)
+    count = 2 * PUSH_CHUNK + 10
+    before = commands(redis_conn)
+    result = frontier.add([Request(f"http://127.0.0.1/x/{i}") for i in range(count)])
+    after = commands(redis_conn)
+    assert len(result.enqueued) == count and redis_conn.llen(keys.frontier("demo")) == count
+    assert after["rpush"] - before.get("rpush", 0) == 3
+    assert [task.url for task in frontier.waiting()] == [f"http://127.0.0.1/x/{i}" for i in range(count)]
+
+
+def test_the_fast_path_for_simple_queries_matches_w3lib() -> None:
+    """``canonicalize`` skips w3lib for simple queries; it must give exactly what w3lib gives."""
+    rng = random.Random(3)
+    alphabet = "ab.~+-_=&?#/%Z9 é"
+    compared = 0
+    for _ in range(20_000):
+        query = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        url = f"http://shop.example/p/{rng.randint(0, 9)}?{query}"
+        try:
+            fast = canonicalize(url)
+        except RefusedURL:
+            continue
+        assert fast == canonicalize_url(url.strip()), url
+        compared += 1
+    assert compared > 19_000
+    assert canonicalize("http://shop.example/p?b=2&a+b=1&a=3&a-b=0") == "http://shop.example/p?a=3&a+b=1&a-b=0&b=2"
+
+
+def test_crawl_from_a_file_seeds_it_and_crawls_to_the_end(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``crawler crawl SITE --from FILE``: the file's product pages, and only them (worker processes)."""
+    import subprocess
+    import sys
+
+    from crawling import items_by_key
+
+    from crawler.demo import ShopSite
+
+    with ShopSite(products=12, faults=False) as shop:
+        path = tmp_path / "products.txt"
+        path.write_text("".join(f"{shop.url}/product/{i}\n" for i in range(1, 13, 2)))
+        (tmp_path / "sites").mkdir(exist_ok=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "from crawler.cli import main; main()",
+                "--redis-url",
+                redis_url,
+                "--database-url",
+                sqlite_url,
+                "--sites",
+                str(tmp_path / "sites"),
+                "crawl",
+                "demo",
+                "--from",
+                str(path),
+                "-n",
+                "1",
+                "--threads",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_") and k != "REDIS_URL"},
+        )
+        paths = sorted(entry.path for entry in shop.requests if entry.path != "/robots.txt")
+    assert done.returncode == 0, done.stderr
+    assert "demo: 6 enqueued, 0 already seen" in done.stdout
+    # Seeded pages go to `parse` (the demo's listing callback, no item): it follows each one's
+    # related product (the next ID) to `parse_product`, whose items are stored.
+    assert {f"/product/{i}" for i in range(1, 13)} <= set(paths)
+    assert set(items_by_key(sqlite_url)) == {f"SKU-{i:05d}" for i in range(2, 13, 2)}
