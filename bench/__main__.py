@@ -26,6 +26,7 @@ from .common import BenchResult, Check, bench_redis, format_table, machine_info,
 BENCHMARKS = (
     "politeness",
     "utilization",
+    "intervals",
     "many_sites",
     "throughput",
     "memory",

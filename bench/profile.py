@@ -45,7 +45,7 @@ WATCHED = (
     ("RQ perform_job (all of a job's life)", "perform_job (rq/worker/base.py"),
     ("ours: perform_job (all of a job's life)", "perform_job (crawler/workers.py"),
     ("  ours: one-step success (_finish)", "_finish (crawler/workers.py"),
-    ("ours: claim (prepare_execution)", "prepare_execution (crawler/workers.py"),
+    ("ours: claim", "claim (crawler/workers.py"),
     ("  RQ prepare_job_execution", "prepare_job_execution (rq/worker/base.py"),
     ("  RQ _finalize_success", "_finalize_success (rq/worker/base.py"),
     ("    RQ handle_job_success", "handle_job_success (rq/worker/base.py"),

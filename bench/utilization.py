@@ -107,6 +107,8 @@ class Outcome:
     ratio_gate: float
     margin: float
     too_close: int
+    #: Mean over sites of achieved rate x interval, the rate taken from first to last arrival.
+    spaced: float = 0.0
 
 
 def window_counts(shops: list[ShopSite], start: float, end: float) -> list[list[float]]:
@@ -114,9 +116,11 @@ def window_counts(shops: list[ShopSite], start: float, end: float) -> list[list[
     return [[e.time for e in shop.requests if start <= e.time < end] for shop in shops]
 
 
-def site_rows(names: list[str], per_site: list[list[float]], window: float) -> list[list[object]]:
+def site_rows(
+    names: list[str], per_site: list[list[float]], window: float, sites: list[tuple[float, float]] = SITES
+) -> list[list[object]]:
     rows: list[list[object]] = []
-    for name, (latency, interval), times in zip(names, SITES, per_site, strict=True):
+    for name, (latency, interval), times in zip(names, sites, per_site, strict=True):
         spacing = gaps(times)
         mean_gap = statistics.fmean(spacing) if spacing else None
         rows.append(
@@ -135,10 +139,17 @@ def site_rows(names: list[str], per_site: list[list[float]], window: float) -> l
     return rows
 
 
-def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float, run_id: str) -> Outcome:
-    """Our workers on four fresh shops for warm-up + window seconds."""
-    names = [f"util{run_id}s{i}_{redis.tag}" for i in range(len(SITES))]
-    shops = [ShopSite(products=PRODUCTS, latency=latency, faults=False).start() for latency, _ in SITES]
+def run_crawler(
+    redis: BenchRedis,
+    config: Config,
+    warmup: float,
+    window: float,
+    run_id: str,
+    sites: list[tuple[float, float]] = SITES,
+) -> Outcome:
+    """Our workers on fresh shops (``sites``: latency, interval) for warm-up + window seconds."""
+    names = [f"util{run_id}s{i}_{redis.tag}" for i in range(len(sites))]
+    shops = [ShopSite(products=PRODUCTS, latency=latency, faults=False).start() for latency, _ in sites]
     try:
         with tempfile.TemporaryDirectory(prefix="bench-util-") as tmp:
             overrides = {} if config.margin is None else {"gate_margin": config.margin}
@@ -146,7 +157,7 @@ def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float,
                 Path(tmp),
                 redis.url,
                 names,
-                {name: interval for name, (_, interval) in zip(names, SITES, strict=True)},
+                {name: interval for name, (_, interval) in zip(names, sites, strict=True)},
                 **overrides,
             )
             rt = Runtime(redis.connection, settings)
@@ -180,15 +191,22 @@ def run_crawler(redis: BenchRedis, config: Config, warmup: float, window: float,
             shop.stop()
         redis.reset()
     total = sum(len(t) for t in per_site) / window
-    rows = site_rows(names, per_site, window)
+    rows = site_rows(names, per_site, window, sites)
     return Outcome(
         rows=rows,
         total=total,
-        ratio=total / sum(1 / interval for _, interval in SITES),
-        ratio_gate=total / sum(1 / (interval + margin) for _, interval in SITES),
+        ratio=total / sum(1 / interval for _, interval in sites),
+        ratio_gate=total / sum(1 / (interval + margin) for _, interval in sites),
         margin=margin,
         too_close=sum(int(r[6]) for r in rows),  # type: ignore[call-overload]
+        spaced=sum(_spaced_rate(times) * interval for times, (_, interval) in zip(per_site, sites, strict=True))
+        / len(sites),
     )
+
+
+def _spaced_rate(times: list[float]) -> float:
+    """Requests per second from the first to the last arrival: free of the window's edge effects."""
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else 0.0
 
 
 def run_naive(redis: BenchRedis, workers: int, warmup: float, window: float, margin: float) -> tuple[float, float]:

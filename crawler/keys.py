@@ -1,16 +1,14 @@
 """Every Redis key and RQ queue name the crawler writes, built in one place.
 
-RQ adds its own ``rq:`` keys for the queues named here (``rq:queue:download:SITE``
-and the job hashes and registries); everything else lives under ``crawler:``. The Lua
+RQ adds its own keys for the queues named here (``rq:queue:download:SITE`` and the job
+hashes and registries, under ``RQ_KEY_PREFIX``), always read from RQ's own classes,
+never spelled here; everything else lives under ``crawler:``. The Lua
 scripts in ``scheduler`` build the same names from ``PREFIX``; keep them in step.
 """
 
 from __future__ import annotations
 
 PREFIX = "crawler:"
-
-#: Prefix RQ puts before a queue's name to make its list key.
-RQ_QUEUE_PREFIX = "rq:queue:"
 
 #: The consumer group of parse workers on the pages stream (``pages()``).
 PARSERS = "parsers"

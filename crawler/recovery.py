@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from redis import Redis
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
+from rq.executions import Execution
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -89,7 +90,7 @@ def prune_dead_executions(connection: Redis, job: Job) -> int:
     ids = registry.get_execution_ids()
     with connection.pipeline(transaction=False) as pipe:
         for execution_id in ids:
-            pipe.exists(f"rq:execution:{job.id}:{execution_id}")
+            pipe.exists(Execution(execution_id, job.id, connection).key)
         alive = pipe.execute()
     dead = [execution_id for execution_id, exists in zip(ids, alive, strict=True) if not exists]
     if dead:
@@ -112,7 +113,7 @@ def promote_scheduled(connection: Redis, queue: Queue) -> int:
     with connection.pipeline() as pipe:
         for job_id, job in zip(job_ids, jobs, strict=True):
             if job is not None:
-                queue._enqueue_job(job, pipeline=pipe)
+                queue.enqueue_job(job, pipeline=pipe)
             registry.remove(job_id, pipeline=pipe)
         pipe.execute()
     return len(job_ids)

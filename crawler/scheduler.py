@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from rq import Queue
+from rq.job import Job
 
 from . import keys
 from .replies import text
@@ -50,10 +52,13 @@ MAX_TRIES = 32
 # KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
 # ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
 # ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = refill when fewer jobs are left,
-# ARGV[5] = tries, ARGV[6] = key of the set of sites served ('' = all sites).
+# ARGV[5] = tries, ARGV[6] = key of the set of sites served ('' = all sites),
+# ARGV[7] = what follows the site in its RQ queue key (''), ARGV[8] = in its started registry's (''),
+# ARGV[9] = in its intermediate list's (":intermediate"), ARGV[10] = what precedes the site there
+# ("rq:queue:download:"): RQ's key names, read from RQ (``rq_keys``).
 # Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
 NEXT_JOB = """
-local p, qp, wp = ARGV[1], ARGV[2], ARGV[3]
+local p, qp, wp, qs, ws, is, ip = ARGV[1], ARGV[2], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 local REFILL_BELOW, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
 local ready = p .. 'ready'
 local t = redis.call('TIME')
@@ -90,7 +95,8 @@ for _ = 1, tries do
     local margin = tonumber(conf[6]) or 0
     local interval = math.max(tonumber(conf[1]) or 1000, (tonumber(conf[4]) or 0) + margin,
                               (tonumber(conf[5]) or 0) + margin)
-    local queue = qp .. 'download:' .. site
+    local queue = qp .. site .. qs
+    local intermediate = ip .. site .. is
     local queued = redis.call('LLEN', queue)
     local compact = redis.call('ZCARD', p .. 'levels:' .. site)
     if conf[2] == '1' then
@@ -103,7 +109,7 @@ for _ = 1, tries do
         local cap = tonumber(conf[3])
         local busy = 0
         if cap then
-            busy = redis.call('ZCARD', wp .. 'download:' .. site) + redis.call('LLEN', queue .. ':intermediate')
+            busy = redis.call('ZCARD', wp .. site .. ws) + redis.call('LLEN', intermediate)
         end
         -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
         local gate_ttl = redis.call('PTTL', conf[7] or (p .. 'gate:' .. site))
@@ -114,7 +120,7 @@ for _ = 1, tries do
             -- one interval from now, the soonest a rearm could let it open.
             redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
         else
-            local job = redis.call('LMOVE', queue, queue .. ':intermediate', 'LEFT', 'RIGHT')
+            local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
             redis.call('ZREM', p .. 'queued:' .. site, job)
             redis.call('ZADD', ready, now + interval, site)
             local refill = 0
@@ -186,7 +192,7 @@ return 1
 """
 
 # ARGV[1] = crawler key prefix, ARGV[2] = RQ queue key, ARGV[3] = site, ARGV[4] = job id,
-# ARGV[5] = the job's priority, ARGV[6] = its frontier entry, ARGV[7] = RQ job key prefix.
+# ARGV[5] = the job's priority, ARGV[6] = its frontier entry, ARGV[7] = the job's RQ key.
 # Hands a queued (not yet taken) job back to the front of its frontier list. Returns 1 if
 # it did, 0 if a worker had already taken the job.
 EVICT = (
@@ -197,7 +203,7 @@ redis.call('ZREM', p .. 'queued:' .. site, job)
 if redis.call('LREM', queue, 1, job) == 0 then return 0 end
 redis.call('LPUSH', level_key(p, site, priority), ARGV[6])
 redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
-redis.call('DEL', ARGV[7] .. job)
+redis.call('DEL', ARGV[7])
 return 1
 """
 )
@@ -253,6 +259,19 @@ local score = redis.call('ZSCORE', p .. 'ready', site)
 if score and tonumber(score) < now + ms then redis.call('ZADD', p .. 'ready', now + ms, site) end
 return 1
 """
+
+
+def rq_keys(connection: Redis) -> tuple[tuple[str, str], tuple[str, str], tuple[str, str]]:
+    """What comes before and after a site's name in the keys of its RQ queue, started registry
+    and intermediate list, as RQ itself names them (``RQ_KEY_PREFIX`` included), for NEXT_JOB."""
+    marker = "\x00site\x00"
+    queue = Queue(keys.download_queue(marker), connection=connection)
+    found = [queue.key, queue.started_job_registry.key, queue.intermediate_queue_key]
+    parts = [key.partition(marker) for key in found]
+    if any(not sep for _, sep, _ in parts):  # RQ names these keys otherwise: the scheduler cannot serve
+        raise RuntimeError(f"unexpected RQ key names: {found!r}")
+    (qp, _, qs), (wp, _, ws), (ip, _, is_) = parts
+    return (qp, qs), (wp, ws), (ip, is_)
 
 
 def encode_entry(
@@ -341,10 +360,15 @@ class Scheduler:
         self._close = connection.register_script(CLOSE_GATE)
         self._evict = connection.register_script(EVICT)
         self._forget_empty = connection.register_script(FORGET_EMPTY_LEVELS)
+        self._rq_keys = rq_keys(connection)
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        args: list[str | int] = [keys.PREFIX, keys.RQ_QUEUE_PREFIX, "rq:wip:", REFILL_BELOW, MAX_TRIES, self.group]
+        queue, registry, intermediate = self._rq_keys
+        args: list[str | int] = [
+            keys.PREFIX, queue[0], registry[0], REFILL_BELOW, MAX_TRIES, self.group,
+            queue[1], registry[1], intermediate[1], intermediate[0],
+        ]  # fmt: skip
         reply = self._next(args=args)
         code = int(reply[0])
         if code == 1:
@@ -374,7 +398,7 @@ class Scheduler:
 
     def evict(self, site: str, queue_key: str, job_id: str, priority: int, entry: str) -> bool:
         """Hand a queued job of ``site`` back to its frontier list; False if it was taken."""
-        return bool(self._evict(args=[keys.PREFIX, queue_key, site, job_id, priority, entry, "rq:job:"]))
+        return bool(self._evict(args=[keys.PREFIX, queue_key, site, job_id, priority, entry, Job.key_for(job_id)]))
 
     def forget_empty_levels(self, site: str, priorities: Sequence[int]) -> None:
         """Drop the priorities of ``site`` whose frontier list is empty from its levels set."""

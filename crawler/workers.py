@@ -16,21 +16,23 @@ when one queue is momentarily empty.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
 from redis import Redis
 from rq import Queue, SimpleWorker
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import NoSuchJobError, StopRequested
 from rq.executions import Execution
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.suspension import WORKERS_SUSPENDED
+from rq.suspension import is_suspended
 from rq.timeouts import JobTimeoutException, TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
@@ -51,6 +53,8 @@ PROMOTE_EVERY = 0.2
 WORKER_BEAT_EVERY = 5.0
 #: Seconds between two idle looks for sites with work missing from the ready set.
 REPAIR_EVERY = 1.0
+#: Seconds between two looks for ``rq suspend``.
+SUSPENSION_CHECK_EVERY = 1.0
 #: Seconds between two looks for fetch records waiting for the database.
 FLUSH_EVERY = 2.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
@@ -224,7 +228,13 @@ class LeaseKeeper:
 
 
 class CrawlWorker(SimpleWorker):
-    """Shared behaviour: JSON jobs, thread-safe timeouts, drain-aware burst, stop event."""
+    """Shared behaviour: JSON jobs, thread-safe timeouts, drain-aware burst, stop event.
+
+    RQ is used through its public interface only: its work loop is rebuilt here from
+    RQ's public pieces (``bootstrap``, ``execute_job``, ``heartbeat``, ``teardown``), so
+    that a worker may run in any thread and stops on its ``stop_event``; no private
+    method is overridden and no private attribute read.
+    """
 
     death_penalty_class = WatchdogDeathPenalty  # SIGALRM works only in a process's main thread
 
@@ -243,33 +253,91 @@ class CrawlWorker(SimpleWorker):
         self._last_promote = 0.0
         self._last_reap = 0.0
         self._last_flush = 0.0
+        self._last_suspension_check = 0.0
+        self._stop_requests = 0
         self._redis_wait = 0.0
         self._lease = LeaseKeeper(self.maintain_heartbeats, self.name)
-        self._claimed: str | None = None  # id of the job claimed by ``prepare_execution``
 
-    def work(self, burst: bool = False, **kwargs: Any) -> bool:  # type: ignore[override]
+    def work(self, burst: bool = False, logging_level: str | None = None, **kwargs: Any) -> bool:  # type: ignore[override]
+        """Run jobs until stopped, or (``burst``) until the crawl is drained; whether any job ran.
+
+        RQ's loop, in this worker's terms: registered with RQ (``rq info`` lists it) and
+        subscribed to RQ's command channel (``rq`` can stop it), suspension honoured,
+        SIGTERM/SIGINT (main thread only) stop it after its job, a second one at once.
+        """
         self._burst = burst
-        kwargs.setdefault("logging_level", logging.getLevelName(logging.getLogger("rq").getEffectiveLevel()))
+        level = logging_level or logging.getLevelName(logging.getLogger("rq").getEffectiveLevel())
+        self.bootstrap(level)
+        previous = self._install_stop_handlers()
+        worked = 0
         try:
-            return super().work(burst=burst, **kwargs)
+            while not self.stop_event.is_set():
+                try:
+                    if self.suspended(burst):
+                        break
+                    result = self.dequeue_job_and_maintain_ttl(None)
+                    if result is None:
+                        break
+                    self.execute_job(*result)
+                    self.heartbeat()
+                    worked += 1
+                except StopRequested:
+                    break
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self.stop_event.wait(self._redis_down(exc))
         finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
             self._lease.close()
+            try:
+                self.teardown()
+            except redis.RedisError:
+                pass  # its key expires on its own
+        self.log.info("Worker %s: done (%d jobs)", self.name, worked)
+        return bool(worked)
 
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            super()._install_signal_handlers()
+    def _install_stop_handlers(self) -> dict[int, Any]:
+        """SIGTERM and SIGINT call ``request_stop`` (main thread only); the handlers replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self.request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
 
     def request_stop(self, signum: Any, frame: Any) -> None:
+        """Stop after the job in hand (a signal, or RQ's shutdown command); a second signal stops at once."""
+        if self._stop_requests and signum is not None:
+            self.log.warning("Worker %s: stopping now (a job cut short is handed back by the reaper)", self.name)
+            raise SystemExit(1)
+        self._stop_requests += 1
+        self.log.warning("Worker %s: stopping after the current job", self.name)
         self.stop_event.set()
-        super().request_stop(signum, frame)
 
-    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
-        # Jobs are always taken from one queue at a time (LMOVE into its intermediate
-        # list), so they must always leave that list; RQ only does it for 1-queue workers.
-        super().prepare_job_execution(job, remove_from_intermediate_queue=True)
+    def suspended(self, burst: bool) -> bool:
+        """Wait while RQ's workers are suspended (``rq suspend``); True if the worker should end instead.
+
+        Looked at once a second, not once a job: one EXISTS. A burst worker ends when
+        suspended, as RQ's do.
+        """
+        now = time.monotonic()
+        if now - self._last_suspension_check < SUSPENSION_CHECK_EVERY:
+            return False
+        self._last_suspension_check = now
+        announced = False
+        while is_suspended(self.connection):
+            if burst:
+                self.log.info("Worker %s: suspended in burst mode, exiting", self.name)
+                return True
+            if not announced:
+                self.log.info("Worker %s: suspended, run `rq resume` to resume", self.name)
+                self.set_state(WorkerStatus.SUSPENDED)
+                announced = True
+            if self.stop_event.wait(1.0):
+                return True
+        if announced:
+            self.set_state(WorkerStatus.IDLE)
+        return False
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        while not self.stop_event.is_set() and not self._stop_requested:
+        while not self.stop_event.is_set():
             try:
                 found, wait = self._dequeue_step()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -314,10 +382,10 @@ class CrawlWorker(SimpleWorker):
             self._redis_wait = 0.0
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """Run the job in this thread while the lease keeper renews its claim."""
+        """Claim the job, then run it in this thread while the lease keeper renews the claim."""
         try:
             prune_dead_executions(self.connection, job)
-            execution = self.prepare_execution(job)
+            execution = self.claim(job, queue)
             self._lease.hold(job, execution)
             try:
                 self.perform_job(job, queue, execution)
@@ -329,14 +397,14 @@ class CrawlWorker(SimpleWorker):
             # The job's claim expires and the reaper hands it back once Redis answers.
             self._redis_down(exc)
 
-    def prepare_execution(self, job: Job) -> Execution:
-        """Claim ``job`` in one transaction: RQ's two pipelines before a job, merged.
+    def claim(self, job: Job, queue: Queue) -> Execution:
+        """Claim ``job`` in one transaction: what RQ writes before a job, in one round trip.
 
-        The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``: the
-        execution and its lease in the started registry, the worker busy and its
-        heartbeat, the job started (status, worker, times) and out of the intermediate
-        list; one round trip instead of two, and atomic (a job is never out of the
-        intermediate list without a lease).
+        The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``, made
+        with RQ's public methods: the execution and its lease in the started registry,
+        the worker busy and its heartbeat, the job started (status, worker, times) and out
+        of the queue's intermediate list; atomic, so a job is never out of the
+        intermediate list without a lease.
         """
         ttl = self.get_heartbeat_ttl(job)
         with self.connection.pipeline() as pipe:
@@ -346,33 +414,41 @@ class CrawlWorker(SimpleWorker):
             self.heartbeat(ttl, pipeline=pipe)
             job.prepare_for_execution(self.name, pipeline=pipe)
             pipe.persist(job.key)
-            pipe.lrem(Queue.redis_queue_namespace_prefix + job.origin + ":intermediate", 1, job.id)
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
             pipe.execute()
-        self._claimed = job.id
         return execution
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
-        """Run a job claimed by ``prepare_execution``; RQ's handling of outcomes, plain successes in one step.
+        """Run a job claimed by ``claim``; a success finished in one step, a failure through RQ.
 
-        A job RQ has more to do for on success (a result to keep, a callback, a repeat, a
-        rate limit, a group, webhooks, a returned ``Retry``) goes through RQ's own success
-        handling; failures always do.
+        Crawler jobs return nothing and name no callback, webhook, dependency, group or
+        repeat (``vetting`` refuses those), so a success only has to be counted and the job
+        deleted (``_finish``); a rate-limited job goes through RQ's ``handle_job_success``.
+        A failure goes through RQ's ``handle_exception`` and ``handle_job_failure``
+        (retries, the failed registry).
         """
-        if self._claimed != job.id:
-            return super().perform_job(job, queue, execution)
-        self._claimed = None
         try:
             job.started_at = now()
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
-                return_value = job.perform()
-            if return_value is None and _plain(job):
-                self._finish(job, execution)
-            else:
-                self._finalize_success(job, queue, execution, return_value)
+                job.perform()
         except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
-            self._finalize_failure(job, queue, execution, sys.exc_info())
+            exc_info = sys.exc_info()
+            job.ended_at = now()
+            self.handle_exception(job, *exc_info)
+            self.handle_job_failure(
+                job,
+                queue,
+                started_job_registry=queue.started_job_registry,
+                exc_string="".join(traceback.format_exception(*exc_info)),
+                execution=execution,
+            )
             return False
+        if job.has_rate_limit:
+            job.ended_at = now()
+            self.handle_job_success(job, queue, queue.started_job_registry, execution)
+        else:
+            self._finish(job, execution)
         return True
 
     def _finish(self, job: Job, execution: Execution) -> None:
@@ -380,11 +456,10 @@ class CrawlWorker(SimpleWorker):
 
         The same end state: the worker's counters and state, the job's execution and its
         lease gone, the job deleted (``result_ttl`` 0) with its result, dependency and
-        execution keys. Crawler jobs have no dependents (nothing is enqueued with
-        ``depends_on``), so RQ's watch of the dependents set is left out.
+        execution keys. Crawler jobs have no dependents (``vetting``), so RQ's watch of the
+        dependents set is left out.
         """
         job.ended_at = now()
-        job._status = JobStatus.FINISHED
         assert job.started_at is not None  # set by perform_job
         with self.connection.pipeline() as pipe:
             self.increment_successful_job_count(pipeline=pipe)
@@ -413,15 +488,6 @@ class CrawlWorker(SimpleWorker):
         except (redis.ConnectionError, redis.TimeoutError):
             if pipeline is not None:
                 raise
-
-    def check_for_suspension(self, burst: bool) -> None:
-        # RQ looks on every loop with a pipeline that also beats (3 more commands in a
-        # transaction); the plain beat is throttled above, so one EXISTS is the check.
-        try:
-            if self.connection.exists(WORKERS_SUSPENDED):
-                super().check_for_suspension(burst)
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # reported by the dequeue loop
 
     def when_idle(self) -> None:
         """Housekeeping done only when there is no work (subclasses add theirs)."""
@@ -457,18 +523,6 @@ class CrawlWorker(SimpleWorker):
             job.redis_server_version = self.get_redis_server_version()
             self.log.debug("Worker %s: %s: %s", self.name, queue.name, job.id)
         return result
-
-
-def _plain(job: Job) -> bool:
-    """Whether RQ has nothing to do for ``job``'s success beyond deleting it (see ``_finish``)."""
-    return (
-        job.result_ttl == 0
-        and job.repeats_left is None
-        and not job.has_rate_limit
-        and not job.group_id
-        and job._success_callback_name is None
-        and not job.webhooks
-    )
 
 
 class DownloadWorker(CrawlWorker):
@@ -558,10 +612,10 @@ class DownloadWorker(CrawlWorker):
             self._warned.add(step.site)
             log.warning("no spider for site %r here: leaving its work to other workers", step.site)
         if step.job_id is not None:
-            queue_key = keys.RQ_QUEUE_PREFIX + keys.download_queue(step.site)
+            queue = Queue(keys.download_queue(step.site), connection=self.connection)
             with self.connection.pipeline(transaction=True) as pipe:
-                pipe.lrem(queue_key + ":intermediate", 1, step.job_id)
-                pipe.lpush(queue_key, step.job_id)
+                pipe.lrem(queue.intermediate_queue_key, 1, step.job_id)
+                pipe.lpush(queue.key, step.job_id)
                 pipe.execute()
 
     def _fetch(self, job_id: str, queue: Queue) -> Job | None:

@@ -419,3 +419,47 @@ def test_a_site_whose_spider_failed_to_load_does_not_stall_workers_started_witho
     assert redis_conn.llen(keys.frontier("broken")) == 50  # untouched, for a worker that has its spider
     warnings = [line for line in outputs[0].splitlines() if "'broken' has work but no spider" in line]
     assert len(warnings) == 2, outputs[0]  # once per download worker (two threads)
+
+
+# -- RQ through its front door --------------------------------------------------------
+
+
+def crawler_command(redis_url: str, sqlite_url: str, sites_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+            "--database-url", sqlite_url, "--sites", str(sites_dir), *args]  # fmt: skip
+
+
+def test_a_crawl_with_rq_key_prefix_set_keeps_rq_keys_under_it_and_rq_info_reads_it_while_it_runs(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    """RQ names its keys from ``RQ_KEY_PREFIX``: the crawl must use RQ's names, never spell its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_") and k != "REDIS_URL"}
+    env["RQ_KEY_PREFIX"] = "crawlrq"
+    (tmp_path / "sites").mkdir()
+    with ShopSite(products=12, faults=False, latency=0.05) as shop:
+        crawl = subprocess.Popen(
+            crawler_command(redis_url, sqlite_url, tmp_path / "sites", "crawl", "demo", shop.url + "/", "-n", "1"),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not redis_conn.smembers("crawlrq:workers"):  # RQ's own registry of workers, under the prefix
+                assert crawl.poll() is None, crawl.communicate()[1][-2000:]
+                assert time.monotonic() < deadline, "no worker registered with RQ"
+                time.sleep(0.05)
+            info = subprocess.run(
+                [sys.executable, "-c", "from rq.cli import main; main()", "info", "--url", redis_url],
+                env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            during = sorted({k.decode().split(":", 1)[0] for k in redis_conn.keys("*")})
+            out, err = crawl.communicate(timeout=120)
+        finally:
+            if crawl.poll() is None:
+                crawl.kill()
+    assert info.returncode == 0, info.stderr
+    assert "download:demo" in info.stdout  # the site's queue, as RQ lists it
+    assert "workers" in info.stdout and " 0 workers" not in info.stdout
+    assert crawl.returncode == 0, err[-2000:]
+    assert "rq" not in during and "crawlrq" in during, during
+    assert set(items_by_key(sqlite_url)) == {f"SKU-{i:05d}" for i in range(1, 13)}
+    assert not redis_conn.keys("rq:*")
