@@ -48,6 +48,10 @@ JOBS_AHEAD = 4
 REFILL_BELOW = 1
 #: Sites looked at in one NEXT_JOB call before the worker is told to wait.
 MAX_TRIES = 32
+#: Seconds before a site's gate opens that one of its jobs is handed out: the worker claims
+#: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
+#: opens, so that chain is not lost from every interval. The gate still decides when it goes.
+PREPARE_AHEAD = 0.015
 
 # KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
 # ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
@@ -55,11 +59,12 @@ MAX_TRIES = 32
 # ARGV[5] = tries, ARGV[6] = key of the set of sites served ('' = all sites),
 # ARGV[7] = what follows the site in its RQ queue key (''), ARGV[8] = in its started registry's (''),
 # ARGV[9] = in its intermediate list's (":intermediate"), ARGV[10] = what precedes the site there
-# ("rq:queue:download:"): RQ's key names, read from RQ (``rq_keys``).
+# ("rq:queue:download:"): RQ's key names, read from RQ (``rq_keys``), ARGV[11] = ms ahead of
+# its gate's opening that a site's job is handed out (PREPARE_AHEAD).
 # Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
 NEXT_JOB = """
 local p, qp, wp, qs, ws, is, ip = ARGV[1], ARGV[2], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
-local REFILL_BELOW, tries = tonumber(ARGV[4]), tonumber(ARGV[5])
+local REFILL_BELOW, tries, ahead = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[11])
 local ready = p .. 'ready'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -87,7 +92,7 @@ end
 for _ = 1, tries do
     local site, due = first_due()
     if site == nil then return {-1} end
-    if due > now then return {0, due - now} end
+    if due - ahead > now then return {0, due - ahead - now} end
     local conf = redis.call('HMGET', p .. 'conf:' .. site, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms',
                             'pace_ms', 'margin_ms', 'gate')
     -- The interval in force (policy.effective_interval): the published one (margin included), or
@@ -115,14 +120,15 @@ for _ = 1, tries do
         local gate_ttl = redis.call('PTTL', conf[7] or (p .. 'gate:' .. site))
         if cap and busy >= cap then
             redis.call('ZADD', ready, now + 50, site)
-        elseif gate_ttl > 0 then
+        elseif gate_ttl > ahead then
             -- Not yet rearmed, the TTL still holds the send grace: look again no later than
             -- one interval from now, the soonest a rearm could let it open.
             redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
         else
             local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
             redis.call('ZREM', p .. 'queued:' .. site, job)
-            redis.call('ZADD', ready, now + interval, site)
+            -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that.
+            redis.call('ZADD', ready, now + math.max(gate_ttl, 0) + interval, site)
             local refill = 0
             if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
             return {1, site, job, refill}
@@ -367,7 +373,7 @@ class Scheduler:
         queue, registry, intermediate = self._rq_keys
         args: list[str | int] = [
             keys.PREFIX, queue[0], registry[0], REFILL_BELOW, MAX_TRIES, self.group,
-            queue[1], registry[1], intermediate[1], intermediate[0],
+            queue[1], registry[1], intermediate[1], intermediate[0], int(PREPARE_AHEAD * 1000),
         ]  # fmt: skip
         reply = self._next(args=args)
         code = int(reply[0])
