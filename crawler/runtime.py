@@ -16,6 +16,7 @@ from redis import Redis
 
 from . import keys
 from .addresses import AddressCache
+from .counters import Counters
 from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
@@ -46,6 +47,8 @@ class Runtime:
         self._published: dict[str, float] = {}
         self._site_proxies: dict[str, list[str]] = {}
         self._gate_hints: dict[str, str] = {}
+        #: The process's stats and metrics not yet written to Redis (``counters``).
+        self.counters = Counters(connection)
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -62,7 +65,7 @@ class Runtime:
         return CachingFetcher(fetcher, self.settings.state_dir, on_result=self._count_cache)  # type: ignore[return-value]
 
     def _count_cache(self, site: str, hit: bool) -> None:
-        self.connection.hincrby(keys.stats(site), "cache_hits" if hit else "cache_misses", 1)
+        self.counters.add(site, {"cache_hits" if hit else "cache_misses": 1})
 
     @cached_property
     def proxies(self) -> ProxyPool:
@@ -215,6 +218,7 @@ class Runtime:
         return gate
 
     def close(self) -> None:
+        self.counters.close()
         if "fetcher" in self.__dict__:
             self.fetcher.close()
         if "store" in self.__dict__:

@@ -254,6 +254,7 @@ class CrawlWorker(SimpleWorker):
             return super().work(burst=burst, **kwargs)
         finally:
             self._lease.close()
+            runtime.current().counters.flush()  # a burst's totals are exact once its workers are done
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -518,7 +519,9 @@ class DownloadWorker(CrawlWorker):
 
         Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
         would otherwise never be seen. Costs a round trip per idle second, never while busy.
+        The process's counts are written too, so a crawl at rest shows exact totals.
         """
+        runtime.current().counters.flush()
         now = time.monotonic()
         if now - self._last_repair < REPAIR_EVERY:
             return

@@ -27,7 +27,7 @@ from crawler import jobs, keys, pages, quarantine
 from crawler.demo import ShopSite
 from crawler.fetch import Fetcher
 from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint
-from crawler.runtime import Runtime
+from crawler.runtime import Runtime, current
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
 from crawler.vetting import page_entry
@@ -95,6 +95,8 @@ def records(rt: Runtime, url: str, kind: str = "download") -> list[dict[str, Any
 
 
 def stats(connection: Redis) -> dict[str, int]:
+    """The site's stats hash once this process's counts are written (``counters``)."""
+    current().counters.flush()
     return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(SITE)).items()}
 
 
