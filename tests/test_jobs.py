@@ -214,6 +214,21 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
     assert stats(redis_conn)["fetched"] == 1
 
 
+def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
+    # The mark is read only for refreshes (``jobs._conditional_headers``): other pages spare the SREM.
+    for refresh, left in ((None, 1), (3600.0, 0)):
+        url = f"{shop.url}/product/1"
+        redis_conn.sadd(keys.parse_failed(SITE), fingerprint(url))
+        jobs.download(payload(url, "parse_product", refresh=refresh))
+        entry_id, task, body = read_page(redis_conn)
+        assert task.get("refresh") == refresh
+        jobs.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+        assert redis_conn.scard(keys.parse_failed(SITE)) == left
+        redis_conn.delete(keys.parse_failed(SITE), keys.seen(SITE))
+
+
 def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_entry(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
