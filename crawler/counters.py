@@ -7,8 +7,9 @@ the progress and summary of ``crawler crawl``, ``crawler stats``) and
 module is their one writer. A job ``add``s its increments to its process's ``Counters``
 (shared by the worker threads, under a lock), which sums them per field and writes the
 sums in one transaction, one ``HINCRBY`` per field: from a thread of its own at most
-FLUSH_EVERY after the first count not yet written, and at once when a worker finds no
-work, stops, or ends its burst (``flush``), so a finished crawl shows exact totals.
+FLUSH_EVERY after the first count not yet written, and at once when a worker stops or
+ends its burst (``flush``) or finds no work while its process has stopped counting
+(``flush_if_quiet``), so a finished crawl shows exact totals.
 
 Not here, because program logic reads them and needs them exact at once: the stats
 fields ``delayed`` and ``recrawls`` (retries and refreshes waiting, counted by the
@@ -53,6 +54,12 @@ log = logging.getLogger("crawler.counters")
 #: longer interval would save little more and make the progress rates jumpier.
 FLUSH_EVERY = 1.0
 
+#: Seconds without a count after which a worker with no work writes its process's counts
+#: at once (``flush_if_quiet``): the process is at rest, so waiting for the timer would
+#: only delay exact totals. Shorter lulls, while other threads still count, are left to
+#: the timer, so that a crawl starved for a moment does not write twice as often.
+QUIET = 0.25
+
 #: Fields of the stats hash written where they are decided, never through ``Counters``.
 IMMEDIATE = frozenset({"delayed", "recrawls"})
 
@@ -86,6 +93,7 @@ class Counters:
         self._counted_at: dict[str, int | None] = {}  # site -> reset count its pending stats were counted at
         self._resets: dict[str, int] = {}  # site -> the reset count last seen in Redis
         self._since: float | None = None  # when the oldest count not yet written was made (monotonic)
+        self._last = 0.0  # when the latest count was made (monotonic)
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failing = False
@@ -110,8 +118,9 @@ class Counters:
                 into = self._metrics.setdefault(site, {})
                 for name, amount in metrics.items():
                     into[name] = into.get(name, 0) + amount
+            self._last = time.monotonic()
             if self._since is None:
-                self._since = time.monotonic()
+                self._since = self._last
                 self._start()
 
     def pending(self) -> int:
@@ -153,6 +162,11 @@ class Counters:
             if counted_at.get(site) not in (None, now):
                 log.info("%s: %d counts made before its reset dropped", site, sum(stats[site].values()))
         return True
+
+    def flush_if_quiet(self, quiet: float = QUIET) -> None:
+        """``flush`` if counts wait and none was made in the last ``quiet`` seconds (a worker with no work calls it)."""
+        if self._since is not None and time.monotonic() - self._last >= quiet:
+            self.flush()
 
     def close(self) -> None:
         """Stop the writing thread and write what is left (a worker process's last step)."""

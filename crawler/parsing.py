@@ -197,7 +197,7 @@ class ParseWorker:
             if not self._run_batch(entries):  # only pages of sites with no spider here: let others take them
                 self.stop_event.wait(HAND_BACK_WAIT)
             return True
-        runtime.current().counters.flush()  # nothing to parse: the counts so far, exact at rest
+        runtime.current().counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
         return not (burst and crawl_drained(self.connection, self.sites))
 
     def _periodic(self) -> None:

@@ -519,9 +519,10 @@ class DownloadWorker(CrawlWorker):
 
         Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
         would otherwise never be seen. Costs a round trip per idle second, never while busy.
-        The process's counts are written too, so a crawl at rest shows exact totals.
+        The process's counts are written too once it has stopped counting, so a crawl at
+        rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
-        runtime.current().counters.flush()
+        runtime.current().counters.flush_if_quiet()
         now = time.monotonic()
         if now - self._last_repair < REPAIR_EVERY:
             return

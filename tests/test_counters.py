@@ -80,6 +80,17 @@ def test_counts_wait_in_memory_then_the_writing_thread_writes_them_within_the_in
         tally.close()
 
 
+def test_a_worker_with_no_work_writes_the_counts_once_its_process_has_stopped_counting(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"fetched": 1})
+    tally.flush_if_quiet(quiet=0.2)  # another thread may still be counting: left to the timer
+    assert stats(redis_conn) == {}
+    time.sleep(0.25)
+    tally.flush_if_quiet(quiet=0.2)
+    assert stats(redis_conn) == {"fetched": 1}
+    tally.close()
+
+
 def test_close_writes_what_is_left_and_stops_the_writing_thread(redis_conn: Redis) -> None:
     tally = Counters(redis_conn, flush_every=NEVER)
     tally.add(SITE, {"parsed": 3}, {"req:parse:ok:200": 3})
