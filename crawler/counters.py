@@ -103,7 +103,12 @@ class Counters:
     def add(
         self, site: str, stats: Mapping[str, int] | None = None, metrics: Mapping[str, Number] | None = None
     ) -> None:
-        """Count ``stats`` (fields of the site's stats hash) and ``metrics`` (of its metrics hash)."""
+        """Count ``stats`` (fields of the site's stats hash) and ``metrics`` (of its metrics hash).
+
+        ValueError for a field of IMMEDIATE: those are written where they are decided.
+        """
+        if stats and not IMMEDIATE.isdisjoint(stats):
+            raise ValueError(f"{sorted(IMMEDIATE & set(stats))} are written at once, not counted here")
         if stats and site not in self._resets:
             self._learn_resets(site)
         with self._cond:
@@ -254,7 +259,10 @@ class Counters:
                     if left <= 0:
                         break
                     self._cond.wait(left)
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a bug: said, and the thread lives on (the workers' own writes still run)
+                log.exception("counters: write failed")
 
 
 def forget(pipe: Any, site: str) -> None:

@@ -156,6 +156,11 @@ def test_a_reset_drops_a_site_s_counts_only_and_keeps_the_immediate_ones_exact(r
     assert stats(redis_conn, "other") == {"fetched": 5}
 
 
+def test_counters_logic_reads_cannot_be_deferred(redis_conn: Redis) -> None:
+    with pytest.raises(ValueError, match="delayed"):
+        Counters(redis_conn).add(SITE, {"delayed": 1})
+
+
 def test_uncount_takes_away_at_once_and_never_below_zero(redis_conn: Redis) -> None:
     redis_conn.hset(keys.stats(SITE), "failed", 3)
     counters.uncount(redis_conn, SITE, "failed", 2)
