@@ -21,7 +21,7 @@ import click
 import redis
 from redis import Redis
 
-from . import keys, quarantine
+from . import counters, keys, quarantine
 from .connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from .errors import ConfigError, CrawlerError
 from .export import FORMATS, with_history, write_items
@@ -917,7 +917,10 @@ def demo(obj: Context, products: int, processes: int) -> None:
             f"database {redact_url(obj.settings.database_url)}",
             err=True,
         )
-        obj.redis.delete(keys.seen("demo"), keys.stats("demo"))
+        with obj.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(keys.seen("demo"))
+            counters.forget(pipe, "demo")
+            pipe.execute()
         seed_urls(obj.runtime.frontier("demo"), [shop.url + "/"], force=True)
         run_crawl(obj, ["demo"], processes, 2, 1)
         store = Store(obj.settings.database_url)

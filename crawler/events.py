@@ -1,7 +1,8 @@
-"""What happens when a job is done: one fetch record, fleet-wide metrics, one log line.
+"""What happens when a job is done: one fetch record, its counts, one log line.
 
 Every download and parse ends in ``job_done``: the record goes to the ``fetches``
-table, the counters and histograms to Redis (``metrics``), and one line to the
+table, the job's stats and metrics (``metrics.job_fields``) to its process's counters
+(``counters``: written to Redis about once a second), and one line to the
 ``crawler.job`` logger, a JSON object per line when the worker runs with
 ``--log-format json``, so logs can be shipped elsewhere as they are.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import metrics, outbox
@@ -21,21 +22,27 @@ log = logging.getLogger("crawler.job")
 
 
 def job_done(
-    rt: Any, record: FetchRecord, gate_wait: float | None = None, also: Callable[[Any], None] | None = None
+    rt: Any,
+    record: FetchRecord,
+    gate_wait: float | None = None,
+    also: Callable[[Any], None] | None = None,
+    stats: Mapping[str, int] | None = None,
 ) -> None:
     """Record ``record`` in the database (or, while it is down, in Redis: see ``outbox``), count it, log it.
 
-    ``also`` adds the caller's own Redis commands (its stats) to the metrics pipeline,
-    so a job's counting is one round trip.
+    ``also`` adds the caller's own Redis commands to the one pipeline a job sends (none
+    is sent when it has nothing to say); ``stats`` are the job's fields of the site's
+    stats hash. Both are counted once that pipeline has gone: a job whose pipeline
+    failed is run again, and counted then.
     """
     parked = outbox.write(rt, record)
     with rt.connection.pipeline(transaction=False) as pipe:
-        metrics.count_job(pipe, record, gate_wait)
         if also is not None:
             also(pipe)
         if parked is not None:
             outbox.park(pipe, parked)
-        pipe.execute()
+        pipe.execute()  # no round trip when empty
+    rt.counters.add(record.site, stats, metrics.job_fields(record, gate_wait))
     if log.isEnabledFor(logging.INFO):
         log.info(summary(record, gate_wait), extra={"job": fields(record, gate_wait)})
 

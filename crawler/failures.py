@@ -15,7 +15,7 @@ from typing import Any
 
 from redis import Redis
 
-from . import keys
+from . import counters
 from .errors import ConfigError, RefusedURL
 from .frontier import SEED_PRIORITY, Frontier, canonicalize
 from .spider import Request
@@ -155,8 +155,7 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
 
 def _uncount_failed(connection: Redis, site: str, pages: int) -> None:
     """Take requeued pages out of the site's ``failed`` counter: they count again if they fail again."""
-    if pages and int(connection.hincrby(keys.stats(site), "failed", -pages)) < 0:
-        connection.hset(keys.stats(site), "failed", 0)  # failures recorded before the counter existed
+    counters.uncount(connection, site, "failed", pages)
 
 
 def _canonical(url: str) -> str:

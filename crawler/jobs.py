@@ -101,14 +101,14 @@ def download(payload: dict[str, Any]) -> None:
         counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
             outcome
         )
+        stats = {counter: 1} if counter and url == task.url else {}
+        if stats and outcome == UNCHANGED:
+            stats["unchanged"] = 1
 
-        def count(pipe: Any) -> None:
-            if counter and url == task.url:
-                pipe.hincrby(keys.stats(task.site), counter, 1)
-                if outcome == UNCHANGED:
-                    pipe.hincrby(keys.stats(task.site), "unchanged", 1)
-                if outcome in (OK, UNCHANGED, REDIRECT):  # the site answers again: end any run of errors
-                    pipe.delete(keys.errors(task.site))
+        def also(pipe: Any) -> None:
+            # Exact at once, not a statistic: the rule that closes the gate after errors in a row reads it.
+            if stats and outcome in (OK, UNCHANGED, REDIRECT):  # the site answers again: end any run of errors
+                pipe.delete(keys.errors(task.site))
             if then is not None:
                 then(pipe)
 
@@ -130,7 +130,8 @@ def download(payload: dict[str, Any]) -> None:
                 meta=task.meta or None,
             ),
             gate_wait if url == task.url else None,
-            also=count,
+            also=also,
+            stats=stats,
         )
 
     proxy = rt.proxy(task.site)
@@ -367,6 +368,8 @@ def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compresse
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
+    if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``_parse_done``)
+        payload["refresh"] = task.refresh
     body = compressed if compressed is not None else zlib.compress(response.body, 6)
     pages.add(pipe, payload, body)
 
@@ -452,13 +455,13 @@ def _parse_done(
     site = str(payload["site"])
 
     def also(pipe: Any) -> None:
-        for name, n in counts.items():
-            pipe.hincrby(keys.stats(site), name, n)
         # A page whose parse failed is fetched whole on its next refresh (its validators would
         # otherwise answer 304 and its items never be stored); once parsed, validators hold again.
+        # Only refreshed pages are ever asked about (``_conditional_headers``), so only theirs are
+        # cleared: a page without ``refresh`` spares an SREM that would find nothing.
         if outcome == FAILED:
             pipe.sadd(keys.parse_failed(site), fingerprint(str(payload["url"])))
-        else:
+        elif payload.get("refresh"):
             pipe.srem(keys.parse_failed(site), fingerprint(str(payload["url"])))
         if done is not None:
             done(pipe)
@@ -481,6 +484,7 @@ def _parse_done(
             meta=payload.get("meta") or None,
         ),
         also=also,
+        stats=counts,
     )
 
 

@@ -80,8 +80,13 @@ def lastmod(site: str) -> str:
 
 
 def stats(site: str) -> str:
-    """Hash of counters for ``site``: fetched, failed, items, …"""
+    """Hash of counters for ``site``: fetched, failed, items, … (written through ``counters``)."""
     return f"{PREFIX}stats:{site}"
+
+
+def resets(site: str) -> str:
+    """How many times ``site``'s counters were reset: counts made before a reset are not written (``counters``)."""
+    return f"{PREFIX}resets:{site}"
 
 
 def live_settings(site: str) -> str:
@@ -155,7 +160,7 @@ def lock(name: str) -> str:
 
 
 def metrics(site: str) -> str:
-    """Hash of ``site``'s Prometheus counters and histogram buckets (see ``metrics``)."""
+    """Hash of ``site``'s Prometheus counters and histogram buckets (see ``metrics``; written through ``counters``)."""
     return f"{PREFIX}metrics:{site}"
 
 

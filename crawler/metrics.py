@@ -1,9 +1,9 @@
 """Fleet-wide metrics kept in Redis and served in the Prometheus text format.
 
-Counting: every finished download and parse job adds a few ``HINCRBY``/``HINCRBYFLOAT``
-to its site's hash ``crawler:metrics:SITE`` (``count_job``, in the pipeline
-``events.job_done`` already sends), so the numbers are the whole fleet's, whichever
-host did the work. Fields of that hash:
+Counting: every finished download and parse job adds a few fields (``job_fields``) to
+its site's hash ``crawler:metrics:SITE``, through its process's ``counters.Counters``
+(summed in memory, written about once a second), so the numbers are the whole fleet's,
+whichever host did the work. Fields of that hash:
 
     req:KIND:OUTCOME:STATUS   jobs finished (STATUS is the HTTP status or ``none``)
     bytes:KIND                response body bytes
@@ -56,30 +56,29 @@ SCRAPE_TIMEOUT = 10.0
 # -- counting (on every job) ------------------------------------------------------------
 
 
-def count_job(pipe: Any, record: FetchRecord, gate_wait: float | None = None) -> None:
-    """Add the Redis commands that count one finished job to ``pipe`` (not executed here).
+def job_fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, int | float]:
+    """The increments of ``keys.metrics(record.site)`` that count one finished job.
 
-    All go to one hash, ``keys.metrics(record.site)``: 1 ``HINCRBY`` for the job, 1 for
-    its bytes (when it has a body), 2 for its duration (when it has one: bucket and
-    sum) and 2 for its gate wait (downloads that took the gate) — at most 6 commands for
-    a download, 3 for a parse, in the caller's one round trip.
+    The job (1 field), its bytes (when it has a body), its duration (when it has one:
+    bucket and sum) and its gate wait (downloads that took the gate): at most 6 fields
+    for a download, 3 for a parse. Sums are floats, counts ints.
     """
-    key = keys.metrics(record.site)
     status = "none" if record.status is None else str(record.status)
-    pipe.hincrby(key, f"req:{record.kind}:{record.outcome}:{status}", 1)
+    fields: dict[str, int | float] = {f"req:{record.kind}:{record.outcome}:{status}": 1}
     if record.bytes is not None:
-        pipe.hincrby(key, f"bytes:{record.kind}", record.bytes)
+        fields[f"bytes:{record.kind}"] = record.bytes
     if record.elapsed is not None:
-        _observe(pipe, key, f"dur:{record.kind}", DURATION_BUCKETS, record.elapsed)
+        _observe(fields, f"dur:{record.kind}", DURATION_BUCKETS, record.elapsed)
     if gate_wait is not None:
-        _observe(pipe, key, "gate", GATE_WAIT_BUCKETS, gate_wait)
+        _observe(fields, "gate", GATE_WAIT_BUCKETS, gate_wait)
+    return fields
 
 
-def _observe(pipe: Any, key: str, prefix: str, bounds: tuple[float, ...], value: float) -> None:
-    value = max(0.0, value)
+def _observe(fields: dict[str, int | float], prefix: str, bounds: tuple[float, ...], value: float) -> None:
+    value = max(0.0, float(value))
     bound = bounds[bisect.bisect_left(bounds, value)]  # the first bucket whose bound is >= value
-    pipe.hincrby(key, f"{prefix}:{_bound_name(bound)}", 1)
-    pipe.hincrbyfloat(key, f"{prefix}:sum", value)
+    fields[f"{prefix}:{_bound_name(bound)}"] = 1
+    fields[f"{prefix}:sum"] = value
 
 
 def _bound_name(bound: float) -> str:

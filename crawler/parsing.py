@@ -165,6 +165,7 @@ class ParseWorker:
         finally:
             self._lease.close()
             self._leave()
+            runtime.current().counters.flush()  # a burst's totals are exact once its workers are done
             for signum, handler in previous.items():
                 if handler is not None:  # None: not set from Python, nothing to put back
                     signal.signal(signum, handler)
@@ -196,6 +197,7 @@ class ParseWorker:
             if not self._run_batch(entries):  # only pages of sites with no spider here: let others take them
                 self.stop_event.wait(HAND_BACK_WAIT)
             return True
+        runtime.current().counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
         return not (burst and crawl_drained(self.connection, self.sites))
 
     def _periodic(self) -> None:

@@ -5,7 +5,8 @@ frontier, its RQ jobs, retries and refreshes waiting), the seen set and the coun
 It keeps what was crawled and how the site is crawled: items and fetch records in the
 database, robots.txt, the live settings and the pause. Jobs a worker already holds
 finish, and pages already downloaded (in the pages stream) are parsed; their links then
-enter a frontier that no longer remembers the old crawl.
+enter a frontier that no longer remembers the old crawl. Counts a worker made before the
+reset and had not yet written are dropped, not added to the fresh counters (``counters``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from . import keys
+from . import counters, keys
 from .replies import text
 from .scheduler import frontier_sizes
 from .workers import queues_for
@@ -53,12 +54,12 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
         pipe.delete(
             keys.seen(site),
             *buckets,
-            keys.stats(site),
             keys.errors(site),
             keys.levels(site),
             keys.queued(site),
             *(keys.frontier(site, p) for p in {0, *levels}),
         )
+        counters.forget(pipe, site)  # and counts a worker made before, not yet written, never will be
         pipe.zrem(keys.ready(), site)
         for name, members in waiting.items():
             if members:

@@ -16,6 +16,7 @@ from redis import Redis
 
 from . import keys
 from .addresses import AddressCache
+from .counters import Counters
 from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
@@ -28,6 +29,9 @@ from .scheduler import Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from .spider import Spider, SpiderSet, load_spiders
 from .store import Store
+
+#: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
+REPUBLISH_EVERY = 30.0
 
 #: Spiders that ship with the package and are always available.
 BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
@@ -44,8 +48,11 @@ class Runtime:
         self._spiders: dict[str, Spider] = {}
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}
+        self._conf_written: dict[str, tuple[float, tuple[object, ...]]] = {}  # site -> (when, what)
         self._site_proxies: dict[str, list[str]] = {}
         self._gate_hints: dict[str, str] = {}
+        #: The process's stats and metrics not yet written to Redis (``counters``).
+        self.counters = Counters(connection)
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -62,7 +69,7 @@ class Runtime:
         return CachingFetcher(fetcher, self.settings.state_dir, on_result=self._count_cache)  # type: ignore[return-value]
 
     def _count_cache(self, site: str, hit: bool) -> None:
-        self.connection.hincrby(keys.stats(site), "cache_hits" if hit else "cache_misses", 1)
+        self.counters.add(site, {"cache_hits" if hit else "cache_misses": 1})
 
     @cached_property
     def proxies(self) -> ProxyPool:
@@ -180,13 +187,25 @@ class Runtime:
         )
 
     def publish(self, site: str, force: bool = False) -> None:
-        """Write the site's policy in force where the scheduler reads it (at most once a second)."""
+        """Write the site's policy in force where the scheduler reads it.
+
+        Looked at once a second at most; written when it changed since this process last
+        wrote it, or REPUBLISH_EVERY after (a conf hash lost with a Redis restart, or
+        written by a process that resolves the policy differently, is put right), or when
+        ``force``d. Rewriting the same values every second cost some six commands a second
+        per site and process.
+        """
         now = time.monotonic()
         if not force and now - self._published.get(site, -LIVE_REFRESH) < LIVE_REFRESH:
             return
         self._published[site] = now
         policy = self.policies.get(site, fresh=force)
         shared = keys.gate(keys.shared_gate_name(policy.gate)) if policy.gate else None
+        conf = (policy.interval, policy.paused, policy.concurrency, policy.auto is not None, shared, policy.gate_by)
+        written = self._conf_written.get(site)
+        if not force and written is not None and written[1] == conf and now - written[0] < REPUBLISH_EVERY:
+            return
+        self._conf_written[site] = (now, conf)
         publish_conf(
             self.connection,
             site,
@@ -215,6 +234,7 @@ class Runtime:
         return gate
 
     def close(self) -> None:
+        self.counters.close()
         if "fetcher" in self.__dict__:
             self.fetcher.close()
         if "store" in self.__dict__:

@@ -120,7 +120,7 @@ class RefusedEntry(ValueError):
 
 _PARSE_FIELDS: dict[str, type | tuple[type, ...]] = {
     "site": str, "url": str, "status": int, "headers": dict, "encoding": (str, type(None)),
-    "callback": (str, type(None)), "meta": dict, "depth": int, "fetched": str,
+    "callback": (str, type(None)), "meta": dict, "depth": int, "fetched": str, "refresh": (int, float),
 }  # fmt: skip
 
 
@@ -128,8 +128,9 @@ def page_entry(fields: Mapping[bytes, bytes]) -> tuple[dict[str, Any], bytes]:
     """The parse task and the compressed body of a page entry; RefusedEntry unless it is one.
 
     An entry is ``task`` (a JSON object: site, url, status, headers, encoding, callback,
-    meta, depth, fetched) and ``body`` (zlib). The body is inflated later, within the body
-    cap (``fetch.inflate_capped``): a bomb fails its page, it is not refused here.
+    meta, depth, fetched, and refresh for a page to be refreshed) and ``body`` (zlib).
+    The body is inflated later, within the body cap (``fetch.inflate_capped``): a bomb
+    fails its page, it is not refused here.
     """
     for name in ("task", "body"):
         if name.encode() not in fields:

@@ -10,6 +10,7 @@ reads new failed parse records from the database and gives the first of each kin
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,13 @@ from .failures import FailedPage
 from .status import ParseBacklog, SiteStatus
 from .store import FAILED, Store, fetches
 
-#: Least seconds between two rate samples (shorter gaps give noisy rates).
-RATE_WINDOW = 0.5
+#: Seconds of samples a rate is taken over. The counters it reads are written by each
+#: worker process once a second (``counters.FLUSH_EVERY``), in steps: over 5 s a step
+#: moves a rate by a fifth at most, where over the last half second it would swing
+#: between nothing and double.
+RATE_WINDOW = 5.0
+#: Least seconds of samples before there is a rate (a shorter span gives a noisy one).
+RATE_MIN_SPAN = 0.5
 
 
 @dataclass
@@ -55,24 +61,24 @@ def eta(status: SiteStatus, backlog: ParseBacklog, download_rate: float, parse_r
 
 
 class Progress:
-    """Downloads and parses per second per site, from successive snapshots."""
+    """Downloads and parses per second per site over the last RATE_WINDOW, from successive snapshots."""
 
     def __init__(self) -> None:
-        self._last: dict[str, tuple[float, int, int]] = {}
-        self._rates: dict[str, tuple[float, float]] = {}
+        self._samples: dict[str, deque[tuple[float, int, int]]] = {}
 
     def update(self, statuses: Iterable[SiteStatus], backlog: ParseBacklog) -> list[Snapshot]:
         now = time.monotonic()
         snapshots = []
         for s in statuses:
-            last = self._last.get(s.site)
-            if last is None:
-                self._last[s.site] = (now, s.done, s.parsed)
-            elif now - last[0] >= RATE_WINDOW:
-                elapsed = now - last[0]
-                self._rates[s.site] = ((s.done - last[1]) / elapsed, (s.parsed - last[2]) / elapsed)
-                self._last[s.site] = (now, s.done, s.parsed)
-            download_rate, parse_rate = self._rates.get(s.site, (0.0, 0.0))
+            samples = self._samples.setdefault(s.site, deque())
+            samples.append((now, s.done, s.parsed))
+            while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW:  # the oldest left spans the window
+                samples.popleft()
+            then, done, parsed = samples[0]
+            download_rate, parse_rate = 0.0, 0.0
+            if now - then >= RATE_MIN_SPAN:  # never below zero: a reset meanwhile starts the counters again
+                download_rate = max(0.0, (s.done - done) / (now - then))
+                parse_rate = max(0.0, (s.parsed - parsed) / (now - then))
             snapshots.append(
                 Snapshot(s, backlog, download_rate, parse_rate, eta(s, backlog, download_rate, parse_rate))
             )

@@ -289,6 +289,7 @@ class CrawlWorker(SimpleWorker):
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._lease.close()
+            runtime.current().counters.flush()  # a burst's totals are exact once its workers are done
             try:
                 self.teardown()
             except redis.RedisError:
@@ -572,7 +573,10 @@ class DownloadWorker(CrawlWorker):
 
         Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
         would otherwise never be seen. Costs a round trip per idle second, never while busy.
+        The process's counts are written too once it has stopped counting, so a crawl at
+        rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
+        runtime.current().counters.flush_if_quiet()
         now = time.monotonic()
         if now - self._last_repair < REPAIR_EVERY:
             return

@@ -27,7 +27,7 @@ from crawler import jobs, keys, pages, quarantine
 from crawler.demo import ShopSite
 from crawler.fetch import Fetcher
 from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint
-from crawler.runtime import Runtime
+from crawler.runtime import Runtime, current
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
 from crawler.vetting import page_entry
@@ -95,6 +95,8 @@ def records(rt: Runtime, url: str, kind: str = "download") -> list[dict[str, Any
 
 
 def stats(connection: Redis) -> dict[str, int]:
+    """The site's stats hash once this process's counts are written (``counters``)."""
+    current().counters.flush()
     return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(SITE)).items()}
 
 
@@ -210,6 +212,21 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
     assert (record["outcome"], record["status"], record["bytes"], record["attempt"]) == (OK, 200, len(body), 1)
     assert [e.path for e in shop.requests] == ["/robots.txt", "/product/1"]
     assert stats(redis_conn)["fetched"] == 1
+
+
+def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
+    # The mark is read only for refreshes (``jobs._conditional_headers``): other pages spare the SREM.
+    for refresh, left in ((None, 1), (3600.0, 0)):
+        url = f"{shop.url}/product/1"
+        redis_conn.sadd(keys.parse_failed(SITE), fingerprint(url))
+        jobs.download(payload(url, "parse_product", refresh=refresh))
+        entry_id, task, body = read_page(redis_conn)
+        assert task.get("refresh") == refresh
+        jobs.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+        assert redis_conn.scard(keys.parse_failed(SITE)) == left
+        redis_conn.delete(keys.parse_failed(SITE), keys.seen(SITE))
 
 
 def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_entry(

@@ -31,9 +31,10 @@ from redis import Redis
 
 from crawler import keys, pages
 from crawler.cli import cli
+from crawler.counters import Counters
 from crawler.demo import ShopSite
 from crawler.frontier import DownloadTask, seed
-from crawler.metrics import DURATION_BUCKETS, MetricsCollector, count_job, serve
+from crawler.metrics import DURATION_BUCKETS, MetricsCollector, job_fields, serve
 from crawler.policy import set_live
 from crawler.runtime import Runtime
 from crawler.status import site_status
@@ -70,11 +71,11 @@ def record(
 
 
 def count(connection: Redis, *jobs: tuple[FetchRecord, float | None]) -> None:
-    """Count jobs as ``events.job_done`` does: one pipeline per job."""
+    """Count jobs as ``events.job_done`` does, through a process's counters, and write them."""
+    counters = Counters(connection)
     for job, gate_wait in jobs:
-        with connection.pipeline(transaction=False) as pipe:
-            count_job(pipe, job, gate_wait)
-            pipe.execute()
+        counters.add(job.site, metrics=job_fields(job, gate_wait))
+    counters.close()
 
 
 def exposition(collector: MetricsCollector) -> str:
@@ -246,16 +247,32 @@ def test_duration_and_gate_wait_histograms_are_cumulative_with_count_and_sum(
     assert value(text, "crawler_gate_wait_seconds_sum", site=SITE) == pytest.approx(400.201)
 
 
-def test_a_download_costs_at_most_six_commands_on_one_hash_and_a_parse_three(redis_conn: Redis) -> None:
-    with redis_conn.pipeline(transaction=False) as pipe:
-        count_job(pipe, record(OK, nbytes=10), 0.01)
-        download = [command for command, _ in pipe.command_stack]
-        pipe.reset()
-        count_job(pipe, record(OK, kind="parse"), None)
-        parse = [command for command, _ in pipe.command_stack]
+def test_a_download_adds_at_most_six_fields_of_one_hash_and_a_parse_three() -> None:
+    download = job_fields(record(OK, nbytes=10), 0.01)
+    parse = job_fields(record(OK, kind="parse"), None)
     assert len(download) == 6 and len(parse) == 3
-    assert {args[0] for args in download + parse} <= {"HINCRBY", "HINCRBYFLOAT"}
-    assert {args[1] for args in download + parse} == {keys.metrics(SITE)}
+    assert {name for name, n in {**download, **parse}.items() if isinstance(n, float)} == {
+        "dur:download:sum",
+        "gate:sum",
+        "dur:parse:sum",
+    }
+
+
+def test_many_jobs_cost_one_command_per_field_when_written(redis_conn: Redis) -> None:
+    counters = Counters(redis_conn, flush_every=3600)
+    for _ in range(100):
+        counters.add(SITE, metrics=job_fields(record(OK, nbytes=10, elapsed=0.02), 0.003))
+    before = redis_conn.info("commandstats")
+    counters.close()
+    after = redis_conn.info("commandstats")
+    sent = {
+        name: after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+        for name in ("cmdstat_hincrby", "cmdstat_hincrbyfloat")
+    }
+    assert sent == {"cmdstat_hincrby": 4, "cmdstat_hincrbyfloat": 2}  # req, bytes, 2 buckets; 2 sums
+    written = {k.decode(): v.decode() for k, v in redis_conn.hgetall(keys.metrics(SITE)).items()}
+    assert written["req:download:ok:200"] == "100" and written["bytes:download"] == "1000"
+    assert float(written["dur:download:sum"]) == pytest.approx(2.0)
 
 
 def test_redis_outage_gives_redis_up_zero_and_a_warning_not_an_error(caplog: pytest.LogCaptureFixture) -> None:

@@ -47,6 +47,18 @@ def test_progress_rates_count_downloads_and_parses() -> None:
     assert later.eta == pytest.approx(max(4 / later.download_rate, 7 / later.parse_rate))
 
 
+def test_progress_rates_stay_steady_while_counts_arrive_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("crawler.watch.time.monotonic", lambda: clock[0])
+    progress = Progress()
+    rates = []
+    for tick in range(40):  # 10 s, sampled 4 times a second; 100 pages written at each whole second
+        clock[0] = 1000.0 + tick / 4
+        (snapshot,) = progress.update([status(queued=10_000, fetched=100 * (tick // 4))], ParseBacklog(0, 0))
+        rates.append(snapshot.download_rate)
+    assert all(80 <= rate <= 125 for rate in rates[20:]), rates  # a steady 100/s, once the window is full
+
+
 def record_failure(database_url: str, url: str, error: str, site: str = "demo") -> None:
     store = Store(database_url)
     store.record_fetches(

@@ -209,6 +209,26 @@ def test_a_parse_that_times_out_fails_that_page_visibly_and_it_can_be_retried(
         assert_no_page_left(redis_conn)
 
 
+def test_a_site_s_policy_is_written_when_it_changes_not_every_second(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime.publish("demo", force=True)
+    written: list[tuple[object, ...]] = []
+    monkeypatch.setattr("crawler.runtime.publish_conf", lambda *args, **kwargs: written.append(args))
+    monkeypatch.setattr("crawler.runtime.LIVE_REFRESH", 0.0)  # every call looks, as one a second would
+    monkeypatch.setattr("crawler.policy.LIVE_REFRESH", 0.0)
+    for _ in range(3):
+        runtime.frontier("demo")  # each parse of the site's pages asks
+    assert written == []
+    set_live(redis_conn, "demo", paused=True)  # `crawler pause demo` from another host
+    runtime.frontier("demo")
+    runtime.frontier("demo")
+    assert len(written) == 1 and written[0][4] is True  # (connection, site, interval, margin, paused, …)
+    monkeypatch.setattr("crawler.runtime.REPUBLISH_EVERY", 0.0)
+    runtime.frontier("demo")
+    assert len(written) == 2  # unchanged, but written again now and then, in case it was lost
+
+
 def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_conn: Redis) -> None:
     with ShopSite(products=10) as shop:
         set_live(redis_conn, "demo", paused=True)

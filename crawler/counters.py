@@ -1,0 +1,281 @@
+"""Per-site counters and metrics: counted in each process's memory, written to Redis about once a second.
+
+Two hashes per site say what the whole fleet has done: ``crawler:stats:SITE`` (fetched,
+failed, refused, unchanged, parsed, items, cache_hits, cache_misses: ``crawler status``,
+the progress and summary of ``crawler crawl``, ``crawler stats``) and
+``crawler:metrics:SITE`` (Prometheus counters and histogram buckets: ``metrics``). This
+module is their one writer. A job ``add``s its increments to its process's ``Counters``
+(shared by the worker threads, under a lock), which sums them per field and writes the
+sums in one transaction, one ``HINCRBY`` per field: from a thread of its own at most
+FLUSH_EVERY after the first count not yet written, and at once when a worker stops or
+ends its burst (``flush``) or finds no work while its process has stopped counting
+(``flush_if_quiet``), so a finished crawl shows exact totals.
+
+Not here, because program logic reads them and needs them exact at once: the stats
+fields ``delayed`` and ``recrawls`` (retries and refreshes waiting, counted by the
+scheduler's scripts in the step that changes what they count, read by the drain test
+of ``--burst``) and ``crawler:errors:SITE`` (a site's transient errors in a row, which
+close its gate). ``uncount`` (``crawler retry``) writes at once: it is a correction,
+made outside any worker.
+
+A process killed outright loses its counts of the last FLUSH_EVERY at most: statistics
+only, never data (items and fetch records are in the database). A Redis error keeps
+the counts for the next try.
+
+Resets: ``forget`` (``crawler reset``, ``crawl --fresh``) deletes a site's stats and
+adds one to its reset count (``keys.resets``). A process's counts for a site carry the
+reset count it last saw, and are written only if it is still the count in Redis
+(``ADD_UNLESS_RESET``), so counts made before a reset never reappear after it; the
+process cannot tell them from counts it made between the reset and its next write,
+which are dropped too. After a reset a site's counters may so miss, per process, at
+most one batch (about FLUSH_EVERY) of counting. Metrics are never reset (Prometheus
+counters only grow).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from redis import Redis
+
+from . import keys
+
+log = logging.getLogger("crawler.counters")
+
+#: Seconds between two writes of a process's counts (its first count not yet written is
+#: never older). A crash loses no more; ``crawler status``, the progress of ``crawler
+#: crawl`` and a Prometheus scrape (every 15 s or so) lag no more. At a few hundred pages
+#: a second per process it turns a dozen commands a page into a few dozen a second; a
+#: longer interval would save little more and make the progress rates jumpier.
+FLUSH_EVERY = 1.0
+
+#: Seconds without a count after which a worker with no work writes its process's counts
+#: at once (``flush_if_quiet``): the process is at rest, so waiting for the timer would
+#: only delay exact totals. Shorter lulls, while other threads still count, are left to
+#: the timer, so that a crawl starved for a moment does not write twice as often.
+QUIET = 0.25
+
+#: Fields of the stats hash written where they are decided, never through ``Counters``.
+IMMEDIATE = frozenset({"delayed", "recrawls"})
+
+# KEYS[1] = the site's stats hash, KEYS[2] = its reset count (keys.resets).
+# ARGV[1] = the reset count the increments were counted at ('' = unknown: add them),
+# ARGV[2..] = field, increment, field, increment, ...
+# Adds the increments unless the site was reset since they were counted (they would undo
+# the reset). Returns the reset count now.
+ADD_UNLESS_RESET = """
+local resets = redis.call('GET', KEYS[2]) or '0'
+if ARGV[1] == '' or ARGV[1] == resets then
+    for i = 2, #ARGV, 2 do
+        redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
+end
+return tonumber(resets)
+"""
+
+Number = int | float
+
+
+class Counters:
+    """The counts of one process not yet written to Redis (see the module docstring). Thread-safe."""
+
+    def __init__(self, connection: Redis, flush_every: float = FLUSH_EVERY):
+        self.connection = connection
+        self.flush_every = flush_every
+        self._cond = threading.Condition()  # guards every attribute below but _writing
+        self._stats: dict[str, dict[str, int]] = {}
+        self._metrics: dict[str, dict[str, Number]] = {}
+        self._counted_at: dict[str, int | None] = {}  # site -> reset count its pending stats were counted at
+        self._resets: dict[str, int] = {}  # site -> the reset count last seen in Redis
+        self._since: float | None = None  # when the oldest count not yet written was made (monotonic)
+        self._last = 0.0  # when the latest count was made (monotonic)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        self._writing = threading.Lock()  # one write at a time
+        self._add_unless_reset = connection.register_script(ADD_UNLESS_RESET)
+
+    def add(
+        self, site: str, stats: Mapping[str, int] | None = None, metrics: Mapping[str, Number] | None = None
+    ) -> None:
+        """Count ``stats`` (fields of the site's stats hash) and ``metrics`` (of its metrics hash).
+
+        ValueError for a field of IMMEDIATE: those are written where they are decided.
+        """
+        if stats and not IMMEDIATE.isdisjoint(stats):
+            raise ValueError(f"{sorted(IMMEDIATE & set(stats))} are written at once, not counted here")
+        if stats and site not in self._resets:
+            self._learn_resets(site)
+        with self._cond:
+            if stats:
+                pending = self._stats.get(site)
+                if pending is None:
+                    pending = self._stats[site] = {}
+                    self._counted_at[site] = self._resets.get(site)
+                for name, n in stats.items():
+                    pending[name] = pending.get(name, 0) + n
+            if metrics:
+                into = self._metrics.setdefault(site, {})
+                for name, amount in metrics.items():
+                    into[name] = into.get(name, 0) + amount
+            self._last = time.monotonic()
+            if self._since is None:
+                self._since = self._last
+                self._start()
+
+    def pending(self) -> int:
+        """Fields with counts not yet written (for tests and a closing warning)."""
+        with self._cond:
+            return sum(map(len, self._stats.values())) + sum(map(len, self._metrics.values()))
+
+    def flush(self) -> bool:
+        """Write every count made so far, in one transaction; whether it went (or nothing was left).
+
+        On a Redis error the counts stay for the next try (logged once per outage); this
+        never raises for one, so a worker can call it on its way out.
+        """
+        with self._writing:
+            with self._cond:
+                stats, self._stats = self._stats, {}
+                metrics, self._metrics = self._metrics, {}
+                counted_at, self._counted_at = self._counted_at, {}
+                self._since = None
+            if not stats and not metrics:
+                return True
+            try:
+                resets = self._write(stats, metrics, counted_at)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._put_back(stats, metrics, counted_at)
+                if not self._failing:
+                    self._failing = True
+                    log.warning("counters not written (Redis: %s): kept for the next try", _first_line(exc))
+                return False
+            except redis.RedisError as exc:  # refused by the server: trying again would not help
+                log.error("counters of %s dropped: %s", ", ".join(sorted({*stats, *metrics})), _first_line(exc))
+                return False
+        if self._failing:
+            self._failing = False
+            log.warning("counters written again")
+        with self._cond:
+            self._resets.update(resets)
+        for site, now in resets.items():
+            if counted_at.get(site) not in (None, now):
+                log.info("%s: %d counts made before its reset dropped", site, sum(stats[site].values()))
+        return True
+
+    def flush_if_quiet(self, quiet: float = QUIET) -> None:
+        """``flush`` if counts wait and none was made in the last ``quiet`` seconds (a worker with no work calls it)."""
+        if self._since is not None and time.monotonic() - self._last >= quiet:
+            self.flush()
+
+    def close(self) -> None:
+        """Stop the writing thread and write what is left (a worker process's last step)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        if not self.flush():
+            log.warning("counters: %d fields of counts lost (Redis unreachable at exit)", self.pending())
+
+    def _learn_resets(self, site: str) -> None:
+        """Read the site's reset count once, before its first count (None, so counts go in anyway, if Redis fails)."""
+        try:
+            now = int(self.connection.get(keys.resets(site)) or 0)
+        except redis.RedisError:
+            return
+        with self._cond:
+            self._resets.setdefault(site, now)
+
+    def _write(
+        self,
+        stats: dict[str, dict[str, int]],
+        metrics: dict[str, dict[str, Number]],
+        counted_at: dict[str, int | None],
+    ) -> dict[str, int]:
+        """One transaction with every count; the reset count of each site whose stats it carried."""
+        sites = [site for site, fields in stats.items() if any(fields.values())]
+        with self.connection.pipeline(transaction=True) as pipe:
+            for site in sites:
+                at = counted_at.get(site)
+                args: list[Any] = ["" if at is None else at]
+                for name, n in stats[site].items():
+                    if n:
+                        args += [name, n]
+                self._add_unless_reset(keys=[keys.stats(site), keys.resets(site)], args=args, client=pipe)
+            for site, fields in metrics.items():
+                key = keys.metrics(site)
+                for name, amount in fields.items():
+                    if isinstance(amount, float):
+                        pipe.hincrbyfloat(key, name, amount)
+                    elif amount:
+                        pipe.hincrby(key, name, amount)
+            replies = pipe.execute()
+        return {site: int(reply) for site, reply in zip(sites, replies, strict=False)}
+
+    def _put_back(
+        self,
+        stats: dict[str, dict[str, int]],
+        metrics: dict[str, dict[str, Number]],
+        counted_at: dict[str, int | None],
+    ) -> None:
+        """Counts that could not be written, back with those made since (the older reset count wins)."""
+        with self._cond:
+            for site, fields in stats.items():
+                pending = self._stats.setdefault(site, {})
+                for name, n in fields.items():
+                    pending[name] = pending.get(name, 0) + n
+                self._counted_at[site] = counted_at.get(site)
+            for site, amounts in metrics.items():
+                into = self._metrics.setdefault(site, {})
+                for name, amount in amounts.items():
+                    into[name] = into.get(name, 0) + amount
+            self._since = time.monotonic()  # the next try in one interval
+            self._start()
+
+    def _start(self) -> None:
+        """Start the writing thread if it is not running (called holding the lock)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="counters", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    if self._since is None:
+                        self._cond.wait()
+                        continue
+                    left = self._since + self.flush_every - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+            try:
+                self.flush()
+            except Exception:  # a bug: said, and the thread lives on (the workers' own writes still run)
+                log.exception("counters: write failed")
+
+
+def forget(pipe: Any, site: str) -> None:
+    """Add to ``pipe`` (a transaction) what deletes ``site``'s stats for good: counts made before are dropped."""
+    pipe.delete(keys.stats(site))
+    pipe.incr(keys.resets(site))
+
+
+def uncount(connection: Redis, site: str, field: str, n: int) -> None:
+    """Take ``n`` from a stats field at once, never below zero (``crawler retry`` requeues failed pages)."""
+    if n and int(connection.hincrby(keys.stats(site), field, -n)) < 0:
+        connection.hset(keys.stats(site), field, 0)  # counted before the counter existed (or was reset)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

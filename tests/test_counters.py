@@ -1,0 +1,214 @@
+"""Counters: counted in memory by many threads, written once a second and on the way out, exact, reset-proof.
+
+Against the session's real Redis: the increments' sums, the writing thread's timing,
+the reset count checked in the same Lua call that adds, and crawls by in-process workers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter as Tally
+
+import pytest
+import redis
+from crawling import join_all, start_in_threads
+from redis import Redis
+
+from crawler import counters, keys
+from crawler.counters import Counters
+from crawler.demo import ShopSite
+from crawler.frontier import seed
+from crawler.parsing import ParseWorker
+from crawler.reset import reset_site
+from crawler.runtime import Runtime
+from crawler.status import site_status
+from crawler.store import OK
+from crawler.workers import DownloadWorker, crawl_drained
+
+SITE = "shop"
+#: A write interval no test waits for: what is written comes from an explicit write.
+NEVER = 3600.0
+
+
+def stats(connection: Redis, site: str = SITE) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(site)).items()}
+
+
+def metrics(connection: Redis, site: str = SITE) -> dict[str, float]:
+    return {k.decode(): float(v) for k, v in connection.hgetall(keys.metrics(site)).items()}
+
+
+def test_counts_from_many_threads_are_written_once_each_whatever_the_writes_in_between(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=0.005)  # its thread writes every few ms while they count
+    threads, rounds = 8, 2000
+    start = threading.Barrier(threads + 1)
+
+    def count(n: int) -> None:
+        start.wait()
+        for i in range(rounds):
+            tally.add(SITE, {"fetched": 1, "items": n}, {"req:download:ok:200": 1, "dur:download:sum": 0.25})
+            if i % 500 == 0:
+                tally.flush()  # writes from the workers' threads too, racing the writing thread
+
+    workers = [threading.Thread(target=count, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    for worker in workers:
+        worker.join()
+    tally.close()
+
+    assert stats(redis_conn) == {"fetched": threads * rounds, "items": rounds * sum(range(threads))}
+    written = metrics(redis_conn)
+    assert written["req:download:ok:200"] == threads * rounds
+    assert written["dur:download:sum"] == pytest.approx(0.25 * threads * rounds)
+    assert tally.pending() == 0
+
+
+def test_counts_wait_in_memory_then_the_writing_thread_writes_them_within_the_interval(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=0.3)
+    try:
+        counted = time.monotonic()
+        tally.add(SITE, {"fetched": 2})
+        assert stats(redis_conn) == {}  # not one command per count
+        while not stats(redis_conn):
+            assert time.monotonic() - counted < 2.0, "the counts were never written"
+            time.sleep(0.01)
+        assert time.monotonic() - counted >= 0.3 and stats(redis_conn) == {"fetched": 2}
+    finally:
+        tally.close()
+
+
+def test_a_worker_with_no_work_writes_the_counts_once_its_process_has_stopped_counting(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"fetched": 1})
+    tally.flush_if_quiet(quiet=0.2)  # another thread may still be counting: left to the timer
+    assert stats(redis_conn) == {}
+    time.sleep(0.25)
+    tally.flush_if_quiet(quiet=0.2)
+    assert stats(redis_conn) == {"fetched": 1}
+    tally.close()
+
+
+def test_close_writes_what_is_left_and_stops_the_writing_thread(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"parsed": 3}, {"req:parse:ok:200": 3})
+    assert [t for t in threading.enumerate() if t.name == "counters"]
+    tally.close()
+    assert stats(redis_conn) == {"parsed": 3} and metrics(redis_conn) == {"req:parse:ok:200": 3}
+    assert tally._thread is not None and not tally._thread.is_alive()
+
+
+def test_a_write_that_fails_keeps_the_counts_for_the_next_without_counting_twice(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"fetched": 1}, {"bytes:download": 100, "gate:sum": 0.5})
+    write = tally._write
+
+    def down(*args: object) -> dict[str, int]:
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(tally, "_write", down)
+    assert tally.flush() is False and tally.flush() is False
+    assert "counters not written (Redis: Connection refused): kept for the next try" in caplog.text
+    assert caplog.text.count("counters not written") == 1  # once per outage
+    tally.add(SITE, {"fetched": 1}, {"bytes:download": 50, "gate:sum": 0.25})
+    monkeypatch.setattr(tally, "_write", write)
+    tally.close()
+    assert stats(redis_conn) == {"fetched": 2}
+    assert metrics(redis_conn) == {"bytes:download": 150, "gate:sum": 0.75}
+    assert "counters written again" in caplog.text
+
+
+def test_counts_made_before_a_reset_are_dropped_and_those_after_the_next_write_are_kept(redis_conn: Redis) -> None:
+    worker = Counters(redis_conn, flush_every=NEVER)  # one worker process's counters
+    worker.add(SITE, {"fetched": 100}, {"req:download:ok:200": 100})
+    worker.flush()
+    worker.add(SITE, {"fetched": 50}, {"req:download:ok:200": 50})  # not yet written when...
+
+    reset_site(redis_conn, SITE)  # ...the site is reset
+    assert stats(redis_conn) == {}
+
+    worker.add(SITE, {"fetched": 30}, {"req:download:ok:200": 30})  # after the reset, in the same batch
+    worker.flush()
+    assert stats(redis_conn) == {}  # the batch that straddles the reset is dropped whole: it would undo it
+    worker.add(SITE, {"fetched": 20}, {"req:download:ok:200": 20})
+    worker.close()
+    assert stats(redis_conn) == {"fetched": 20}
+    assert metrics(redis_conn) == {"req:download:ok:200": 200}  # Prometheus counters are never reset
+
+    started_after = Counters(redis_conn, flush_every=NEVER)  # a process that first counts after the reset
+    started_after.add(SITE, {"fetched": 7})
+    started_after.close()
+    assert stats(redis_conn) == {"fetched": 27}
+
+
+def test_a_reset_drops_a_site_s_counts_only_and_keeps_the_immediate_ones_exact(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"fetched": 5})
+    tally.add("other", {"fetched": 5})
+    reset_site(redis_conn, SITE)
+    redis_conn.hincrby(keys.stats(SITE), "delayed", 1)  # a retry scheduled after the reset (the scheduler's script)
+    tally.close()
+    assert stats(redis_conn) == {"delayed": 1}
+    assert stats(redis_conn, "other") == {"fetched": 5}
+
+
+def test_counters_logic_reads_cannot_be_deferred(redis_conn: Redis) -> None:
+    with pytest.raises(ValueError, match="delayed"):
+        Counters(redis_conn).add(SITE, {"delayed": 1})
+
+
+def test_uncount_takes_away_at_once_and_never_below_zero(redis_conn: Redis) -> None:
+    redis_conn.hset(keys.stats(SITE), "failed", 3)
+    counters.uncount(redis_conn, SITE, "failed", 2)
+    assert stats(redis_conn) == {"failed": 1}
+    counters.uncount(redis_conn, SITE, "failed", 5)  # failures recorded before a reset
+    assert stats(redis_conn) == {"failed": 0}
+
+
+def test_a_burst_crawl_shows_exact_totals_when_its_workers_are_done(
+    redis_conn: Redis, runtime: Runtime, shop: ShopSite
+) -> None:
+    runtime.counters.flush_every = NEVER  # only the workers' own writes (idle, stop) can show the totals
+    seed(runtime.frontier("demo"), [shop.url + "/"])
+    threads, stop = start_in_threads(redis_conn)
+    join_all(threads, stop)
+
+    records = runtime.store.fetch_rows("demo")
+    downloads = Tally(r["outcome"] for r in records if r["kind"] == "download" and not r["url"].endswith("robots.txt"))
+    parses = Tally(r["outcome"] for r in records if r["kind"] == "parse")
+    (status,) = site_status(redis_conn, ["demo"])
+    assert runtime.counters.pending() == 0
+    assert status.fetched == downloads[OK] + downloads["redirect"] + downloads["unchanged"]
+    assert (status.failed, status.parsed) == (downloads["failed"] + parses["failed"], parses[OK])
+    assert status.items == len(list(runtime.store.items("demo"))) == len(shop.expected_items())
+    requests = {name: int(n) for name, n in metrics(redis_conn, "demo").items() if name.startswith("req:")}
+    assert sum(requests.values()) == len(records)
+
+
+def test_workers_at_rest_have_written_every_count_without_stopping(redis_conn: Redis, runtime: Runtime) -> None:
+    runtime.counters.flush_every = NEVER  # only the workers' writes when idle can show the totals
+    stop = threading.Event()
+    workers = [DownloadWorker(redis_conn, ("demo",), stop_event=stop), ParseWorker(redis_conn, ("demo",), stop)]
+    threads = [threading.Thread(target=w.work, daemon=True) for w in workers]  # not burst: they stay
+    with ShopSite(products=10, faults=False) as shop:
+        seed(runtime.frontier("demo"), [shop.url + "/"])
+        for thread in threads:
+            thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not crawl_drained(redis_conn, ["demo"]):
+                assert time.monotonic() < deadline, "the crawl did not drain"
+                time.sleep(0.1)
+            parsed = sum(1 for r in runtime.store.fetch_rows("demo") if r["kind"] == "parse" and r["outcome"] == OK)
+            while stats(redis_conn, "demo").get("parsed") != parsed:
+                assert time.monotonic() < deadline, f"counts not written at rest: {stats(redis_conn, 'demo')}"
+                time.sleep(0.05)
+            assert stats(redis_conn, "demo")["items"] == 10 and all(t.is_alive() for t in threads)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
