@@ -366,8 +366,8 @@ def test_refill_keeps_only_a_few_jobs_ahead_and_trims_the_frontier(frontier: Fro
 def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redis_conn: Redis) -> None:
     frontier.add([Request("http://example.com/p", callback="parse_product", meta={"k": [1, 2]})], depth=3, hops=1)
     frontier.refill(2)
-    assert frontier.queue.name == "download:shop"
-    job_ids = redis_conn.lrange("rq:queue:download:shop", 0, -1)
+    assert frontier.queue.name == "download:{shop}"  # its RQ keys share the site's Cluster slot
+    job_ids = redis_conn.lrange("rq:queue:download:{shop}", 0, -1)
     assert len(job_ids) == 1
     raw = raw_job(redis_conn, job_ids[0].decode())
 

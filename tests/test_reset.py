@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
+from rq import Queue
 
 from crawler import keys
 from crawler.cli import cli
@@ -44,7 +45,7 @@ def progress_of(connection: Redis, site: str) -> dict[str, int]:
         "stats": connection.exists(keys.stats(site)),
         "frontier": connection.exists(keys.frontier(site), keys.frontier(site, 50)),
         "levels": connection.exists(keys.levels(site)),
-        "jobs": connection.llen(f"rq:queue:download:{site}"),
+        "jobs": Queue(keys.download_queue(site), connection=connection).count,
         "ready": int(connection.zscore(keys.ready(), site) is not None),
         "waiting": sum(
             1
