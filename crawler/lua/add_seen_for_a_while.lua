@@ -9,7 +9,7 @@
 -- KEYS[1] = the site's seen key (keys.seen), which names its buckets.
 -- ARGV[1] = fingerprints (8 bytes each), concatenated, ARGV[2] = bucket width in ms,
 --   ARGV[3] = buckets looked back (crawler.frontier.SEEN_BUCKETS).
--- Returns, as ADD_SEEN, a string of "1" (new, now added) or "0" per fingerprint.
+-- Returns a string of "1" (new, now added) or "0" per fingerprint, as ADD_SEEN.
 --
 -- Cluster: one slot: the buckets are named from KEYS[1] and the Redis clock during the call,
 -- and keep KEYS[1]'s hash tag.

@@ -5,7 +5,8 @@
 -- ARGV[1] = token, ARGV[2] = lifetime in ms from now, ARGV[3] = ms added to the pace (with KEYS[2]).
 -- Returns 1 (restarted), 2 (taken again after it had expired), 0 (someone else holds it).
 --
--- Cluster: as ACQUIRE_OR_PTTL: one slot, but for a shared gate with an adaptive interval.
+-- Cluster: one slot, but for a site whose requests take a shared gate with an adaptive
+-- interval (as ACQUIRE_OR_PTTL).
 --@include _lifetime.lua
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
