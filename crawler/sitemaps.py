@@ -16,7 +16,7 @@ libxml2's amplification limit), no DTD is loaded, nothing is fetched from the ne
 and the document is capped at ``SITEMAP_MAX_BYTES`` decoded (the protocol's 50 MB).
 
 ``<lastmod>`` decides whether a known page is fetched again: each URL's last lastmod is
-kept in ``crawler:lastmod:SITE`` (fingerprint → epoch seconds). A newer one queues the
+kept in ``crawler:lastmod:{SITE}`` (fingerprint → epoch seconds). A newer one queues the
 page again past the seen set; an equal or older one leaves it to the seen set (so a page
 already seen is skipped). Child sitemaps of an index are read again only when their
 lastmod moved (or when they have none), up to ``MAX_SITEMAP_DEPTH`` levels.
