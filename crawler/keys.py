@@ -226,11 +226,3 @@ def around_site(key_of: Callable[[str], str]) -> tuple[str, str]:
         raise ValueError(f"{key_of!r} does not name a key by its site")
     before, _, after = key.partition(_MARKER)
     return before, after
-
-
-#: Every kind of key of one site, without a suffix (robots keys, seen buckets and frontier
-#: lists of other priorities hold more after the site's tag). A site's keys all share its slot.
-SITE_KEYS: tuple[Callable[[str], str], ...] = (
-    gate, seen, parse_failed, lastmod, stats, live_settings, frontier, levels, queued, conf, errors, metrics,
-    refill_lock,
-)  # fmt: skip
