@@ -87,7 +87,7 @@ def old_sites(connection: Redis) -> list[str]:
     with connection.pipeline(transaction=False) as pipe:
         for site in sites:
             old = [f"{keys.PREFIX}{kind}:{site}" for kind in ("conf", "levels", "seen", "stats")]
-            pipe.exists(*old, f"{keys.RQ_QUEUE_PREFIX}{OLD_QUEUE}{site}")
+            pipe.exists(*old, Queue(f"{OLD_QUEUE}{site}", connection=connection).key)
         found = pipe.execute()
     return [site for site, count in zip(sites, found, strict=True) if count]
 
@@ -145,7 +145,7 @@ def _rewrite_gate_field(connection: Redis, site: str) -> None:
 
 
 def _old_queue_sites(connection: Redis) -> list[str]:
-    prefix = f"{keys.RQ_QUEUE_PREFIX}{OLD_QUEUE}"
+    prefix = Queue.redis_queue_namespace_prefix + OLD_QUEUE
     names = (text(key) for key in connection.smembers(Queue.redis_queues_keys))
     return [name[len(prefix) :] for name in names if name.startswith(prefix) and "{" not in name]
 
