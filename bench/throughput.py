@@ -16,9 +16,13 @@ CPU-second ("pages/s per core": the rate one fully used core would give).
 
 CPU time: the crawler's processes (worker processes or the Scrapy process, from
 ``getrusage(RUSAGE_CHILDREN)`` deltas once they are reaped), plus for ours the
-redis-server process (psutil). The shop server runs in this (parent) process for both
-crawlers; its CPU (``RUSAGE_SELF`` delta, parent's own waiting included) is shown
-apart and left out of the ratio, since it is the same work for both. Redis commands
+redis-server process (psutil; else, on a Redis of another host, the ``used_cpu_user`` +
+``used_cpu_sys`` deltas of ``INFO cpu``, which count any other client's load too). Redis
+CPU per page, and the pages per Redis CPU-second it gives ("pages/s per Redis core": the
+rate at which one fully used Redis core would be the limit), come from that figure.
+The shop server runs in this (parent) process for both crawlers; its CPU
+(``RUSAGE_SELF`` delta, parent's own waiting included) is shown apart and left out of
+the ratio, since it is the same work for both. Redis commands
 per page are ``INFO commandstats`` deltas (commands inside Lua scripts included).
 """
 
@@ -112,6 +116,12 @@ def _self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _info_cpu(redis: BenchRedis) -> float:
+    """CPU seconds the Redis server has used (``INFO cpu``: user + system, every thread)."""
+    info = redis.connection.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def _process_cpu(pid: int | None) -> float | None:
     if pid is None:
         return None
@@ -149,11 +159,12 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]
     specs += [WorkerSpec("parse", (site,), threads=PARSE_THREADS, burst=True)] * PARSE_PROCESSES
     redis_pid = redis.server_pid()
     first = len(shop.requests)
-    stats, children, parent, server = (
+    stats, children, parent, server, server_info = (
         command_stats(redis.connection),
         _children_cpu(),
         _self_cpu(),
         _process_cpu(redis_pid),
+        _info_cpu(redis),
     )
     procs = start_workers(specs, settings, redis.url)
     wall, drained = run_until_exit(procs, CRAWL_TIMEOUT)
@@ -161,6 +172,7 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]
     parent_cpu = _self_cpu() - parent
     redis_after = _process_cpu(redis_pid)
     redis_cpu = redis_after - server if redis_after is not None and server is not None else None
+    redis_info_cpu = _info_cpu(redis) - server_info
     commands = command_delta(stats, command_stats(redis.connection))
     requests = shop.requests[first:]
     pages = len(requests)
@@ -176,6 +188,8 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]
         {
             "workers_cpu": workers_cpu,
             "redis_cpu": redis_cpu,
+            "redis_info_cpu": redis_info_cpu,
+            "redis_cpu_ms_per_page": (redis_cpu if redis_cpu is not None else redis_info_cpu) * 1000 / pages,
             "drained": drained,
             "redis_commands_per_page": sum(commands.values()) / pages,
             "evalsha_per_page": commands.get("evalsha", 0) / pages,
@@ -312,11 +326,23 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     )
     result.table(
         "our CPU and Redis use",
-        ["worker processes CPU s", "redis-server CPU s", "Redis commands/page", "EVALSHA/page", "top commands"],
+        [
+            "worker processes CPU s",
+            "redis-server CPU s",
+            "INFO cpu s",
+            "Redis CPU ms/page",
+            "pages/s per Redis core",
+            "Redis commands/page",
+            "EVALSHA/page",
+            "top commands",
+        ],
         [
             [
                 ours["workers_cpu"],
                 ours["redis_cpu"],
+                ours["redis_info_cpu"],
+                ours["redis_cpu_ms_per_page"],
+                1000 / ours["redis_cpu_ms_per_page"] if ours["redis_cpu_ms_per_page"] else None,
                 ours["redis_commands_per_page"],
                 ours["evalsha_per_page"],
                 ", ".join(f"{name} {n / ours['pages']:.1f}" for name, n in ours["top_commands"]),
@@ -328,6 +354,10 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     result.checks.append(Check("ours: pages per CPU-second (per core)", f"{ours['pages_per_cpu_s']:.0f}", "-", None))
     result.checks.append(Check("ours: CPU ms per page", f"{ours['cpu_ms_per_page']:.1f}", "-", None))
     result.checks.append(Check("ours: Redis commands per page", f"{ours['redis_commands_per_page']:.0f}", "-", None))
+    redis_ms = ours["redis_cpu_ms_per_page"]
+    result.checks.append(Check("ours: Redis CPU ms per page", f"{redis_ms:.2f}", "-", None))
+    if redis_ms:
+        result.checks.append(Check("ours: pages/s one Redis core carries", f"{1000 / redis_ms:.0f}", "-", None))
     if len(runs) == 2:
         theirs = runs[1]
         ratio = ours["pages_per_cpu_s"] / theirs["pages_per_cpu_s"]

@@ -30,6 +30,7 @@ from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
 from .launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
 from .policy import read_live, reset_live, resolve_policy, set_live
+from .rekey import migrate_keys, old_sites, running_workers
 from .reset import ResetResult, reset_site
 from .runtime import BUNDLED_SPIDERS, Runtime
 from .screens import state
@@ -227,6 +228,7 @@ def seed(
 ) -> None:
     """Enqueue start URLs for SITE (the spider's own when none are given)."""
     spider = obj.runtime.spider(obj.site(site))
+    _refuse_old_keys(obj)
     if callback is not None:
         try:
             spider.callback(callback)
@@ -246,6 +248,17 @@ def seed(
     else:  # the spider's own start requests, sitemaps included, each with its callback
         result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _refuse_old_keys(obj: Context) -> None:
+    """ConfigError while Redis holds a crawl under the key names of an earlier version (see ``rekey``)."""
+    found = old_sites(obj.redis)
+    if found:
+        named = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise ConfigError(
+            f"Redis holds the crawl of {named} under the key names of an earlier version: "
+            "stop every worker, then run `crawler migrate-keys`"
+        )
 
 
 def _seed_from(obj: Context, site: str, path: str, force: bool, priority: int, callback: str) -> None:
@@ -316,7 +329,7 @@ def worker(
     """Run N download or parse worker processes."""
     served = _sites_option(site_list, obj)
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
-    obj.redis.ping()
+    _refuse_old_keys(obj)
     level = "INFO" if verbose or log_format == "json" else "WARNING"
     spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format)
     server = _serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
@@ -355,6 +368,7 @@ def crawl(
 ) -> None:
     """Seed SITE and run workers until the crawl is drained, showing progress."""
     obj.site(site)
+    _refuse_old_keys(obj)
     if fresh:
         _report_reset(site, reset_site(obj.redis, site))
     ctx = click.get_current_context()
@@ -403,6 +417,17 @@ def reset(obj: Context, site: str, yes: bool) -> None:
         except click.Abort:
             raise ConfigError(f"{site} not reset (give --yes to skip the question)") from None
     _report_reset(site, reset_site(obj.redis, site))
+
+
+@cli.command("migrate-keys")
+@click.option("--force", is_flag=True, help="Migrate even though workers seem to be running.")
+@pass_context
+def migrate_keys_(obj: Context, force: bool) -> None:
+    """Move a crawl kept by an earlier version to today's key names (stop every worker first)."""
+    busy = running_workers(obj.redis)
+    if busy and not force:
+        raise ConfigError(f"{busy} workers are running on this Redis: stop every worker first (or give --force)")
+    click.echo(migrate_keys(obj.redis).summary())
 
 
 def run_crawl(

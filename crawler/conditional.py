@@ -11,7 +11,7 @@ refresh writes the new ones. A hash would cost a read per refresh, about 100 byt
 page, and entries outliving the pages (it has no per-field expiry in Redis 6).
 
 Validators are trusted only while the page's last parse did not fail: a parse that
-fails marks the page in ``crawler:parse-failed:SITE`` (cleared by the next successful
+fails marks the page in ``crawler:parse-failed:{SITE}`` (cleared by the next successful
 parse), and such a page is fetched whole, so a 304 never stands for items that were not
 stored.
 """

@@ -25,7 +25,7 @@ the counts for the next try.
 Resets: ``forget`` (``crawler reset``, ``crawl --fresh``) deletes a site's stats and
 adds one to its reset count (``keys.resets``). A process's counts for a site carry the
 reset count it last saw, and are written only if it is still the count in Redis
-(``ADD_UNLESS_RESET``), so counts made before a reset never reappear after it; the
+(``lua/add_unless_reset.lua``), so counts made before a reset never reappear after it; the
 process cannot tell them from counts it made between the reset and its next write,
 which are dropped too. After a reset a site's counters may so miss, per process, at
 most one batch (about FLUSH_EVERY) of counting. Metrics are never reset (Prometheus
@@ -43,7 +43,7 @@ from typing import Any
 import redis
 from redis import Redis
 
-from . import keys
+from . import keys, lua
 
 log = logging.getLogger("crawler.counters")
 
@@ -62,21 +62,6 @@ QUIET = 0.25
 
 #: Fields of the stats hash written where they are decided, never through ``Counters``.
 IMMEDIATE = frozenset({"delayed", "recrawls"})
-
-# KEYS[1] = the site's stats hash, KEYS[2] = its reset count (keys.resets).
-# ARGV[1] = the reset count the increments were counted at ('' = unknown: add them),
-# ARGV[2..] = field, increment, field, increment, ...
-# Adds the increments unless the site was reset since they were counted (they would undo
-# the reset). Returns the reset count now.
-ADD_UNLESS_RESET = """
-local resets = redis.call('GET', KEYS[2]) or '0'
-if ARGV[1] == '' or ARGV[1] == resets then
-    for i = 2, #ARGV, 2 do
-        redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-    end
-end
-return tonumber(resets)
-"""
 
 Number = int | float
 
@@ -98,7 +83,7 @@ class Counters:
         self._closed = False
         self._failing = False
         self._writing = threading.Lock()  # one write at a time
-        self._add_unless_reset = connection.register_script(ADD_UNLESS_RESET)
+        self._add_unless_reset = lua.script(connection, "add_unless_reset")
 
     def add(
         self, site: str, stats: Mapping[str, int] | None = None, metrics: Mapping[str, Number] | None = None

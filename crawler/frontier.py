@@ -25,7 +25,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from w3lib.url import canonicalize_url
 
-from . import keys, quarantine
+from . import keys, lua, quarantine
 from .conditional import Validators, check_validators
 from .errors import RefusedURL
 from .gate import Gate
@@ -246,29 +246,6 @@ def check_refresh(value: Any) -> float | None:
     return float(value)
 
 
-# KEYS[1] = the site's seen set; ARGV[1] = fingerprints (FINGERPRINT_BYTES each), concatenated.
-# Returns a string of, per fingerprint, "1" if it was new to the set (now added), else "0",
-# without a reply (or an argument) per fingerprint to pack and parse. New members are added
-# with one SADD per 1,000: one SADD each from a script costs ~9 B more per member in Redis
-# 6.2 (65.4 against 56.6 B per seen URL at a million, bench/memory.py).
-ADD_SEEN = """
-local blob, flags, new, pending = ARGV[1], {}, {}, {}
-for i = 1, #blob, 8 do
-    local member = string.sub(blob, i, i + 7)
-    if pending[member] or redis.call('SISMEMBER', KEYS[1], member) == 1 then
-        flags[#flags + 1] = 0
-    else
-        new[#new + 1] = member
-        pending[member] = true
-        flags[#flags + 1] = 1
-    end
-end
-for i = 1, #new, 1000 do
-    redis.call('SADD', KEYS[1], unpack(new, i, math.min(i + 999, #new)))
-end
-return table.concat(flags)
-"""
-
 #: Fingerprints per ADD_SEEN call: a 100,000-link page blocks Redis in short steps, not one long one.
 SEEN_CHUNK = 5000
 #: Entries per RPUSH (and per transaction) when a batch is queued: bounded work per Redis command.
@@ -276,50 +253,6 @@ PUSH_CHUNK = 5000
 
 #: Seen-set buckets per ``revisit_after``: a URL stays seen from revisit_after to 1 + 1/SEEN_BUCKETS of it.
 SEEN_BUCKETS = 4
-
-# Seen URLs that expire (``Spider.revisit_after``): time-bucketed seen sets, one per
-# ``width`` ms of the Redis clock, named KEYS[1]:INDEX (INDEX = now // width). A URL is
-# seen while its fingerprint is in the current bucket or one of the ARGV[3] before it;
-# a new one goes into the current bucket, which expires once the last lookup that can
-# reach it is past. So a URL added at t is seen until at least t + ARGV[3] × width
-# (revisit_after) and at most one width later, and is stored in one bucket only.
-# The new ones are added with one SADD per 1,000, not one each, as in ADD_SEEN.
-# KEYS[1] = the site's seen key; ARGV[1] = fingerprints (FINGERPRINT_BYTES each), concatenated,
-# ARGV[2] = bucket width in ms, ARGV[3] = buckets looked back (SEEN_BUCKETS).
-# Returns, as ADD_SEEN, a string of "1" (new, now added) or "0" per fingerprint.
-ADD_SEEN_FOR_A_WHILE = """
-local blob, width, back = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local current = math.floor(now / width)
-local buckets = {KEYS[1] .. ':' .. string.format('%d', current)}
-for i = 1, back do
-    local key = KEYS[1] .. ':' .. string.format('%d', current - i)
-    if redis.call('EXISTS', key) == 1 then buckets[#buckets + 1] = key end
-end
-local flags, new, pending = {}, {}, {}
-for i = 1, #blob, 8 do
-    local member, seen = string.sub(blob, i, i + 7), 0
-    if pending[member] then seen = 1 end
-    for b = 1, #buckets do
-        if seen == 1 then break end
-        seen = redis.call('SISMEMBER', buckets[b], member)
-    end
-    if seen == 0 then
-        new[#new + 1] = member
-        pending[member] = true
-    end
-    flags[#flags + 1] = 1 - seen
-end
-for i = 1, #new, 1000 do
-    redis.call('SADD', buckets[1], unpack(new, i, math.min(i + 999, #new)))
-end
-if #new > 0 then
-    -- Reached by lookups until the end of bucket current + back; a second more for clock steps.
-    redis.call('PEXPIREAT', buckets[1], string.format('%d', (current + back + 1) * width + 1000))
-end
-return table.concat(flags)
-"""
 
 
 class _BatchChecker:
@@ -492,11 +425,11 @@ class Frontier:
 
     @cached_property
     def _add_seen(self) -> Any:
-        return self.connection.register_script(ADD_SEEN)
+        return lua.script(self.connection, "add_seen")
 
     @cached_property
     def _add_seen_for_a_while(self) -> Any:
-        return self.connection.register_script(ADD_SEEN_FOR_A_WHILE)
+        return lua.script(self.connection, "add_seen_for_a_while")
 
     @property
     def _bucket_width_ms(self) -> int:
@@ -641,7 +574,8 @@ class Frontier:
         return len(tasks), [p for p, _ in taken]
 
     def _refill_lock(self) -> Gate:
-        return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, namespace=keys.PREFIX + "lock")
+        lock = keys.refill_lock(self.site)
+        return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, key=lock)
 
     def _jobs(self, tasks: list[DownloadTask], ids: list[str]) -> list[Any]:
         return [

@@ -21,6 +21,8 @@ from typing import ParamSpec, TypeVar
 
 from redis import Redis
 
+from . import keys, lua
+
 log = logging.getLogger("crawler.gate")
 
 P = ParamSpec("P")
@@ -29,64 +31,8 @@ R = TypeVar("R")
 #: Longest sleep of a blocked acquirer of an auto-release mutex (its holder may release early).
 RELEASE_POLL = 0.05
 
-#: Default key namespace; one key per gate name below it (see ``keys.gate``).
+#: Default key namespace of a ``Gate``: its key is ``NAMESPACE:name`` unless given whole (``key=``).
 NAMESPACE = "crawler:gate"
-
-# Lua helper: the lifetime to set, ARGV[2] ms, or more when KEYS[2] (a hash, optional) holds a
-# ``pace_ms`` field: that + ARGV[3] ms (the adaptive interval read at this very moment; see ``pacing``).
-_LIFETIME = """
-local function lifetime()
-    local ms = tonumber(ARGV[2])
-    if KEYS[2] then
-        local pace = tonumber(redis.call('HGET', KEYS[2], 'pace_ms'))
-        if pace and pace + tonumber(ARGV[3]) > ms then ms = pace + tonumber(ARGV[3]) end
-    end
-    return ms
-end
-"""
-
-# KEYS[1] = lock key, KEYS[2] = pace hash (optional); ARGV[1] = token, ARGV[2] = lifetime in ms,
-# ARGV[3] = ms added to the pace (with KEYS[2]).
-# Returns 0 when the lock was taken, else the remaining PTTL in ms (at least 1).
-ACQUIRE_OR_PTTL = (
-    _LIFETIME
-    + """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', lifetime()) then
-    return 0
-end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 1 then ttl = 1 end
-return ttl
-"""
-)
-
-# KEYS[1] = lock key, KEYS[2] = pace hash (optional); ARGV[1] = token, ARGV[2] = lifetime in ms
-# from now, ARGV[3] = ms added to the pace (with KEYS[2]).
-# Restarts the lock's lifetime if the token holds it, or takes it if nobody does.
-# Returns 1 (restarted), 2 (taken again after it had expired), 0 (someone else holds it).
-REARM = (
-    _LIFETIME
-    + """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], lifetime())
-    return 1
-end
-if not holder then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', lifetime())
-    return 2
-end
-return 0
-"""
-)
-
-# KEYS[1] = lock key; ARGV[1] = token. Deletes the lock only if the token still holds it.
-RELEASE_IF_OWNER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 class GateTimeout(Exception):
@@ -107,6 +53,8 @@ class Gate:
     lifetime the gate sets, read in the same Lua call that sets it: a rearm lasts at least
     ``pace_ms`` + ``pace_margin``, a take (or retake) that plus the send grace (``expire -
     rearm_expire``). A site's adaptive interval is kept there (see ``pacing``).
+
+    The lock's key is ``namespace:name``, or ``key`` when given (a site's gate, ``keys.gate``).
     """
 
     def __init__(
@@ -120,12 +68,13 @@ class Gate:
         rearm_expire: float | None = None,
         pace_key: str | None = None,
         pace_margin: float = 0.0,
+        key: str | None = None,
     ):
         if expire <= 0:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
         self.connection = connection
         self.name = name
-        self.key = f"{namespace}:{name}"
+        self.key = key or f"{namespace}:{name}"
         self.expire = expire
         self.rearm_expire = expire if rearm_expire is None else rearm_expire
         self.auto_release = auto_release
@@ -137,9 +86,9 @@ class Gate:
         self.acquired_at: float | None = None
         #: ``time.monotonic()`` just before the last ``rearm`` (the request was on the wire).
         self.rearmed_at: float | None = None
-        self._acquire = connection.register_script(ACQUIRE_OR_PTTL)
-        self._release = connection.register_script(RELEASE_IF_OWNER)
-        self._rearm = connection.register_script(REARM)
+        self._acquire = lua.script(connection, "acquire_or_pttl")
+        self._release = lua.script(connection, "release_if_owner")
+        self._rearm = lua.script(connection, "rearm")
 
     def try_acquire(self) -> float:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
@@ -283,6 +232,7 @@ def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0
     when the request is sent, it then closes interval + margin from that moment. With
     ``pace_key`` (the site's conf hash, for an adaptive interval), the ``pace_ms`` stored
     there replaces ``interval`` when longer, read by Redis at the take and at the rearm.
+    ``site`` may also name a gate several sites share (``keys.shared_gate_name``).
     """
     return Gate(
         connection,
@@ -291,4 +241,5 @@ def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0
         rearm_expire=interval + margin,
         pace_key=pace_key,
         pace_margin=margin,
+        key=keys.gate(site),
     )

@@ -1,12 +1,22 @@
 """Every Redis key and RQ queue name the crawler writes, built in one place.
 
-RQ adds its own keys for the queues named here (``rq:queue:download:SITE`` and the job
-hashes and registries, under ``RQ_KEY_PREFIX``), always read from RQ's own classes,
-never spelled here; everything else lives under ``crawler:``. The Lua
-scripts in ``scheduler`` build the same names from ``PREFIX``; keep them in step.
+Every key of one site carries the site's name as a Redis Cluster hash tag, in braces
+(``crawler:conf:{shop}``, ``crawler:seen:{shop}:123``, RQ's ``rq:queue:download:{shop}``),
+so a site's whole state hashes to one Cluster slot and the scripts that touch one site
+run within it. The other keys (the ready set, the retries waiting, the pages stream, …)
+are global; a gate shared by several sites is tagged by its own name, so it is in a slot
+of its own (``crawler:gate:{shared:NAME}``). docs/SCALING.md says what that allows.
+
+RQ adds its own keys for the queues named here (``rq:queue:download:{SITE}`` and the
+job hashes and registries, under ``RQ_KEY_PREFIX``), always read from RQ's own classes,
+never spelled here; everything else lives under ``crawler:``. The Lua scripts
+(``crawler/lua``) take their keys in ``KEYS``; the few that meet sites as they run build
+them from what ``around_site`` says precedes and follows a site's name.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 PREFIX = "crawler:"
 
@@ -14,14 +24,29 @@ PREFIX = "crawler:"
 PARSERS = "parsers"
 
 
+def _tag(site: str) -> str:
+    """``site`` as a Redis Cluster hash tag: every key holding it hashes to the slot of ``site``."""
+    return "{" + site + "}"
+
+
 def download_queue(site: str) -> str:
-    """RQ queue name holding ``site``'s download jobs."""
-    return f"download:{site}"
+    """RQ queue name holding ``site``'s download jobs, tagged: RQ's keys of the queue share the site's slot."""
+    return f"download:{_tag(site)}"
 
 
-def gate(site: str) -> str:
-    """The site's time-limited mutex (``SET NX PX``); also a gate named by ``gate_name``."""
-    return f"{PREFIX}gate:{site}"
+def site_of_queue(name: str) -> str | None:
+    """The site whose download queue is named ``name`` (``download_queue``), or None for another queue."""
+    before, after = around_site(download_queue)
+    if name.startswith(before) and name.endswith(after) and len(name) > len(before) + len(after):
+        return name[len(before) : len(name) - len(after)]
+    return None
+
+
+def gate(name: str) -> str:
+    """The time-limited mutex (``SET NX PX``) named ``name``: a site's own (``name`` = the site),
+    or a gate several sites share (``shared_gate_name``, ``ip_gate_name``), tagged by its name.
+    """
+    return f"{PREFIX}gate:{_tag(name)}"
 
 
 def shared_gate_name(name: str) -> str:
@@ -36,7 +61,7 @@ def ip_gate_name(address: str) -> str:
 
 def seen(site: str) -> str:
     """Set of fingerprints of canonical URLs already scheduled for ``site``."""
-    return f"{PREFIX}seen:{site}"
+    return f"{PREFIX}seen:{_tag(site)}"
 
 
 def seen_bucket(site: str, index: int) -> str:
@@ -46,17 +71,17 @@ def seen_bucket(site: str, index: int) -> str:
 
 def robots(site: str, origin: str) -> str:
     """Cached robots.txt body for one origin (scheme://host:port) of ``site``."""
-    return f"{PREFIX}robots:{site}:{origin}"
+    return f"{PREFIX}robots:{_tag(site)}:{origin}"
 
 
 def robots_copy(site: str, origin: str) -> str:
     """The last robots.txt read for one origin of ``site``, kept for a long outage (60 days)."""
-    return f"{PREFIX}robots-copy:{site}:{origin}"
+    return f"{PREFIX}robots-copy:{_tag(site)}:{origin}"
 
 
 def robots_outage(site: str, origin: str) -> str:
     """Hash of an origin's unreadable robots.txt: since, failures, retry_at (epoch seconds), reason."""
-    return f"{PREFIX}robots-outage:{site}:{origin}"
+    return f"{PREFIX}robots-outage:{_tag(site)}:{origin}"
 
 
 def pages() -> str:
@@ -71,27 +96,27 @@ def parsers() -> str:
 
 def parse_failed(site: str) -> str:
     """Set of fingerprints of ``site``'s pages whose last parse failed: refreshed whole, not conditionally."""
-    return f"{PREFIX}parse-failed:{site}"
+    return f"{PREFIX}parse-failed:{_tag(site)}"
 
 
 def lastmod(site: str) -> str:
     """Hash of ``site``'s sitemap URLs' last <lastmod>: 8-byte fingerprint -> epoch seconds (see ``sitemaps``)."""
-    return f"{PREFIX}lastmod:{site}"
+    return f"{PREFIX}lastmod:{_tag(site)}"
 
 
 def stats(site: str) -> str:
     """Hash of counters for ``site``: fetched, failed, items, … (written through ``counters``)."""
-    return f"{PREFIX}stats:{site}"
+    return f"{PREFIX}stats:{_tag(site)}"
 
 
 def resets(site: str) -> str:
     """How many times ``site``'s counters were reset: counts made before a reset are not written (``counters``)."""
-    return f"{PREFIX}resets:{site}"
+    return f"{PREFIX}resets:{_tag(site)}"
 
 
 def live_settings(site: str) -> str:
     """Hash of settings changed at run time (``crawler set``), read by every worker."""
-    return f"{PREFIX}settings:{site}"
+    return f"{PREFIX}settings:{_tag(site)}"
 
 
 def sites() -> str:
@@ -100,18 +125,22 @@ def sites() -> str:
 
 
 def frontier(site: str, priority: int = 0) -> str:
-    """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``)."""
-    return f"{PREFIX}frontier:{site}" if priority == 0 else f"{PREFIX}frontier:{site}:{priority}"
+    """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``).
+
+    The list of priority P is that of priority 0 with ``:P`` appended (the Lua helper ``_level_key`` too).
+    """
+    base = f"{PREFIX}frontier:{_tag(site)}"
+    return base if priority == 0 else f"{base}:{priority}"
 
 
 def levels(site: str) -> str:
     """Sorted set of the priorities whose frontier list of ``site`` holds entries (score = priority)."""
-    return f"{PREFIX}levels:{site}"
+    return f"{PREFIX}levels:{_tag(site)}"
 
 
 def queued(site: str) -> str:
     """Sorted set of the ids of ``site``'s RQ jobs made from its frontier, scored by priority."""
-    return f"{PREFIX}queued:{site}"
+    return f"{PREFIX}queued:{_tag(site)}"
 
 
 def ready() -> str:
@@ -138,12 +167,12 @@ def conf(site: str) -> str:
     gate (the key of the gate the site's requests take when it is not ``gate(site)``: a
     shared gate, or for ``gate_by = "ip"`` the last address a worker took it for).
     """
-    return f"{PREFIX}conf:{site}"
+    return f"{PREFIX}conf:{_tag(site)}"
 
 
 def errors(site: str) -> str:
     """Count of consecutive transient errors from ``site`` (closes its gate when high)."""
-    return f"{PREFIX}errors:{site}"
+    return f"{PREFIX}errors:{_tag(site)}"
 
 
 def group(sites: list[str]) -> str:
@@ -155,13 +184,23 @@ def group(sites: list[str]) -> str:
 
 
 def lock(name: str) -> str:
-    """A short mutex (refill, robots fetch)."""
+    """A short mutex of the whole crawl (reaper, outbox); see ``refill_lock`` and ``robots_lock`` for a site's."""
     return f"{PREFIX}lock:{name}"
+
+
+def refill_lock(site: str) -> str:
+    """The short mutex of a refill of ``site``'s RQ queue from its frontier (``Frontier.refill``)."""
+    return f"{PREFIX}lock:refill:{_tag(site)}"
+
+
+def robots_lock(site: str, origin: str) -> str:
+    """The short mutex of a fetch of one origin's robots.txt for ``site``."""
+    return f"{PREFIX}lock:robots:{_tag(site)}:{origin}"
 
 
 def metrics(site: str) -> str:
     """Hash of ``site``'s Prometheus counters and histogram buckets (see ``metrics``; written through ``counters``)."""
-    return f"{PREFIX}metrics:{site}"
+    return f"{PREFIX}metrics:{_tag(site)}"
 
 
 def quarantine() -> str:
@@ -172,3 +211,21 @@ def quarantine() -> str:
 def outbox() -> str:
     """List of fetch records (JSON) waiting for the database to come back (see ``events``)."""
     return f"{PREFIX}outbox"
+
+
+#: A stand-in site name that no key holds otherwise (``around_site``).
+_MARKER = "\x00site\x00"
+
+
+def around_site(key_of: Callable[[str], str]) -> tuple[str, str]:
+    """What precedes and what follows a site's name in the key ``key_of(site)``.
+
+    For the Lua scripts that meet sites as they run (``next_job``, ``promote_due``) and
+    build their keys as ``before .. site .. after``. ValueError if the key does not hold
+    the site's name once.
+    """
+    key = key_of(_MARKER)
+    if key.count(_MARKER) != 1:
+        raise ValueError(f"{key_of!r} does not name a key by its site")
+    before, _, after = key.partition(_MARKER)
+    return before, after

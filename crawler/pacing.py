@@ -2,7 +2,7 @@
 
 A spider sets ``interval = Auto(min=0.5, max=30)``. After every request to the site,
 the worker that made it updates the site's **pace** in Redis (``PACE``, one Lua call),
-in the site's ``crawler:conf:SITE`` hash, where every worker on every host reads it:
+in the site's ``crawler:conf:{SITE}`` hash, where every worker on every host reads it:
 the gate scripts take it at each take and each rearm (``Gate(pace_key=…)``), so the
 gap after a request is at least the pace in force when it was sent; ``NEXT_JOB``
 spaces its hand-outs by it too. The rule, after Heritrix's ``delayFactor`` but counted
@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+
+from . import lua
 
 #: Pace multiplier of a response's elapsed time (Heritrix's default ``delayFactor``).
 DEFAULT_FACTOR = 5.0
@@ -80,49 +82,6 @@ def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random
     return step / 2 + (rng or random).uniform(0, step / 2)
 
 
-# KEYS[1] = the site's conf hash (fields pace_ms, pace_why), KEYS[2] = the site's gate.
-# ARGV[1] = event: 'ok' (a healthy answer), 'error' (another 5xx), 'throttle' (429/503/504,
-# timeout, no connection); ARGV[2] = the request's elapsed ms; ARGV[3], ARGV[4] = min, max ms;
-# ARGV[5] = factor, ARGV[6] = ease; ARGV[7] = what happened ('503', 'timeout'); ARGV[8] = the
-# gate margin in ms; ARGV[9] = ms since the request was sent.
-# Sets the new pace and why, and keeps the gate closed until the send + new pace + margin
-# (never shortening it). Returns {pace_ms, why}.
-PACE = """
-local conf, gate = KEYS[1], KEYS[2]
-local event, elapsed = ARGV[1], math.floor(tonumber(ARGV[2]))
-local lo, hi, factor, ease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local old = tonumber(redis.call('HGET', conf, 'pace_ms')) or lo
-local target = math.floor(factor * elapsed)
-local because = 'last ' .. elapsed .. ' ms × ' .. ARGV[5]
-local new, why
-if event == 'throttle' then
-    new, why = old * 2, 'doubled after ' .. ARGV[7]
-elseif event == 'error' then
-    if target > old then new, why = target, because else new, why = old, 'held after ' .. ARGV[7] end
-else
-    local eased = math.floor(old * (1 - ease))
-    if target >= eased then new, why = target, because else new, why = eased, 'easing off, ' .. because end
-end
-if new <= lo then
-    new, why = lo, why .. ', at min'
-elseif new >= hi then
-    new, why = hi, why .. ', at max'
-end
-new = math.floor(new)
-redis.call('HSET', conf, 'pace_ms', new, 'pace_why', why)
-local closed_until = new + tonumber(ARGV[8]) - tonumber(ARGV[9])
-if closed_until > 0 then
-    local ttl = redis.call('PTTL', gate)
-    if ttl == -2 then
-        redis.call('SET', gate, 'pace', 'PX', closed_until)
-    elseif ttl >= 0 and ttl < closed_until then
-        redis.call('PEXPIRE', gate, closed_until)
-    end
-end
-return {new, why}
-"""
-
-
 @dataclass(frozen=True)
 class Pace:
     """A site's adaptive interval as stored in Redis: seconds, and why."""
@@ -152,7 +111,7 @@ class Pacer:
 
     def __init__(self, connection: Redis):
         self.connection = connection
-        self._pace = connection.register_script(PACE)
+        self._pace = lua.script(connection, "pace")
 
     def observe(
         self,

@@ -40,7 +40,7 @@ from typing import Any
 import redis
 from redis import Redis
 
-from . import keys, quarantine
+from . import keys, lua, quarantine
 from .replies import text
 
 #: Times a worker may vanish while running one page; past that the page is failed, not run again.
@@ -54,68 +54,6 @@ ALIVE_WITHIN = 3 * BEAT_EVERY
 
 #: An entry in hand: its id, its fields (task and body), and 1 + the times a worker vanished running it.
 Entry = tuple[str, dict[bytes, bytes], int]
-
-# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = the claiming consumer, ARGV[3] = least
-# idle ms, ARGV[4] = most entries. Claims entries pending at least ARGV[3] ms, oldest first, in
-# one script so that no two consumers claim one entry. A worker runs its entries oldest first
-# and acknowledges each when done, so the oldest entry a vanished holder left is the one it was
-# running: that one alone has its delivery count raised; the others were never started and keep
-# theirs (so a page that kills its worker does not use up the deliveries of the pages queued
-# behind it). An entry deleted without being acknowledged leaves the pending list.
-# Returns {{id, deliveries, {field, value, …}}, …}.
-RECLAIM = """
-local claimed, blamed = {}, {}
-for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[3], '-', '+', ARGV[4])) do
-    local id, holder, deliveries = p[1], p[2], p[4]
-    local entry = redis.call('XRANGE', KEYS[1], id, id)[1]
-    if not entry then
-        redis.call('XACK', KEYS[1], ARGV[1], id)
-    else
-        if not blamed[holder] then
-            blamed[holder] = true
-            deliveries = deliveries + 1
-        end
-        redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id, 'RETRYCOUNT', deliveries, 'JUSTID')
-        claimed[#claimed + 1] = {id, deliveries, entry[2]}
-    end
-end
-return claimed
-"""
-
-# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = the consumer, ARGV[3…] = entry ids it holds.
-# Resets the idle time of those of the ids still pending for this consumer (not their delivery
-# count): an entry claimed meanwhile by another (this one was frozen past the lease) stays theirs.
-# Returns the ids touched.
-TOUCH = """
-local ids, claim = {}, {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-for i = 3, #ARGV do
-    if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
-        ids[#ids + 1] = ARGV[i]
-        claim[#claim + 1] = ARGV[i]
-    end
-end
-if #ids > 0 then
-    claim[#claim + 1] = 'JUSTID'
-    redis.call(unpack(claim))
-end
-return ids
-"""
-
-# KEYS[1] = the stream; ARGV[1] = the group, ARGV[2] = least idle ms, ARGV[3] = one consumer's
-# name ('' = any). Removes consumers with nothing pending, idle at least ARGV[2] ms, checked and
-# removed in one step so that no pending entry goes with them. Returns how many were removed.
-FORGET = """
-local removed = 0
-for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-    local f = {}
-    for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
-    if f['pending'] == 0 and f['idle'] >= tonumber(ARGV[2]) and (ARGV[3] == '' or ARGV[3] == f['name']) then
-        redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
-        removed = removed + 1
-    end
-end
-return removed
-"""
 
 
 def add(connection: Any, task: dict[str, Any], body: bytes) -> None:
@@ -168,7 +106,7 @@ def read(connection: Redis, consumer: str, count: int, block_ms: int) -> list[En
 def reclaim(connection: Redis, consumer: str, min_idle_ms: int, count: int) -> list[Entry]:
     """Claim for ``consumer`` up to ``count`` entries pending longer than ``min_idle_ms`` (a dead holder)."""
     try:
-        reply: Any = connection.register_script(RECLAIM)(
+        reply: Any = lua.script(connection, "reclaim_pages")(
             keys=[keys.pages()], args=[keys.PARSERS, consumer, min_idle_ms, count]
         )
     except redis.ResponseError as exc:
@@ -186,7 +124,7 @@ def touch(connection: Redis, consumer: str, ids: Sequence[str]) -> set[str]:
     """Keep ``consumer``'s entries ``ids`` from being reclaimed; returns those still its own."""
     if not ids:
         return set()
-    touched = connection.register_script(TOUCH)(keys=[keys.pages()], args=[keys.PARSERS, consumer, *ids])
+    touched = lua.script(connection, "touch_pages")(keys=[keys.pages()], args=[keys.PARSERS, consumer, *ids])
     return {text(entry_id) for entry_id in touched}
 
 
@@ -220,7 +158,8 @@ def refuse(connection: Redis, entry_id: str, fields: dict[bytes, bytes], reason:
 def forget(connection: Redis, min_idle_ms: int, name: str = "") -> int:
     """Remove consumers (or the one ``name``) with nothing pending and idle for ``min_idle_ms``."""
     try:
-        return int(connection.register_script(FORGET)(keys=[keys.pages()], args=[keys.PARSERS, min_idle_ms, name]))
+        forget_consumers = lua.script(connection, "forget_consumers")
+        return int(forget_consumers(keys=[keys.pages()], args=[keys.PARSERS, min_idle_ms, name]))
     except redis.ResponseError as exc:
         if "no such key" in str(exc).lower() or is_nogroup(exc):
             return 0

@@ -70,9 +70,10 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
         registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
         registry.cleanup()  # refused jobs are quarantined as RQ reads them (see ``vetting``)
         promote_scheduled(connection, queue)
-        if name.startswith("download:") and connection.llen(queue.key):
+        site = keys.site_of_queue(name)
+        if site is not None and connection.llen(queue.key):
             # A job handed back must be seen by the scheduler.
-            connection.zadd(keys.ready(), {name.split(":", 1)[1]: 0}, nx=True)
+            connection.zadd(keys.ready(), {site: 0}, nx=True)
     return True
 
 

@@ -189,9 +189,8 @@ class RobotsCache:
         outage = Outage.load(self.connection, site, origin)
         if outage is not None and outage.retry_at > time.time():
             return self._during(site, origin, outage)
-        lock = Gate(
-            self.connection, f"robots:{site}:{origin}", expire=60, auto_release=True, namespace=keys.PREFIX + "lock"
-        )
+        key = keys.robots_lock(site, origin)
+        lock = Gate(self.connection, f"robots:{site}:{origin}", expire=60, auto_release=True, key=key)
         with lock:
             # Another worker may have read robots.txt, or failed to, while this one waited.
             cached = self._cached(site, origin)

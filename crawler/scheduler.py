@@ -9,7 +9,7 @@ Three structures in Redis make the crawl fast while the gate keeps it polite:
   first;
 - the **ready set**, a sorted set of the sites that have work, scored by the time
   (Redis clock, ms) their gate opens;
-- per site **RQ queue** ``download:SITE`` holding only a few jobs ahead, refilled from
+- per site **RQ queue** ``download:{SITE}`` holding only a few jobs ahead, refilled from
   the compact frontier just in time, so RQ still tracks what is in flight.
 
 ``NEXT_JOB`` takes the first due site from the ready set, moves one job id into RQ's
@@ -25,6 +25,9 @@ Priority: a refill turns the highest-priority entries into RQ jobs first, and a 
 of entries above the priority of jobs already made hands those jobs back to the
 frontier (``EVICT``), so a high-priority request waits only for the ones of its own
 priority (or higher) ahead of it, plus the request already in flight.
+
+The scripts are ``crawler/lua/NAME.lua`` (``NEXT_JOB`` is ``next_job.lua``), each headed
+by its KEYS, ARGV and whether it runs within one Redis Cluster slot.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from . import keys
+from . import keys, lua
 from .replies import text
 
 #: Jobs a refill tops a site's RQ queue up to, from its compact frontier.
@@ -52,232 +55,6 @@ MAX_TRIES = 32
 #: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
 PREPARE_AHEAD = 0.015
-
-# KEYS: none (every key is built from the prefixes, as RQ's own rate-limit script does).
-# ARGV[1] = crawler key prefix ("crawler:"), ARGV[2] = RQ queue key prefix ("rq:queue:"),
-# ARGV[3] = RQ started-registry prefix ("rq:wip:"), ARGV[4] = refill when fewer jobs are left,
-# ARGV[5] = tries, ARGV[6] = key of the set of sites served ('' = all sites),
-# ARGV[7] = what follows the site in its RQ queue key (''), ARGV[8] = in its started registry's (''),
-# ARGV[9] = in its intermediate list's (":intermediate"), ARGV[10] = what precedes the site there
-# ("rq:queue:download:"): RQ's key names, read from RQ (``rq_keys``), ARGV[11] = ms ahead of
-# its gate's opening that a site's job is handed out (PREPARE_AHEAD).
-# Returns {1, site, job_id, refill} | {2, site} (refill first) | {0, wait_ms} | {-1}.
-NEXT_JOB = """
-local p, qp, wp, qs, ws, is, ip = ARGV[1], ARGV[2], ARGV[3], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
-local REFILL_BELOW, tries, ahead = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[11])
-local ready = p .. 'ready'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local group = ARGV[6]
-local SCAN_LIMIT = 1024
-
-local function first_due()
-    if group == '' then
-        local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
-        if #head == 0 then return nil end
-        return head[1], tonumber(head[2])
-    end
-    -- Walk the ready set from its head to the first site of this worker's group: as
-    -- cheap as the head when the group's sites have work, bounded by SCAN_LIMIT.
-    for offset = 0, SCAN_LIMIT - 1, 64 do
-        local chunk = redis.call('ZRANGE', ready, offset, offset + 63, 'WITHSCORES')
-        if #chunk == 0 then return nil end
-        for i = 1, #chunk, 2 do
-            if redis.call('SISMEMBER', group, chunk[i]) == 1 then return chunk[i], tonumber(chunk[i + 1]) end
-        end
-    end
-    return nil
-end
-
-for _ = 1, tries do
-    local site, due = first_due()
-    if site == nil then return {-1} end
-    if due - ahead > now then return {0, due - ahead - now} end
-    local conf = redis.call('HMGET', p .. 'conf:' .. site, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms',
-                            'pace_ms', 'margin_ms', 'gate')
-    -- The interval in force (policy.effective_interval): the published one (margin included), or
-    -- the robots.txt Crawl-delay or the adaptive pace, plus the margin, when longer.
-    local margin = tonumber(conf[6]) or 0
-    local interval = math.max(tonumber(conf[1]) or 1000, (tonumber(conf[4]) or 0) + margin,
-                              (tonumber(conf[5]) or 0) + margin)
-    local queue = qp .. site .. qs
-    local intermediate = ip .. site .. is
-    local queued = redis.call('LLEN', queue)
-    local compact = redis.call('ZCARD', p .. 'levels:' .. site)
-    if conf[2] == '1' then
-        redis.call('ZADD', ready, now + 1000, site)
-    elseif queued == 0 and compact > 0 then
-        return {2, site}
-    elseif queued == 0 then
-        redis.call('ZREM', ready, site)
-    else
-        local cap = tonumber(conf[3])
-        local busy = 0
-        if cap then
-            busy = redis.call('ZCARD', wp .. site .. ws) + redis.call('LLEN', intermediate)
-        end
-        -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
-        local gate_ttl = redis.call('PTTL', conf[7] or (p .. 'gate:' .. site))
-        if cap and busy >= cap then
-            redis.call('ZADD', ready, now + 50, site)
-        elseif gate_ttl > ahead then
-            -- Not yet rearmed, the TTL still holds the send grace: look again no later than
-            -- one interval from now, the soonest a rearm could let it open.
-            redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
-        else
-            local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
-            redis.call('ZREM', p .. 'queued:' .. site, job)
-            -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that.
-            redis.call('ZADD', ready, now + math.max(gate_ttl, 0) + interval, site)
-            local refill = 0
-            if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
-            return {1, site, job, refill}
-        end
-    end
-end
-return {0, 0}
-"""
-
-# Lua helper: the frontier list of one site and priority (keys.frontier).
-_LEVEL_KEY = """
-local function level_key(p, site, priority)
-    if priority == '0' then return p .. 'frontier:' .. site end
-    return p .. 'frontier:' .. site .. ':' .. priority
-end
-"""
-
-# ARGV[1] = crawler key prefix, ARGV[2] = most entries to move per set.
-# Moves due retries (``delayed``) and refreshes (``recrawl``) to the front of their site's
-# frontier list of their priority and marks those sites ready. Members are
-# ``site\tpriority\tnonce\tentry``. Returns how many moved.
-PROMOTE_DUE = (
-    _LEVEL_KEY
-    + """
-local p = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local moved = 0
-for set, counter in pairs({delayed = 'delayed', recrawl = 'recrawls'}) do
-    local due = redis.call('ZRANGEBYSCORE', p .. set, '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-    for _, member in ipairs(due) do
-        local a = string.find(member, '\t', 1, true)
-        local b = a and string.find(member, '\t', a + 1, true)
-        local c = b and string.find(member, '\t', b + 1, true)
-        local site, priority = a and string.sub(member, 1, a - 1), b and string.sub(member, a + 1, b - 1)
-        local level = priority and tonumber(priority)
-        if not c or site == '' or not level or level ~= math.floor(level) or tostring(level) ~= priority then
-            -- Not a member this crawler wrote: kept aside with its reason, never retried.
-            redis.call('LPUSH', p .. 'quarantine', cjson.encode({when = now / 1000, source = p .. set,
-                reason = 'malformed ' .. set .. ' member', content = {member = string.sub(member, 1, 500)}}))
-            redis.call('LTRIM', p .. 'quarantine', 0, 9999)
-        else
-            redis.call('LPUSH', level_key(p, site, priority), string.sub(member, c + 1))
-            redis.call('ZADD', p .. 'levels:' .. site, level, priority)
-            redis.call('ZADD', p .. 'ready', 'NX', now, site)
-            redis.call('HINCRBY', p .. 'stats:' .. site, counter, -1)
-        end
-        redis.call('ZREM', p .. set, member)
-    end
-    moved = moved + #due
-end
-return moved
-"""
-)
-
-# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = member, ARGV[4] = delay in ms,
-# ARGV[5] = set ('delayed' | 'recrawl'), ARGV[6] = its counter in the site's stats.
-# A member already scheduled is only moved in time (refreshes of one page collapse).
-SCHEDULE = """
-local p = ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('ZADD', p .. ARGV[5], now + tonumber(ARGV[4]), ARGV[3]) == 1 then
-    redis.call('HINCRBY', p .. 'stats:' .. ARGV[2], ARGV[6], 1)
-end
-return 1
-"""
-
-# ARGV[1] = crawler key prefix, ARGV[2] = RQ queue key, ARGV[3] = site, ARGV[4] = job id,
-# ARGV[5] = the job's priority, ARGV[6] = its frontier entry, ARGV[7] = the job's RQ key.
-# Hands a queued (not yet taken) job back to the front of its frontier list. Returns 1 if
-# it did, 0 if a worker had already taken the job.
-EVICT = (
-    _LEVEL_KEY
-    + """
-local p, queue, site, job, priority = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-redis.call('ZREM', p .. 'queued:' .. site, job)
-if redis.call('LREM', queue, 1, job) == 0 then return 0 end
-redis.call('LPUSH', level_key(p, site, priority), ARGV[6])
-redis.call('ZADD', p .. 'levels:' .. site, tonumber(priority), priority)
-redis.call('DEL', ARGV[7])
-return 1
-"""
-)
-
-# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3..] = priorities.
-# Forgets the priorities whose list is empty (atomic against a push, which re-adds them).
-FORGET_EMPTY_LEVELS = (
-    _LEVEL_KEY
-    + """
-local p, site = ARGV[1], ARGV[2]
-for i = 3, #ARGV do
-    if redis.call('LLEN', level_key(p, site, ARGV[i])) == 0 then
-        redis.call('ZREM', p .. 'levels:' .. site, ARGV[i])
-    end
-end
-return 1
-"""
-)
-
-# ARGV[1] = crawler key prefix, ARGV[2..] = sites. Entries waiting in each site's frontier.
-FRONTIER_SIZES = (
-    _LEVEL_KEY
-    + """
-local p = ARGV[1]
-local sizes = {}
-for i = 2, #ARGV do
-    local n = 0
-    for _, priority in ipairs(redis.call('ZRANGE', p .. 'levels:' .. ARGV[i], 0, -1)) do
-        n = n + redis.call('LLEN', level_key(p, ARGV[i], priority))
-    end
-    sizes[#sizes + 1] = n
-end
-return sizes
-"""
-)
-
-# ARGV[1] = crawler key prefix, ARGV[2] = site, ARGV[3] = token, ARGV[4] = ms, ARGV[5] = why,
-# ARGV[6] = the gate's key ('' = the site's own).
-# Closes the site's gate for at least ARGV[4] ms for every worker (Retry-After, errors); a
-# closure that lengthens the gate's is noted in the site's conf (closed_until, ms on the
-# Redis clock, and closed_why) for ``crawler status``.
-CLOSE_GATE = """
-local p, site, ms = ARGV[1], ARGV[2], tonumber(ARGV[4])
-local gate = p .. 'gate:' .. site
-if ARGV[6] and ARGV[6] ~= '' then gate = ARGV[6] end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if redis.call('PTTL', gate) < ms then
-    redis.call('SET', gate, ARGV[3], 'PX', ms)
-    redis.call('HSET', p .. 'conf:' .. site, 'closed_until', now + ms, 'closed_why', ARGV[5])
-end
-local score = redis.call('ZSCORE', p .. 'ready', site)
-if score and tonumber(score) < now + ms then redis.call('ZADD', p .. 'ready', now + ms, site) end
-return 1
-"""
-
-
-def rq_keys(connection: Redis) -> tuple[tuple[str, str], tuple[str, str], tuple[str, str]]:
-    """What comes before and after a site's name in the keys of its RQ queue, started registry
-    and intermediate list, as RQ itself names them (``RQ_KEY_PREFIX`` included), for NEXT_JOB."""
-    marker = "\x00site\x00"
-    queue = Queue(keys.download_queue(marker), connection=connection)
-    found = [queue.key, queue.started_job_registry.key, queue.intermediate_queue_key]
-    parts = [key.partition(marker) for key in found]
-    if any(not sep for _, sep, _ in parts):  # RQ names these keys otherwise: the scheduler cannot serve
-        raise RuntimeError(f"unexpected RQ key names: {found!r}")
-    (qp, _, qs), (wp, _, ws), (ip, _, is_) = parts
-    return (qp, qs), (wp, ws), (ip, is_)
 
 
 def encode_entry(
@@ -352,7 +129,7 @@ class Next:
 
 
 class Scheduler:
-    """Client side of the scripts above, for one worker (or one command)."""
+    """Client side of the scheduling scripts (``crawler/lua``), for one worker (or one command)."""
 
     def __init__(self, connection: Redis, sites: Sequence[str] = ()):
         self.connection = connection
@@ -360,22 +137,20 @@ class Scheduler:
         self.group = keys.group(self.sites) if self.sites else ""
         if self.sites:  # the same list always names the same set, so writing it again is harmless
             connection.sadd(self.group, *self.sites)
-        self._next = connection.register_script(NEXT_JOB)
-        self._promote = connection.register_script(PROMOTE_DUE)
-        self._schedule = connection.register_script(SCHEDULE)
-        self._close = connection.register_script(CLOSE_GATE)
-        self._evict = connection.register_script(EVICT)
-        self._forget_empty = connection.register_script(FORGET_EMPTY_LEVELS)
-        self._rq_keys = rq_keys(connection)
+        self._next = lua.script(connection, "next_job")
+        self._promote = lua.script(connection, "promote_due")
+        self._schedule = lua.script(connection, "schedule")
+        self._close = lua.script(connection, "close_gate")
+        self._evict = lua.script(connection, "evict")
+        self._forget_empty = lua.script(connection, "forget_empty_levels")
+        self._next_keys = [keys.ready(), self.group] if self.group else [keys.ready()]
+        self._next_args: list[str | int] = [
+            REFILL_BELOW, MAX_TRIES, *next_job_key_parts(connection), int(PREPARE_AHEAD * 1000)
+        ]  # fmt: skip
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        queue, registry, intermediate = self._rq_keys
-        args: list[str | int] = [
-            keys.PREFIX, queue[0], registry[0], REFILL_BELOW, MAX_TRIES, self.group,
-            queue[1], registry[1], intermediate[1], intermediate[0], int(PREPARE_AHEAD * 1000),
-        ]  # fmt: skip
-        reply = self._next(args=args)
+        reply = self._next(keys=self._next_keys, args=self._next_args)
         code = int(reply[0])
         if code == 1:
             return Next(site=text(reply[1]), job_id=text(reply[2]), refill=bool(int(reply[3])))
@@ -387,12 +162,14 @@ class Scheduler:
 
     def promote_due(self, limit: int = 100) -> int:
         """Move retries that have come due back to their frontiers. Returns how many."""
-        return int(self._promote(args=[keys.PREFIX, limit]))
+        global_keys = [keys.delayed(), keys.recrawls(), keys.ready(), keys.quarantine()]
+        parts = [part for key_of in (keys.frontier, keys.levels, keys.stats) for part in keys.around_site(key_of)]
+        return int(self._promote(keys=global_keys, args=[limit, *parts]))
 
     def schedule(self, site: str, entry: str, delay: float, priority: int = 0) -> None:
         """Put ``entry`` back in ``site``'s frontier (at ``priority``) after ``delay`` seconds."""
         member = f"{site}\t{priority}\t{secrets.token_hex(4)}\t{entry}"
-        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000)), "delayed", "delayed"])
+        self._schedule(keys=[keys.delayed(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "delayed"])
 
     def schedule_refresh(self, site: str, entry: str, delay: float, priority: int) -> None:
         """Fetch ``entry``'s page again in ``delay`` seconds, whatever the seen set says.
@@ -400,23 +177,56 @@ class Scheduler:
         One page has one refresh pending: scheduling the same entry again moves it in time.
         """
         member = f"{site}\t{priority}\t-\t{entry}"
-        self._schedule(args=[keys.PREFIX, site, member, max(0, int(delay * 1000)), "recrawl", "recrawls"])
+        self._schedule(keys=[keys.recrawls(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "recrawls"])
 
     def evict(self, site: str, queue_key: str, job_id: str, priority: int, entry: str) -> bool:
         """Hand a queued job of ``site`` back to its frontier list; False if it was taken."""
-        return bool(self._evict(args=[keys.PREFIX, queue_key, site, job_id, priority, entry, Job.key_for(job_id)]))
+        evicted = [keys.queued(site), queue_key, keys.frontier(site, priority), keys.levels(site), Job.key_for(job_id)]
+        return bool(self._evict(keys=evicted, args=[job_id, priority, entry]))
 
     def forget_empty_levels(self, site: str, priorities: Sequence[int]) -> None:
         """Drop the priorities of ``site`` whose frontier list is empty from its levels set."""
         if priorities:
-            self._forget_empty(args=[keys.PREFIX, site, *priorities])
+            lists = [keys.frontier(site, p) for p in priorities]
+            self._forget_empty(keys=[keys.levels(site), *lists], args=list(priorities))
 
     def close_gate(self, site: str, seconds: float, why: str = "", gate_key: str | None = None) -> None:
         """Keep every worker away from ``site`` for at least ``seconds``; ``why`` is shown by ``crawler status``.
 
         ``gate_key``: the gate the request took, when not the site's own (a shared gate).
+        A closure that lengthens the gate's is noted in the site's conf (``closed_until``, ms
+        on the Redis clock, and ``closed_why``), and a site due sooner in the ready set is
+        re-scored to its end (two round trips: the gate, then the site's conf and the ready set,
+        each key in its own slot; a worker handed the site in between finds the gate closed).
         """
-        self._close(args=[keys.PREFIX, site, secrets.token_hex(8), max(1, int(seconds * 1000)), why, gate_key or ""])
+        gate = gate_key or keys.gate(site)
+        until, lengthened = self._close(keys=[gate], args=[secrets.token_hex(8), max(1, int(seconds * 1000))])
+        with self.connection.pipeline(transaction=False) as pipe:
+            if int(lengthened):
+                pipe.hset(keys.conf(site), mapping={"closed_until": int(until), "closed_why": why})
+            pipe.zadd(keys.ready(), {site: int(until)}, xx=True, gt=True)
+            pipe.execute()
+
+
+def next_job_key_parts(connection: Redis) -> list[str]:
+    """NEXT_JOB's ARGV[3..16]: what precedes and follows a site's name in each key of a site it builds.
+
+    The crawler's keys from ``keys``, RQ's from RQ's own classes.
+    """
+
+    def rq_key(of: Callable[[Queue], str]) -> Callable[[str], str]:
+        return lambda site: of(Queue(keys.download_queue(site), connection=connection))
+
+    key_ofs: list[Callable[[str], str]] = [
+        keys.conf,
+        keys.levels,
+        keys.gate,
+        keys.queued,
+        rq_key(lambda queue: queue.key),
+        rq_key(lambda queue: queue.intermediate_queue_key),
+        rq_key(lambda queue: queue.started_job_registry.key),
+    ]
+    return [part for key_of in key_ofs for part in keys.around_site(key_of)]
 
 
 def publish_conf(
@@ -458,7 +268,11 @@ def publish_conf(
 
 
 def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
-    """Entries waiting in each site's frontier (every priority), in one round trip."""
+    """Entries waiting in each site's frontier (every priority): one FRONTIER_SIZE call per site, pipelined."""
     if not sites:
         return []
-    return [int(n) for n in connection.register_script(FRONTIER_SIZES)(args=[keys.PREFIX, *sites])]
+    size = lua.script(connection, "frontier_size")
+    with connection.pipeline(transaction=False) as pipe:
+        for site in sites:
+            size(keys=[keys.levels(site), keys.frontier(site)], client=pipe)
+        return [int(n) for n in pipe.execute()]

@@ -16,7 +16,7 @@ libxml2's amplification limit), no DTD is loaded, nothing is fetched from the ne
 and the document is capped at ``SITEMAP_MAX_BYTES`` decoded (the protocol's 50 MB).
 
 ``<lastmod>`` decides whether a known page is fetched again: each URL's last lastmod is
-kept in ``crawler:lastmod:SITE`` (fingerprint → epoch seconds). A newer one queues the
+kept in ``crawler:lastmod:{SITE}`` (fingerprint → epoch seconds). A newer one queues the
 page again past the seen set; an equal or older one leaves it to the seen set (so a page
 already seen is skipped). Child sitemaps of an index are read again only when their
 lastmod moved (or when they have none), up to ``MAX_SITEMAP_DEPTH`` levels.
@@ -36,7 +36,7 @@ from lxml import etree  # type: ignore[import-untyped]  # lxml ships no type inf
 from protego import Protego
 from redis import Redis
 
-from . import keys
+from . import keys, lua
 from .errors import BadResponse, BodyTooLarge, ConfigError, RefusedURL
 from .fetch import DECODE_STEP, ContentDecoder, DecodeError
 from .frontier import Frontier, fingerprint
@@ -53,28 +53,6 @@ MAX_SITEMAP_DEPTH = 5
 BATCH = 1000
 
 _GZIP_MAGIC = b"\x1f\x8b"
-
-# KEYS[1] = the site's lastmod hash; ARGV[1] = fingerprints (8 bytes each), concatenated;
-# ARGV[2..] = their lastmods, epoch seconds, in the same order.
-# Records each lastmod that is newer than the one recorded. Returns one letter per
-# fingerprint: "n" (none was recorded), "u" (newer than the one recorded), "s" (not newer).
-NEWER_LASTMOD = """
-local blob, verdicts = ARGV[1], {}
-for i = 1, #blob / 8 do
-    local fp, lastmod = string.sub(blob, i * 8 - 7, i * 8), tonumber(ARGV[i + 1])
-    local old = redis.call('HGET', KEYS[1], fp)
-    if not old then
-        redis.call('HSET', KEYS[1], fp, lastmod)
-        verdicts[i] = 'n'
-    elseif lastmod > tonumber(old) then
-        redis.call('HSET', KEYS[1], fp, lastmod)
-        verdicts[i] = 'u'
-    else
-        verdicts[i] = 's'
-    end
-end
-return table.concat(verdicts)
-"""
 
 
 def sitemap_requests(spider: Spider) -> Iterator[Request]:
@@ -305,7 +283,7 @@ class SitemapReader:
         self.depth = depth
         self.rules = _Rules(spider)
         self.report = SitemapReport()
-        self._newer = connection.register_script(NEWER_LASTMOD)
+        self._newer = lua.script(connection, "newer_lastmod")
 
     def read(self, url: str, stored: bytes) -> SitemapReport:
         """Queue what the sitemap (or robots.txt) at ``url``, stored zlib-compressed, lists."""

@@ -96,11 +96,12 @@ def vet(job: Job, raw: Any = None) -> None:
     origin = job.origin or ""
     if func_name != DOWNLOAD_FUNC:
         raise RefusedJob(f"job calls {str(func_name)[:200]!r}, not a crawler job function", job.id)
-    if not origin.startswith(keys.download_queue("")):
+    queue_site = keys.site_of_queue(origin)
+    if queue_site is None:
         raise RefusedJob(f"download job on queue {origin!r}", job.id)
     if kwargs or not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], dict):
         raise RefusedJob("job arguments are not one JSON object", job.id)
-    _vet_download(args[0], origin.split(":", 1)[1], job.id)
+    _vet_download(args[0], queue_site, job.id)
 
 
 def _vet_download(payload: dict[str, Any], queue_site: str, job_id: str) -> None:

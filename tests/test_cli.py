@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
+from rq import Queue
 
 from crawler import keys
 from crawler.cli import cli, format_eta
@@ -140,15 +141,15 @@ def test_unknown_site_is_one_line_error_naming_the_known_sites(invoke: Invoke, a
 )
 def test_invalid_seed_url_is_one_line_error(invoke: Invoke, redis_conn: Redis, url: str, reason: str) -> None:
     assert_one_line_error(invoke("seed", "demo", url), reason)
-    assert redis_conn.keys("rq:queue:*") == []
+    assert redis_conn.keys(Queue.redis_queue_namespace_prefix + "*") == []
 
 
 def test_off_domain_seed_url_is_refused_and_nothing_is_enqueued(invoke: Invoke, redis_conn: Redis) -> None:
     # The good URL comes first: every URL is checked before any is enqueued.
     result = invoke("seed", "demo", "http://127.0.0.1:9/", "http://example.com/")
     assert_one_line_error(result, "http://example.com/", "outside the allowed domains")
-    assert redis_conn.llen("rq:queue:download:demo") == 0
-    assert redis_conn.scard("crawler:seen:demo") == 0
+    assert redis_conn.keys(Queue.redis_queue_namespace_prefix + "*") == []
+    assert redis_conn.scard(keys.seen("demo")) == 0
 
 
 def test_broken_spider_module_is_a_warning_and_the_others_still_load(invoke: Invoke, sites_dir: Path) -> None:
@@ -270,7 +271,7 @@ def test_missing_config_file_is_one_line_error(invoke: Invoke, tmp_path: Path) -
 @pytest.mark.parametrize("value", ["0", "-1", "-0.5"])
 def test_set_rejects_an_interval_that_is_not_positive(invoke: Invoke, redis_conn: Redis, value: str) -> None:
     assert_one_line_error(invoke("set", "demo", "--interval", value), "--interval", "greater than 0")
-    assert redis_conn.exists("crawler:settings:demo") == 0
+    assert redis_conn.exists(keys.live_settings("demo")) == 0
 
 
 def test_set_without_a_value_is_one_line_error(invoke: Invoke) -> None:

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from redis import Redis
+from rq import Queue
+from rq.job import Job
 from w3lib.url import canonicalize_url
 
 from crawler import keys
@@ -44,7 +46,7 @@ def queued(frontier: Frontier) -> int:
 
 
 def raw_job(connection: Redis, job_id: str) -> dict[bytes, bytes]:
-    return connection.hgetall(f"rq:job:{job_id}")
+    return connection.hgetall(Job.key_for(job_id))
 
 
 # canonicalize ---------------------------------------------------------------------
@@ -366,8 +368,8 @@ def test_refill_keeps_only_a_few_jobs_ahead_and_trims_the_frontier(frontier: Fro
 def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redis_conn: Redis) -> None:
     frontier.add([Request("http://example.com/p", callback="parse_product", meta={"k": [1, 2]})], depth=3, hops=1)
     frontier.refill(2)
-    assert frontier.queue.name == "download:shop"
-    job_ids = redis_conn.lrange("rq:queue:download:shop", 0, -1)
+    assert frontier.queue.name == "download:{shop}"  # its RQ keys share the site's Cluster slot
+    job_ids = redis_conn.lrange(Queue(keys.download_queue("shop"), connection=redis_conn).key, 0, -1)
     assert len(job_ids) == 1
     raw = raw_job(redis_conn, job_ids[0].decode())
 

@@ -206,7 +206,9 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
     assert task["headers"]["content-type"].startswith("text/html")
     body = zlib.decompress(compressed)
     assert b'<span class="sku">SKU-00001</span>' in body
-    assert redis_conn.keys("rq:queue:parse*") == [] and redis_conn.keys("crawler:body:*") == []
+    assert (
+        redis_conn.keys(Queue.redis_queue_namespace_prefix + "parse*") == [] and redis_conn.keys("crawler:body:*") == []
+    )
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["bytes"], record["attempt"]) == (OK, 200, len(body), 1)

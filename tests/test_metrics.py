@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from redis import Redis
+from rq import Worker
 
 from crawler import keys, pages
 from crawler.cli import cli
@@ -380,7 +381,7 @@ def test_worker_metrics_port_in_use_is_one_line_error_and_starts_no_worker(
 ) -> None:
     result = invoke(base_args, "worker", "parse", "--burst", "--metrics-port", str(busy_port))
     assert_one_line_error(result, f"cannot serve metrics on 127.0.0.1:{busy_port}")
-    assert redis_conn.keys("rq:worker:*") == []
+    assert redis_conn.keys(Worker.redis_worker_namespace_prefix + "*") == []
 
 
 def test_metrics_command_serves_until_interrupted(

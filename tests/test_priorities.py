@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
+from rq.job import Job
 
 from crawler import keys
 from crawler.demo import ShopSite
@@ -63,7 +64,7 @@ def test_a_higher_priority_push_hands_queued_lower_jobs_back_in_order(frontier: 
     # Nothing lost or doubled, and the low-priority requests keep their order.
     assert everything == [("/seed", SEED_PRIORITY)] + [(f"/low{i}", 0) for i in range(6)]
     # The handed-back jobs are gone from RQ, not left behind as orphan hashes.
-    job_keys = frontier.connection.keys("rq:job:*")
+    job_keys = frontier.connection.keys(Job.redis_job_namespace_prefix + "*")
     assert len(job_keys) == len(frontier.queue.get_job_ids())
 
 

@@ -11,6 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
+from rq import Queue
+from rq.job import Job
 
 from crawler import keys
 from crawler.cli import cli
@@ -44,7 +46,7 @@ def progress_of(connection: Redis, site: str) -> dict[str, int]:
         "stats": connection.exists(keys.stats(site)),
         "frontier": connection.exists(keys.frontier(site), keys.frontier(site, 50)),
         "levels": connection.exists(keys.levels(site)),
-        "jobs": connection.llen(f"rq:queue:download:{site}"),
+        "jobs": Queue(keys.download_queue(site), connection=connection).count,
         "ready": int(connection.zscore(keys.ready(), site) is not None),
         "waiting": sum(
             1
@@ -78,8 +80,9 @@ def test_reset_forgets_one_site_s_queue_seen_set_and_counters_and_nothing_else(r
     assert progress_of(redis_conn, "demo") == dict.fromkeys(before, 0)
     assert progress_of(redis_conn, "other") == before
     assert redis_conn.hget(keys.live_settings("demo"), "interval") == b"2.5"  # how the site is crawled stays
-    assert not redis_conn.keys("rq:job:*") or all(  # the dropped jobs' hashes went with them
-        b"demo" not in (redis_conn.hget(k, "description") or b"") for k in redis_conn.keys("rq:job:*")
+    assert not redis_conn.keys(Job.redis_job_namespace_prefix + "*") or all(  # the dropped jobs' hashes went with them
+        b"demo" not in (redis_conn.hget(k, "description") or b"")
+        for k in redis_conn.keys(Job.redis_job_namespace_prefix + "*")
     )
 
 

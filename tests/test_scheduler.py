@@ -127,7 +127,8 @@ def test_concurrency_cap_holds_back_a_site_with_requests_in_flight(redis_conn: R
     assert first.job_id is not None  # now in RQ's intermediate list: in flight
     time.sleep(0.01)
     assert take(scheduler).job_id is None
-    redis_conn.lrem("rq:queue:download:a:intermediate", 1, first.job_id)  # the job finished
+    intermediate = Queue(keys.download_queue("a"), connection=redis_conn).intermediate_queue_key
+    redis_conn.lrem(intermediate, 1, first.job_id)  # the job finished
     redis_conn.zadd(keys.ready(), {"a": 0})
     assert take(scheduler).job_id is not None
 
@@ -183,7 +184,7 @@ def test_refill_turns_entries_into_json_jobs(redis_conn: Redis) -> None:
     scheduler = Scheduler(redis_conn)
     step = take(scheduler)
     assert step.job_id is not None
-    queue = Queue("download:a", connection=redis_conn, serializer=JSONSerializer)
+    queue = Queue(keys.download_queue("a"), connection=redis_conn, serializer=JSONSerializer)
     assert queue.count == 1  # one more kept ahead; the rest stays compact
     assert redis_conn.llen(keys.frontier("a")) == 2
 

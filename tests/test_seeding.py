@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
+from rq import Queue
 from w3lib.url import canonicalize_url
 
 from crawler import keys
@@ -57,7 +58,7 @@ def queued_urls(connection: Redis, site: str = "demo") -> list[str]:
     """Every URL waiting for ``site`` (frontier lists of every priority and RQ jobs), repeats kept."""
     frontier = Frontier(connection, site, ["127.0.0.1"], 60, 60)
     urls = [task.url for task in frontier.waiting()]
-    assert connection.llen(keys.RQ_QUEUE_PREFIX + keys.download_queue(site)) == 0
+    assert connection.llen(Queue(keys.download_queue(site), connection=connection).key) == 0
     return urls
 
 

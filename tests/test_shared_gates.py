@@ -82,9 +82,9 @@ def test_gate_names_follow_the_spider_or_the_config(redis_conn: Redis, settings:
     configured = dataclasses.replace(settings, sites={"named": {"gate_by": "ip"}, "numeric": {"gate": "srv-1"}})
     rt = Runtime(redis_conn, configured)
     assert rt.gate_name("named", "http://localhost:8000/x") == "ip:127.0.0.1"
-    assert redis_conn.hget(keys.conf("named"), "gate") == b"crawler:gate:ip:127.0.0.1"  # where NEXT_JOB looks
+    assert redis_conn.hget(keys.conf("named"), "gate") == b"crawler:gate:{ip:127.0.0.1}"  # where NEXT_JOB looks
     assert rt.gate_name("numeric", "http://127.0.0.1:8000/x") == "shared:srv-1"
-    assert rt.gate("numeric", "http://127.0.0.1:8000/x").key == "crawler:gate:shared:srv-1"
+    assert rt.gate("numeric", "http://127.0.0.1:8000/x").key == "crawler:gate:{shared:srv-1}"  # a slot of its own
     with pytest.raises(ConfigError, match="gate_by must be 'site' or 'ip'"):
         dataclasses.replace(settings, sites={"named": {"gate_by": "host"}})
     with pytest.raises(ConfigError, match="gate must be a name"):

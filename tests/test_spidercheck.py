@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from crawling import assert_one_line_error
 from redis import Redis
 
+from crawler import keys
 from crawler.cli import cli
 from crawler.errors import SpiderLoadError
 from crawler.spider import Spider, load_spiders
@@ -149,4 +150,4 @@ def test_cli_warns_with_file_and_line_and_seeding_the_invalid_spider_is_one_line
     assert_one_line_error(
         seeded, "Shop.interval must be a number of seconds greater than 0, or Auto(min=, max=), got -1"
     )
-    assert redis_conn.scard("crawler:seen:shop") == 0
+    assert redis_conn.scard(keys.seen("shop")) == 0

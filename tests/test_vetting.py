@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from crawling import items_by_key
 from redis import Redis
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from crawler import keys, quarantine
@@ -148,7 +149,7 @@ def test_hostile_jobs_are_quarantined_and_real_workers_crawl_on(
     assert "not an http(s) URL" in reasons["file URL"]
     assert "outside the allowed domains" in reasons["off-domain URL"]
     for job_id in made:
-        assert not redis_conn.exists(f"rq:job:{job_id}") or "URL" in made[job_id]  # run-time refusals finish
+        assert not redis_conn.exists(Job.key_for(job_id)) or "URL" in made[job_id]  # run-time refusals finish
 
     refused_pages = {q.job_id: q for q in quarantine.entries(redis_conn) if q.source == keys.pages()}
     assert set(refused_pages) == set(junk), f"pages not quarantined: {set(junk) - set(refused_pages)}"

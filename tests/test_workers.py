@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from crawling import installed_runtime, items_by_key, join_all, start_in_threads
 from redis import Redis
+from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -121,7 +122,7 @@ def test_in_process_crawl_stores_every_item_once_and_fetches_every_page_once(
 
     # Nothing left behind: pages deleted once parsed, none held, finished jobs gone, no failed jobs.
     assert_no_page_left(redis_conn)
-    assert redis_conn.keys("rq:job:*") == []
+    assert redis_conn.keys(Job.redis_job_namespace_prefix + "*") == []
     queue = keys.download_queue("demo")
     assert FailedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0
     assert StartedJobRegistry(queue, connection=redis_conn, serializer=JSONSerializer).count == 0

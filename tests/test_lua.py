@@ -1,0 +1,319 @@
+"""The Lua scripts (``crawler/lua``): headed by their KEYS and ARGV, building no keys where they
+say they run in one Cluster slot, and every key of one site in that site's slot."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+from redis.crc import key_slot
+from rq import Queue
+
+from crawler import keys, lua, pages
+from crawler.frontier import Frontier
+from crawler.gate import site_gate
+from crawler.pacing import Auto, Pacer
+from crawler.scheduler import Scheduler, frontier_sizes, next_job_key_parts
+from crawler.spider import Request
+
+LUA_DIR = Path(lua.__file__).parent
+ROOT = Path(__file__).resolve().parent.parent
+SITES = ["shop", "a", "www.example-shop_2.co.uk", "X" * 64]
+
+
+def header(name: str) -> list[str]:
+    """The comment lines a script file starts with."""
+    lines = (LUA_DIR / f"{name}.lua").read_text().splitlines()
+    return lines[: next(i for i, line in enumerate(lines) if not line.startswith("--"))]
+
+
+def cluster_line(name: str) -> str:
+    """What a script's header says about Redis Cluster (its ``-- Cluster:`` paragraph, joined)."""
+    lines = header(name)
+    start = next(i for i, line in enumerate(lines) if line.startswith("-- Cluster: "))
+    said = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("-- ") or line.startswith("--@"):
+            break
+        said.append(line)
+    return " ".join(line[3:] for line in said)
+
+
+def in_one_slot(name: str) -> bool:
+    return cluster_line(name).startswith(("Cluster: one key", "Cluster: one slot"))
+
+
+def derives_keys(name: str) -> bool:
+    """Whether a one-slot script names keys from one of its KEYS during the call (said in its header)."""
+    return "named from KEYS[" in cluster_line(name)
+
+
+def test_there_are_scripts_and_helpers() -> None:
+    assert {"next_job", "promote_due", "add_seen", "acquire_or_pttl", "pace"} <= set(lua.names())
+    assert all(not name.startswith("_") for name in lua.names())
+
+
+@pytest.mark.parametrize("name", lua.names())
+def test_every_script_is_headed_by_its_keys_argv_reply_and_cluster_slot(name: str) -> None:
+    lines = header(name)
+    assert lines[0].startswith(f"-- {name.upper()}: "), f"{name}.lua: first line names the script and says what it does"
+    for field in ("-- KEYS[1] = ", "-- ARGV", "-- Returns ", "-- Cluster: "):
+        assert any(line.startswith(field) for line in lines), f"{name}.lua: no {field.strip()!r} line in its header"
+    said = cluster_line(name)
+    assert said.startswith(("Cluster: one key", "Cluster: one slot", "Cluster: cross-slot: ")), said
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in LUA_DIR.glob("_*.lua")))
+def test_every_helper_says_what_it_is(name: str) -> None:
+    assert header(name)[0].startswith("-- Helper: "), f"{name}.lua"
+
+
+def test_includes_are_expanded_and_every_script_compiles(redis_conn: Redis) -> None:
+    for name in lua.names():
+        text = lua.source(name)
+        assert "--@include" not in text, name
+        redis_conn.script_load(text)  # a syntax error answers an error
+
+
+def key_arguments(code: str) -> Iterator[tuple[str, str]]:
+    """(command, key expression) of every ``redis.call('COMMAND', key, …)`` in ``code``."""
+    for match in re.finditer(r"redis\.call\(\s*'([A-Z]+)'", code):
+        depth, args, current = 1, [], ""
+        for char in code[match.end() :]:
+            if char in "({":
+                depth += 1
+            elif char in ")}":
+                depth -= 1
+                if depth == 0:
+                    break
+            if char == "," and depth == 1:
+                args.append(current.strip())
+                current = ""
+            else:
+                current += char
+        args.append(current.strip())
+        command, rest = match[1], args[1:]
+        if command in ("XINFO", "XGROUP"):
+            rest = rest[1:]  # a subcommand comes first
+        if command != "TIME" and rest:
+            yield command, rest[0]
+
+
+def code_of(name: str) -> str:
+    """A script's code without comment lines."""
+    return "\n".join(line for line in lua.source(name).splitlines() if not line.lstrip().startswith("--"))
+
+
+@pytest.mark.parametrize("name", [n for n in lua.names() if in_one_slot(n)])
+def test_one_slot_scripts_take_their_keys_from_keys_and_build_none(name: str) -> None:
+    code = code_of(name)
+    aliases = set()
+    for names, values in re.findall(r"local ([\w, ]+) = (KEYS\[\d\][^\n]*)", code):
+        aliases |= {alias.strip() for alias in names.split(",")}
+    for command, key in key_arguments(code):
+        assert "ARGV" not in key, f"{name}: {command} on a key from ARGV: {key}"
+        if derives_keys(name):
+            continue  # its header says which of its KEYS names the others; the MONITOR test below checks the slot
+        assert ".." not in key, f"{name}: {command} on a key built in the script: {key}"
+        assert re.fullmatch(r"KEYS\[[^]]+\]", key) or key in aliases, f"{name}: {command} on {key}, not one of KEYS"
+
+
+@pytest.mark.parametrize("name", [n for n in lua.names() if not in_one_slot(n)])
+def test_cross_slot_scripts_are_named_in_the_scaling_docs(name: str) -> None:
+    assert name.upper() in (ROOT / "docs" / "SCALING.md").read_text(), f"docs/SCALING.md: say what {name} needs"
+
+
+def site_keys(site: str) -> list[str]:
+    """Every key keys.py builds for ``site`` (dummy values for the other parameters)."""
+    dummies: dict[str, Any] = {"origin": "https://www.shop.example:443", "index": 29012345, "priority": -7}
+    built = []
+    for name, function in inspect.getmembers(keys, inspect.isfunction):
+        parameters = list(inspect.signature(function).parameters)
+        if parameters[:1] != ["site"] or name in ("download_queue", "site_of_queue"):
+            continue
+        built.append(function(site, *(dummies[p] for p in parameters[1:])))
+    return built
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_every_key_of_a_site_hashes_to_the_sites_cluster_slot(redis_conn: Redis, site: str) -> None:
+    queue = Queue(keys.download_queue(site), connection=redis_conn)
+    rq_keys = [queue.key, queue.intermediate_queue_key]
+    rq_keys += [
+        registry.key
+        for registry in (
+            queue.started_job_registry,
+            queue.failed_job_registry,
+            queue.finished_job_registry,
+            queue.scheduled_job_registry,
+            queue.deferred_job_registry,
+            queue.canceled_job_registry,
+        )
+    ]
+    built = site_keys(site) + [keys.gate(site), keys.frontier(site, 0), keys.frontier(site, 1000)] + rq_keys
+    assert len(built) > 20
+    assert {key: key_slot(key.encode()) for key in built} == {key: key_slot(site.encode()) for key in built}
+    assert all(f"{{{site}}}" in key for key in built)
+
+
+def test_a_gate_several_sites_share_is_in_the_slot_of_its_own_name() -> None:
+    for name in (keys.shared_gate_name("srv-1"), keys.ip_gate_name("203.0.113.7"), keys.ip_gate_name("2001:db8::1")):
+        assert key_slot(keys.gate(name).encode()) == key_slot(name.encode())
+
+
+def test_the_queue_name_gives_back_its_site() -> None:
+    for site in SITES:
+        assert keys.site_of_queue(keys.download_queue(site)) == site
+    assert keys.site_of_queue("parse") is None
+    assert keys.site_of_queue("download:shop") is None  # the name before hash tags
+
+
+def eval_helper(connection: Redis, helper: str, call: str, keys_: list[str], args: list[Any]) -> Any:
+    text = (LUA_DIR / f"{helper}.lua").read_text() + f"\nreturn {call}\n"
+    return connection.eval(text, len(keys_), *keys_, *args)
+
+
+def test_the_lua_helpers_name_keys_as_keys_py_does(redis_conn: Redis) -> None:
+    for priority in (0, 5, -3, 1000):
+        got = eval_helper(redis_conn, "_level_key", "level_key(KEYS[1], ARGV[1])", [keys.frontier("shop")], [priority])
+        assert got.decode() == keys.frontier("shop", priority)
+    for key_of in (keys.conf, keys.levels, keys.gate, keys.queued, keys.stats, keys.frontier):
+        args = [*keys.around_site(key_of), "shop"]
+        assert eval_helper(redis_conn, "_site_key", "site_key(1, ARGV[3])", [], args).decode() == key_of("shop")
+    parts = next_job_key_parts(redis_conn)
+    queue = Queue(keys.download_queue("shop"), connection=redis_conn)
+    expected = [keys.conf("shop"), keys.levels("shop"), keys.gate("shop"), keys.queued("shop"), queue.key]
+    expected += [queue.intermediate_queue_key, queue.started_job_registry.key]
+    assert [before + "shop" + after for before, after in zip(parts[::2], parts[1::2], strict=True)] == expected
+
+
+def test_the_scripts_are_package_data() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["tool"]["setuptools"]["package-data"]["crawler.lua"] == ["*.lua"]
+
+
+# -- what the scripts touch, seen by MONITOR --------------------------------------------------
+
+
+def _unescape(arg: str) -> bytes:
+    """An argument as MONITOR quotes it (sdscatrepr), back to its bytes."""
+    out, i = bytearray(), 0
+    simple = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b", '"': b'"', "\\": b"\\"}
+    while i < len(arg):
+        if arg[i] == "\\" and arg[i + 1] == "x":
+            out += bytes([int(arg[i + 2 : i + 4], 16)])
+            i += 4
+        elif arg[i] == "\\":
+            out += simple[arg[i + 1]]
+            i += 2
+        else:
+            out += arg[i].encode()
+            i += 1
+    return bytes(out)
+
+
+class Touched:
+    """Keys declared by the EVALSHA calls, and keys the commands run by scripts touched."""
+
+    def __init__(self) -> None:
+        self.declared: set[bytes] = set()
+        self.touched: set[bytes] = set()
+
+
+@contextmanager
+def watching(connection: Redis, redis_url: str) -> Iterator[Touched]:
+    """What the scripts run in the block declare and touch (MONITOR on another connection)."""
+    watcher = Redis.from_url(redis_url, socket_timeout=10)
+    seen = Touched()
+    lines: list[str] = []
+    with watcher.monitor() as monitor:
+        yield seen
+        connection.echo("end of the block")
+        while True:
+            line = monitor.connection.read_response()
+            text = line.decode("latin-1") if isinstance(line, bytes) else str(line)
+            if '"ECHO" "end of the block"' in text:
+                break
+            lines.append(text)
+    watcher.close()
+    for text in lines:
+        args = [_unescape(a) for a in re.findall(r'"((?:[^"\\]|\\.)*)"', text)]
+        if args[0].upper() == b"EVALSHA":
+            seen.declared |= set(args[3 : 3 + int(args[2])])
+        elif "lua]" in text:
+            try:
+                seen.touched |= {k.encode() if isinstance(k, str) else k for k in connection.command_getkeys(*args)}
+            except Exception:  # a command with no key (TIME)
+                pass
+
+
+def assert_one_slot(seen: Touched, derived: bool = False) -> None:
+    assert seen.touched, "no script ran"
+    assert len({key_slot(key) for key in seen.touched | seen.declared}) == 1, sorted(seen.touched | seen.declared)
+    if not derived:
+        assert seen.touched <= seen.declared, sorted(seen.touched - seen.declared)
+
+
+def test_gate_and_pace_scripts_touch_only_the_sites_slot(redis_conn: Redis, redis_url: str) -> None:
+    gate = site_gate(redis_conn, "shop", 0.05, pace_key=keys.conf("shop"))
+    with watching(redis_conn, redis_url) as seen:
+        assert gate.try_acquire() == 0.0
+        assert gate.rearm()
+        assert gate.release()
+        Pacer(redis_conn).observe(
+            keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
+        )
+        Scheduler(redis_conn).close_gate("shop", 0.5, "Retry-After")
+    assert_one_slot(seen)
+    assert keys.gate("shop").encode() in seen.touched and keys.conf("shop").encode() in seen.touched
+
+
+@pytest.mark.parametrize("revisit_after", [None, 60.0])
+def test_dedup_and_frontier_scripts_touch_only_the_sites_slot(
+    redis_conn: Redis, redis_url: str, revisit_after: float | None
+) -> None:
+    frontier = Frontier(redis_conn, "shop", ["shop.example"], 60, 60, revisit_after=revisit_after)
+    requests = [Request(f"https://shop.example/p/{i}", priority=i % 3) for i in range(20)]
+    with watching(redis_conn, redis_url) as seen:
+        frontier.add(requests + requests[:5])  # ADD_SEEN (or its time buckets)
+    assert_one_slot(seen, derived=revisit_after is not None)
+    with watching(redis_conn, redis_url) as seen:
+        assert frontier_sizes(redis_conn, ["shop"]) == [20]
+        redis_conn.delete(keys.frontier("shop", 2))
+        Scheduler(redis_conn).forget_empty_levels("shop", [0, 1, 2])
+    assert_one_slot(seen, derived=True)  # FRONTIER_SIZE names the lists it finds in the levels set
+    assert redis_conn.zrange(keys.levels("shop"), 0, -1) == [b"0", b"1"]
+
+
+def test_the_lastmod_script_touches_only_the_sites_slot(redis_conn: Redis, redis_url: str) -> None:
+    with watching(redis_conn, redis_url) as seen:
+        reply = lua.script(redis_conn, "newer_lastmod")(keys=[keys.lastmod("shop")], args=[b"\x00" * 8, 1700000000])
+    assert reply == b"n"
+    assert_one_slot(seen)
+
+
+def test_the_pages_scripts_touch_only_the_stream(redis_conn: Redis, redis_url: str) -> None:
+    pages.ensure_group(redis_conn)
+    pages.add(redis_conn, {"site": "shop"}, b"body")
+    (entry_id, _, _), *_ = pages.read(redis_conn, "c1", 10, 0)
+    with watching(redis_conn, redis_url) as seen:
+        assert pages.touch(redis_conn, "c1", [entry_id]) == {entry_id}
+        assert [e[0] for e in pages.reclaim(redis_conn, "c2", 0, 10)] == [entry_id]
+        assert pages.forget(redis_conn, 0, "c1") == 1
+    assert_one_slot(seen)
+    assert seen.touched == {keys.pages().encode()}
+
+
+def test_a_shared_gate_read_with_a_sites_adaptive_interval_spans_two_slots(redis_conn: Redis, redis_url: str) -> None:
+    """What docs/SCALING.md says: such a site's gate scripts could not run on Redis Cluster as they are."""
+    gate = site_gate(redis_conn, keys.shared_gate_name("srv-1"), 0.05, pace_key=keys.conf("shop"))
+    with watching(redis_conn, redis_url) as seen:
+        assert gate.try_acquire() == 0.0
+    assert {key_slot(key) for key in seen.touched} == {key_slot(b"shop"), key_slot(b"shared:srv-1")}
