@@ -478,7 +478,7 @@ def test_a_crawl_with_rq_key_prefix_set_keeps_rq_keys_under_it_and_rq_info_reads
             if crawl.poll() is None:
                 crawl.kill()
     assert info.returncode == 0, info.stderr
-    assert "download:demo" in info.stdout  # the site's queue, as RQ lists it
+    assert keys.download_queue("demo") in info.stdout  # the site's queue, as RQ lists it
     assert "workers" in info.stdout and " 0 workers" not in info.stdout
     assert crawl.returncode == 0, err[-2000:]
     assert "rq" not in during and "crawlrq" in during, during
