@@ -25,15 +25,14 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from w3lib.url import canonicalize_url
 
-from . import keys, lua, quarantine
+from . import joblife, keys, lua, quarantine
 from .conditional import Validators, check_validators
 from .errors import RefusedURL
 from .gate import Gate
-from .recovery import job_retry
 from .replies import text
 from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder
 from .spider import Request
-from .vetting import DOWNLOAD_FUNC, CrawlerJob
+from .vetting import CrawlerJob
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 COUNTERS = (("depth", 0), ("hops", 0), ("attempt", 1), ("priority", 0))
@@ -563,7 +562,10 @@ class Frontier:
             ids = [uuid.uuid4().hex for _ in tasks]
             pipe.multi()
             if tasks:
-                self.queue.enqueue_many(self._jobs(tasks, ids), pipeline=pipe)
+                joblife.make_jobs(
+                    self.queue, [t.to_json() for t in tasks], [t.url for t in tasks], ids, self.failure_ttl,
+                    self.job_timeout, pipe,
+                )  # fmt: skip
                 pipe.zadd(keys.queued(self.site), {i: t.priority for i, t in zip(ids, tasks, strict=True)})
             for priority, count in taken:
                 if count:
@@ -576,21 +578,6 @@ class Frontier:
     def _refill_lock(self) -> Gate:
         lock = keys.refill_lock(self.site)
         return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, key=lock)
-
-    def _jobs(self, tasks: list[DownloadTask], ids: list[str]) -> list[Any]:
-        return [
-            Queue.prepare_data(
-                DOWNLOAD_FUNC,
-                args=(task.to_json(),),
-                result_ttl=0,
-                failure_ttl=self.failure_ttl,
-                timeout=self.job_timeout,
-                description=task.url,
-                job_id=job_id,
-                retry=job_retry(),
-            )
-            for task, job_id in zip(tasks, ids, strict=True)
-        ]
 
     def waiting(self) -> list[DownloadTask]:
         """Tasks waiting in the compact frontier (not yet RQ jobs), highest priority first."""

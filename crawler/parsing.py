@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from . import jobs, keys, outbox, pages, runtime
 from .errors import ConfigError
 from .gate import Gate
-from .recovery import HEARTBEAT_EVERY
+from .joblife import HEARTBEAT_EVERY
 from .vetting import RefusedEntry, page_entry
 from .workers import FLUSH_EVERY, WatchdogDeathPenalty, crawl_drained
 

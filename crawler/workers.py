@@ -27,18 +27,17 @@ from typing import Any
 import redis
 from redis import Redis
 from rq import Queue, SimpleWorker
-from rq.exceptions import NoSuchJobError, StopRequested
+from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job
-from rq.results import Result
 from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended
 from rq.timeouts import JobTimeoutException, TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from . import keys, outbox, runtime
-from .recovery import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
+from . import joblife, keys, outbox, runtime
+from .joblife import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
 from .replies import text
 from .scheduler import JOBS_AHEAD, Next, Scheduler, frontier_sizes
 from .vetting import CrawlerJob
@@ -386,7 +385,7 @@ class CrawlWorker(SimpleWorker):
         """Claim the job, then run it in this thread while the lease keeper renews the claim."""
         try:
             prune_dead_executions(self.connection, job)
-            execution = self.claim(job, queue)
+            execution = joblife.claim(self, job, queue)
             self._lease.hold(job, execution)
             try:
                 self.perform_job(job, queue, execution)
@@ -398,33 +397,12 @@ class CrawlWorker(SimpleWorker):
             # The job's claim expires and the reaper hands it back once Redis answers.
             self._redis_down(exc)
 
-    def claim(self, job: Job, queue: Queue) -> Execution:
-        """Claim ``job`` in one transaction: what RQ writes before a job, in one round trip.
-
-        The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``, made
-        with RQ's public methods: the execution and its lease in the started registry,
-        the worker busy and its heartbeat, the job started (status, worker, times) and out
-        of the queue's intermediate list; atomic, so a job is never out of the
-        intermediate list without a lease.
-        """
-        ttl = self.get_heartbeat_ttl(job)
-        with self.connection.pipeline() as pipe:
-            execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-            self.executions[execution.id] = execution
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            self.heartbeat(ttl, pipeline=pipe)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            pipe.persist(job.key)
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            pipe.execute()
-        return execution
-
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
-        """Run a job claimed by ``claim``; a success finished in one step, a failure through RQ.
+        """Run a job claimed by ``joblife.claim``; a success finished in one step, a failure through RQ.
 
         Crawler jobs return nothing and name no callback, webhook, dependency, group or
         repeat (``vetting`` refuses those), so a success only has to be counted and the job
-        deleted (``_finish``); a rate-limited job goes through RQ's ``handle_job_success``.
+        deleted (``joblife.finish``); a rate-limited job goes through RQ's ``handle_job_success``.
         A failure goes through RQ's ``handle_exception`` and ``handle_job_failure``
         (retries, the failed registry).
         """
@@ -449,29 +427,10 @@ class CrawlWorker(SimpleWorker):
             job.ended_at = now()
             self.handle_job_success(job, queue, queue.started_job_registry, execution)
         else:
-            self._finish(job, execution)
+            job.ended_at = now()
+            joblife.finish(self, job, execution)
+            self.log.info("Worker %s: %s: Job OK (%s)", self.name, job.origin, job.id)
         return True
-
-    def _finish(self, job: Job, execution: Execution) -> None:
-        """RQ's success handling of a plain job, in one transaction instead of four round trips.
-
-        The same end state: the worker's counters and state, the job's execution and its
-        lease gone, the job deleted (``result_ttl`` 0) with its result, dependency and
-        execution keys. Crawler jobs have no dependents (``vetting``), so RQ's watch of the
-        dependents set is left out.
-        """
-        job.ended_at = now()
-        assert job.started_at is not None  # set by perform_job
-        with self.connection.pipeline() as pipe:
-            self.increment_successful_job_count(pipeline=pipe)
-            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            pipe.delete(
-                job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
-            )
-            self.set_state(WorkerStatus.IDLE, pipeline=pipe)
-            pipe.execute()
-        self.log.info("Worker %s: %s: Job OK (%s)", self.name, job.origin, job.id)
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         # A short lease renewed by the lease keeper while the job runs: a killed worker's job is
@@ -557,7 +516,7 @@ class DownloadWorker(CrawlWorker):
             if step.job_id is not None:
                 assert step.site is not None
                 queue = self._by_site[step.site]
-                job = self._fetch(step.job_id, queue)
+                job = joblife.fetch(self.connection, step.job_id, queue)
                 if job is None:
                     continue
                 self._refill = step.site if step.refill else None
@@ -616,20 +575,7 @@ class DownloadWorker(CrawlWorker):
             self._warned.add(step.site)
             log.warning("no spider for site %r here: leaving its work to other workers", step.site)
         if step.job_id is not None:
-            queue = Queue(keys.download_queue(step.site), connection=self.connection)
-            with self.connection.pipeline(transaction=True) as pipe:
-                pipe.lrem(queue.intermediate_queue_key, 1, step.job_id)
-                pipe.lpush(queue.key, step.job_id)
-                pipe.execute()
-
-    def _fetch(self, job_id: str, queue: Queue) -> Job | None:
-        try:
-            job = CrawlerJob.fetch(job_id, connection=self.connection, serializer=self.serializer)
-        except NoSuchJobError:  # its hash expired or was deleted, or it was refused and quarantined
-            self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
-            return None
-        job.redis_server_version = self.get_redis_server_version()
-        return job
+            joblife.give_back(self.connection, step.site, step.job_id)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         super().execute_job(job, queue)

@@ -18,8 +18,9 @@ from w3lib.url import canonicalize_url
 
 from crawler import keys
 from crawler.errors import RefusedURL
-from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, canonicalize, host_allowed, seed
+from crawler.frontier import DownloadTask, Frontier, canonicalize, host_allowed, seed
 from crawler.spider import Request
+from crawler.vetting import DOWNLOAD_FUNC
 
 SITE = "shop"
 FAILURE_TTL = 3600

@@ -26,11 +26,11 @@ from rq.serializers import JSONSerializer
 from crawler import jobs, keys, pages, quarantine
 from crawler.demo import ShopSite
 from crawler.fetch import Fetcher
-from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint
+from crawler.frontier import DownloadTask, Frontier, fingerprint
 from crawler.runtime import Runtime, current
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.vetting import page_entry
+from crawler.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.workers import DownloadWorker
 
 SITE = "demo"

@@ -30,8 +30,8 @@ from crawler.connection import connect, redis_server_binary
 from crawler.demo import ShopSite
 from crawler.frontier import seed
 from crawler.gate import SEND_GRACE
+from crawler.joblife import REAP_EVERY
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.recovery import REAP_EVERY
 from crawler.runtime import Runtime, install
 from crawler.settings import Settings
 from crawler.store import Store

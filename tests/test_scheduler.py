@@ -209,3 +209,22 @@ def test_a_group_worker_walks_past_other_sites_to_its_own(redis_conn: Redis) -> 
     step = take(scheduler)
     assert step.site == "mine" and step.job_id is not None
     assert redis_conn.zscore(keys.ready(), "other0") == 1  # others' sites untouched
+
+
+def test_a_job_is_handed_out_just_before_its_gate_opens_never_long_before(redis_conn: Redis) -> None:
+    """PREPARE_AHEAD: handed out within that lead of the gate opening, never more, never a spin."""
+    from crawler.scheduler import PREPARE_AHEAD
+
+    fill(redis_conn, "a", 5, interval=0.001)  # an interval shorter than the lead
+    scheduler = Scheduler(redis_conn)
+    assert take(scheduler).job_id is not None
+    redis_conn.set(keys.gate("a"), "held", px=400)  # a request in flight, its gate closed 400 ms
+    before = redis_conn.info("commandstats").get("cmdstat_pttl", {}).get("calls", 0)
+    step = scheduler.next()
+    assert step.job_id is None and step.wait is not None and step.wait > 0  # not handed out 400 ms ahead
+    assert redis_conn.info("commandstats")["cmdstat_pttl"]["calls"] - before == 1  # looked at once, no spin
+    time.sleep(step.wait)
+    assert scheduler.next().job_id is None  # still closed beyond the lead
+    redis_conn.pexpire(keys.gate("a"), int(PREPARE_AHEAD * 1000) - 5)  # now opening within the lead
+    time.sleep(0.002)
+    assert scheduler.next().job_id is not None

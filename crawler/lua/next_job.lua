@@ -79,9 +79,10 @@ for _ = 1, tries do
         if cap and busy >= cap then
             redis.call('ZADD', ready, now + 50, site)
         elseif gate_ttl > ahead then
-            -- Not yet rearmed, the TTL still holds the send grace: look again no later than
-            -- one interval from now, the soonest a rearm could let it open.
-            redis.call('ZADD', ready, now + math.min(gate_ttl, interval), site)
+            -- Closed beyond ``ahead``: due again when it is within ``ahead`` of opening. A gate not
+            -- yet rearmed still holds its send grace: look again no later than one interval from
+            -- now, the soonest a rearm could let it open. Never due at once (this loop would spin).
+            redis.call('ZADD', ready, now + math.max(ahead + 1, math.min(gate_ttl, interval + ahead)), site)
         else
             local job = redis.call('LMOVE', queue, site_key(INTERMEDIATE, site), 'LEFT', 'RIGHT')
             redis.call('ZREM', site_key(QUEUED, site), job)
