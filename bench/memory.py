@@ -36,10 +36,11 @@ from rq.serializers import JSONSerializer
 
 from crawler import keys
 from crawler.demo import ShopSite
-from crawler.frontier import DOWNLOAD_FUNC, DownloadTask, Frontier, fingerprint, seed
+from crawler.frontier import DownloadTask, Frontier, fingerprint, seed
 from crawler.launcher import WorkerSpec, start_workers
 from crawler.runtime import Runtime
 from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
+from crawler.vetting import DOWNLOAD_FUNC
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, stored_items
 

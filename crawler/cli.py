@@ -893,6 +893,24 @@ def _serve_metrics(obj: Context, host: str, port: int) -> Any:
     return server
 
 
+@cli.command("dashboard")
+@click.option("--port", default=9181, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@pass_context
+def dashboard_(obj: Context, port: int, host: str) -> None:
+    """Serve rq-dashboard (RQ's queues, jobs and workers) for this Redis, until Ctrl-C.
+
+    Needs the dashboard extra: pip install 'crawler[dashboard]'.
+    """
+    from .dashboard import make_app
+
+    obj.read_only = True
+    obj.redis.ping()
+    app = make_app(obj.redis_url)
+    click.echo(f"dashboard at http://{host}:{port}/ for Redis {redact_url(obj.redis_url)}", err=True)
+    app.run(host=host, port=port)
+
+
 @cli.command("metrics")
 @click.option(
     "--port",

@@ -35,3 +35,11 @@ def test_the_code_is_formatted_by_ruff() -> None:
 def test_mypy_finds_nothing_in_the_package() -> None:
     result = run_tool("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_benchmark_module_imports() -> None:
+    """The benchmarks are not type-checked: at least every name they import from the crawler must exist."""
+    names = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+    code = "import importlib\n" + "".join(f"importlib.import_module('bench.{name}')\n" for name in names)
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
