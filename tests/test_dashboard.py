@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
+import pytest
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 from rq import Queue, Worker
@@ -12,6 +14,7 @@ from rq.serializers import JSONSerializer
 from crawler import keys
 from crawler.dashboard import make_app
 from crawler.demo import ShopSite
+from crawler.errors import ConfigError
 from crawler.frontier import seed
 from crawler.settings import Settings
 
@@ -52,3 +55,9 @@ def test_queues_jobs_and_workers_pages_answer_while_jobs_run(
     running = [w["current_job"] for w in workers if w["current_job"] != "idle"]
     assert running and all(shop_url in job["description"] for job in running)  # the URL each is fetching
     assert Queue(queue, connection=redis_conn).key.startswith(Queue.redis_queue_namespace_prefix)
+
+
+def test_without_rq_dashboard_the_command_says_what_to_install(monkeypatch: pytest.MonkeyPatch, redis_url: str) -> None:
+    monkeypatch.setitem(sys.modules, "rq_dashboard", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"pip install 'crawler\[dashboard\]'"):
+        make_app(redis_url)
