@@ -43,7 +43,7 @@ from rq.job import Job
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import current_timestamp
+from rq.utils import current_timestamp, now
 from rq.worker import BaseWorker, WorkerStatus
 
 from . import keys
@@ -55,6 +55,9 @@ log = logging.getLogger("crawler.joblife")
 
 #: Seconds between two heartbeats of a running job (its claim lasts ``job_lease`` seconds).
 HEARTBEAT_EVERY = 1
+#: Least seconds between two heartbeats of a worker's own key (job heartbeats are separate):
+#: its key lives ``worker_ttl`` + 60 s from a plain beat, so more often is waste.
+WORKER_BEAT_EVERY = 5.0
 #: Seconds between two reaper passes, fleet-wide.
 REAP_EVERY = 5.0
 #: Delays (seconds) before the retries of a job that raised or whose worker died. The first is
@@ -178,14 +181,20 @@ def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
     with RQ's public methods: the execution and its lease in the started registry,
     the worker busy and its heartbeat, the job started (status, worker, times) and out
     of the queue's intermediate list; atomic, so a job is never out of the
-    intermediate list without a lease.
+    intermediate list without a lease. The worker's state and heartbeat are written
+    only when they change or are due: a worker that goes from job to job is already
+    ``busy``, and its key was renewed less than WORKER_BEAT_EVERY ago (it outlives the
+    job: the lease keeper renews it while the job runs).
     """
     ttl = worker.get_heartbeat_ttl(job)
+    beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
     with worker.connection.pipeline() as pipe:
         execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
         worker.executions[execution.id] = execution
-        worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
-        worker.heartbeat(ttl, pipeline=pipe)
+        if worker.get_state() != WorkerStatus.BUSY:
+            worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+        if beat_due:
+            worker.heartbeat(ttl, pipeline=pipe)
         job.prepare_for_execution(worker.name, pipeline=pipe)
         pipe.persist(job.key)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
@@ -196,10 +205,11 @@ def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
 def finish(worker: BaseWorker, job: Job, execution: Execution) -> None:
     """RQ's success handling of a plain job, in one transaction instead of four round trips.
 
-    The same end state: the worker's counters and state, the job's execution and its
-    lease gone, the job deleted (``result_ttl`` 0) with its result, dependency and
-    execution keys. Crawler jobs have no dependents (``vetting``), so RQ's watch of the
-    dependents set is left out.
+    The same end state (the worker stays ``busy`` until its next look for work finds
+    none): the worker's counters, the job's execution and its lease gone, the job
+    deleted (``result_ttl`` 0) with its result, dependency and execution keys. Crawler
+    jobs have no dependents (``vetting``), so RQ's watch of the dependents set is left
+    out.
     """
     assert job.started_at is not None and job.ended_at is not None
     with worker.connection.pipeline() as pipe:
@@ -209,7 +219,6 @@ def finish(worker: BaseWorker, job: Job, execution: Execution) -> None:
         pipe.delete(
             job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
         )
-        worker.set_state(WorkerStatus.IDLE, pipeline=pipe)
         pipe.execute()
 
 

@@ -37,7 +37,7 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from . import joblife, keys, outbox, runtime
-from .joblife import HEARTBEAT_EVERY, REAP_EVERY, prune_dead_executions, reap
+from .joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from .replies import text
 from .scheduler import JOBS_AHEAD, Next, Scheduler, frontier_sizes
 from .vetting import CrawlerJob
@@ -48,8 +48,6 @@ log = logging.getLogger("crawler.workers")
 IDLE_SLEEP = 0.1
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
-#: Least seconds between two plain heartbeats of a worker (job heartbeats are separate).
-WORKER_BEAT_EVERY = 5.0
 #: Seconds between two idle looks for sites with work missing from the ready set.
 REPAIR_EVERY = 1.0
 #: Seconds between two looks for ``rq suspend``.
@@ -352,9 +350,11 @@ class CrawlWorker(SimpleWorker):
         return None
 
     def _dequeue_step(self) -> tuple[tuple[Job, Queue] | None, float | None]:
-        """One look for work: a job, else seconds to wait (None: burst and drained)."""
-        if self.get_state() != WorkerStatus.IDLE:
-            self.set_state(WorkerStatus.IDLE)
+        """One look for work: a job, else seconds to wait (None: burst and drained).
+
+        A worker that goes from one job to the next stays ``busy`` for RQ; it turns ``idle``
+        when a look finds no job to run now (two writes a job fewer).
+        """
         self.heartbeat()
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
@@ -362,6 +362,8 @@ class CrawlWorker(SimpleWorker):
         found, wait = self.next_job()
         if found is not None:
             return found, None
+        if self.get_state() != WorkerStatus.IDLE:
+            self.set_state(WorkerStatus.IDLE)
         if wait is None:  # no work anywhere we serve
             if self._burst and crawl_drained(self.connection, self.sites):
                 return None, None
@@ -391,8 +393,6 @@ class CrawlWorker(SimpleWorker):
                 self.perform_job(job, queue, execution)
             finally:
                 self._lease.release()
-            if self.get_state() != WorkerStatus.IDLE:
-                self.set_state(WorkerStatus.IDLE)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # The job's claim expires and the reaper hands it back once Redis answers.
             self._redis_down(exc)
