@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -173,10 +174,26 @@ class Store:
             raise ConfigError(
                 f"unsupported database {self.engine.dialect.name!r} in {redact_url(url)}: use SQLite or PostgreSQL"
             )
-        try:
-            migrations.upgrade(self.engine, metadata, schema_versions, MIGRATIONS)
-        except DBAPIError as exc:
-            raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Create or migrate the schema (``migrations``); ConfigError if the database cannot be reached.
+
+        SQLite: workers starting at once on a new file race to switch it to WAL and to
+        take its write lock, and SQLite answers "database is locked" at once to some of
+        them rather than making them wait; they try again, a few times, with backoff.
+        """
+        for attempt in range(SQLITE_LOCKED_TRIES):
+            try:
+                migrations.upgrade(self.engine, metadata, schema_versions, MIGRATIONS)
+                return
+            except OperationalError as exc:
+                locked = self.engine.dialect.name == "sqlite" and "database is locked" in str(exc)
+                if not locked or attempt + 1 == SQLITE_LOCKED_TRIES:
+                    raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
+                time.sleep(0.1 * 2**attempt)
+            except DBAPIError as exc:
+                raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
 
     def upsert_items(self, site: str, batch: Iterable[Item], seen: datetime | None = None) -> int:
         """Insert or update items on (site, key), seen at ``seen`` (default now). Returns how many were written.
@@ -365,16 +382,21 @@ def engine_url(url: str) -> URL:
     return parsed
 
 
+#: Tries of a schema upgrade that SQLite answered "database is locked" (see ``Store._upgrade``).
+SQLITE_LOCKED_TRIES = 6
+
+
 def _install_hint(url: str) -> str:
     return f": {POSTGRES_INSTALL}" if url.lower().startswith("postgres") else ""
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets parse and download workers in several processes write without
-    # "database is locked"; the busy timeout makes writers queue instead of failing.
+    # "database is locked"; the busy timeout (set first, so that the switch to WAL
+    # waits for it too) makes writers queue instead of failing.
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
 
