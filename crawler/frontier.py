@@ -541,8 +541,12 @@ class Frontier:
         wanted = jobs_ahead - int(self.connection.llen(self.queue.key))
         if wanted <= 0:
             return 0, []
-        levels = self.connection.zrevrange(keys.levels(self.site), 0, -1)
         with self.connection.pipeline(transaction=True) as pipe:
+            # The priorities are read under watch too: a push of a new, higher priority
+            # between this read and the move would otherwise go unseen (its preemption finds
+            # no job yet to hand back) and the jobs made here would all go before it.
+            pipe.watch(keys.levels(self.site))
+            levels = pipe.zrevrange(keys.levels(self.site), 0, -1)
             taken: list[tuple[int, int]] = []  # (priority, entries read)
             tasks: list[DownloadTask] = []
             refused: list[tuple[str, Any, str]] = []  # (list, entry, reason)

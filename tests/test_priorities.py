@@ -164,3 +164,24 @@ def test_a_seed_overtakes_a_flood_of_background_work(redis_conn: Redis, settings
     # Seeded during the flood: only the request the worker had already taken may arrive first.
     assert len(ahead) <= downloads, f"{len(ahead)} requests overtook the seed: {ahead}"
     assert left_behind > 50, "the flood was nearly done: the test proves nothing"
+
+
+def test_a_push_of_a_higher_priority_during_a_refill_is_next_not_behind_the_jobs_it_makes(
+    frontier: Frontier, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refill has read the priorities when a seed of a new, higher one is pushed: the seed still goes first."""
+    frontier.add(requests([f"/low{i}" for i in range(6)], 0))
+    other = Frontier(redis_conn, SITE, ["example.com"], failure_ttl=60, job_timeout=60)  # another worker's
+    real_frontier_key, pushed = keys.frontier, []
+
+    def push_once_the_priorities_are_read(site: str, priority: int = 0) -> str:
+        if not pushed:  # the refill's first list key: its priorities are read, its lists not yet
+            pushed.append(True)
+            other.add(requests(["/seed"], SEED_PRIORITY))
+        return real_frontier_key(site, priority)
+
+    monkeypatch.setattr(keys, "frontier", push_once_the_priorities_are_read)
+    frontier.refill(JOBS_AHEAD)
+    monkeypatch.setattr(keys, "frontier", real_frontier_key)
+    assert pushed
+    assert queued_jobs(frontier)[0] == ("/seed", SEED_PRIORITY)
