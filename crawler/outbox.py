@@ -79,7 +79,9 @@ def flush(rt: Any) -> int:
                         rt.connection, keys.outbox(), f"malformed fetch record: {exc}", content={"entry": entry}
                     )
             try:
-                rt.store.record_fetches(records)
+                # A record may be there already: its write went through but its answer was
+                # lost (the connection cut after the commit), so it was parked all the same.
+                rt.store.record_fetches_once(records)
             except (SQLAlchemyError, ConfigError):
                 return written
             rt.connection.ltrim(keys.outbox(), len(raw), -1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -282,6 +282,28 @@ class Store:
                 # One row (a job's record) as a plain execute, not an executemany of one.
                 conn.execute(self._insert_fetch, rows[0] if len(rows) == 1 else rows)
 
+    def record_fetches_once(self, records: Sequence[FetchRecord]) -> int:
+        """Append the records not already there (same site, URL, kind and start); returns how many.
+
+        For records written again after a write whose answer was lost (the connection cut
+        after the commit: ``outbox``), which must not be recorded twice.
+        """
+        if not records:
+            return 0
+        with self.engine.begin() as conn:
+            present: set[tuple[str, str, str, datetime]] = set()
+            for site in {r.site for r in records}:
+                urls = sorted({r.url for r in records if r.site == site})
+                for start in range(0, len(urls), _IN_BATCH):
+                    query = select(fetches.c.url, fetches.c.kind, fetches.c.started).where(
+                        fetches.c.site == site, fetches.c.url.in_(urls[start : start + _IN_BATCH])
+                    )
+                    present.update((site, url, kind, _as_utc(started)) for url, kind, started in conn.execute(query))
+            fresh = [r for r in records if (r.site, r.url, r.kind, _as_utc(r.started)) not in present]
+            if fresh:
+                conn.execute(self._insert_fetch, [vars(r) for r in fresh])
+        return len(fresh)
+
     @cached_property
     def _insert_fetch(self) -> Any:
         return fetches.insert()
@@ -384,6 +406,11 @@ def engine_url(url: str) -> URL:
 
 #: Tries of a schema upgrade that SQLite answered "database is locked" (see ``Store._upgrade``).
 SQLITE_LOCKED_TRIES = 6
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """``moment`` in UTC; a naive one (SQLite gives them back so) is taken to be UTC already."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _install_hint(url: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 import time
@@ -271,3 +272,19 @@ def test_touching_a_page_moves_only_its_items_last_seen_forward(store: Store) ->
     assert store.touch_items(SITE, "http://shop.example/1", start) == 2  # an older sighting moves nothing back
     assert as_utc(store.item_rows(SITE)[0]["last_seen"]) == later
     assert store.touch_items(SITE, "http://shop.example/none", later) == 0
+
+
+def test_records_written_again_after_a_lost_answer_are_recorded_once(store: Store) -> None:
+    """``outbox``: a record whose write went through but whose answer was lost is parked and flushed again."""
+    started = datetime(2026, 11, 23, 1, 2, 3, 456789, tzinfo=UTC)
+    first = FetchRecord(site="s", url="http://x/1", outcome="ok", started=started, finished=started, kind="download")
+    later = dataclasses.replace(first, started=started + timedelta(microseconds=1))
+    parse = dataclasses.replace(first, kind="parse")
+    store.record_fetches([first])
+    assert store.record_fetches_once([first, later, parse, first]) == 2  # first is there already
+
+    def naive_utc(moment: datetime) -> datetime:
+        return moment if moment.tzinfo is None else moment.astimezone(UTC).replace(tzinfo=None)
+
+    rows = sorted((r["kind"], naive_utc(r["started"])) for r in store.fetch_rows("s"))
+    assert rows == sorted((r.kind, naive_utc(r.started)) for r in (first, later, parse))
