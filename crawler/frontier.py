@@ -335,8 +335,12 @@ class Frontier:
         job_timeout: int,
         refresh: Callable[[Request], float | None] | None = None,
         revisit_after: float | None = None,
+        batch: int = 1,
     ):
         """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
+
+        ``batch``: URLs (of one priority) a refill puts in one job, 1 to ``MAX_BATCH``
+        (``Runtime.batch_size``: more than one for a site fast enough).
 
         ``revisit_after``: seconds a seen URL stays seen (at most a quarter more), after
         which it may be queued again; None: seen for good (``Spider.revisit_after``).
@@ -350,6 +354,7 @@ class Frontier:
         self.domains = list(domains)
         self.failure_ttl = failure_ttl
         self.job_timeout = job_timeout
+        self.batch = max(1, min(int(batch), joblife.MAX_BATCH))
         self.queue = download_queue(connection, site)
 
     @cached_property
@@ -455,6 +460,22 @@ class Frontier:
             by_priority.setdefault(task.priority, []).append(task.to_entry())
         self._push_entries(by_priority)
 
+    def hand_back(self, tasks: list[DownloadTask]) -> None:
+        """Put tasks taken from this site's frontier back at the front of their priority's list, in their order.
+
+        For the rest of a batch that could not go on (``jobs.download``); no dedup (they
+        were admitted once), and the site is marked ready.
+        """
+        by_priority: dict[int, list[str]] = {}
+        for task in tasks:
+            by_priority.setdefault(task.priority, []).append(task.to_entry())
+        with self.connection.pipeline(transaction=True) as pipe:
+            for priority, entries in by_priority.items():
+                pipe.lpush(keys.frontier(self.site, priority), *reversed(entries))  # the front, in their order
+                pipe.zadd(keys.levels(self.site), {str(priority): priority})
+            pipe.zadd(keys.ready(), {self.site: 0}, nx=True)
+            pipe.execute()
+
     def _push_entries(self, by_priority: dict[int, list[str]]) -> None:
         """``push`` for entries already encoded, by priority."""
         if not by_priority:
@@ -502,8 +523,10 @@ class Frontier:
                 job = self.queue.fetch_job(job_id)  # None when gone, or refused and quarantined
                 if job is None:
                     continue
-                task = DownloadTask.from_json(job.args[0])
-                evicted += self.scheduler.evict(self.site, self.queue.key, job_id, task.priority, task.to_entry())
+                tasks = [DownloadTask.from_json(payload) for payload in joblife.tasks_left(job)]
+                if tasks:
+                    entries = [task.to_entry() for task in tasks]
+                    evicted += self.scheduler.evict(self.site, self.queue.key, job_id, tasks[0].priority, entries)
             stale = lower - set(order)
             if stale:  # taken meanwhile, or lost with a crashed refill: no longer ours to track
                 self.connection.zrem(keys.queued(self.site), *stale)
@@ -514,6 +537,8 @@ class Frontier:
 
     def refill(self, jobs_ahead: int) -> int:
         """Turn compact entries into RQ jobs until ``jobs_ahead`` are queued, highest priority first.
+
+        Each job carries up to ``batch`` entries of one priority, in their order.
 
         Returns how many. A short per-site lock keeps two workers from turning the same
         entries into jobs. The read of the frontier lists and the move (jobs written, lists
@@ -548,36 +573,38 @@ class Frontier:
             pipe.watch(keys.levels(self.site))
             levels = pipe.zrevrange(keys.levels(self.site), 0, -1)
             taken: list[tuple[int, int]] = []  # (priority, entries read)
-            tasks: list[DownloadTask] = []
             refused: list[tuple[str, Any, str]] = []  # (list, entry, reason)
+            batches: list[list[DownloadTask]] = []  # each of one priority
             for raw in levels:
                 priority = int(text(raw))
                 key = keys.frontier(self.site, priority)
                 pipe.watch(key)
-                entries = pipe.lrange(key, 0, wanted - len(tasks) - 1)
+                entries = pipe.lrange(key, 0, (wanted - len(batches)) * self.batch - 1)
                 taken.append((priority, len(entries)))
+                tasks = []
                 for entry in entries:
                     try:
                         tasks.append(DownloadTask.from_entry(self.site, entry, priority))
                     except ValueError as exc:  # written by hand? kept aside with its reason, never retried
                         refused.append((key, entry, str(exc)))
-                if len(tasks) >= wanted:
+                batches += [tasks[i : i + self.batch] for i in range(0, len(tasks), self.batch)]
+                if len(batches) >= wanted:
                     break
-            ids = [uuid.uuid4().hex for _ in tasks]
+            ids = [uuid.uuid4().hex for _ in batches]
             pipe.multi()
-            if tasks:
+            if batches:
                 joblife.make_jobs(
-                    self.queue, [t.to_json() for t in tasks], [t.url for t in tasks], ids, self.failure_ttl,
+                    self.queue, [[t.to_json() for t in batch] for batch in batches], ids, self.failure_ttl,
                     self.job_timeout, pipe,
                 )  # fmt: skip
-                pipe.zadd(keys.queued(self.site), {i: t.priority for i, t in zip(ids, tasks, strict=True)})
+                pipe.zadd(keys.queued(self.site), {i: b[0].priority for i, b in zip(ids, batches, strict=True)})
             for priority, count in taken:
                 if count:
                     pipe.ltrim(keys.frontier(self.site, priority), count, -1)
             for key, entry, reason in refused:
                 quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=pipe)
             pipe.execute()
-        return len(tasks), [p for p, _ in taken]
+        return len(batches), [p for p, _ in taken]
 
     def _refill_lock(self) -> Gate:
         lock = keys.refill_lock(self.site)

@@ -4,7 +4,11 @@ A download is an RQ job on its site's queue ``download:{SITE}``, always through 
 public classes and key properties:
 
 - **made** (``make_jobs``) from compact frontier entries, a few at a time per site
-  (``Frontier.refill``), each with the crawler's retry policy (``job_retry``);
+  (``Frontier.refill``), each with the crawler's retry policy (``job_retry``). A job
+  carries one URL, or for a site fast enough (``Runtime.batch_size``) a *batch* of up
+  to ``MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
+  job's meta counts those done (``BATCH_DONE``), so a retried batch resumes where it
+  stopped (``tasks_left``);
 - **handed out** by the scheduler's NEXT_JOB script (moved into the queue's
   intermediate list), then **read** (``fetch``: vetted as it is read, see ``vetting``);
 - **claimed** (``claim``): its RQ execution and lease in the started registry, out of
@@ -49,7 +53,9 @@ from rq.worker import BaseWorker, WorkerStatus
 from . import keys
 from .gate import Gate
 from .replies import text
-from .vetting import DOWNLOAD_FUNC, CrawlerJob
+from .vetting import DOWNLOAD_FUNC, MAX_BATCH, CrawlerJob
+
+__all__ = ["MAX_BATCH"]
 
 log = logging.getLogger("crawler.joblife")
 
@@ -65,6 +71,8 @@ REAP_EVERY = 5.0
 #: with no interval at once instead of scheduling it (which would add up to two reaper periods).
 RETRY_DELAYS = [0, 15, 60, 300, 900]
 RETRIES = len(RETRY_DELAYS)
+#: The job meta field that counts a batch's URLs done, in order.
+BATCH_DONE = "done"
 
 
 def job_retry() -> Retry:
@@ -143,26 +151,46 @@ def promote_scheduled(connection: Redis, queue: Queue) -> int:
 
 
 def make_jobs(
-    queue: Queue, payloads: Sequence[dict[str, Any]], urls: Sequence[str], ids: Sequence[str], failure_ttl: int,
-    timeout: int, pipeline: Any,
+    queue: Queue, batches: Sequence[Sequence[dict[str, Any]]], ids: Sequence[str], failure_ttl: int, timeout: int,
+    pipeline: Any,
 ) -> None:  # fmt: skip
-    """Queue one download job per payload (in ``pipeline``), ids chosen by the caller."""
+    """Queue one download job per batch of payloads (in ``pipeline``), ids chosen by the caller.
+
+    A job's timeout is ``timeout`` per URL it carries; its description is its first URL.
+    """
     queue.enqueue_many(
         [
             Queue.prepare_data(
                 DOWNLOAD_FUNC,
-                args=(payload,),
+                args=tuple(batch),
                 result_ttl=0,
                 failure_ttl=failure_ttl,
-                timeout=timeout,
-                description=url,
+                timeout=timeout * len(batch),
+                description=str(batch[0]["url"]) + (f" (+{len(batch) - 1} more)" if len(batch) > 1 else ""),
                 job_id=job_id,
                 retry=job_retry(),
             )
-            for payload, url, job_id in zip(payloads, urls, ids, strict=True)
+            for batch, job_id in zip(batches, ids, strict=True)
         ],
         pipeline=pipeline,
     )
+
+
+def batch_done(job: Job) -> int:
+    """How many of ``job``'s URLs, in order, are done (a retried batch skips them)."""
+    done = job.meta.get(BATCH_DONE, 0) if isinstance(job.meta, dict) else 0
+    return done if isinstance(done, int) and not isinstance(done, bool) and 0 <= done <= len(job.args) else 0
+
+
+def save_batch_done(job: Job, done: int) -> None:
+    """Record that ``job``'s first ``done`` URLs are done (one HSET of the job's meta)."""
+    job.meta[BATCH_DONE] = done
+    job.save_meta()
+
+
+def tasks_left(job: Job) -> list[dict[str, Any]]:
+    """The payloads of ``job`` still to download: all of them, less a batch's URLs already done."""
+    return list(job.args[batch_done(job) :])
 
 
 def fetch(connection: Redis, job_id: str, queue: Queue) -> Job | None:

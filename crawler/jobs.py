@@ -25,7 +25,7 @@ from urllib.parse import urljoin, urlsplit
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
-from . import keys, pages, quarantine, runtime
+from . import joblife, keys, pages, quarantine, runtime
 from .conditional import Validators, request_headers, validators_of
 from .errors import (
     ClientStatus,
@@ -67,9 +67,32 @@ def _worker_name() -> str | None:
     return job.worker_name if job is not None else None
 
 
-def download(payload: dict[str, Any]) -> None:
-    """Download one URL for one site (see the module docstring for what follows)."""
+def download(*payloads: dict[str, Any]) -> None:
+    """Download the job's URLs, all of one site, in turn: one URL, or a batch for a fast site.
+
+    Each URL goes through the gate and on as a job of its own would (see the module
+    docstring). A batch's second and later URLs wait for the gate at most
+    ``BATCH_GATE_WAIT``: past it (the site was closed, paused or slowed meanwhile) they go
+    back to the front of the site's frontier, to be made into jobs again. The job's meta
+    counts the URLs done (``joblife.BATCH_DONE``), so a batch retried (its worker died, or
+    it raised) skips them.
+    """
     rt = runtime.current()
+    job = get_current_job()
+    first = joblife.batch_done(job) if job is not None and len(payloads) > 1 else 0
+    for i in range(first, len(payloads)):
+        if not _download_one(rt, payloads[i], None if i == first else runtime.BATCH_GATE_WAIT):
+            rt.frontier(str(payloads[i]["site"])).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
+            if job is not None:
+                joblife.save_batch_done(job, len(payloads))
+            return
+        if job is not None and i + 1 < len(payloads):
+            joblife.save_batch_done(job, i + 1)
+
+
+def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None) -> bool:
+    """Download one URL (see the module docstring); False, having done nothing, if its gate
+    stayed closed for ``max_gate_wait`` seconds."""
     task = DownloadTask.from_json(payload)
     spider = rt.spider(task.site)
     try:  # checked again now: a job can be written straight into Redis, past the frontier
@@ -83,7 +106,7 @@ def download(payload: dict[str, Any]) -> None:
             job.id if job else None,
             payload,
         )
-        return
+        return True
     policy = rt.policy(task.site)
     user_agent = spider.user_agent or rt.settings.user_agent
     started = utcnow()
@@ -155,21 +178,27 @@ def download(payload: dict[str, Any]) -> None:
             if proxy is not None:
                 rt.proxies.bench(proxy, str(exc))
             _retry_or_fail(rt, task, exc, record)
-            return
+            return True
         except RobotsUnavailable as exc:
             # Not the page's fault: it waits for robots.txt without spending one of its attempts,
             # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
             rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
             record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
             rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
-            return
+            return True
         if not allowed:
             record(REFUSED, error="disallowed by robots.txt")
-            return
+            return True
 
     conditional = _conditional_headers(rt, task, spider)
     waiting = time.monotonic()
-    gate = rt.take_gate(task.site, task.url)
+    if max_gate_wait is None:
+        gate = rt.take_gate(task.site, task.url)
+    else:
+        taken = rt.take_gate_within(task.site, task.url, max_gate_wait)
+        if taken is None:
+            return False
+        gate = taken
     gate_wait = time.monotonic() - waiting
     response: Response | None = None  # kept when its status is an error, for its timing and size
     # A sitemap streams into a compressor (up to 50 MB decoded), never held whole.
@@ -192,11 +221,11 @@ def download(payload: dict[str, Any]) -> None:
         if isinstance(exc, ProxyError) and proxy is not None:
             rt.proxies.bench(proxy, str(exc))
         _retry_or_fail(rt, task, exc, record, response)
-        return
+        return True
     except PermanentError as exc:
         _observe(rt, task, gate, response, exc)
         record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
-        return
+        return True
     _observe(rt, task, gate, response)
 
     validators = None  # a redirect, or a failure: the next refresh asks for the whole page
@@ -217,6 +246,7 @@ def download(payload: dict[str, Any]) -> None:
         record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed))
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
+    return True
 
 
 def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> dict[str, str]:

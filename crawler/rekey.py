@@ -34,7 +34,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from . import keys, quarantine
+from . import joblife, keys, quarantine
 from .replies import text
 
 #: The kinds of per-site key before hash tags: ``crawler:KIND:SITE`` and, for some, ``:MORE`` after it.
@@ -173,14 +173,16 @@ def _hand_back_jobs(connection: Redis, site: str, report: MigrationReport) -> No
     by_priority: dict[int, list[str]] = {}
     for job_id in dict.fromkeys(unfinished):  # in queue order, each once
         try:
-            task = DownloadTask.from_json(Job.fetch(job_id, connection=connection, serializer=JSONSerializer).args[0])
+            job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+            tasks = [DownloadTask.from_json(payload) for payload in joblife.tasks_left(job)]
         except NoSuchJobError:
             continue
         except Exception as exc:  # not a download task (or not JSON): kept aside, as a worker would
             quarantine.record(connection, queue.name, f"not a download task: {exc}", job_id)
             report.quarantined += 1
             continue
-        by_priority.setdefault(task.priority, []).append(task.to_entry())
+        for task in tasks:
+            by_priority.setdefault(task.priority, []).append(task.to_entry())
         report.jobs_back += 1
     with connection.pipeline(transaction=True) as pipe:
         for priority, entries in by_priority.items():

@@ -21,17 +21,25 @@ from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
 from .gate import Gate, site_gate
+from .joblife import MAX_BATCH
 from .pacing import Pace, Pacer
 from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from .proxies import ProxyPool, site_proxies
 from .robots import RobotsCache
-from .scheduler import Scheduler, publish_conf
+from .scheduler import PREPARE_AHEAD, Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from .spider import Spider, SpiderSet, load_spiders
 from .store import Store
 
 #: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
 REPUBLISH_EVERY = 30.0
+#: A site whose fixed interval in force (margin included) is at most this many seconds gets
+#: batch jobs (``batch_size``): a worker between two of a batch's URLs then waits for the gate
+#: no longer than it waits for a job handed out ahead of its gate (``PREPARE_AHEAD``).
+BATCH_BELOW = PREPARE_AHEAD
+#: Longest wait for the gate before a batch's second and later URLs; past it the rest of the
+#: batch goes back to the front of the frontier (the site was closed or slowed meanwhile).
+BATCH_GATE_WAIT = 0.1
 
 #: Spiders that ship with the package and are always available.
 BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
@@ -184,7 +192,23 @@ class Runtime:
             DEFAULT_DOWNLOAD_TIMEOUT,
             refresh=spider.refresh_for,
             revisit_after=spider.revisit_after,
+            batch=self.batch_size(site),
         )
+
+    def batch_size(self, site: str) -> int:
+        """URLs one download job of ``site`` carries: ``MAX_BATCH`` for a fast site, else 1.
+
+        Fast: a fixed interval whose value in force (robots.txt Crawl-delay and margin
+        included) is at most BATCH_BELOW, so the gate is seldom what a worker waits for, and
+        per-job costs (RQ's bookkeeping, the scheduler's call) are shared by the batch's URLs.
+        An adaptive interval (which may grow at any time) and the development cache (which
+        takes the gate only on a miss) keep one URL a job.
+        """
+        policy = self.policy(site)
+        if policy.auto is not None or self.settings.http_cache:
+            return 1
+        interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
+        return MAX_BATCH if interval + self.settings.gate_margin <= BATCH_BELOW else 1
 
     def publish(self, site: str, force: bool = False) -> None:
         """Write the site's policy in force where the scheduler reads it.
@@ -227,6 +251,16 @@ class Runtime:
         if self.settings.http_cache:  # taken only if the fetch misses the cache and sends (httpcache)
             return self.fetcher.defer(site, lambda: self._acquire(site, url))  # type: ignore[attr-defined]
         return self._acquire(site, url)
+
+    def take_gate_within(self, site: str, url: str | None, max_wait: float) -> Gate | None:
+        """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long.
+
+        With the development cache the gate is taken later, on a miss (``take_gate``).
+        """
+        if self.settings.http_cache:
+            return self.take_gate(site, url)
+        gate = self.gate(site, url)
+        return gate if gate.acquire(timeout=max_wait) else None
 
     def _acquire(self, site: str, url: str | None) -> Gate:
         gate = self.gate(site, url)

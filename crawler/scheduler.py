@@ -179,10 +179,10 @@ class Scheduler:
         member = f"{site}\t{priority}\t-\t{entry}"
         self._schedule(keys=[keys.recrawls(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "recrawls"])
 
-    def evict(self, site: str, queue_key: str, job_id: str, priority: int, entry: str) -> bool:
-        """Hand a queued job of ``site`` back to its frontier list; False if it was taken."""
+    def evict(self, site: str, queue_key: str, job_id: str, priority: int, entries: Sequence[str]) -> bool:
+        """Hand a queued job of ``site`` (its ``entries``, in order) back to its frontier; False if it was taken."""
         evicted = [keys.queued(site), queue_key, keys.frontier(site, priority), keys.levels(site), Job.key_for(job_id)]
-        return bool(self._evict(keys=evicted, args=[job_id, priority, entry]))
+        return bool(self._evict(keys=evicted, args=[job_id, priority, *entries]))
 
     def forget_empty_levels(self, site: str, priorities: Sequence[int]) -> None:
         """Drop the priorities of ``site`` whose frontier list is empty from its levels set."""

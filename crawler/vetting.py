@@ -6,9 +6,9 @@ programs, so a job is checked the moment it is read (``CrawlerJob.restore``, whi
 every fetch of a job goes through) and refused before anything is imported:
 
 - its function is the crawler's own ``download``, on a ``download:SITE`` queue, with
-  one plain JSON object as its only argument;
+  one to ``MAX_BATCH`` plain JSON objects as its arguments;
 - it names no callback, webhook, dependency, group or repeat;
-- its argument has the shape of a download task whose site is the site of the queue
+- each argument has the shape of a download task whose site is the site of the queue
   it came from.
 
 A refused job is quarantined where it is met (``quarantine.job``: its hash deleted, a
@@ -34,6 +34,9 @@ from . import keys, quarantine
 
 #: Dotted path of the only function a crawler job may name.
 DOWNLOAD_FUNC = "crawler.jobs.download"
+
+#: Most URLs (arguments) one download job carries: a batch, for a fast site (``Runtime.batch_size``).
+MAX_BATCH = 8
 
 #: Job hash fields that make RQ import or call something beyond the job's function.
 _FORBIDDEN_FIELDS = (
@@ -99,9 +102,12 @@ def vet(job: Job, raw: Any = None) -> None:
     queue_site = keys.site_of_queue(origin)
     if queue_site is None:
         raise RefusedJob(f"download job on queue {origin!r}", job.id)
-    if kwargs or not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], dict):
-        raise RefusedJob("job arguments are not one JSON object", job.id)
-    _vet_download(args[0], queue_site, job.id)
+    if kwargs or not isinstance(args, list | tuple) or not 1 <= len(args) <= MAX_BATCH:
+        raise RefusedJob(f"job arguments are not 1 to {MAX_BATCH} JSON objects", job.id)
+    for payload in args:
+        if not isinstance(payload, dict):
+            raise RefusedJob(f"job arguments are not 1 to {MAX_BATCH} JSON objects", job.id)
+        _vet_download(payload, queue_site, job.id)
 
 
 def _vet_download(payload: dict[str, Any], queue_site: str, job_id: str) -> None:

@@ -87,7 +87,7 @@ def read_page(connection: Redis) -> tuple[str, dict[str, Any], bytes]:
 def queued_payloads(queue: Queue | Backlog) -> list[dict[str, Any]]:
     if isinstance(queue, Backlog):
         return queue.payloads()
-    return [job.args[0] for job in queue.get_jobs()]
+    return [p for job in queue.get_jobs() for p in job.args]
 
 
 def records(rt: Runtime, url: str, kind: str = "download") -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.runtime import Runtime
 from crawler.scheduler import Scheduler
 from crawler.settings import Settings
-from crawler.vetting import DOWNLOAD_FUNC
+from crawler.vetting import DOWNLOAD_FUNC, MAX_BATCH
 
 PARSE_FUNC = "crawler.jobs.parse"  # a job function no longer: pages reach parse workers through a stream
 
@@ -94,6 +94,9 @@ def write_hostile_jobs(connection: Redis, canary: Path, shop_url: str) -> dict[s
     enqueue(downloads, "parse on download", PARSE_FUNC, {"site": SITE, "url": shop_url, "body": "x"})
     enqueue(downloads, "kwargs", DOWNLOAD_FUNC, good, extra=1)
     enqueue(downloads, "args not an object", DOWNLOAD_FUNC, "just a string")
+    enqueue(downloads, "batch too long", DOWNLOAD_FUNC, *[good] * (MAX_BATCH + 1))
+    enqueue(downloads, "batch of two sites", DOWNLOAD_FUNC, good, DownloadTask("other", shop_url + "/x").to_json())
+    enqueue(downloads, "batch with a string", DOWNLOAD_FUNC, good, "just a string")
     enqueue(downloads, "file URL", DOWNLOAD_FUNC, DownloadTask(SITE, "file:///etc/passwd").to_json())
     enqueue(downloads, "off-domain URL", DOWNLOAD_FUNC, DownloadTask(SITE, "http://evil.example/steal").to_json())
     connection.sadd(keys.sites(), SITE)
@@ -145,7 +148,10 @@ def test_hostile_jobs_are_quarantined_and_real_workers_crawl_on(
     assert "on the queue of 'demo'" in reasons["other site"]
     assert "'crawler.jobs.parse'" in reasons["parse on download"]
     assert "not a crawler job function" in reasons["parse on download"]
-    assert "not one JSON object" in reasons["kwargs"] and "not one JSON object" in reasons["args not an object"]
+    assert "not 1 to 8 JSON objects" in reasons["kwargs"] and "not 1 to 8 JSON objects" in reasons["args not an object"]
+    assert "not 1 to 8 JSON objects" in reasons["batch too long"]
+    assert "not 1 to 8 JSON objects" in reasons["batch with a string"]
+    assert "on the queue of 'demo'" in reasons["batch of two sites"]
     assert "not an http(s) URL" in reasons["file URL"]
     assert "outside the allowed domains" in reasons["off-domain URL"]
     for job_id in made:
