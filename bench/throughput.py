@@ -14,6 +14,11 @@ what limits it. Figures per crawler: requests the shop served, items, wall time 
 starting the processes until they exit), pages/s, CPU time, CPU ms per page, pages per
 CPU-second ("pages/s per core": the rate one fully used core would give).
 
+Fixed cost: each crawler also crawls an empty shop (no products: robots.txt, home,
+catalogue), the same way; its CPU is what a crawl costs whatever its size (interpreter
+and imports in every process, connections, the drain). The cost per page beyond it,
+(CPU - fixed CPU) / (pages - fixed pages), is what a longer crawl tends to.
+
 CPU time: the crawler's processes (worker processes or the Scrapy process, from
 ``getrusage(RUSAGE_CHILDREN)`` deltas once they are reaped), plus for ours the
 redis-server process (psutil; else, on a Redis of another host, the ``used_cpu_user`` +
@@ -149,8 +154,8 @@ def figures(
     }
 
 
-def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path) -> dict[str, Any]:
-    site = f"thr_{redis.tag}"
+def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path, name: str = "thr") -> dict[str, Any]:
+    site = f"{name}_{redis.tag}"
     settings = crawl_settings(workdir, redis.url, [site], {site: INTERVAL}, gate_margin=GATE_MARGIN)
     rt = Runtime(redis.connection, settings)
     seed(rt.frontier(site), [shop.url + "/"])
@@ -252,6 +257,22 @@ def run_scrapy(python: str, shop: ShopSite, workdir: Path) -> dict[str, Any]:
     )
 
 
+def _fixed_costs(redis: BenchRedis, python: str | None) -> list[dict[str, Any]]:
+    """Each crawler's run over an empty shop (no products): what a crawl costs whatever its size."""
+    runs = []
+    with ShopSite(products=0, faults=False) as empty, tempfile.TemporaryDirectory(prefix="bench-thr0-") as tmp:
+        runs.append(run_ours(redis, empty, Path(tmp) / "ours", name="thr0"))
+        if python is not None:
+            (Path(tmp) / "scrapy").mkdir()
+            runs.append(run_scrapy(python, empty, Path(tmp) / "scrapy"))
+    return runs
+
+
+def _marginal_ms(run: dict[str, Any], fixed: dict[str, Any]) -> float:
+    """CPU ms per page beyond the fixed cost: (CPU - fixed CPU) / (pages - fixed pages)."""
+    return (run["cpu"] - fixed["cpu"]) * 1000 / max(1, run["pages"] - fixed["pages"])
+
+
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     products = QUICK_PRODUCTS if quick else PRODUCTS
     python = scrapy_python()
@@ -294,6 +315,7 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
             )
         else:
             result.notes.append("Scrapy not found: set BENCH_SCRAPY_PYTHON (see bench/requirements.txt)")
+    fixed = _fixed_costs(redis, python)
     result.table(
         "end to end on one zero-latency site",
         [
@@ -349,11 +371,22 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
             ]
         ],
     )
+    if fixed:
+        result.table(
+            "fixed cost (the same crawl of an empty shop: start, robots.txt, home, drain, exit) and the cost per page "
+            "beyond it",
+            ["crawler", "pages", "CPU s (fixed)", "CPU ms/page beyond the fixed cost", "pages per CPU-s beyond it"],
+            [
+                [f["name"], f["pages"], f["cpu"], _marginal_ms(r, f), 1000 / _marginal_ms(r, f)]
+                for r, f in zip(runs, fixed, strict=False)
+            ],
+        )
     if not ours["drained"]:
         result.notes.append("our workers did not drain the crawl within the time limit")
     result.checks.append(Check("ours: pages per CPU-second (per core)", f"{ours['pages_per_cpu_s']:.0f}", "-", None))
     result.checks.append(Check("ours: CPU ms per page", f"{ours['cpu_ms_per_page']:.1f}", "-", None))
-    result.checks.append(Check("ours: Redis commands per page", f"{ours['redis_commands_per_page']:.0f}", "-", None))
+    commands = ours["redis_commands_per_page"]
+    result.checks.append(Check("ours: Redis commands per page", f"{commands:.1f}", "<= 30", commands <= 30))
     redis_ms = ours["redis_cpu_ms_per_page"]
     result.checks.append(Check("ours: Redis CPU ms per page", f"{redis_ms:.2f}", "-", None))
     if redis_ms:
@@ -361,7 +394,12 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     if len(runs) == 2:
         theirs = runs[1]
         ratio = ours["pages_per_cpu_s"] / theirs["pages_per_cpu_s"]
-        result.checks.append(Check("ours / Scrapy, pages per CPU-second", f"{ratio:.2f}", "reported", None))
+        result.checks.append(Check("ours / Scrapy, pages per CPU-second", f"{ratio:.2f}", ">= 1.0", ratio >= 1.0))
+        if len(fixed) == 2:
+            beyond = _marginal_ms(theirs, fixed[1]) / _marginal_ms(ours, fixed[0])
+            result.checks.append(
+                Check("ours / Scrapy, pages per CPU-second beyond the fixed cost", f"{beyond:.2f}", "reported", None)
+            )
         wall_ratio = ours["pages_per_s"] / theirs["pages_per_s"]
         result.checks.append(Check("ours / Scrapy, pages per second (wall)", f"{wall_ratio:.2f}", "reported", None))
         complete = ours["items"] == products and theirs["items"] == products

@@ -81,11 +81,15 @@ def download(*payloads: dict[str, Any]) -> None:
     job = get_current_job()
     first = joblife.batch_done(job) if job is not None and len(payloads) > 1 else 0
     for i in range(first, len(payloads)):
-        if not _download_one(rt, payloads[i], None if i == first else runtime.BATCH_GATE_WAIT):
-            rt.frontier(str(payloads[i]["site"])).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
-            if job is not None:
-                joblife.save_batch_done(job, len(payloads))
-            return
+        if i == first:  # the URL the job was handed out for: it waits for its gate
+            _download_one(rt, payloads[i], None)
+        else:  # the site may have been paused, closed or slowed since
+            site = DownloadTask.from_json(payloads[i]).site
+            if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT):
+                rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
+                if job is not None:
+                    joblife.save_batch_done(job, len(payloads))
+                return
         if job is not None and i + 1 < len(payloads):
             joblife.save_batch_done(job, i + 1)
 

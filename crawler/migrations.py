@@ -18,13 +18,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from alembic.operations import Operations
-from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func, inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # alembic (some 100 ms to import) is loaded only when a step is to be applied
+    from alembic.operations import Operations
 
 #: The schema of the first release, the last one that recorded no version.
 BASELINE = 1
@@ -127,10 +129,15 @@ def _upgrade_locked(conn: Connection, metadata: MetaData, versions: Table, steps
     if found == 0:
         _record(conn, versions, latest(steps), "schema created")
         return found
-    ops = Operations(MigrationContext.configure(conn))
     pending = [step for step in steps if step.version > found]
     if not pending and _recorded(conn, versions) is None:
         _record(conn, versions, found, "schema version recorded")
+    if not pending:
+        return found
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
+    ops = Operations(MigrationContext.configure(conn))
     for step in pending:
         step.apply(ops)
         _record(conn, versions, step.version, step.description)

@@ -111,6 +111,8 @@ class _Watchdog:
         self._armed: dict[int, tuple[float, Callable[[], Any]]] = {}
         self._tokens = 0
         self._thread: threading.Thread | None = None
+        #: When the watchdog thread wakes up next on its own (inf: it waits for an arm).
+        self._wakes_at = float("inf")
 
     def arm(self, seconds: float, fire: Callable[[], Any]) -> int:
         with self._cond:
@@ -118,8 +120,12 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="job-timeouts", daemon=True)
                 self._thread.start()
             self._tokens += 1
-            self._armed[self._tokens] = (time.monotonic() + seconds, fire)
-            self._cond.notify()
+            due = time.monotonic() + seconds
+            self._armed[self._tokens] = (due, fire)
+            # Woken only for a deadline earlier than the one it waits for: a job's deadline is
+            # nearly always later, and a wake-up per job cost a thread switch per job.
+            if due < self._wakes_at:
+                self._cond.notify()
             return self._tokens
 
     def disarm(self, token: int) -> None:
@@ -130,11 +136,13 @@ class _Watchdog:
         with self._cond:
             while True:
                 if not self._armed:
+                    self._wakes_at = float("inf")
                     self._cond.wait()
                     continue
                 token, (due, fire) = min(self._armed.items(), key=lambda kv: kv[1][0])
                 left = due - time.monotonic()
-                if left > 0:
+                if left > 0:  # a deadline disarmed meanwhile only costs a wake-up to look again
+                    self._wakes_at = due
                     self._cond.wait(left)
                     continue
                 del self._armed[token]

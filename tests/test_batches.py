@@ -16,6 +16,7 @@ from crawler import joblife, jobs, keys
 from crawler.demo import ShopSite
 from crawler.frontier import DownloadTask, Frontier, seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.policy import set_live
 from crawler.runtime import BATCH_BELOW, Runtime, install
 from crawler.scheduler import JOBS_AHEAD
 from crawler.settings import Settings
@@ -169,3 +170,17 @@ def test_batch_done_reads_only_a_sane_count(redis_conn: Redis, tmp_path: Path) -
         again = queue.fetch_job(job.id)
         assert again is not None and joblife.batch_done(again) == read
         assert joblife.tasks_left(again) == payloads[read:]
+
+
+def test_a_pause_sends_the_rest_of_a_batch_back(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
+    set_live(redis_conn, SITE, paused=True)  # after the job was handed out for its first URL
+    rt = Runtime(redis_conn, fast(settings))
+    install(rt)
+    try:
+        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
+        jobs.download(*batch)
+        waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+    finally:
+        rt.close()
+    assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1"]
+    assert waiting == [f"{shop.url}/product/{i}" for i in (2, 4)]
