@@ -59,6 +59,7 @@ class Runtime:
         self._conf_written: dict[str, tuple[float, tuple[object, ...]]] = {}  # site -> (when, what)
         self._site_proxies: dict[str, list[str]] = {}
         self._gate_hints: dict[str, str] = {}
+        self._frontiers: dict[str, Frontier] = {}
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
 
@@ -181,19 +182,26 @@ class Runtime:
         )
 
     def frontier(self, site: str) -> Frontier:
-        """The site's frontier; also (re)publishes the site's politeness for the scheduler."""
+        """The site's frontier; also (re)publishes the site's politeness for the scheduler.
+
+        One per site and process, shared by its threads; its batch size follows the
+        site's policy in force (``batch_size``).
+        """
         spider = self.spider(site)
         self.publish(site)
-        return Frontier(
-            self.connection,
-            site,
-            spider.domains(),
-            self.settings.failure_ttl,
-            DEFAULT_DOWNLOAD_TIMEOUT,
-            refresh=spider.refresh_for,
-            revisit_after=spider.revisit_after,
-            batch=self.batch_size(site),
-        )
+        frontier = self._frontiers.get(site)
+        if frontier is None:
+            frontier = self._frontiers[site] = Frontier(
+                self.connection,
+                site,
+                spider.domains(),
+                self.settings.failure_ttl,
+                DEFAULT_DOWNLOAD_TIMEOUT,
+                refresh=spider.refresh_for,
+                revisit_after=spider.revisit_after,
+            )
+        frontier.batch = self.batch_size(site)
+        return frontier
 
     def batch_size(self, site: str) -> int:
         """URLs one download job of ``site`` carries: ``MAX_BATCH`` for a fast site, else 1.

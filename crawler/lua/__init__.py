@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
+import weakref
 from importlib import resources
 
 from redis import Redis
@@ -33,9 +35,22 @@ def source(name: str) -> str:
     return _INCLUDE.sub(lambda match: _read(match[1]).rstrip("\n"), _read(f"{name}.lua"))
 
 
+_registered: weakref.WeakKeyDictionary[Redis, dict[str, Script]] = weakref.WeakKeyDictionary()
+_registering = threading.Lock()
+
+
 def script(connection: Redis, name: str) -> Script:
-    """Script ``name`` registered on ``connection``: run with EVALSHA, loaded on first use."""
-    return connection.register_script(source(name))
+    """Script ``name`` registered on ``connection``: run with EVALSHA, loaded on first use.
+
+    One ``Script`` per connection and name, made once: a gate or frontier object made per
+    request asks for its scripts every time (registering hashes the source).
+    """
+    with _registering:
+        scripts = _registered.setdefault(connection, {})
+        found = scripts.get(name)
+        if found is None:
+            found = scripts[name] = connection.register_script(source(name))
+        return found
 
 
 def names() -> list[str]:
