@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import metrics, outbox
@@ -35,16 +36,63 @@ def job_done(
     stats hash. Both are counted once that pipeline has gone: a job whose pipeline
     failed is run again, and counted then.
     """
-    parked = outbox.write(rt, record)
+    jobs_done(rt, [Done(record, gate_wait, also, stats)])
+
+
+@dataclass(frozen=True)
+class Done:
+    """One request's record, as ``job_done`` takes it."""
+
+    record: FetchRecord
+    gate_wait: float | None = None
+    also: Callable[[Any], None] | None = None
+    stats: Mapping[str, int] | None = None
+
+
+def jobs_done(rt: Any, done: Sequence[Done]) -> None:
+    """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order."""
+    if not done:
+        return
+    parked = outbox.write_all(rt, [d.record for d in done])
     with rt.connection.pipeline(transaction=False) as pipe:
-        if also is not None:
-            also(pipe)
-        if parked is not None:
-            outbox.park(pipe, parked)
+        for d in done:
+            if d.also is not None:
+                d.also(pipe)
+        for entry in parked:
+            outbox.park(pipe, entry)
         pipe.execute()  # no round trip when empty
-    rt.counters.add(record.site, stats, metrics.job_fields(record, gate_wait))
-    if log.isEnabledFor(logging.INFO):
-        log.info(summary(record, gate_wait), extra={"job": fields(record, gate_wait)})
+    for d in done:
+        rt.counters.add(d.record.site, d.stats, metrics.job_fields(d.record, d.gate_wait))
+        if log.isEnabledFor(logging.INFO):
+            log.info(summary(d.record, d.gate_wait), extra={"job": fields(d.record, d.gate_wait)})
+
+
+#: Bytes of held pages' bodies past which a batch writes its held records at once.
+HELD_BYTES = 4 * 1024 * 1024
+
+
+class HeldRecords:
+    """Records of one batch job held back and written together (``jobs_done``) when ``flush``ed.
+
+    What a record's ``also`` sends (a page handed to the parse workers, above all) goes
+    out with it, after it is written, never before.
+    """
+
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self.held: list[Done] = []
+        self._bytes = 0
+
+    def add(self, done: Done) -> None:
+        """Hold ``done``; write all that is held once their bodies pass HELD_BYTES (memory stays bounded)."""
+        self.held.append(done)
+        self._bytes += done.record.bytes or 0
+        if self._bytes >= HELD_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        held, self.held, self._bytes = self.held, [], 0
+        jobs_done(self.rt, held)
 
 
 def fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from .errors import (
     TooManyRedirects,
     TransientError,
 )
-from .events import job_done
+from .events import Done, HeldRecords, job_done, jobs_done
 from .fetch import DecodeError, Response, inflate_capped
 from .frontier import DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
@@ -58,6 +58,10 @@ ERRORS_BEFORE_PAUSE = 3
 #: Longest such pause, seconds.
 MAX_ERROR_PAUSE = 300.0
 
+#: Outcomes whose record a batch may hold back (``download``). A retry or a failure is
+#: written at once, after what was held: the errors-in-a-row rule reads what came before.
+HELD_OUTCOMES = frozenset({OK, UNCHANGED, REDIRECT, SKIPPED, REFUSED})
+
 #: Response headers handed on to the parse step.
 KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
 
@@ -73,30 +77,47 @@ def download(*payloads: dict[str, Any]) -> None:
     Each URL goes through the gate and on as a job of its own would (see the module
     docstring). A batch's second and later URLs wait for the gate at most
     ``BATCH_GATE_WAIT``: past it (the site was closed, paused or slowed meanwhile) they go
-    back to the front of the site's frontier, to be made into jobs again. The job's meta
-    counts the URLs done (``joblife.BATCH_DONE``), so a batch retried (its worker died, or
-    it raised) skips them.
+    back to the front of the site's frontier, to be made into jobs again.
+
+    A batch holds its URLs' records back (``events.HeldRecords``: pages reach the parse
+    workers with their records) and writes them together: in one database transaction and
+    one Redis pipeline at its end, before a record that must go at once (an error, a
+    retry), and when it stops on an exception. Then the job's meta counts the URLs done
+    (``joblife.BATCH_DONE``), so a batch retried (its worker died, or it raised) skips
+    what is written and fetches again what was not.
     """
     rt = runtime.current()
     job = get_current_job()
-    first = joblife.batch_done(job) if job is not None and len(payloads) > 1 else 0
-    for i in range(first, len(payloads)):
-        if i == first:  # the URL the job was handed out for: it waits for its gate
-            _download_one(rt, payloads[i], None)
-        else:  # the site may have been paused, closed or slowed since
-            site = DownloadTask.from_json(payloads[i]).site
-            if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT):
-                rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
-                if job is not None:
-                    joblife.save_batch_done(job, len(payloads))
-                return
-        if job is not None and i + 1 < len(payloads):
-            joblife.save_batch_done(job, i + 1)
+    if len(payloads) == 1:
+        _download_one(rt, payloads[0], None)
+        return
+    first = joblife.batch_done(job) if job is not None else 0
+    held = HeldRecords(rt)
+    done = first
+    try:
+        for i in range(first, len(payloads)):
+            if i == first:  # the URL the job was handed out for: it waits for its gate
+                _download_one(rt, payloads[i], None, held)
+            else:  # the site may have been paused, closed or slowed since
+                site = DownloadTask.from_json(payloads[i]).site
+                if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT, held):
+                    held.flush()
+                    rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
+                    done = len(payloads)
+                    return
+            done = i + 1
+    finally:
+        held.flush()
+        if job is not None and done > first:
+            joblife.save_batch_done(job, done)
 
 
-def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None) -> bool:
+def _download_one(
+    rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None, held: HeldRecords | None = None
+) -> bool:
     """Download one URL (see the module docstring); False, having done nothing, if its gate
-    stayed closed for ``max_gate_wait`` seconds."""
+    stayed closed for ``max_gate_wait`` seconds. With ``held``, its record waits there
+    (see ``download``), unless it must go at once: a retry or a failure."""
     task = DownloadTask.from_json(payload)
     spider = rt.spider(task.site)
     try:  # checked again now: a job can be written straight into Redis, past the frontier
@@ -139,8 +160,7 @@ def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: f
             if then is not None:
                 then(pipe)
 
-        job_done(
-            rt,
+        done = Done(
             FetchRecord(
                 site=task.site,
                 url=url,
@@ -160,6 +180,12 @@ def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: f
             also=also,
             stats=stats,
         )
+        if held is not None and outcome in HELD_OUTCOMES:
+            held.add(done)
+            return
+        if held is not None:  # in order: what was held goes first
+            held.flush()
+        jobs_done(rt, [done])
 
     proxy = rt.proxy(task.site)
     if policy.obey_robots:
@@ -181,6 +207,8 @@ def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: f
         except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
             if proxy is not None:
                 rt.proxies.bench(proxy, str(exc))
+            if held is not None:  # before the errors-in-a-row count moves: a held success resets it
+                held.flush()
             _retry_or_fail(rt, task, exc, record)
             return True
         except RobotsUnavailable as exc:
@@ -224,6 +252,8 @@ def _download_one(rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: f
         _observe(rt, task, gate, response, exc)
         if isinstance(exc, ProxyError) and proxy is not None:
             rt.proxies.bench(proxy, str(exc))
+        if held is not None:  # before the errors-in-a-row count moves: a held success resets it
+            held.flush()
         _retry_or_fail(rt, task, exc, record, response)
         return True
     except PermanentError as exc:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,9 +34,15 @@ _outage_logged = threading.Event()
 
 def write(rt: Any, record: FetchRecord) -> str | None:
     """Write ``record`` to the database; when it cannot be, the record as JSON for ``park``."""
+    parked = write_all(rt, [record])
+    return parked[0] if parked else None
+
+
+def write_all(rt: Any, records: Sequence[FetchRecord]) -> list[str]:
+    """Write ``records`` to the database in one transaction; when they cannot be, each as JSON for ``park``."""
     try:
-        rt.store.record_fetches([record])
-        return None
+        rt.store.record_fetches(records)
+        return []
     except (SQLAlchemyError, ConfigError) as exc:
         if not _outage_logged.is_set():
             _outage_logged.set()
@@ -43,7 +50,7 @@ def write(rt: Any, record: FetchRecord) -> str | None:
                 "database unavailable (%s): fetch records wait in Redis until it is back",
                 str(exc).splitlines()[0][:200],
             )
-        return _to_json(record)
+        return [_to_json(record) for record in records]
 
 
 def park(pipe: Any, parked: str) -> None:

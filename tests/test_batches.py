@@ -6,7 +6,9 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from crawling import items_by_key
 from redis import Redis
 from rq import Queue
@@ -184,3 +186,44 @@ def test_a_pause_sends_the_rest_of_a_batch_back(redis_conn: Redis, settings: Set
         rt.close()
     assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1"]
     assert waiting == [f"{shop.url}/product/{i}" for i in (2, 4)]
+
+
+def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_after_it(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime(redis_conn, fast(settings))
+    install(rt)
+    try:
+        urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12, 13, 14)]
+        robots = f"{shop.url}/robots.txt"
+        frontier = rt.frontier(SITE)
+        frontier.add([Request(u, callback="parse_product") for u in urls])
+        frontier.refill(1)
+        (job,) = queued_jobs(redis_conn)
+        real, failed = jobs._download_one, []
+
+        def database_gone_at_13(*args: Any) -> bool:
+            if args[1]["url"].endswith("/product/13") and not failed:
+                failed.append(True)
+                raise RuntimeError("the 4th URL raised")
+            return real(*args)
+
+        monkeypatch.setattr(jobs, "_download_one", database_gone_at_13)
+        with pytest.raises(RuntimeError):
+            job.perform()  # as a worker runs it
+        # The three pages fetched before it are recorded and with the parse workers, and counted done.
+        recorded = {r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download"} - {robots}
+        assert recorded == set(urls[:3]) and redis_conn.xlen(keys.pages()) == 3
+        again = queued_jobs_by_id(redis_conn, job.id)
+        assert joblife.batch_done(again) == 3
+        again.perform()  # the retry
+        recorded = [r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download" and r["url"] != robots]
+    finally:
+        rt.close()
+    assert sorted(recorded) == sorted(urls) and redis_conn.xlen(keys.pages()) == 5
+    asked = [entry.path for entry in shop.requests if entry.path.startswith("/product/")]
+    assert asked == ["/product/10", "/product/11", "/product/12", "/product/13", "/product/14"]
+
+
+def queued_jobs_by_id(connection: Redis, job_id: str) -> CrawlerJob:
+    return CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
