@@ -25,7 +25,15 @@ from crawler.launcher import WorkerSpec, start_workers
 from crawler.runtime import Runtime
 
 from . import throughput
-from .common import bench_redis, command_delta, command_stats, crawl_settings, format_table, run_until_exit
+from .common import (
+    bench_redis,
+    command_delta,
+    command_stats,
+    compile_crawler,
+    crawl_settings,
+    format_table,
+    run_until_exit,
+)
 
 #: Frames whose inclusive share is shown (a substring of py-spy's ``function (file:line)``).
 WATCHED = (
@@ -101,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="keep py-spy's collapsed stacks here")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     args = parser.parse_args(argv)
+    compile_crawler()  # as installed (see bench.throughput)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-profile-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,9 @@ catalogue), the same way; its CPU is what a crawl costs whatever its size (inter
 and imports in every process, connections, the drain). The cost per page beyond it,
 (CPU - fixed CPU) / (pages - fixed pages), is what a longer crawl tends to.
 
+Both run from bytecode: the crawler's own modules are compiled first (``compile_crawler``),
+as an installed copy has them and as pip wrote Scrapy's.
+
 CPU time: the crawler's processes (worker processes or the Scrapy process, from
 ``getrusage(RUSAGE_CHILDREN)`` deltas once they are reaped), plus for ours the
 redis-server process (psutil; else, on a Redis of another host, the ``used_cpu_user`` +
@@ -52,6 +55,7 @@ from .common import (
     Check,
     command_delta,
     command_stats,
+    compile_crawler,
     crawl_settings,
     run_until_exit,
     scrapy_python,
@@ -274,6 +278,7 @@ def _marginal_ms(run: dict[str, Any], fixed: dict[str, Any]) -> float:
 
 
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
+    compile_crawler()  # as installed: Scrapy runs from the bytecode pip wrote
     products = QUICK_PRODUCTS if quick else PRODUCTS
     python = scrapy_python()
     result = BenchResult(
