@@ -113,6 +113,34 @@ def test_a_download_worker_killed_mid_request_loses_no_page(
         assert_polite(shop)
 
 
+def test_a_download_worker_killed_in_the_middle_of_a_batch_loses_no_page(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    fast = 0.005  # with no margin, within runtime.BATCH_BELOW: jobs carry batches of URLs
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": fast}}, gate_margin=0.0, job_lease=LEASE)
+    with ShopSite(products=40, slow_every=5, slow_seconds=1.5, faults=False) as shop:
+        seed_shop(redis_conn, settings, shop)
+        (victim,) = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
+        parser = start_workers([WorkerSpec("parse", ("demo",), burst=True)], settings, redis_url)
+        # Killed while it waits for a slow product page, with pages of its batch fetched before it.
+        wait_until(lambda: any(e.path == "/product/5" for e in shop.requests), 60, "a slow page to be requested")
+        os.kill(victim.pid, signal.SIGKILL)
+        killed_at = time.time()
+        victim.join()
+        before = {e.path for e in shop.requests if e.time < killed_at}
+        others = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
+        assert wait_drained(others + parser) == 0
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        paths = [e.path for e in shop.requests]
+        twice = {p for p in paths if paths.count(p) == 2}
+        assert all(paths.count(p) <= 2 for p in paths), "a page was fetched more than twice"
+        assert "/product/5" in twice and twice <= before, "only pages fetched before the kill are fetched again"
+        again = shop.requests_for("/product/5")[1].time - killed_at
+        assert again <= LEASE + REAP_EVERY + 0.5, f"served again {again:.1f}s after the kill"
+        gap = shop.min_gap()
+        assert gap is not None and gap >= fast, f"two requests {gap * 1000:.1f} ms apart"
+
+
 def test_a_parse_worker_killed_mid_job_loses_no_item(
     redis_url: str, redis_conn: Redis, settings: Settings, tmp_path: Path
 ) -> None:
