@@ -30,7 +30,7 @@ from crawler.connection import connect, redis_server_binary
 from crawler.demo import ShopSite
 from crawler.frontier import seed
 from crawler.gate import SEND_GRACE
-from crawler.joblife import REAP_EVERY
+from crawler.joblife import MAX_BATCH, REAP_EVERY
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.runtime import Runtime, install
 from crawler.settings import Settings
@@ -116,8 +116,13 @@ def test_a_download_worker_killed_mid_request_loses_no_page(
 def test_a_download_worker_killed_in_the_middle_of_a_batch_loses_no_page(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:
-    fast = 0.005  # with no margin, within runtime.BATCH_BELOW: jobs carry batches of URLs
-    settings = dataclasses.replace(settings, sites={"demo": {"interval": fast}}, gate_margin=0.0, job_lease=LEASE)
+    fast = 0.004  # with the default margin, within runtime.BATCH_BELOW: jobs carry batches of URLs
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": fast}}, job_lease=LEASE)
+    probe = Runtime(redis_conn, settings)
+    try:
+        assert probe.batch_size("demo") == MAX_BATCH
+    finally:
+        probe.close()
     with ShopSite(products=40, slow_every=5, slow_seconds=1.5, faults=False) as shop:
         seed_shop(redis_conn, settings, shop)
         (victim,) = start_workers([WorkerSpec("download", ("demo",), burst=True)], settings, redis_url)
