@@ -32,7 +32,7 @@ from .gate import Gate
 from .replies import text
 from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder
 from .spider import Request
-from .vetting import CrawlerJob
+from .vetting import MAX_BATCH, CrawlerJob
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 COUNTERS = (("depth", 0), ("hops", 0), ("attempt", 1), ("priority", 0))
@@ -319,6 +319,21 @@ def download_queue(connection: Redis, site: str) -> Queue:
     return Queue(keys.download_queue(site), connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
 
 
+def entries_by_priority(tasks: Iterable[DownloadTask]) -> dict[int, list[str]]:
+    """The tasks' frontier entries, by priority, in their order."""
+    by_priority: dict[int, list[str]] = {}
+    for task in tasks:
+        by_priority.setdefault(task.priority, []).append(task.to_entry())
+    return by_priority
+
+
+def push_to_front(pipe: Any, site: str, by_priority: dict[int, list[str]]) -> None:
+    """Put entries at the front of ``site``'s frontier lists (in ``pipe``), in their order, and name their levels."""
+    for priority, entries in by_priority.items():
+        pipe.lpush(keys.frontier(site, priority), *reversed(entries))
+        pipe.zadd(keys.levels(site), {str(priority): priority})
+
+
 class Frontier:
     """Admits requests for one site, each URL once, and feeds its RQ queue just in time.
 
@@ -354,7 +369,7 @@ class Frontier:
         self.domains = list(domains)
         self.failure_ttl = failure_ttl
         self.job_timeout = job_timeout
-        self.batch = max(1, min(int(batch), joblife.MAX_BATCH))
+        self.batch = max(1, min(int(batch), MAX_BATCH))
         self.queue = download_queue(connection, site)
 
     @cached_property
@@ -455,10 +470,7 @@ class Frontier:
         Jobs already made from entries of a lower priority are handed back first (see
         ``preempt``), so the new entries are next.
         """
-        by_priority: dict[int, list[str]] = {}
-        for task in tasks:
-            by_priority.setdefault(task.priority, []).append(task.to_entry())
-        self._push_entries(by_priority)
+        self._push_entries(entries_by_priority(tasks))
 
     def hand_back(self, tasks: list[DownloadTask]) -> None:
         """Put tasks taken from this site's frontier back at the front of their priority's list, in their order.
@@ -466,13 +478,8 @@ class Frontier:
         For the rest of a batch that could not go on (``jobs.download``); no dedup (they
         were admitted once), and the site is marked ready.
         """
-        by_priority: dict[int, list[str]] = {}
-        for task in tasks:
-            by_priority.setdefault(task.priority, []).append(task.to_entry())
         with self.connection.pipeline(transaction=True) as pipe:
-            for priority, entries in by_priority.items():
-                pipe.lpush(keys.frontier(self.site, priority), *reversed(entries))  # the front, in their order
-                pipe.zadd(keys.levels(self.site), {str(priority): priority})
+            push_to_front(pipe, self.site, entries_by_priority(tasks))
             pipe.zadd(keys.ready(), {self.site: 0}, nx=True)
             pipe.execute()
 

@@ -6,7 +6,7 @@ public classes and key properties:
 - **made** (``make_jobs``) from compact frontier entries, a few at a time per site
   (``Frontier.refill``), each with the crawler's retry policy (``job_retry``). A job
   carries one URL, or for a site fast enough (``Runtime.batch_size``) a *batch* of up
-  to ``MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
+  to ``vetting.MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
   job's meta counts those done (``BATCH_DONE``), so a retried batch resumes where it
   stopped (``tasks_left``);
 - **handed out** by the scheduler's NEXT_JOB script (moved into the queue's
@@ -53,9 +53,7 @@ from rq.worker import BaseWorker, WorkerStatus
 from . import keys
 from .gate import Gate
 from .replies import text
-from .vetting import DOWNLOAD_FUNC, MAX_BATCH, CrawlerJob
-
-__all__ = ["MAX_BATCH"]
+from .vetting import DOWNLOAD_FUNC, CrawlerJob
 
 log = logging.getLogger("crawler.joblife")
 

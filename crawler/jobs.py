@@ -92,6 +92,7 @@ def download(*payloads: dict[str, Any]) -> None:
         _download_one(rt, payloads[0], None)
         return
     first = joblife.batch_done(job) if job is not None else 0
+    site = DownloadTask.from_json(payloads[first]).site  # one site per job (``vetting``)
     held = HeldRecords(rt)
     done = first
     try:
@@ -99,7 +100,6 @@ def download(*payloads: dict[str, Any]) -> None:
             if i == first:  # the URL the job was handed out for: it waits for its gate
                 _download_one(rt, payloads[i], None, held)
             else:  # the site may have been paused, closed or slowed since
-                site = DownloadTask.from_json(payloads[i]).site
                 if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT, held):
                     held.flush()
                     rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
@@ -207,9 +207,7 @@ def _download_one(
         except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
             if proxy is not None:
                 rt.proxies.bench(proxy, str(exc))
-            if held is not None:  # before the errors-in-a-row count moves: a held success resets it
-                held.flush()
-            _retry_or_fail(rt, task, exc, record)
+            _retry_or_fail(rt, task, exc, record, held=held)
             return True
         except RobotsUnavailable as exc:
             # Not the page's fault: it waits for robots.txt without spending one of its attempts,
@@ -252,9 +250,7 @@ def _download_one(
         _observe(rt, task, gate, response, exc)
         if isinstance(exc, ProxyError) and proxy is not None:
             rt.proxies.bench(proxy, str(exc))
-        if held is not None:  # before the errors-in-a-row count moves: a held success resets it
-            held.flush()
-        _retry_or_fail(rt, task, exc, record, response)
+        _retry_or_fail(rt, task, exc, record, response, held)
         return True
     except PermanentError as exc:
         _observe(rt, task, gate, response, exc)
@@ -345,15 +341,24 @@ def _raise_for_status(response: Response) -> None:
 
 
 def _retry_or_fail(
-    rt: runtime.Runtime, task: DownloadTask, exc: TransientError, record: Any, response: Response | None = None
+    rt: runtime.Runtime,
+    task: DownloadTask,
+    exc: TransientError,
+    record: Any,
+    response: Response | None = None,
+    held: HeldRecords | None = None,
 ) -> None:
     """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
 
     Retry-After, a 429 or 503 without it, and a run of errors from one site, close the
     site's gate for every worker, not only delay this one URL. Without Retry-After, a
     429/503 closes it at once for ``throttle_pause`` (backoff × 2^(n−1) with jitter for
-    the n-th error in a row); other errors after ERRORS_BEFORE_PAUSE in a row.
+    the n-th error in a row); other errors after ERRORS_BEFORE_PAUSE in a row. Records a
+    batch ``held`` are written first: a success among them ends the run of errors before
+    this error counts.
     """
+    if held is not None:
+        held.flush()
     settings = rt.settings
     status = getattr(exc, "status", None)
     errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))

@@ -152,7 +152,11 @@ def _old_queue_sites(connection: Redis) -> list[str]:
 
 def _hand_back_jobs(connection: Redis, site: str, report: MigrationReport) -> None:
     """The old queue's unfinished jobs back to the front of the site's frontier; the queue and its registries gone."""
-    from .frontier import DownloadTask  # frontier imports the workers' side of RQ; keep this module light
+    from .frontier import (  # frontier imports the workers' side of RQ; keep this module light
+        DownloadTask,
+        entries_by_priority,
+        push_to_front,
+    )
 
     queue = Queue(f"{OLD_QUEUE}{site}", connection=connection, serializer=JSONSerializer)
     unfinished = [
@@ -170,24 +174,21 @@ def _hand_back_jobs(connection: Redis, site: str, report: MigrationReport) -> No
         queue.canceled_job_registry,
     ]
     finished = [i for registry in registries[2:] for i in registry.get_job_ids()]
-    by_priority: dict[int, list[str]] = {}
+    tasks: list[DownloadTask] = []
     for job_id in dict.fromkeys(unfinished):  # in queue order, each once
         try:
             job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
-            tasks = [DownloadTask.from_json(payload) for payload in joblife.tasks_left(job)]
+            left = [DownloadTask.from_json(payload) for payload in joblife.tasks_left(job)]
         except NoSuchJobError:
             continue
         except Exception as exc:  # not a download task (or not JSON): kept aside, as a worker would
             quarantine.record(connection, queue.name, f"not a download task: {exc}", job_id)
             report.quarantined += 1
             continue
-        for task in tasks:
-            by_priority.setdefault(task.priority, []).append(task.to_entry())
+        tasks += left
         report.jobs_back += 1
     with connection.pipeline(transaction=True) as pipe:
-        for priority, entries in by_priority.items():
-            pipe.lpush(keys.frontier(site, priority), *reversed(entries))  # the front, in their order
-            pipe.zadd(keys.levels(site), {str(priority): priority})
+        push_to_front(pipe, site, entries_by_priority(tasks))  # the front, in their order
         if unfinished or finished:
             pipe.delete(*(Job.key_for(job_id) for job_id in {*unfinished, *finished}))
         pipe.delete(queue.intermediate_queue_key, *(registry.key for registry in registries))

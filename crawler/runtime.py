@@ -21,7 +21,6 @@ from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
 from .gate import Gate, site_gate
-from .joblife import MAX_BATCH
 from .pacing import Pace, Pacer
 from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from .proxies import ProxyPool, site_proxies
@@ -30,6 +29,7 @@ from .scheduler import PREPARE_AHEAD, Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from .spider import Spider, SpiderSet, load_spiders
 from .store import Store
+from .vetting import MAX_BATCH
 
 #: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
 REPUBLISH_EVERY = 30.0

@@ -30,11 +30,12 @@ from crawler.connection import connect, redis_server_binary
 from crawler.demo import ShopSite
 from crawler.frontier import seed
 from crawler.gate import SEND_GRACE
-from crawler.joblife import MAX_BATCH, REAP_EVERY
+from crawler.joblife import REAP_EVERY
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.runtime import Runtime, install
 from crawler.settings import Settings
 from crawler.store import Store
+from crawler.vetting import MAX_BATCH
 
 INTERVAL = 0.05
 LEASE = 3  # seconds: a killed worker's page comes back within LEASE + reaper period
