@@ -400,6 +400,22 @@ def crawl_settings(
     return settings
 
 
+def write_config(path: Path, settings: Any) -> Path:
+    """A config file for the ``crawler`` command with ``settings``' locations, Redis, margin, backoff and sites."""
+    import yaml
+
+    fields = ("redis_url", "database_url", "sites_dir", "state_dir", "backoff", "gate_margin")
+    values = {name: getattr(settings, name) for name in fields}
+    values["sites"] = {site: dict(overrides) for site, overrides in settings.sites.items()}
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def crawler_command(config: Path) -> list[str]:
+    """The ``crawler`` command of this Python, reading ``config``."""
+    return [sys.executable, "-c", "from crawler.cli import main; main()", "--config", str(config)]
+
+
 def run_until_exit(processes: Sequence[Any], timeout: float) -> tuple[float, bool]:
     """Wait for burst workers to exit (at most ``timeout`` s, then stop them).
 

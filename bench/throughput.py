@@ -45,9 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.runtime import Runtime
 
 from .common import (
     BenchRedis,
@@ -57,10 +54,11 @@ from .common import (
     command_stats,
     compile_crawler,
     crawl_settings,
-    run_until_exit,
+    crawler_command,
     scrapy_python,
     steady_rate,
     stored_items,
+    write_config,
 )
 
 #: Products in the shop (a full crawl is products + products/per_page + 4 requests).
@@ -159,13 +157,21 @@ def figures(
 
 
 def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path, name: str = "thr") -> dict[str, Any]:
+    """``crawler crawl`` of the shop in a subprocess, as users run it (launcher + workers)."""
     site = f"{name}_{redis.tag}"
     settings = crawl_settings(workdir, redis.url, [site], {site: INTERVAL}, gate_margin=GATE_MARGIN)
-    rt = Runtime(redis.connection, settings)
-    seed(rt.frontier(site), [shop.url + "/"])
-    rt.close()
-    specs = [WorkerSpec("download", (site,), threads=DOWNLOAD_THREADS, burst=True)] * DOWNLOAD_PROCESSES
-    specs += [WorkerSpec("parse", (site,), threads=PARSE_THREADS, burst=True)] * PARSE_PROCESSES
+    args = [
+        *crawler_command(write_config(workdir / "config.yaml", settings)),
+        "crawl",
+        site,
+        shop.url + "/",
+        "--processes",
+        str(DOWNLOAD_PROCESSES),
+        "--threads",
+        str(DOWNLOAD_THREADS),
+        "--parsers",
+        str(PARSE_PROCESSES),
+    ]
     redis_pid = redis.server_pid()
     first = len(shop.requests)
     stats, children, parent, server, server_info = (
@@ -175,8 +181,13 @@ def run_ours(redis: BenchRedis, shop: ShopSite, workdir: Path, name: str = "thr"
         _process_cpu(redis_pid),
         _info_cpu(redis),
     )
-    procs = start_workers(specs, settings, redis.url)
-    wall, drained = run_until_exit(procs, CRAWL_TIMEOUT)
+    started = time.monotonic()
+    try:
+        completed = subprocess.run(args, cwd=workdir, capture_output=True, text=True, timeout=CRAWL_TIMEOUT)
+        drained = completed.returncode == 0
+    except subprocess.TimeoutExpired:
+        drained = False
+    wall = time.monotonic() - started
     workers_cpu = _children_cpu() - children
     parent_cpu = _self_cpu() - parent
     redis_after = _process_cpu(redis_pid)

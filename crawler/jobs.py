@@ -444,7 +444,11 @@ def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compresse
 
 
 def parse(
-    payload: dict[str, Any], body: bytes, worker: str | None = None, done: Callable[[Any], None] | None = None
+    payload: dict[str, Any],
+    body: bytes,
+    worker: str | None = None,
+    done: Callable[[Any], None] | None = None,
+    held: HeldParses | None = None,
 ) -> None:
     """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
 
@@ -453,6 +457,9 @@ def parse(
     that raises or times out fails the page alone (recorded with the traceback, for
     ``crawler failed`` and ``crawler retry``). Errors of the database or Redis raise:
     the page was not parsed and stays with the worker.
+
+    With ``held``, the page's items and record wait there, written with the rest of the
+    parse worker's batch (``HeldParses.flush``); its links are queued at once.
     """
     rt = runtime.current()
     if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
@@ -460,7 +467,7 @@ def parse(
     site, url = payload["site"], str(payload["url"])
     started = utcnow()
     if payload.get("callback") == SITEMAP_CALLBACK:
-        _read_sitemap(rt, payload, body, worker, done, started)
+        _read_sitemap(rt, payload, body, worker, done, started, held)
         return
     try:
         items, requests = _run_callback(rt.spider(site), url, body, payload, rt.settings.max_body_bytes)
@@ -471,13 +478,17 @@ def parse(
             worker,
             done,
             started,
+            held,
         )
         return
     except Exception:
-        parse_failed(payload, traceback.format_exc(limit=20), worker, done, started)
+        parse_failed(payload, traceback.format_exc(limit=20), worker, done, started, held)
         return
     try:
-        rt.store.upsert_items(site, items, seen=_fetched_at(payload))
+        if held is None:
+            rt.store.upsert_items(site, items, seen=_fetched_at(payload))
+        else:
+            held.items.append((site, items, _fetched_at(payload)))
         added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
         parse_failed(
@@ -487,6 +498,7 @@ def parse(
             worker,
             done,
             started,
+            held,
         )
         return
     _parse_done(
@@ -497,7 +509,41 @@ def parse(
         done,
         started,
         {"parsed": 1, "items": len(items)},
+        held,
     )
+
+
+class HeldParses:
+    """Items and records of a parse worker's batch of pages, held back and written together.
+
+    ``flush`` upserts every page's items in one database transaction, then writes the
+    records in one more and sends their counters and the pages' acknowledgements in one
+    Redis pipeline (``events.jobs_done``): two transactions and one round trip a batch,
+    where each page took two and one. A page is acknowledged only once its items are
+    stored: a worker that dies first leaves its whole batch to be parsed again.
+    """
+
+    def __init__(self, rt: runtime.Runtime):
+        self.rt = rt
+        #: Per page: its site, items and when they were seen (fetched).
+        self.items: list[tuple[str, list[Item], datetime | None]] = []
+        self.done: list[Done] = []
+        #: Per page held: what ``fail`` needs to record it failed instead.
+        self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
+
+    def flush(self) -> None:
+        """Write what is held, items first; a database that is down raises SQLAlchemyError, nothing written."""
+        if self.items:
+            self.rt.store.upsert_pages(self.items)
+            self.items = []
+        done, self.done, self.pages = self.done, [], []
+        jobs_done(self.rt, done)
+
+    def fail(self, reason: str) -> None:
+        """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
+        pages_, self.items, self.done, self.pages = self.pages, [], [], []
+        for payload, worker, done, started in pages_:
+            parse_failed(payload, reason, worker, done, started)
 
 
 def parse_failed(
@@ -506,9 +552,10 @@ def parse_failed(
     worker: str | None = None,
     done: Callable[[Any], None] | None = None,
     started: datetime | None = None,
+    held: HeldParses | None = None,
 ) -> None:
     """Record the page failed with ``error`` (the page alone fails: ``crawler retry`` requeues it)."""
-    _parse_done(payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1})
+    _parse_done(payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1}, held)
 
 
 def _parse_done(
@@ -519,6 +566,7 @@ def _parse_done(
     done: Callable[[Any], None] | None,
     started: datetime,
     counts: dict[str, int],
+    held: HeldParses | None = None,
 ) -> None:
     rt = runtime.current()
     site = str(payload["site"])
@@ -536,25 +584,25 @@ def _parse_done(
             done(pipe)
 
     finished = utcnow()
-    job_done(
-        rt,
-        FetchRecord(
-            site=site,
-            url=str(payload["url"]),
-            outcome=outcome,
-            kind="parse",
-            started=started,
-            finished=finished,
-            status=payload.get("status"),
-            worker=worker,
-            error=error,
-            callback=payload.get("callback"),
-            elapsed=(finished - started).total_seconds(),
-            meta=payload.get("meta") or None,
-        ),
-        also=also,
-        stats=counts,
+    record = FetchRecord(
+        site=site,
+        url=str(payload["url"]),
+        outcome=outcome,
+        kind="parse",
+        started=started,
+        finished=finished,
+        status=payload.get("status"),
+        worker=worker,
+        error=error,
+        callback=payload.get("callback"),
+        elapsed=(finished - started).total_seconds(),
+        meta=payload.get("meta") or None,
     )
+    if held is None:
+        job_done(rt, record, also=also, stats=counts)
+    else:
+        held.done.append(Done(record, None, also, counts))
+        held.pages.append((payload, worker, done, started))
 
 
 def _read_sitemap(
@@ -564,13 +612,14 @@ def _read_sitemap(
     worker: str | None,
     done: Callable[[Any], None] | None,
     started: datetime,
+    held: HeldParses | None = None,
 ) -> None:
     """The parse step of a sitemap (or robots.txt read for its Sitemap: lines): queue what it lists."""
     site, url = payload["site"], str(payload["url"])
     try:
         reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
     except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
-        parse_failed(payload, str(exc), worker, done, started)
+        parse_failed(payload, str(exc), worker, done, started, held)
         return
     try:
         report = reader.read(url, body)
@@ -581,6 +630,7 @@ def _read_sitemap(
             worker,
             done,
             started,
+            held,
         )
         return
     except (PermanentError, DecodeError) as exc:  # not XML, over the cap, a corrupt gzip
@@ -590,9 +640,10 @@ def _read_sitemap(
             worker,
             done,
             started,
+            held,
         )
         return
-    _parse_done(payload, OK, report.summary(), worker, done, started, {"parsed": 1})
+    _parse_done(payload, OK, report.summary(), worker, done, started, {"parsed": 1}, held)
 
 
 def _run_callback(

@@ -213,8 +213,17 @@ class ParseWorker:
                 pages.forget(self._client, pages.FORGET_IDLE * 1000)
 
     def _run_batch(self, entries: list[pages.Entry]) -> bool:
-        """Run each entry in turn, oldest first (``pages.reclaim`` relies on it); whether any was ours to run."""
+        """Run each entry in turn, oldest first (``pages.reclaim`` relies on it); whether any was ours to run.
+
+        Entries on their first delivery are parsed as one batch: their items and records
+        are held and written together at its end (``jobs.HeldParses``). Entries delivered
+        before (their worker died holding them, maybe because of one of them) run one at
+        a time, each written before the next, so a page that kills its worker takes no
+        other page's deliveries with it.
+        """
         ran = False
+        held = jobs.HeldParses(runtime.current()) if all(entry[2] == 1 for entry in entries) else None
+        in_held: list[pages.Entry] = []  # the entries whose pages ``held`` holds
         self._lease.hold([entry_id for entry_id, _, _ in entries])
         try:
             for index, entry in enumerate(entries):
@@ -223,13 +232,39 @@ class ParseWorker:
                     break
                 if self._lease.lost(entry[0]):
                     continue
-                ran = self._run(entry) or ran
-                self._lease.drop(entry[0])
+                holding = len(held.pages) if held is not None else 0
+                ran = self._run(entry, held) or ran
+                if held is None:
+                    self._lease.drop(entry[0])
+                elif len(held.pages) > holding:
+                    in_held.append(entry)
+            if held is not None and in_held:
+                self._flush(held, in_held)
         finally:
             self._lease.release()
         return ran
 
-    def _run(self, entry: pages.Entry) -> bool:
+    def _flush(self, held: jobs.HeldParses, entries: list[pages.Entry]) -> bool:
+        """Write a batch's held pages (``entries``), waiting while the database is down; whether it did.
+
+        Stopped while waiting, the entries go back to the stream for any worker, to be
+        parsed again; a write that times out records the held pages failed.
+        """
+        while True:
+            try:
+                with WatchdogDeathPenalty(jobs.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entries[0][0]):
+                    held.flush()
+            except (SQLAlchemyError, ConfigError) as exc:
+                if self.stop_event.wait(self._db_down(exc)):
+                    pages.hand_back(self._client, entries)
+                    return False
+                continue
+            except JobTimeoutException:
+                held.fail(f"storing the page timed out after {jobs.DEFAULT_PARSE_TIMEOUT}s (with its batch)")
+            self._db_wait = 0.0
+            return True
+
+    def _run(self, entry: pages.Entry, held: jobs.HeldParses | None = None) -> bool:
         entry_id, fields, deliveries = entry
         try:
             task, body = page_entry(fields)
@@ -249,15 +284,22 @@ class ParseWorker:
                 task, f"parse worker died {deliveries - 1} times on this page: not parsed again", self.name, done
             )
             return True
-        self._parse(entry, task, body, done)
+        self._parse(entry, task, body, done, held)
         return True
 
-    def _parse(self, entry: pages.Entry, task: dict[str, Any], body: bytes, done: Any) -> None:
+    def _parse(
+        self,
+        entry: pages.Entry,
+        task: dict[str, Any],
+        body: bytes,
+        done: Any,
+        held: jobs.HeldParses | None = None,
+    ) -> None:
         """``jobs.parse`` under the watchdog; the page waits in hand while the database is down."""
         while True:
             try:
                 with WatchdogDeathPenalty(jobs.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entry[0]):
-                    jobs.parse(task, body, self.name, done)
+                    jobs.parse(task, body, self.name, done, held)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise
             except (SQLAlchemyError, ConfigError) as exc:
@@ -267,7 +309,7 @@ class ParseWorker:
                 continue
             except Exception:  # not the callback's (jobs.parse records those): ours, or a late timeout
                 log.exception("parse of %s failed outside its callback", task.get("url"))
-                jobs.parse_failed(task, traceback.format_exc(limit=20), self.name, done)
+                jobs.parse_failed(task, traceback.format_exc(limit=20), self.name, done, held=held)
             self._db_wait = 0.0
             return
 

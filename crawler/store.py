@@ -205,6 +205,25 @@ class Store:
         late (seen before the latest) never moves it forward, and moves it back only when
         it is the earliest of all and finds the same data never changed since.
         """
+        return self.upsert_pages([(site, batch, seen)])
+
+    def upsert_pages(self, pages: Sequence[tuple[str, Iterable[Item], datetime | None]]) -> int:
+        """``upsert_items`` of several pages' (site, items, seen) at once; returns how many rows were written.
+
+        One statement in one transaction when no key is on two of the pages, its rows in
+        key order as ``upsert_items``'s; else one transaction a page, as separate calls would.
+        """
+        per_page = [rows for site, batch, seen in pages if (rows := self._item_rows(site, batch, seen))]
+        merged = sorted((row for rows in per_page for row in rows), key=lambda row: (row["site"], row["key"]))
+        distinct = len({(row["site"], row["key"]) for row in merged}) == len(merged)
+        for rows in [merged] if distinct else per_page:
+            if rows:
+                with self.engine.begin() as conn:
+                    conn.execute(self._upsert_statement, rows)
+        return len(merged)
+
+    @staticmethod
+    def _item_rows(site: str, batch: Iterable[Item], seen: datetime | None) -> list[dict[str, Any]]:
         now = seen or utcnow()
         if now.tzinfo is None:
             raise ValueError("seen must be a timezone-aware datetime")
@@ -220,15 +239,10 @@ class Store:
                 "last_seen": now,
                 "changed": now,
             }
-        if not rows:
-            return 0
         # One key once per statement (PostgreSQL refuses to update a row twice in one
         # INSERT … ON CONFLICT), and keys in one order in every batch, so that concurrent
         # batches with keys in common lock their rows in the same order and never deadlock.
-        ordered = [rows[key] for key in sorted(rows)]
-        with self.engine.begin() as conn:
-            conn.execute(self._upsert_statement, ordered)
-        return len(ordered)
+        return [rows[key] for key in sorted(rows)]
 
     @cached_property
     def _upsert_statement(self) -> Any:

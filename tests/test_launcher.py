@@ -1,4 +1,4 @@
-"""Worker processes live and die with the launcher that started them."""
+"""Worker processes: forked by a single-threaded launcher, and they live and die with it."""
 
 from __future__ import annotations
 
@@ -6,14 +6,37 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from redis import Redis
 
+from crawler.launcher import start_method
+
+
+def test_a_launcher_running_other_threads_spawns_its_workers() -> None:
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert start_method() == "spawn"  # a fork would copy locks the other thread may hold
+    finally:
+        stop.set()
+        other.join()
+
+
+def test_a_single_threaded_launcher_forks_its_workers() -> None:
+    code = "from crawler.launcher import start_method; print(start_method())"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "fork"
+
 
 def worker_children(pid: int) -> list[int]:
-    """Worker processes (multiprocessing spawn children) whose parent is ``pid``."""
+    """Worker processes whose parent is ``pid``: forked (the launcher's command line) or spawned."""
+    try:
+        launcher = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        launcher = b""
     children = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -24,7 +47,7 @@ def worker_children(pid: int) -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == pid and b"spawn_main" in cmdline:
+        if parent == pid and (b"spawn_main" in cmdline or cmdline == launcher):
             children.append(int(entry.name))
     return children
 
@@ -40,6 +63,7 @@ def alive(pid: int) -> bool:
 def test_workers_stop_when_their_launcher_is_killed(
     redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
 ) -> None:
+    """The CLI forks its workers (no other thread runs yet); killed outright, they stop on their own."""
     (tmp_path / "sites").mkdir()
     command = [
         sys.executable,
@@ -64,6 +88,8 @@ def test_workers_stop_when_their_launcher_is_killed(
             assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
             assert time.monotonic() < deadline, "the worker processes never started"
             time.sleep(0.1)
+        forked = [c for c in children if b"spawn_main" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert forked == children, "the CLI spawned its workers: each paid the imports again"
         launcher.send_signal(signal.SIGKILL)  # no chance to stop its workers itself
         launcher.wait()
         deadline = time.monotonic() + 15
