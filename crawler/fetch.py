@@ -130,40 +130,44 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 class Fetcher:
-    """Downloads URLs through one pooled httpx client, within body, time and address caps."""
+    """Downloads URLs through one pooled httpx transport, within body, time and address caps.
+
+    Requests go to the transport directly, not through an ``httpx.Client``: the client's
+    redirect, auth and cookie handling have no use here (redirects are requests of their
+    own, through the gate), and cost some 0.15 ms of CPU a request. So no cookie is kept
+    or sent: a crawl's requests do not depend on which worker process made the earlier ones.
+    """
 
     def __init__(self, timeout: float, max_body_bytes: int, user_agent: str):
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.user_agent = user_agent
-        self.client = self._new_client(None)
-        #: One pooled client per proxy URL, made on first use (httpx takes proxies per client).
-        self._proxied: dict[str, httpx.Client] = {}
-        self._lock = threading.Lock()
-
-    def _new_client(self, proxy: str | None) -> httpx.Client:
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-        return httpx.Client(
-            follow_redirects=False,
-            timeout=httpx.Timeout(self.timeout),
-            headers={
-                "user-agent": self.user_agent,
+        #: Sent with every request (a request's own headers win).
+        self.headers = httpx.Headers(
+            {
+                "user-agent": user_agent,
                 "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
                 "accept-encoding": ACCEPTED_ENCODINGS,
-            },
-            transport=GuardedTransport(limits, proxy),
-            # Environment proxies would bypass the guarded transport: no deadline, no address check.
-            trust_env=False,
+            }
         )
+        self._timeouts = httpx.Timeout(timeout).as_dict()
+        self.transport: httpx.BaseTransport = self._new_transport(None)
+        #: One pooled transport per proxy URL, made on first use.
+        self._proxied: dict[str, httpx.BaseTransport] = {}
+        self._lock = threading.Lock()
 
-    def _client(self, proxy: str | None) -> httpx.Client:
+    @staticmethod
+    def _new_transport(proxy: str | None) -> httpx.BaseTransport:
+        return GuardedTransport(httpx.Limits(max_connections=100, max_keepalive_connections=20), proxy)
+
+    def _transport(self, proxy: str | None) -> httpx.BaseTransport:
         if proxy is None:
-            return self.client
+            return self.transport
         with self._lock:
-            client = self._proxied.get(proxy)
-            if client is None:
-                client = self._proxied[proxy] = self._new_client(proxy)
-            return client
+            transport = self._proxied.get(proxy)
+            if transport is None:
+                transport = self._proxied[proxy] = self._new_transport(proxy)
+            return transport
 
     def get(
         self,
@@ -200,17 +204,26 @@ class Fetcher:
         request through that proxy; a proxy that cannot be reached or refuses the request
         raises ProxyError, whose message shows the proxy without its credentials.
         """
-        headers = {**(headers or {}), **({"user-agent": user_agent} if user_agent else {})} or None
-        extensions = {"trace": _on_sent_tracer(on_sent)} if on_sent else None
+        sent = self.headers
+        if headers or user_agent:
+            sent = self.headers.copy()
+            sent.update({**(headers or {}), **({"user-agent": user_agent} if user_agent else {})})
+        extensions: dict[str, Any] = {"timeout": self._timeouts}
+        if on_sent:
+            extensions["trace"] = _on_sent_tracer(on_sent)
         started = datetime.now(UTC)
         clock = time.monotonic()
         # Through a proxy, the address connected to is the proxy's: the check applies to it.
         guard = _RequestGuard(clock + self.timeout, allow_private or names_its_address(proxy or url), before_send)
-        client = self._client(proxy)
+        transport = self._transport(proxy)
         try:
             try:
-                with guard.active(), client.stream("GET", url, headers=headers, extensions=extensions) as response:
-                    body, truncated, sunk = self._read_body(response, guard.deadline, truncate_at, max_bytes, sink)
+                with guard.active():
+                    response = transport.handle_request(httpx.Request("GET", url, headers=sent, extensions=extensions))
+                    try:
+                        body, truncated, sunk = self._read_body(response, guard.deadline, truncate_at, max_bytes, sink)
+                    finally:
+                        response.close()
                     return Response(
                         url=url,
                         status=response.status_code,
@@ -289,9 +302,9 @@ class Fetcher:
         return b"".join(pieces), False, size if sink is not None else 0
 
     def close(self) -> None:
-        self.client.close()
-        for client in self._proxied.values():
-            client.close()
+        self.transport.close()
+        for transport in self._proxied.values():
+            transport.close()
 
 
 def names_its_address(url: str) -> bool:

@@ -85,18 +85,12 @@ class CachingFetcher:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.on_result = on_result
         self._local = threading.local()
-        old = fetcher.client
+        old = fetcher.transport
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
         # Under the cache, the fetcher's own guarded transport: the deadline, the address check
         # and the gate's send check hold for every request that is really sent.
         sending = _Sending(GuardedTransport(limits), self._local)
-        fetcher.client = httpx.Client(
-            follow_redirects=False,
-            timeout=old.timeout,
-            headers=old.headers,
-            trust_env=False,
-            transport=CacheTransport(next_transport=sending, storage=SqliteStorage(database_path=self.path)),
-        )
+        fetcher.transport = CacheTransport(next_transport=sending, storage=SqliteStorage(database_path=self.path))
         old.close()
 
     def defer(self, site: str, take: Callable[[], Any]) -> DeferredGate:
@@ -124,5 +118,5 @@ class CachingFetcher:
     def close(self) -> None:
         self.fetcher.close()
 
-    def __getattr__(self, name: str) -> Any:  # timeout, max_body_bytes, client: as the wrapped fetcher's
+    def __getattr__(self, name: str) -> Any:  # timeout, max_body_bytes, transport: as the wrapped fetcher's
         return getattr(self.fetcher, name)

@@ -58,9 +58,9 @@ def park(pipe: Any, parked: str) -> None:
     pipe.rpush(keys.outbox(), parked)
 
 
-def waiting(connection: Any) -> int:
-    """Records parked, not yet written."""
-    return int(connection.llen(keys.outbox()))
+def count_waiting(pipe: Any) -> None:
+    """Queue, in ``pipe``, the count of records parked, not yet written."""
+    pipe.llen(keys.outbox())
 
 
 def flush(rt: Any) -> int:

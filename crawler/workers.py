@@ -62,29 +62,39 @@ def queues_for(connection: Redis, names: Iterable[str]) -> list[Queue]:
     return [Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob) for name in names]
 
 
+def _count_jobs(pipe: Any, queues: Iterable[Queue]) -> None:
+    """Queue, in ``pipe``, the counts of jobs queued, being moved, started or scheduled on ``queues``."""
+    for queue in queues:
+        pipe.llen(queue.key)
+        pipe.llen(queue.intermediate_queue_key)
+        pipe.zcard(queue.started_job_registry.key)
+        pipe.zcard(queue.scheduled_job_registry.key)
+
+
 def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
     """Jobs queued, being moved, started or scheduled on the named queues."""
-    queues = queues_for(connection, queue_names)
     with connection.pipeline(transaction=False) as pipe:
-        for queue in queues:
-            pipe.llen(queue.key)
-            pipe.llen(queue.intermediate_queue_key)
-            pipe.zcard(queue.started_job_registry.key)
-            pipe.zcard(queue.scheduled_job_registry.key)
+        _count_jobs(pipe, queues_for(connection, queue_names))
         return sum(int(n) for n in pipe.execute())
 
 
 def pending_work(connection: Redis, sites: Iterable[str]) -> int:
-    """Everything left for ``sites``: compact frontiers, delayed retries, RQ jobs, and every page to parse."""
+    """Whether anything is left for ``sites``: how much, or 0.
+
+    Delayed retries, RQ jobs, every page to parse and records waiting for the database
+    are counted in one round trip; the compact frontiers (a script, one more) only
+    when those come to nothing. So the answer is exact when it is 0, and a lower bound
+    otherwise: an idle worker asks this often while a crawl runs.
+    """
     sites = list(sites)
     with connection.pipeline(transaction=False) as pipe:
         for site in sites:
             pipe.hget(keys.stats(site), "delayed")
-        replies = pipe.execute()
-    waiting = sum(int(n or 0) for n in replies) + sum(frontier_sizes(connection, sites))
-    waiting += outbox.waiting(connection)  # records waiting for the database
-    waiting += int(connection.xlen(keys.pages()))  # pages unread or being parsed: deleted once done with
-    return waiting + pending_jobs(connection, [keys.download_queue(site) for site in sites])
+        outbox.count_waiting(pipe)  # records waiting for the database
+        pipe.xlen(keys.pages())  # pages unread or being parsed: deleted once done with
+        _count_jobs(pipe, queues_for(connection, [keys.download_queue(site) for site in sites]))
+        waiting = sum(int(n or 0) for n in pipe.execute())
+    return waiting or sum(frontier_sizes(connection, sites))
 
 
 def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
