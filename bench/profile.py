@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 from crawler.demo import ShopSite
 from crawler.frontier import seed
@@ -133,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         ] * throughput.PARSE_PROCESSES
         first = len(shop.requests)
         before = command_stats(redis.connection)
-        procs = start_workers(specs, settings, redis.url)
+        # Forked, as ``crawler crawl`` starts them (this process runs the shop's threads, so
+        # ``start_workers`` would spawn): no import in the samples, the work alone.
+        with mock.patch("crawler.launcher.start_method", return_value="fork"):
+            procs = start_workers(specs, settings, redis.url)
         spies = []
         for spec, proc in zip(specs, procs, strict=True):
             raw = out / f"{proc.name}.txt"

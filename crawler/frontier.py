@@ -13,7 +13,7 @@ import functools
 import hashlib
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -305,6 +305,10 @@ class _BatchChecker:
         return allowed
 
 
+#: A request ``Frontier.vet`` let through, with its canonical URL.
+Candidate = tuple[str, Request]
+
+
 @dataclass
 class AddResult:
     """What ``Frontier.add`` did with a batch of requests."""
@@ -388,36 +392,55 @@ class Frontier:
         each distinct URL is checked once, and the seen set is asked in one round trip.
         ``checked``: the URLs are ``check``'s output already (canonical, allowed), taken as they are.
         """
-        result = AddResult(enqueued=[], refused=[])
+        candidates, refused = self.vet(requests, checked)
+        (result,) = self.enqueue([(candidates, depth)], hops)
+        result.refused = refused
+        return result
+
+    def vet(self, requests: Iterable[Request], checked: bool = False) -> tuple[list[Candidate], list[tuple[str, str]]]:
+        """The requests ``add`` would queue if new, each with its canonical URL; and those refused, with why.
+
+        No Redis call: ``enqueue`` the candidates (several pages' at once, if need be) later.
+        """
+        refused: list[tuple[str, str]] = []
         check = str if checked else _BatchChecker(self).check
-        candidates: list[tuple[str, Request]] = []
+        candidates: list[Candidate] = []
         for request in requests:
             try:
                 check_priority(request.priority)
                 check_refresh(request.refresh)
                 candidates.append((check(request.url), request))
             except (RefusedURL, ValueError) as exc:
-                assert result.refused is not None
-                result.refused.append((request.url, str(exc)))
-        if not candidates:
-            return result
-        fresh = self._mark_seen([url for url, _ in candidates])
+                refused.append((request.url, str(exc)))
+        return candidates, refused
+
+    def enqueue(self, pages: Sequence[tuple[list[Candidate], int]], hops: int = 0) -> list[AddResult]:
+        """Queue the candidates (``vet``) new to the site, of several pages (candidates, depth) at once.
+
+        One seen-set call and one push for all of them; a URL on two of the pages is new
+        on the first one only, as with one ``add`` after the other. Per page, what was done.
+        """
+        results = [AddResult(enqueued=[]) for _ in pages]
+        flat = [(url, request, depth, result) for (page, depth), result in zip(pages, results) for url, request in page]
+        if not flat:
+            return results
+        fresh = self._mark_seen([url for url, _, _, _ in flat])
         by_priority: dict[int, list[str]] = {}
         encoders: dict[tuple[Any, ...], Callable[[str], str]] = {}
-        for (url, request), is_new in zip(candidates, fresh, strict=True):
+        for (url, request, depth, result), is_new in zip(flat, fresh, strict=True):
             if not (is_new or request.dont_filter):
                 result.duplicates += 1
                 continue
             every = request.refresh if request.refresh is not None or not self.refresh else self.refresh(request)
             # The link's entry but for its URL is the same for all links of a page: encoded once.
-            shape = (str(request.callback), id(request.meta) if request.meta else None, every)
+            shape = (str(request.callback), id(request.meta) if request.meta else None, every, depth)
             encode = encoders.get(shape)
             if encode is None:
                 encode = encoders[shape] = entry_encoder(str(request.callback), depth, hops, 1, request.meta, every)
             by_priority.setdefault(request.priority, []).append(encode(url))
             result.enqueued.append(url)
         self._push_entries(by_priority)
-        return result
+        return results
 
     def _mark_seen(self, urls: list[str]) -> list[bool]:
         """Add the URLs' fingerprints to the seen set; per URL, whether it was new (in order).

@@ -42,7 +42,7 @@ from .errors import (
 )
 from .events import Done, HeldRecords, job_done, jobs_done
 from .fetch import DecodeError, Response, inflate_capped
-from .frontier import DownloadTask, Frontier, check_url, fingerprint
+from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
 from .pacing import throttle_pause
 from .settings import DEFAULT_PARSE_TIMEOUT
@@ -485,11 +485,14 @@ def parse(
         parse_failed(payload, traceback.format_exc(limit=20), worker, done, started, held)
         return
     try:
+        depth = int(payload.get("depth", 0)) + 1
         if held is None:
             rt.store.upsert_items(site, items, seen=_fetched_at(payload))
+            refused = rt.frontier(site).add(requests, depth=depth).refused
         else:
             held.items.append((site, items, _fetched_at(payload)))
-        added = rt.frontier(site).add(requests, depth=int(payload.get("depth", 0)) + 1)
+            candidates, refused = rt.frontier(site).vet(requests)
+            held.links.append((site, candidates, depth))
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
         parse_failed(
             payload,
@@ -504,7 +507,7 @@ def parse(
     _parse_done(
         payload,
         OK,
-        _refusals(added.refused) if added.refused else None,
+        _refusals(refused) if refused else None,
         worker,
         done,
         started,
@@ -514,17 +517,21 @@ def parse(
 
 
 class HeldParses:
-    """Items and records of a parse worker's batch of pages, held back and written together.
+    """Links, items and records of a parse worker's batch of pages, held back and written together.
 
-    ``flush`` upserts every page's items in one database transaction, then writes the
-    records in one more and sends their counters and the pages' acknowledgements in one
-    Redis pipeline (``events.jobs_done``): two transactions and one round trip a batch,
-    where each page took two and one. A page is acknowledged only once its items are
-    stored: a worker that dies first leaves its whole batch to be parsed again.
+    ``flush`` queues every page's new links (one seen-set call and one push a site),
+    upserts every page's items in one database transaction, then writes the records in
+    one more and sends their counters and the pages' acknowledgements in one Redis
+    pipeline (``events.jobs_done``): where each page took two transactions and three
+    round trips, a batch takes two and three. A page is acknowledged only once its links
+    are queued and its items stored: a worker that dies first leaves its whole batch to
+    be parsed again (its links are then duplicates, its items written again).
     """
 
     def __init__(self, rt: runtime.Runtime):
         self.rt = rt
+        #: Per page: its site, links (``Frontier.vet``'s candidates) and their depth.
+        self.links: list[tuple[str, list[Candidate], int]] = []
         #: Per page: its site, items and when they were seen (fetched).
         self.items: list[tuple[str, list[Item], datetime | None]] = []
         self.done: list[Done] = []
@@ -532,7 +539,10 @@ class HeldParses:
         self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
 
     def flush(self) -> None:
-        """Write what is held, items first; a database that is down raises SQLAlchemyError, nothing written."""
+        """Write what is held: links, items, records; a database that is down raises SQLAlchemyError."""
+        links, self.links = self.links, []
+        for site in dict.fromkeys(site for site, _, _ in links):
+            self.rt.frontier(site).enqueue([(page, depth) for s, page, depth in links if s == site])
         if self.items:
             self.rt.store.upsert_pages(self.items)
             self.items = []
@@ -541,7 +551,7 @@ class HeldParses:
 
     def fail(self, reason: str) -> None:
         """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
-        pages_, self.items, self.done, self.pages = self.pages, [], [], []
+        pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
         for payload, worker, done, started in pages_:
             parse_failed(payload, reason, worker, done, started)
 

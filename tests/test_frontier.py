@@ -243,6 +243,39 @@ def test_add_deduplicates_within_one_batch(frontier: Frontier) -> None:
     assert queued(frontier) == 1
 
 
+def test_links_of_several_pages_enqueued_at_once_are_what_adding_each_page_gives(
+    frontier: Frontier, redis_conn: Redis
+) -> None:
+    pages = [
+        [Request("http://example.com/a"), Request("http://example.com/b"), Request("http://elsewhere.org/x")],
+        [Request("http://example.com/b#top"), Request("http://example.com/c", callback="parse_item")],
+    ]
+    vetted = [frontier.vet(requests) for requests in pages]
+    assert [refused for _, refused in vetted] == [
+        [("http://elsewhere.org/x", "http://elsewhere.org/x is outside the allowed domains (example.com)")],
+        [],
+    ]
+    frontier.add([Request("http://example.com/")])  # the seen-set script loaded
+    before = redis_conn.info("commandstats")
+    results = frontier.enqueue([(vetted[0][0], 1), (vetted[1][0], 2)])
+    after = redis_conn.info("commandstats")
+
+    # The page seen second finds /b already queued by the first, as with one add after the other.
+    assert [(r.enqueued, r.duplicates) for r in results] == [
+        (["http://example.com/a", "http://example.com/b"], 0),
+        (["http://example.com/c"], 1),
+    ]
+    assert [(t.url, t.depth, t.callback) for t in queued_tasks(frontier)] == [
+        ("http://example.com/", 0, "parse"),
+        ("http://example.com/a", 1, "parse"),
+        ("http://example.com/b", 1, "parse"),
+        ("http://example.com/c", 2, "parse_item"),
+    ]
+    calls = after["cmdstat_evalsha"]["calls"] - before.get("cmdstat_evalsha", {"calls": 0})["calls"]
+    assert calls == 1  # one seen-set call for both pages
+    assert after["cmdstat_rpush"]["calls"] - before.get("cmdstat_rpush", {"calls": 0})["calls"] == 1
+
+
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_adding_a_batch_does_what_adding_its_requests_one_by_one_does(
     redis_conn: Redis, chunk: int | None, monkeypatch: pytest.MonkeyPatch

@@ -9,8 +9,10 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from crawler.errors import ConfigError
 from crawler.store import FAILED, OK, RETRY, FetchRecord, Item, Store, engine_url, item_digest
@@ -120,6 +122,38 @@ def test_a_late_commit_does_not_hide_a_change_seen_in_between(store: Store) -> N
     store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 6})], seen=at(4))
     store.upsert_items(SITE, [Item("k", "http://shop.example/k", {"price": 5})], seen=at(3))  # stale
     assert history(store) == ({"price": 6}, at(1), at(4), at(2))
+
+
+def test_pages_upserted_together_give_what_one_call_each_gives(store: Store, sqlite_url: str) -> None:
+    pages = [
+        (SITE, [Item("b", "http://shop.example/b", {"v": 1}), Item("a", "http://shop.example/a", {"v": 2})], at(1)),
+        ("other", [Item("a", "http://other.example/a", {"v": 3})], at(2)),
+        (SITE, [Item("c", "http://shop.example/c", {"v": 4})], at(3)),
+    ]
+    statements: list[int] = []
+
+    def count(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if statement.startswith("INSERT INTO items"):
+            statements.append(len(parameters) if executemany else 1)
+
+    event.listen(store.engine, "before_cursor_execute", count)
+    try:
+        assert store.upsert_pages(pages) == 4
+    finally:
+        event.remove(store.engine, "before_cursor_execute", count)
+    assert statements == [4]  # one statement for the three pages
+    assert [row["key"] for row in store.item_rows(SITE)] == ["a", "b", "c"]
+    assert [as_utc(row["first_seen"]) for row in store.item_rows(SITE)] == [at(1), at(1), at(3)]
+    assert list(store.items("other")) == [{"v": 3}]
+
+
+def test_a_key_on_two_of_the_pages_upserted_together_keeps_its_history(store: Store) -> None:
+    pages = [
+        (SITE, [Item("k", "http://shop.example/1", {"price": 5})], at(2)),
+        (SITE, [Item("k", "http://shop.example/0", {"price": 4})], at(1)),  # seen earlier, written later
+    ]
+    assert store.upsert_pages(pages) == 2
+    assert history(store) == ({"price": 5}, at(1), at(2), at(2))
 
 
 def test_seen_must_be_timezone_aware(store: Store) -> None:
