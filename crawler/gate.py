@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -86,6 +87,8 @@ class Gate:
         self.acquired_at: float | None = None
         #: ``time.monotonic()`` just before the last ``rearm`` (the request was on the wire).
         self.rearmed_at: float | None = None
+        #: This process's turn at the gate and its ticket, while held (``Runtime.take_gate``): passed on at the send.
+        self.turn: tuple[Turn, int] | None = None
         self._acquire = lua.script(connection, "acquire_or_pttl")
         self._release = lua.script(connection, "release_if_owner")
         self._rearm = lua.script(connection, "rearm")
@@ -142,7 +145,16 @@ class Gate:
             return False
         expire_ms = max(1, int(round(self.rearm_expire * 1000)))
         self.rearmed_at = time.monotonic()
-        return int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+        try:
+            return int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+        finally:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Pass this process's turn at the gate on (see ``Turn``): the request is sent, or will not be."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            turn[0].give(turn[1])
 
     def before_send(self) -> None:
         """Make sure the gate is held, for at least ``rearm_expire`` from now: call it right before sending.
@@ -214,6 +226,54 @@ class Gate:
 
     def __repr__(self) -> str:
         return f"<Gate {self.key} expire={self.expire}s auto_release={self.auto_release}>"
+
+
+class Turn:
+    """Which thread of this process is at one gate: waiting for it in Redis, or holding it until its send.
+
+    The threads of a process that want one gate queue here, and only the one whose turn
+    it is asks Redis. The turn lasts from its first ask until its request is on the wire
+    (``Gate.rearm``) or will not be sent (``Gate.let_go``), so no thread of the process
+    asks while another has the gate and has not yet sent: such an ask can only fail, and
+    was most of the gate's Redis calls when a fast site is crawled by several threads. The
+    gate is still taken in Redis, by each request, so the spacing between requests of all
+    processes and hosts is what it was. A turn not passed on within ``lease`` seconds of
+    taking the gate (a thread that died between the take and the send) lapses.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        #: ``time.monotonic()`` at which the current turn lapses (inf while its thread waits for Redis; 0: free).
+        self._until = 0.0
+        self._holder = 0
+        self._tickets = 0
+
+    def take(self, timeout: float | None = None) -> int | None:
+        """Wait for the turn (at most ``timeout`` seconds); its ticket, or None if it did not come in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (left := self._until - time.monotonic()) > 0:
+                if deadline is not None:
+                    left = min(left, deadline - time.monotonic())
+                    if left <= 0:
+                        return None
+                self._cond.wait(left if left != float("inf") else None)
+            self._tickets += 1
+            self._holder, self._until = self._tickets, float("inf")
+            return self._holder
+
+    def hold(self, ticket: int, lease: float) -> None:
+        """The gate is taken: the turn lapses ``lease`` seconds from now unless given back before."""
+        with self._cond:
+            if self._holder == ticket:
+                self._until = time.monotonic() + lease
+
+    def give(self, ticket: int | None = None) -> None:
+        """End the turn (``ticket``'s only, if given: a lapsed turn may be another thread's now)."""
+        with self._cond:
+            if ticket is None or self._holder == ticket:
+                self._until, self._holder = 0.0, 0
+                self._cond.notify()
 
 
 #: Seconds of the send grace kept in reserve: a holder past ``grace - SEND_SAFETY`` since it

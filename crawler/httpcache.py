@@ -31,7 +31,7 @@ CACHE_FILE = "http-cache.sqlite"
 class DeferredGate:
     """A site's gate, taken only if a request is actually sent (``take``); otherwise never.
 
-    Stands in for ``gate.Gate`` where the job uses it after the fetch: ``rearm``.
+    Stands in for ``gate.Gate`` where the job uses it after the fetch: ``rearm``, ``let_go``.
     """
 
     def __init__(self, site: str, take: Callable[[], Any]):
@@ -45,6 +45,10 @@ class DeferredGate:
 
     def rearm(self) -> bool:
         return bool(self.gate.rearm()) if self.gate is not None else True
+
+    def let_go(self) -> None:
+        if self.gate is not None:
+            self.gate.let_go()
 
     def before_send(self) -> None:
         """``Gate.before_send`` of the gate, taken now if it was not yet (a request is being written)."""

@@ -234,17 +234,20 @@ def _download_one(
     # A sitemap streams into a compressor (up to 50 MB decoded), never held whole.
     sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
     try:
-        response = rt.fetcher.get(
-            task.url,
-            user_agent=spider.user_agent,
-            on_sent=lambda: _rearm(gate, task),
-            before_send=gate.before_send,
-            headers=conditional,
-            allow_private=spider.allow_private_addresses,
-            max_bytes=SITEMAP_MAX_BYTES if sink else None,
-            sink=sink.feed if sink else None,
-            proxy=proxy,
-        )
+        try:
+            response = rt.fetcher.get(
+                task.url,
+                user_agent=spider.user_agent,
+                on_sent=lambda: _rearm(gate, task),
+                before_send=gate.before_send,
+                headers=conditional,
+                allow_private=spider.allow_private_addresses,
+                max_bytes=SITEMAP_MAX_BYTES if sink else None,
+                sink=sink.feed if sink else None,
+                proxy=proxy,
+            )
+        finally:
+            gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
         _raise_for_status(response)
     except TransientError as exc:
         _observe(rt, task, gate, response, exc)

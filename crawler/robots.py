@@ -247,14 +247,17 @@ class RobotsCache:
         for _ in range(ROBOTS_MAX_REDIRECTS + 1):
             gate = take_turn()
             try:
-                response = self.fetcher.get(
-                    url,
-                    on_sent=gate.rearm,
-                    before_send=gate.before_send,
-                    truncate_at=ROBOTS_MAX_BYTES,
-                    allow_private=allow_private,
-                    proxy=proxy,
-                )
+                try:
+                    response = self.fetcher.get(
+                        url,
+                        on_sent=gate.rearm,
+                        before_send=gate.before_send,
+                        truncate_at=ROBOTS_MAX_BYTES,
+                        allow_private=allow_private,
+                        proxy=proxy,
+                    )
+                finally:
+                    gate.let_go()  # sent or not: another thread's turn at the gate (``gate.Turn``)
             except RefusedURL as exc:  # not to be fetched at all (a private address): as no file
                 _tell(on_fetch, url, None, str(exc))
                 return _Answer("", str(exc))

@@ -20,7 +20,7 @@ from .counters import Counters
 from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
-from .gate import Gate, site_gate
+from .gate import Gate, Turn, site_gate
 from .pacing import Pace, Pacer
 from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from .proxies import ProxyPool, site_proxies
@@ -60,6 +60,7 @@ class Runtime:
         self._site_proxies: dict[str, list[str]] = {}
         self._gate_hints: dict[str, str] = {}
         self._frontiers: dict[str, Frontier] = {}
+        self._turns: dict[str, Turn] = {}
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
 
@@ -254,11 +255,14 @@ class Runtime:
         """Wait for the gate of ``site``'s request for ``url`` and take it: one request may start now.
 
         Pass the gate's ``rearm`` as the fetch's ``on_sent``, so the interval counts
-        from the moment the request is on the wire.
+        from the moment the request is on the wire, and call its ``let_go`` once the fetch
+        is over: the other threads of this process wait for the gate until then (``gate.Turn``).
         """
         if self.settings.http_cache:  # taken only if the fetch misses the cache and sends (httpcache)
             return self.fetcher.defer(site, lambda: self._acquire(site, url))  # type: ignore[attr-defined]
-        return self._acquire(site, url)
+        gate = self._acquire(site, url)
+        assert gate is not None  # taken: no time limit
+        return gate
 
     def take_gate_within(self, site: str, url: str | None, max_wait: float) -> Gate | None:
         """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long.
@@ -267,12 +271,28 @@ class Runtime:
         """
         if self.settings.http_cache:
             return self.take_gate(site, url)
-        gate = self.gate(site, url)
-        return gate if gate.acquire(timeout=max_wait) else None
+        return self._acquire(site, url, max_wait)
 
-    def _acquire(self, site: str, url: str | None) -> Gate:
+    def _acquire(self, site: str, url: str | None, max_wait: float | None = None) -> Gate | None:
+        """Take the gate in this process's turn at it (``gate.Turn``), which passes on at the send."""
         gate = self.gate(site, url)
-        gate.acquire()
+        with self._lock:
+            turn = self._turns.setdefault(gate.key, Turn())
+        started = time.monotonic()
+        ticket = turn.take(max_wait)
+        if ticket is None:
+            return None
+        try:
+            left = None if max_wait is None else max(0.0, max_wait - (time.monotonic() - started))
+            taken = gate.acquire(timeout=left)
+        except BaseException:
+            turn.give(ticket)
+            raise
+        if not taken:
+            turn.give(ticket)
+            return None
+        turn.hold(ticket, gate.expire - gate.rearm_expire)  # lapses with the send grace
+        gate.turn = (turn, ticket)
         return gate
 
     def close(self) -> None:
