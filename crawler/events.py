@@ -49,11 +49,15 @@ class Done:
     stats: Mapping[str, int] | None = None
 
 
-def jobs_done(rt: Any, done: Sequence[Done]) -> None:
-    """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order."""
+def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
+    """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order.
+
+    ``written``: the records are in the database already (``jobs.HeldParses`` writes
+    them with the items, in one transaction); only the pipeline is left.
+    """
     if not done:
         return
-    parked = outbox.write_all(rt, [d.record for d in done])
+    parked = [] if written else outbox.write_all(rt, [d.record for d in done])
     with rt.connection.pipeline(transaction=False) as pipe:
         for d in done:
             if d.also is not None:

@@ -125,17 +125,19 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
     now = datetime.now(UTC)
     # The records first: a second retry finds these pages requeued, whatever happens next.
     store.record_fetches(
-        FetchRecord(
-            site=site,
-            url=page.url,
-            outcome=REQUEUED,
-            kind="retry",
-            started=now,
-            finished=now,
-            callback=page.callback,
-            meta=page.meta,
-        )
-        for page in pages
+        [
+            FetchRecord(
+                site=site,
+                url=page.url,
+                outcome=REQUEUED,
+                kind="retry",
+                started=now,
+                finished=now,
+                callback=page.callback,
+                meta=page.meta,
+            )
+            for page in pages
+        ]
     )
     frontier.add(
         [

@@ -523,10 +523,10 @@ class HeldParses:
     """Links, items and records of a parse worker's batch of pages, held back and written together.
 
     ``flush`` queues every page's new links (one seen-set call and one push a site),
-    upserts every page's items in one database transaction, then writes the records in
-    one more and sends their counters and the pages' acknowledgements in one Redis
-    pipeline (``events.jobs_done``): where each page took two transactions and three
-    round trips, a batch takes two and three. A page is acknowledged only once its links
+    upserts every page's items and writes the records in one database transaction, and
+    sends their counters and the pages' acknowledgements in one Redis pipeline
+    (``events.jobs_done``): where each page took two transactions and three round trips,
+    a batch takes one and three. A page is acknowledged only once its links
     are queued and its items stored: a worker that dies first leaves its whole batch to
     be parsed again (its links are then duplicates, its items written again).
     """
@@ -542,15 +542,22 @@ class HeldParses:
         self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
 
     def flush(self) -> None:
-        """Write what is held: links, items, records; a database that is down raises SQLAlchemyError."""
+        """Write what is held: links, then items and records in one transaction, then the pipeline.
+
+        A database that is down raises SQLAlchemyError, with the items and records still
+        held (the links, once queued, are not queued again). Each record's page counts
+        as done when its batch is written: its ``finished`` is now.
+        """
         links, self.links = self.links, []
         for site in dict.fromkeys(site for site, _, _ in links):
             self.rt.frontier(site).enqueue([(page, depth) for s, page, depth in links if s == site])
-        if self.items:
-            self.rt.store.upsert_pages(self.items)
-            self.items = []
-        done, self.done, self.pages = self.done, [], []
-        jobs_done(self.rt, done)
+        finished = utcnow()
+        for held in self.done:
+            held.record.finished = finished
+            held.record.elapsed = (finished - held.record.started).total_seconds()
+        self.rt.store.upsert_pages(self.items, [held.record for held in self.done])
+        done, self.items, self.done, self.pages = self.done, [], [], []
+        jobs_done(self.rt, done, written=True)
 
     def fail(self, reason: str) -> None:
         """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""

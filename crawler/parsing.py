@@ -3,10 +3,13 @@
 A parse worker is not an RQ worker: it is one consumer of the group ``parsers`` on
 ``crawler:pages`` (see ``pages``). Its loop: claim entries whose holder died (once a
 second), else read up to ``READ_COUNT`` new ones (``XREADGROUP``, blocking up to
-``READ_BLOCK`` seconds); for each, check it (``vetting.page_entry``: a malformed entry
+``READ_BLOCK`` seconds; after a batch that was not full, it first lets ``READ_PAUSE``
+pass); for each, check it (``vetting.page_entry``: a malformed entry
 is quarantined and dropped, never run) and run ``jobs.parse`` on it under the process's
-job-timeout watchdog, which acknowledges and deletes the entry in the pipeline that
-records the page. While it holds a batch, a lease thread keeps the entries from being
+job-timeout watchdog. Entries on their first delivery are one batch, whose links, items
+and records are written together at its end (``jobs.HeldParses``), the entries
+acknowledged and deleted in the pipeline that counts them; entries delivered before run
+one at a time, each written before the next. While it holds a batch, a lease thread keeps the entries from being
 reclaimed by others. A page of a site this process has no spider for goes back to the
 end of the stream for a worker that has it (said once per site). While the database
 is down a page waits in the worker's hands, retried with backoff, and is not
@@ -44,6 +47,10 @@ log = logging.getLogger("crawler.parsing")
 READ_COUNT = 8
 #: Longest wait for a new entry, seconds (stop requests and burst drains are seen this often).
 READ_BLOCK = 1.0
+#: Seconds a worker lets pages gather after a batch that was not full: a batch's links, items,
+#: records and acknowledgements are written together, so fuller batches cost less a page. A
+#: worker that keeps up waits this long, a page this much later; one behind reads full batches.
+READ_PAUSE = 0.01
 #: Seconds between two looks for entries whose holder died.
 RECLAIM_EVERY = 1.0
 #: Seconds between two fleet-wide passes that remove long-gone consumers from the group.
@@ -196,6 +203,8 @@ class ParseWorker:
         if entries:
             if not self._run_batch(entries):  # only pages of sites with no spider here: let others take them
                 self.stop_event.wait(HAND_BACK_WAIT)
+            elif len(entries) < READ_COUNT:
+                self.stop_event.wait(READ_PAUSE)
             return True
         runtime.current().counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
         return not (burst and crawl_drained(self.connection, self.sites))

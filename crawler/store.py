@@ -207,19 +207,28 @@ class Store:
         """
         return self.upsert_pages([(site, batch, seen)])
 
-    def upsert_pages(self, pages: Sequence[tuple[str, Iterable[Item], datetime | None]]) -> int:
-        """``upsert_items`` of several pages' (site, items, seen) at once; returns how many rows were written.
+    def upsert_pages(
+        self, pages: Sequence[tuple[str, Iterable[Item], datetime | None]], records: Sequence[FetchRecord] = ()
+    ) -> int:
+        """``upsert_items`` of several pages' (site, items, seen) at once, ``records`` appended with them.
 
-        One statement in one transaction when no key is on two of the pages, its rows in
-        key order as ``upsert_items``'s; else one transaction a page, as separate calls would.
+        One transaction and one statement for the items when no key is on two of the
+        pages, their rows in key order as ``upsert_items``'s; else one transaction a
+        page, as separate calls would. The records go in the (last) transaction. Returns
+        how many item rows were written.
         """
         per_page = [rows for site, batch, seen in pages if (rows := self._item_rows(site, batch, seen))]
         merged = sorted((row for rows in per_page for row in rows), key=lambda row: (row["site"], row["key"]))
         distinct = len({(row["site"], row["key"]) for row in merged}) == len(merged)
-        for rows in [merged] if distinct else per_page:
-            if rows:
-                with self.engine.begin() as conn:
+        transactions = ([merged] if distinct else per_page) if merged else []
+        if records and not transactions:
+            transactions = [[]]
+        for index, rows in enumerate(transactions, start=1):
+            with self.engine.begin() as conn:
+                if rows:
                     conn.execute(self._upsert_statement, rows)
+                if records and index == len(transactions):
+                    self._insert_records(conn, records)
         return len(merged)
 
     @staticmethod
@@ -288,13 +297,16 @@ class Store:
         with self.engine.begin() as conn:
             return int(conn.execute(query).rowcount)
 
-    def record_fetches(self, records: Iterable[FetchRecord]) -> None:
+    def record_fetches(self, records: Sequence[FetchRecord]) -> None:
         """Append fetch records."""
-        rows = [vars(r) for r in records]
-        if rows:
+        if records:
             with self.engine.begin() as conn:
-                # One row (a job's record) as a plain execute, not an executemany of one.
-                conn.execute(self._insert_fetch, rows[0] if len(rows) == 1 else rows)
+                self._insert_records(conn, records)
+
+    def _insert_records(self, conn: Any, records: Sequence[FetchRecord]) -> None:
+        rows = [vars(r) for r in records]
+        # One row (a job's record) as a plain execute, not an executemany of one.
+        conn.execute(self._insert_fetch, rows[0] if len(rows) == 1 else rows)
 
     def record_fetches_once(self, records: Sequence[FetchRecord]) -> int:
         """Append the records not already there (same site, URL, kind and start); returns how many.

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler.gate import NAMESPACE, SEND_GRACE, Gate, site_gate
+from crawler.gate import NAMESPACE, SEND_GRACE, Gate, Turn, site_gate
+from crawler.runtime import Runtime
 
 INTERVAL = 0.05
 RUN_FOR = 1.0
@@ -310,3 +311,76 @@ def test_a_holder_past_its_grace_that_still_holds_the_gate_renews_it_at_once(red
     assert time.monotonic() - started < 0.05  # renewed, not waited for
     assert gate.acquired_at is not None and first is not None and gate.acquired_at > first
     assert redis_conn.pttl(gate.key) > 1000  # a full lifetime again
+
+
+# A process's turn at a gate (gate.Turn, Runtime.take_gate) ---------------------------
+
+
+def test_a_turn_waits_for_the_one_before_it_and_can_time_out() -> None:
+    turn = Turn()
+    first = turn.take()
+    assert first is not None
+    assert turn.take(timeout=0.05) is None  # still the first thread's
+    got: list[int | None] = []
+    waiter = threading.Thread(target=lambda: got.append(turn.take()))
+    waiter.start()
+    time.sleep(0.05)
+    assert got == []
+    turn.give(first)
+    waiter.join(5)
+    assert got and got[0] is not None and got[0] != first
+
+
+def test_a_turn_not_given_back_lapses_and_its_late_give_ends_no_one_elses() -> None:
+    turn = Turn()
+    stale = turn.take()
+    assert stale is not None
+    turn.hold(stale, 0.05)  # took the gate, then died before sending
+    started = time.monotonic()
+    current = turn.take(timeout=5)
+    assert current is not None and time.monotonic() - started >= 0.04
+    turn.give(stale)  # the lapsed holder wakes up: the turn stays the current one's
+    assert turn.take(timeout=0.02) is None
+    turn.give(current)
+    assert turn.take(timeout=0.02) is not None
+
+
+def test_a_thread_asks_redis_for_a_gate_only_once_its_processs_holder_has_sent(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asks: list[tuple[str, float]] = []
+    try_acquire = Gate.try_acquire
+
+    def counted(self: Gate) -> float:
+        asks.append((threading.current_thread().name, time.monotonic()))
+        return try_acquire(self)
+
+    monkeypatch.setattr(Gate, "try_acquire", counted)
+    holder = runtime.take_gate("demo")
+    second: list[Gate] = []
+    thread = threading.Thread(target=lambda: second.append(runtime.take_gate("demo")), name="second")
+    thread.start()
+    time.sleep(0.2)  # the holder connects slowly: the gate is held, not yet sent
+    sent = time.monotonic()
+    holder.rearm()
+    thread.join(5)
+
+    assert second, "the second thread never took the gate"
+    seconds = [at for name, at in asks if name == "second"]
+    assert seconds and min(seconds) >= sent  # no ask while the holder had yet to send
+    assert redis_conn.get(second[0].key) == second[0].token.encode()
+    second[0].let_go()
+
+
+def test_a_holder_that_never_sends_passes_its_turn_on_when_it_lets_go(runtime: Runtime) -> None:
+    holder = runtime.take_gate("demo")
+    taken: list[float] = []
+    thread = threading.Thread(target=lambda: (runtime.take_gate("demo"), taken.append(time.monotonic())))
+    thread.start()
+    time.sleep(0.05)
+    assert taken == []
+    let_go = time.monotonic()
+    holder.let_go()  # the fetch failed before a byte was sent
+    thread.join(5)
+    # The gate itself opens with the unsent holder's send grace: a request may never follow a take sooner.
+    assert taken and taken[0] >= let_go
