@@ -4,13 +4,13 @@ A parse worker is not an RQ worker: it is one consumer of the group ``parsers`` 
 ``crawler:pages`` (see ``pages``). Its loop: claim entries whose holder died (once a
 second), else read up to ``READ_COUNT`` new ones (``XREADGROUP``, blocking up to
 ``READ_BLOCK`` seconds; after a batch that was not full, it first lets ``READ_PAUSE``
-pass); for each, check it (``vetting.page_entry``: a malformed entry
-is quarantined and dropped, never run) and run ``jobs.parse`` on it under the process's
-job-timeout watchdog. Entries on their first delivery are one batch, whose links, items
-and records are written together at its end (``jobs.HeldParses``), the entries
-acknowledged and deleted in the pipeline that counts them; entries delivered before run
-one at a time, each written before the next. While it holds a batch, a lease thread keeps the entries from being
-reclaimed by others. A page of a site this process has no spider for goes back to the
+pass); for each, check it (``vetting.page_entry``: a malformed entry is quarantined and
+dropped, never run) and run ``jobs.parse`` on it under the process's job-timeout
+watchdog. Entries on their first delivery are one batch, whose links, items and records
+are written together at its end (``jobs.HeldParses``), the entries acknowledged and
+deleted in the pipeline that counts them; entries delivered before run one at a time,
+each written before the next. While it holds a batch, a lease thread keeps the entries
+from being reclaimed by others. A page of a site this process has no spider for goes back to the
 end of the stream for a worker that has it (said once per site). While the database
 is down a page waits in the worker's hands, retried with backoff, and is not
 redelivered. SIGTERM (or the launcher's stop event) stops it after the current page;
@@ -253,8 +253,8 @@ class ParseWorker:
             self._lease.release()
         return ran
 
-    def _flush(self, held: jobs.HeldParses, entries: list[pages.Entry]) -> bool:
-        """Write a batch's held pages (``entries``), waiting while the database is down; whether it did.
+    def _flush(self, held: jobs.HeldParses, entries: list[pages.Entry]) -> None:
+        """Write a batch's held pages (``entries``), waiting while the database is down.
 
         Stopped while waiting, the entries go back to the stream for any worker, to be
         parsed again; a write that times out records the held pages failed.
@@ -266,12 +266,12 @@ class ParseWorker:
             except (SQLAlchemyError, ConfigError) as exc:
                 if self.stop_event.wait(self._db_down(exc)):
                     pages.hand_back(self._client, entries)
-                    return False
+                    return
                 continue
             except JobTimeoutException:
                 held.fail(f"storing the page timed out after {jobs.DEFAULT_PARSE_TIMEOUT}s (with its batch)")
             self._db_wait = 0.0
-            return True
+            return
 
     def _run(self, entry: pages.Entry, held: jobs.HeldParses | None = None) -> bool:
         entry_id, fields, deliveries = entry

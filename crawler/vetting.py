@@ -36,7 +36,7 @@ from . import keys, quarantine
 DOWNLOAD_FUNC = "crawler.jobs.download"
 
 #: Most URLs (arguments) one download job carries: a batch, for a fast site (``Runtime.batch_size``).
-MAX_BATCH = 8
+MAX_BATCH = 16
 
 #: Job hash fields that make RQ import or call something beyond the job's function.
 _FORBIDDEN_FIELDS = (

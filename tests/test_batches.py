@@ -45,14 +45,15 @@ def test_a_fast_sites_urls_go_in_batches_of_one_priority_a_slow_sites_one_a_job(
     redis_conn: Redis, settings: Settings
 ) -> None:
     assert FAST + 0.0 <= BATCH_BELOW
-    urls = [f"http://127.0.0.1:9/p/{i}" for i in range(20)]
-    for interval, sizes in ((FAST, [8, 8, 3, 1]), (1.0, [1, 1, 1, 1])):
+    count = 2 * MAX_BATCH + 4
+    urls = [f"http://127.0.0.1:9/p/{i}" for i in range(count)]
+    for interval, sizes in ((FAST, [MAX_BATCH, MAX_BATCH, 3, 1]), (1.0, [1, 1, 1, 1])):
         redis_conn.flushdb()
         rt = Runtime(redis_conn, fast(settings, interval))
         try:
             frontier = rt.frontier(SITE)
-            frontier.add([Request(u) for u in urls[:19]])
-            frontier.add([Request(urls[19], priority=-1)])  # of another priority: a job of its own
+            frontier.add([Request(u) for u in urls[: count - 1]])
+            frontier.add([Request(urls[-1], priority=-1)])  # of another priority: a job of its own
             assert frontier.refill(JOBS_AHEAD) == 4
         finally:
             rt.close()
@@ -60,7 +61,7 @@ def test_a_fast_sites_urls_go_in_batches_of_one_priority_a_slow_sites_one_a_job(
         assert [len(job.args) for job in made] == sizes
         assert [p["url"] for job in made for p in job.args] == urls[: sum(sizes)]  # in frontier order
         assert made[0].timeout == sizes[0] * made[-1].timeout // sizes[-1]  # the timeout is per URL
-    # A job carrying 8 URLs describes itself by its first.
+    # A job carrying a batch describes itself by its first URL.
     assert queued_jobs(redis_conn)[0].description == urls[0]
 
 
@@ -153,14 +154,14 @@ def test_the_rest_of_a_batch_goes_back_to_the_front_when_the_site_closes_meanwhi
 def test_a_queued_batch_evicted_by_a_higher_priority_goes_back_whole_and_in_order(
     redis_conn: Redis, settings: Settings
 ) -> None:
-    urls = [f"http://127.0.0.1:9/p/{i}" for i in range(10)]
+    urls = [f"http://127.0.0.1:9/p/{i}" for i in range(MAX_BATCH + 2)]
     rt = Runtime(redis_conn, fast(settings))
     try:
         frontier = rt.frontier(SITE)
         frontier.add([Request(u) for u in urls])
         frontier.refill(1)
         (job,) = queued_jobs(redis_conn)
-        assert len(job.args) == 8
+        assert len(job.args) == MAX_BATCH
         frontier.add([Request("http://127.0.0.1:9/urgent", priority=5)])  # preempts the queued batch
         made = queued_jobs(redis_conn)
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]

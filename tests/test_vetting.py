@@ -148,9 +148,10 @@ def test_hostile_jobs_are_quarantined_and_real_workers_crawl_on(
     assert "on the queue of 'demo'" in reasons["other site"]
     assert "'crawler.jobs.parse'" in reasons["parse on download"]
     assert "not a crawler job function" in reasons["parse on download"]
-    assert "not 1 to 8 JSON objects" in reasons["kwargs"] and "not 1 to 8 JSON objects" in reasons["args not an object"]
-    assert "not 1 to 8 JSON objects" in reasons["batch too long"]
-    assert "not 1 to 8 JSON objects" in reasons["batch with a string"]
+    expected = f"not 1 to {MAX_BATCH} JSON objects"
+    assert expected in reasons["kwargs"] and expected in reasons["args not an object"]
+    assert f"not 1 to {MAX_BATCH} JSON objects" in reasons["batch too long"]
+    assert f"not 1 to {MAX_BATCH} JSON objects" in reasons["batch with a string"]
     assert "on the queue of 'demo'" in reasons["batch of two sites"]
     assert "not an http(s) URL" in reasons["file URL"]
     assert "outside the allowed domains" in reasons["off-domain URL"]
