@@ -168,7 +168,12 @@ def test_a_parse_worker_killed_mid_job_loses_no_item(
         download = start_workers([WorkerSpec("download", ("slowparse",), burst=True)], settings, redis_url)
         (victim,) = start_workers([WorkerSpec("parse", ("slowparse",), burst=True)], settings, redis_url)
         store = Store(settings.database_url)
-        wait_until(lambda: store.count_items("slowparse") >= 3, 60, "some items to be stored")
+        # Items are written a batch at a time: wait, too, for the worker to hold its next batch.
+        wait_until(
+            lambda: store.count_items("slowparse") >= 3 and redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"],
+            60,
+            "some items to be stored and more pages to be held",
+        )
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.time()
         victim.join()
