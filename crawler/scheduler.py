@@ -45,8 +45,6 @@ from rq.job import Job
 from . import keys, lua
 from .replies import text
 
-#: Reads of a site's priorities before ``frontier_sizes`` takes one that keeps changing as busy.
-FRONTIER_SIZE_TRIES = 5
 #: Jobs a refill tops a site's RQ queue up to, from its compact frontier.
 JOBS_AHEAD = 4
 #: A refill is asked for when fewer jobs than this are left queued (batches the refills).
@@ -270,31 +268,11 @@ def publish_conf(
 
 
 def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
-    """Entries waiting in each site's frontier (every priority), exactly, as of one moment per site.
-
-    The sites' priorities are read (one pipeline), then counted by one FRONTIER_SIZE call
-    a site (pipelined), which takes every list in KEYS and answers only if the
-    priorities are still those read; a site whose priorities changed in between is read
-    again. One that keeps changing has work moving through it: it counts as 1 at least.
-    """
-    sizes = [0] * len(sites)
-    pending = list(range(len(sites)))
+    """Entries waiting in each site's frontier (every priority): one FRONTIER_SIZE call per site, pipelined."""
+    if not sites:
+        return []
     size = lua.script(connection, "frontier_size")
-    for _ in range(FRONTIER_SIZE_TRIES):
-        if not pending:
-            break
-        with connection.pipeline(transaction=False) as pipe:
-            for index in pending:
-                pipe.zrange(keys.levels(sites[index]), 0, -1)
-            levels = [[text(priority) for priority in found] for found in pipe.execute()]
-        with connection.pipeline(transaction=False) as pipe:
-            for index, priorities in zip(pending, levels, strict=True):
-                lists = [keys.frontier(sites[index], int(priority)) for priority in priorities]
-                size(keys=[keys.levels(sites[index]), *lists], args=priorities, client=pipe)
-            counts = [int(n) for n in pipe.execute()]
-        for index, count in zip(pending, counts, strict=True):
-            sizes[index] = count
-        pending = [index for index, count in zip(pending, counts, strict=True) if count < 0]
-    for index in pending:
-        sizes[index] = 1
-    return sizes
+    with connection.pipeline(transaction=False) as pipe:
+        for site in sites:
+            size(keys=[keys.levels(site), keys.frontier(site)], client=pipe)
+        return [int(n) for n in pipe.execute()]

@@ -288,7 +288,7 @@ def test_dedup_and_frontier_scripts_touch_only_the_sites_slot(
         assert frontier_sizes(redis_conn, ["shop"]) == [20]
         redis_conn.delete(keys.frontier("shop", 2))
         Scheduler(redis_conn).forget_empty_levels("shop", [0, 1, 2])
-    assert_one_slot(seen)  # every list FRONTIER_SIZE counts is in its KEYS
+    assert_one_slot(seen, derived=True)  # FRONTIER_SIZE names the lists it finds in the levels set
     assert redis_conn.zrange(keys.levels("shop"), 0, -1) == [b"0", b"1"]
 
 

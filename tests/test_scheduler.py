@@ -9,16 +9,9 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import keys, lua
+from crawler import keys
 from crawler.frontier import DownloadTask, Frontier
-from crawler.scheduler import (
-    Scheduler,
-    decode_entry,
-    encode_entry,
-    entry_encoder,
-    frontier_sizes,
-    publish_conf,
-)
+from crawler.scheduler import Scheduler, decode_entry, encode_entry, entry_encoder, publish_conf
 from crawler.spider import Request
 
 
@@ -235,24 +228,3 @@ def test_a_job_is_handed_out_just_before_its_gate_opens_never_long_before(redis_
     redis_conn.pexpire(keys.gate("a"), int(PREPARE_AHEAD * 1000) - 5)  # now opening within the lead
     time.sleep(0.002)
     assert scheduler.next().job_id is not None
-
-
-def test_a_frontiers_size_is_counted_only_over_the_priorities_still_there(redis_conn: Redis) -> None:
-    frontier = Frontier(redis_conn, "sized", ["shop.example"], 60, 60)
-    frontier.add([Request(f"https://shop.example/{i}", priority=i % 2 * 5) for i in range(7)])
-    size = lua.script(redis_conn, "frontier_size")
-    lists = [keys.frontier("sized", 0), keys.frontier("sized", 5)]
-    assert size(keys=[keys.levels("sized"), *lists], args=["0", "5"]) == 7
-    # Read before a push of a new priority (or a forget): no count, the caller reads again.
-    assert size(keys=[keys.levels("sized"), lists[0]], args=["0"]) == -1
-    assert frontier_sizes(redis_conn, ["sized", "empty"]) == [7, 0]
-
-
-def test_a_frontier_whose_priorities_keep_changing_counts_as_busy(
-    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    frontier = Frontier(redis_conn, "moving", ["shop.example"], 60, 60)
-    frontier.add([Request("https://shop.example/a")])
-    # Every count finds other priorities than those just read (a push between each read and count).
-    monkeypatch.setattr("crawler.scheduler.text", lambda reply: "9")
-    assert frontier_sizes(redis_conn, ["moving"]) == [1]
