@@ -461,8 +461,9 @@ def parse(
     ``crawler failed`` and ``crawler retry``). Errors of the database or Redis raise:
     the page was not parsed and stays with the worker.
 
-    With ``held``, the page's items and record wait there, written with the rest of the
-    parse worker's batch (``HeldParses.flush``); its links are queued at once.
+    With ``held``, the page's links (vetted now, refusals in its record), items and
+    record wait there, written with the rest of the parse worker's batch
+    (``HeldParses.flush``).
     """
     rt = runtime.current()
     if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):

@@ -234,6 +234,14 @@ def huge_headers(h: Handler) -> None:
     h.wfile.write(b"ok")
 
 
+def set_cookie(h: Handler) -> None:
+    h.reply(200, b"<p>hello</p>", Set_Cookie="session=abc; Path=/")
+
+
+def echo_cookie(h: Handler) -> None:
+    h.reply(200, (h.headers.get("Cookie") or "").encode(), "text/plain")
+
+
 def hang_up(h: Handler) -> None:
     h.close_connection = True  # and say nothing: a server that died mid-request
 
@@ -258,6 +266,8 @@ ROUTES: dict[str, Callable[[Handler], None]] = {
     "/corrupt-gzip": corrupt_gzip,
     "/huge-headers": huge_headers,
     "/hang-up": hang_up,
+    "/set-cookie": set_cookie,
+    "/cookie": echo_cookie,
 }
 #: Every path the server was asked for, in order.
 SERVED: list[str] = []
@@ -306,6 +316,24 @@ def test_ok_page_comes_back_with_body_headers_and_charset(server: str, fetcher: 
 def test_default_and_per_request_user_agent_are_sent(server: str, fetcher: Fetcher) -> None:
     assert fetcher.get(f"{server}/agent").body == b"test-agent/1.0"
     assert fetcher.get(f"{server}/agent", user_agent="spider/2").body == b"spider/2"
+
+
+def test_cookies_are_neither_kept_nor_sent(server: str, fetcher: Fetcher) -> None:
+    assert fetcher.get(f"{server}/set-cookie").headers["set-cookie"].startswith("session=abc")
+    assert fetcher.get(f"{server}/cookie").body == b""  # what any worker process would send
+
+
+def test_environment_proxies_are_not_used(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A proxy would hide the address connected to, past the address check and the deadline.
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    fetcher = Fetcher(timeout=TIMEOUT, max_body_bytes=CAP, user_agent="test-agent/1.0")
+    try:
+        assert fetcher.get(f"{server}/ok").status == 200  # straight to the server
+    finally:
+        fetcher.close()
 
 
 def test_error_statuses_come_back_as_responses(server: str, fetcher: Fetcher) -> None:
