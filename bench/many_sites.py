@@ -1,18 +1,18 @@
 """Many sites: dequeue throughput and Redis round trips per dequeue, 10, 1,000 and 10,000 sites.
 
 What is measured: the download worker's dequeue path, driven directly in one client
-(no HTTP): ``Scheduler.next()`` (the one ``NEXT_JOB`` Lua call), then ``Job.fetch``
+(no HTTP): ``Scheduler.next()`` (``PICK_SITE``, then ``NEXT_JOB``), then ``Job.fetch``
 of the job id it hands over, then ``Frontier.refill`` when the call asks for it, or
-when it names a site whose RQ queue ran dry -- exactly what ``DownloadWorker.next_job``
-and ``execute_job`` do around a job. Every site gets the same number of entries per
-dequeue in its compact frontier (``Frontier.push``), its RQ queue is pre-filled
+when it names a site whose RQ queue ran dry (then ``Scheduler.take`` of that site) --
+exactly what ``DownloadWorker.next_job`` and ``execute_job`` do around a job. Every site
+gets the same number of entries per dequeue in its compact frontier (``Frontier.push``), its RQ queue is pre-filled
 (``refill(JOBS_AHEAD)``), and its interval is 1 ms (``publish_conf``), so the ready set
 always has a due site and the figures are the scheduler's own cost, not politeness.
 
 Two kinds of worker are measured: one serving every site with work (``crawler worker
-download`` without ``--sites``: ``NEXT_JOB`` reads the head of the ready set) and one
+download`` without ``--sites``: ``PICK_SITE`` reads the head of the ready set) and one
 serving a list of sites (``--sites``, ``crawler crawl``, ``WorkerSpec`` with
-``all_sites=False``: ``NEXT_JOB`` looks up each listed site's score).
+``all_sites=False``: ``PICK_SITE`` walks the ready set to the first listed site).
 
 Round trips are counted at the client (every packed send: one command or one
 pipeline); Redis commands come from ``INFO commandstats`` deltas and include the
@@ -99,28 +99,31 @@ def measure_ours(url: str, frontiers_by_site: dict[str, Frontier], dequeues: int
         site: Frontier(client, site, f.domains, f.failure_ttl, f.job_timeout) for site, f in frontiers_by_site.items()
     }
     scheduler = Scheduler(client, served)
-    scheduler.next()  # load the script (one SCRIPT LOAD + retry) outside the timing
+    scheduler.next()  # load the scripts (SCRIPT LOAD + retry) outside the timing
     stats = command_stats(client)
     trips[0] = 0
     done = refills = waits = 0
     started = time.perf_counter()
     deadline = started + RUN_SECONDS
+    step = scheduler.next()
     while done < dequeues and time.perf_counter() < deadline:
-        step = scheduler.next()
         if step.job_id is not None:
             Job.fetch(step.job_id, connection=client, serializer=JSONSerializer)
             done += 1
             if step.refill:
                 frontiers[str(step.site)].refill(JOBS_AHEAD)
                 refills += 1
-        elif step.site is not None:
+        elif step.site is not None:  # as the worker does: refill, then that site's turn
             frontiers[step.site].refill(JOBS_AHEAD)
             refills += 1
+            step = scheduler.take(step.site) or scheduler.next()
+            continue
         elif step.wait is not None:
             waits += 1
             time.sleep(step.wait)
         else:
             break
+        step = scheduler.next()
     elapsed = time.perf_counter() - started
     round_trips = trips[0]
     commands = command_delta(stats, command_stats(client))

@@ -61,7 +61,7 @@ WATCHED = (
     ("RQ prepare_execution", "prepare_execution (rq/worker/base.py"),
     ("thread starts (per-job heartbeat, timers)", "start (threading.py"),
     ("dequeue loop (next job)", "dequeue_job_and_maintain_ttl (crawler/workers.py"),
-    ("  NEXT_JOB / scheduler", "next (crawler/scheduler.py"),
+    ("  PICK_SITE, NEXT_JOB / scheduler", "next (crawler/scheduler.py"),
     ("  Job.fetch", "fetch (rq/job.py"),
     ("  refill", "refill (crawler/frontier.py"),
     ("  drain check", "crawl_drained (crawler/workers.py"),

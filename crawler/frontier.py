@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from w3lib.url import canonicalize_url
 
-from . import joblife, keys, lua, quarantine
+from . import joblife, keys, lua, quarantine, redisclock
 from .conditional import Validators, check_validators
 from .errors import RefusedURL
 from .gate import Gate
@@ -265,6 +266,9 @@ PUSH_CHUNK = 5000
 
 #: Seen-set buckets per ``revisit_after``: a URL stays seen from revisit_after to 1 + 1/SEEN_BUCKETS of it.
 SEEN_BUCKETS = 4
+#: How far (ms) this process's estimate of the Redis clock may be off before naming seen-set
+#: buckets takes a second look at it (``redisclock``).
+CLOCK_SLACK_MS = 50
 
 
 class _BatchChecker:
@@ -473,8 +477,7 @@ class Frontier:
             if self.revisit_after is None:
                 added += _bytes(self._add_seen(keys=[keys.seen(self.site)], args=[chunk]))
             else:
-                args = [chunk, self._bucket_width_ms, SEEN_BUCKETS]
-                added += _bytes(self._add_seen_for_a_while(keys=[keys.seen(self.site)], args=args))
+                added += self._add_seen_for_a_while(chunk)
         new = {index for index, flag in zip(first.values(), added, strict=True) if flag == ord("1")}
         return [index in new for index in range(len(urls))]
 
@@ -482,8 +485,27 @@ class Frontier:
     def _add_seen(self) -> Any:
         return lua.script(self.connection, "add_seen")
 
+    def _add_seen_for_a_while(self, chunk: bytes) -> bytes:
+        """ADD_SEEN_FOR_A_WHILE of ``chunk``, its buckets named from the Redis clock as estimated here.
+
+        The buckets passed reach CLOCK_SLACK_MS (at least one bucket) beyond both ends of
+        those the script uses; when the estimate is off by more, the script adds nothing
+        and the clock is read again.
+        """
+        width = self._bucket_width_ms
+        slack = 1 + math.ceil(CLOCK_SLACK_MS / width)
+        for _ in range(3):
+            current = int(redisclock.now_ms(self.connection) // width)
+            first = current - SEEN_BUCKETS - slack
+            buckets = [keys.seen_bucket(self.site, index) for index in range(first, current + slack + 1)]
+            reply = self._add_seen_buckets(keys=buckets, args=[chunk, width, SEEN_BUCKETS, first])
+            if reply is not None:
+                return _bytes(reply)
+            redisclock.resync(self.connection)
+        raise RuntimeError("the Redis clock moved by more than a seen-set bucket at each of three reads")
+
     @cached_property
-    def _add_seen_for_a_while(self) -> Any:
+    def _add_seen_buckets(self) -> Any:
         return lua.script(self.connection, "add_seen_for_a_while")
 
     @property

@@ -10,8 +10,7 @@ of its own (``crawler:gate:{shared:NAME}``). docs/SCALING.md says what that allo
 RQ adds its own keys for the queues named here (``rq:queue:download:{SITE}`` and the
 job hashes and registries, under ``RQ_KEY_PREFIX``), always read from RQ's own classes,
 never spelled here; everything else lives under ``crawler:``. The Lua scripts
-(``crawler/lua``) take their keys in ``KEYS``; the few that meet sites as they run build
-them from what ``around_site`` says precedes and follows a site's name.
+(``crawler/lua``) take every key they touch in ``KEYS``, named here (or by RQ).
 """
 
 from __future__ import annotations
@@ -127,7 +126,7 @@ def sites() -> str:
 def frontier(site: str, priority: int = 0) -> str:
     """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``).
 
-    The list of priority P is that of priority 0 with ``:P`` appended (the Lua helper ``_level_key`` too).
+    The list of priority P is that of priority 0 with ``:P`` appended.
     """
     base = f"{PREFIX}frontier:{_tag(site)}"
     return base if priority == 0 else f"{base}:{priority}"
@@ -220,9 +219,8 @@ _MARKER = "\x00site\x00"
 def around_site(key_of: Callable[[str], str]) -> tuple[str, str]:
     """What precedes and what follows a site's name in the key ``key_of(site)``.
 
-    For the Lua scripts that meet sites as they run (``next_job``, ``promote_due``) and
-    build their keys as ``before .. site .. after``. ValueError if the key does not hold
-    the site's name once.
+    For reading a site back from a key (``site_of_queue``). ValueError if the key does not
+    hold the site's name once.
     """
     key = key_of(_MARKER)
     if key.count(_MARKER) != 1:

@@ -1,4 +1,4 @@
-"""Which site a download worker serves next, in one round trip, whatever the site count.
+"""Which site a download worker serves next, in two round trips, whatever the site count.
 
 Three structures in Redis make the crawl fast while the gate keeps it polite:
 
@@ -12,14 +12,15 @@ Three structures in Redis make the crawl fast while the gate keeps it polite:
 - per site **RQ queue** ``download:{SITE}`` holding only a few jobs ahead, refilled from
   the compact frontier just in time, so RQ still tracks what is in flight.
 
-``NEXT_JOB`` takes the first due site from the ready set, moves one job id into RQ's
-intermediate list and re-scores the site one interval ahead, all in one Lua call, so
-workers are handed a site's jobs one interval apart. A site whose gate is still closed
+``PICK_SITE`` names the first due site of the ready set; ``NEXT_JOB``, with that site's
+keys, checks that it is still due, moves one job id into RQ's intermediate list and
+re-scores the site one interval ahead, all in one Lua call, so workers are handed a
+site's jobs one interval apart (two workers that picked the same site get one turn). A site whose gate is still closed
 (a slow predecessor, a Retry-After) is re-scored to the moment it opens, so no worker
 waits behind it. The gate itself is still taken by the job right before its request:
 the ready set spreads the work, the gate is the guarantee. Retries wait in one delayed
-set (ms precision), scheduled refreshes in another, until ``PROMOTE_DUE`` moves them
-back to the front of their priority's list.
+set (ms precision), scheduled refreshes in another, until ``PROMOTE_DUE`` moves those
+``DUE_MEMBERS`` found due back to the front of their priority's list.
 
 Priority: a refill turns the highest-priority entries into RQ jobs first, and a push
 of entries above the priority of jobs already made hands those jobs back to the
@@ -27,12 +28,15 @@ frontier (``EVICT``), so a high-priority request waits only for the ones of its 
 priority (or higher) ahead of it, plus the request already in flight.
 
 The scripts are ``crawler/lua/NAME.lua`` (``NEXT_JOB`` is ``next_job.lua``), each headed
-by its KEYS, ARGV and whether it runs within one Redis Cluster slot.
+by its KEYS, ARGV and whether it runs within one Redis Cluster slot; every key a script
+touches is passed in its KEYS, so a script's caller names the site's keys (and, for a
+retry, the keys of its site) before the call.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,12 +49,17 @@ from rq.job import Job
 from . import keys, lua
 from .replies import text
 
+#: Reads of a site's priorities before ``frontier_sizes`` takes one that keeps changing as busy.
+FRONTIER_SIZE_TRIES = 5
 #: Jobs a refill tops a site's RQ queue up to, from its compact frontier.
 JOBS_AHEAD = 4
 #: A refill is asked for when fewer jobs than this are left queued (batches the refills).
 REFILL_BELOW = 1
-#: Sites looked at in one NEXT_JOB call before the worker is told to wait.
-MAX_TRIES = 32
+#: Sites picked (PICK_SITE, then NEXT_JOB) in one look for a job before the worker looks again.
+MAX_TRIES = 8
+#: Seconds a worker waits when the site it just re-scored is due again at once (an interval
+#: shorter than PREPARE_AHEAD, behind a closed gate): the next look, not a spin.
+RETRY_SOON = 0.001
 #: Seconds before a site's gate opens that one of its jobs is handed out: the worker claims
 #: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
@@ -120,7 +129,7 @@ def decode_entry(entry: str | bytes) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Next:
-    """What NEXT_JOB answered: a job (with its site), a site to refill, a wait, or nothing."""
+    """What the scheduler answered: a job (with its site), a site to refill, a wait, or nothing."""
 
     site: str | None = None
     job_id: str | None = None
@@ -137,34 +146,107 @@ class Scheduler:
         self.group = keys.group(self.sites) if self.sites else ""
         if self.sites:  # the same list always names the same set, so writing it again is harmless
             connection.sadd(self.group, *self.sites)
+        self._pick = lua.script(connection, "pick_site")
         self._next = lua.script(connection, "next_job")
         self._promote = lua.script(connection, "promote_due")
+        self._due = lua.script(connection, "due_members")
         self._schedule = lua.script(connection, "schedule")
         self._close = lua.script(connection, "close_gate")
         self._evict = lua.script(connection, "evict")
         self._forget_empty = lua.script(connection, "forget_empty_levels")
-        self._next_keys = [keys.ready(), self.group] if self.group else [keys.ready()]
-        self._next_args: list[str | int] = [
-            REFILL_BELOW, MAX_TRIES, *next_job_key_parts(connection), int(PREPARE_AHEAD * 1000)
-        ]  # fmt: skip
+        self._pick_keys = [keys.ready(), self.group] if self.group else [keys.ready()]
+        self._pick_args = [int(PREPARE_AHEAD * 1000)]
+        self._site_keys: dict[str, list[str]] = {}
+        #: The gate each site's conf was last seen to name (a shared one), per site.
+        self._gates: dict[str, str] = {}
 
     def next(self) -> Next:
-        """One job id of the next due site whose gate is open (see NEXT_JOB)."""
-        reply = self._next(keys=self._next_keys, args=self._next_args)
-        code = int(reply[0])
-        if code == 1:
-            return Next(site=text(reply[1]), job_id=text(reply[2]), refill=bool(int(reply[3])))
-        if code == 2:
-            return Next(site=text(reply[1]), refill=True)
-        if code == 0:
-            return Next(wait=int(reply[1]) / 1000.0)
-        return Next()
+        """One job id of the next due site whose gate is open: PICK_SITE, then NEXT_JOB.
+
+        Two round trips a job; a site found not ready to serve (gate closed, paused, at its
+        cap, without work) is re-scored by NEXT_JOB and the next one is picked, up to
+        MAX_TRIES sites. A site picked again in the same look is not taken twice: the
+        worker is told to look again in RETRY_SOON.
+        """
+        tried: set[str] = set()
+        for _ in range(MAX_TRIES):
+            reply = self._pick(keys=self._pick_keys, args=self._pick_args)
+            code = int(reply[0])
+            if code == -1:
+                return Next()
+            if code == 0:
+                return Next(wait=int(reply[1]) / 1000.0)
+            site = text(reply[1])
+            if site in tried:  # re-scored a moment ago, and due again already (a very short interval)
+                return Next(wait=RETRY_SOON)
+            tried.add(site)
+            step = self.take(site)
+            if step is not None:
+                return step
+        return Next(wait=0.0)
+
+    def take(self, site: str) -> Next | None:
+        """One job id of ``site`` if it is due and its gate opens soon (NEXT_JOB), else None.
+
+        ``Next(site, refill=True)`` without a job: its RQ queue is empty but its compact
+        frontier is not; refill it, then take again.
+        """
+        for _ in range(2):  # a second time when the site's conf names a gate not known here
+            site_keys = self._site_keys.get(site) or self._keys_of(site)
+            gate = self._gates.get(site)
+            args: list[str | int] = [site, REFILL_BELOW, *self._pick_args]
+            reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
+            code = int(reply[0])
+            if code == 1:
+                return Next(site=site, job_id=text(reply[1]), refill=bool(int(reply[2])))
+            if code == 2:
+                return Next(site=site, refill=True)
+            if code != 3:
+                return None
+            self._gates[site] = text(reply[1])
+        return None
+
+    def _keys_of(self, site: str) -> list[str]:
+        """NEXT_JOB's KEYS but the shared gate: the ready set and ``site``'s keys, RQ's from RQ's classes."""
+        queue = Queue(keys.download_queue(site), connection=self.connection)
+        found = self._site_keys[site] = [
+            keys.ready(),
+            keys.conf(site),
+            keys.levels(site),
+            keys.queued(site),
+            queue.key,
+            queue.intermediate_queue_key,
+            queue.started_job_registry.key,
+            keys.gate(site),
+        ]
+        return found
 
     def promote_due(self, limit: int = 100) -> int:
-        """Move retries that have come due back to their frontiers. Returns how many."""
-        global_keys = [keys.delayed(), keys.recrawls(), keys.ready(), keys.quarantine()]
-        parts = [part for key_of in (keys.frontier, keys.levels, keys.stats) for part in keys.around_site(key_of)]
-        return int(self._promote(keys=global_keys, args=[limit, *parts]))
+        """Move retries and refreshes that have come due back to their frontiers. Returns how many.
+
+        One round trip (DUE_MEMBERS of both sets) when none is due, two when some are
+        (PROMOTE_DUE per set, with every member's site keys in KEYS).
+        """
+        sets = ((keys.delayed(), "delayed", "delayed"), (keys.recrawls(), "recrawl", "recrawls"))
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key, _, _ in sets:
+                self._due(keys=[key], args=[limit], client=pipe)
+            found = pipe.execute()
+        if not any(found):
+            return 0
+        with self.connection.pipeline(transaction=False) as pipe:
+            for (key, what, counter), members in zip(sets, found, strict=True):
+                if members:
+                    promote_keys = [key, keys.ready(), keys.quarantine()]
+                    args: list[str | bytes | int] = [what, counter]
+                    for member in members:
+                        parsed = parse_member(member)
+                        args += [member, len(promote_keys) + 1 if parsed else 0]
+                        if parsed:
+                            site, priority = parsed
+                            promote_keys += [keys.frontier(site, priority), keys.levels(site), keys.stats(site)]
+                    self._promote(keys=promote_keys, args=args, client=pipe)
+            return sum(int(n) for n in pipe.execute())
 
     def schedule(self, site: str, entry: str, delay: float, priority: int = 0) -> None:
         """Put ``entry`` back in ``site``'s frontier (at ``priority``) after ``delay`` seconds."""
@@ -208,25 +290,23 @@ class Scheduler:
             pipe.execute()
 
 
-def next_job_key_parts(connection: Redis) -> list[str]:
-    """NEXT_JOB's ARGV[3..16]: what precedes and follows a site's name in each key of a site it builds.
+def parse_member(member: bytes) -> tuple[str, int] | None:
+    """The site and priority of a retries or refreshes member (``site\tpriority\tnonce\tentry``).
 
-    The crawler's keys from ``keys``, RQ's from RQ's own classes.
+    None for one this crawler did not write: fewer fields, no site, or a priority that is
+    not an integer written plainly (``5``, ``-3``; not ``05``, ``1e3`` or beyond 2**53).
     """
+    fields = member.split(b"\t", 3)
+    if len(fields) < 4 or not fields[0] or not _PRIORITY.fullmatch(fields[1]):
+        return None
+    try:
+        return fields[0].decode(), int(fields[1])
+    except UnicodeDecodeError:
+        return None
 
-    def rq_key(of: Callable[[Queue], str]) -> Callable[[str], str]:
-        return lambda site: of(Queue(keys.download_queue(site), connection=connection))
 
-    key_ofs: list[Callable[[str], str]] = [
-        keys.conf,
-        keys.levels,
-        keys.gate,
-        keys.queued,
-        rq_key(lambda queue: queue.key),
-        rq_key(lambda queue: queue.intermediate_queue_key),
-        rq_key(lambda queue: queue.started_job_registry.key),
-    ]
-    return [part for key_of in key_ofs for part in keys.around_site(key_of)]
+#: A priority as ``schedule`` writes it.
+_PRIORITY = re.compile(rb"0|-?[1-9][0-9]{0,14}")
 
 
 def publish_conf(
@@ -268,11 +348,31 @@ def publish_conf(
 
 
 def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
-    """Entries waiting in each site's frontier (every priority): one FRONTIER_SIZE call per site, pipelined."""
-    if not sites:
-        return []
+    """Entries waiting in each site's frontier (every priority), exactly, as of one moment per site.
+
+    The sites' priorities are read (one pipeline), then counted by one FRONTIER_SIZE call
+    a site (pipelined), which takes every list in KEYS and answers only if the
+    priorities are still those read; a site whose priorities changed in between is read
+    again. One that keeps changing has work moving through it: it counts as 1 at least.
+    """
+    sizes = [0] * len(sites)
+    pending = list(range(len(sites)))
     size = lua.script(connection, "frontier_size")
-    with connection.pipeline(transaction=False) as pipe:
-        for site in sites:
-            size(keys=[keys.levels(site), keys.frontier(site)], client=pipe)
-        return [int(n) for n in pipe.execute()]
+    for _ in range(FRONTIER_SIZE_TRIES):
+        if not pending:
+            break
+        with connection.pipeline(transaction=False) as pipe:
+            for index in pending:
+                pipe.zrange(keys.levels(sites[index]), 0, -1)
+            levels = [[text(priority) for priority in found] for found in pipe.execute()]
+        with connection.pipeline(transaction=False) as pipe:
+            for index, priorities in zip(pending, levels, strict=True):
+                lists = [keys.frontier(sites[index], int(priority)) for priority in priorities]
+                size(keys=[keys.levels(sites[index]), *lists], args=priorities, client=pipe)
+            counts = [int(n) for n in pipe.execute()]
+        for index, count in zip(pending, counts, strict=True):
+            sizes[index] = count
+        pending = [index for index, count in zip(pending, counts, strict=True) if count < 0]
+    for index in pending:
+        sizes[index] = 1
+    return sizes

@@ -2,7 +2,7 @@
 
 The download worker is an ``rq.SimpleWorker`` subclass (jobs run in the worker's own
 process and thread, so the HTTP pool and database engine live across jobs) that keeps
-RQ's registries, heartbeats and failure records. It asks the scheduler (one Lua call,
+RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls,
 whatever the number of sites) for a site that has work *and* whose gate is open, so it
 never sits behind one closed gate while another site has budget; when every gate with
 work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
@@ -82,9 +82,9 @@ def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
     Delayed retries, RQ jobs, every page to parse and records waiting for the database
-    are counted in one round trip; the compact frontiers (a script, one more) only
-    when those come to nothing. So the answer is exact when it is 0, and a lower bound
-    otherwise: an idle worker asks this often while a crawl runs.
+    are counted in one round trip; the compact frontiers (their levels, then a script a
+    site: two more) only when those come to nothing. So the answer is exact when it is
+    0, and a lower bound otherwise: an idle worker asks this often while a crawl runs.
     """
     sites = list(sites)
     with connection.pipeline(transaction=False) as pipe:
@@ -506,8 +506,9 @@ class CrawlWorker(SimpleWorker):
 class DownloadWorker(CrawlWorker):
     """Serves the download queues of ``sites``, always taking a site whose gate is open.
 
-    One Lua call (``scheduler.NEXT_JOB``) picks the first due site whose gate is open
-    and hands over one of its jobs; the job takes the gate right before its request.
+    ``PICK_SITE`` names the first due site and ``NEXT_JOB`` hands over one of its jobs if
+    its gate opens soon (``scheduler.Scheduler.next``); the job takes the gate right before
+    its request.
     After the job, the site's RQ queue is topped up from its compact frontier if the
     call asked for it.
     """
@@ -526,8 +527,13 @@ class DownloadWorker(CrawlWorker):
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         rt = runtime.current()
+        scheduler = self.site_scheduler
+        refilled: str | None = None
         for _ in range(MAX_REFILLS):
-            step = self.site_scheduler.next()
+            # Every answer is used in the look that asked for it: a job handed out and then
+            # left behind would sit in RQ's intermediate list until the reaper's next pass.
+            step = (refilled and scheduler.take(refilled)) or scheduler.next()
+            refilled = None
             if step.site is not None and step.site not in self._by_site:
                 self._give_back(step)
                 continue
@@ -539,10 +545,11 @@ class DownloadWorker(CrawlWorker):
                     continue
                 self._refill = step.site if step.refill else None
                 return (job, queue), None
-            if step.site is not None:  # its RQ queue ran dry: turn compact entries into jobs
-                rt.frontier(step.site).refill(JOBS_AHEAD)
-                continue
-            return None, step.wait
+            if step.site is None:
+                return None, step.wait
+            # Its RQ queue ran dry: compact entries into jobs, then its turn again.
+            rt.frontier(step.site).refill(JOBS_AHEAD)
+            refilled = step.site
         return None, 0.0
 
     def when_idle(self) -> None:
@@ -602,4 +609,4 @@ class DownloadWorker(CrawlWorker):
             try:
                 runtime.current().frontier(site).refill(JOBS_AHEAD)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                self._redis_down(exc)  # the next NEXT_JOB asks for the refill again
+                self._redis_down(exc)  # the site's next NEXT_JOB asks for the refill again

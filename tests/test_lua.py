@@ -1,8 +1,9 @@
-"""The Lua scripts (``crawler/lua``): headed by their KEYS and ARGV, building no keys where they
-say they run in one Cluster slot, and every key of one site in that site's slot."""
+"""The Lua scripts (``crawler/lua``): headed by their KEYS and ARGV, touching only keys passed
+in KEYS (none built inside), and every key of one site in that site's slot."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import re
 import tomllib
@@ -20,7 +21,7 @@ from crawler import keys, lua, pages
 from crawler.frontier import Frontier
 from crawler.gate import site_gate
 from crawler.pacing import Auto, Pacer
-from crawler.scheduler import Scheduler, frontier_sizes, next_job_key_parts
+from crawler.scheduler import Scheduler, frontier_sizes
 from crawler.spider import Request
 
 LUA_DIR = Path(lua.__file__).parent
@@ -50,13 +51,8 @@ def in_one_slot(name: str) -> bool:
     return cluster_line(name).startswith(("Cluster: one key", "Cluster: one slot"))
 
 
-def derives_keys(name: str) -> bool:
-    """Whether a one-slot script names keys from one of its KEYS during the call (said in its header)."""
-    return "named from KEYS[" in cluster_line(name)
-
-
 def test_there_are_scripts_and_helpers() -> None:
-    assert {"next_job", "promote_due", "add_seen", "acquire_or_pttl", "pace"} <= set(lua.names())
+    assert {"pick_site", "next_job", "promote_due", "add_seen", "acquire_or_pttl", "pace"} <= set(lua.names())
     assert all(not name.startswith("_") for name in lua.names())
 
 
@@ -111,18 +107,27 @@ def code_of(name: str) -> str:
     return "\n".join(line for line in lua.source(name).splitlines() if not line.lstrip().startswith("--"))
 
 
-@pytest.mark.parametrize("name", [n for n in lua.names() if in_one_slot(n)])
-def test_one_slot_scripts_take_their_keys_from_keys_and_build_none(name: str) -> None:
-    code = code_of(name)
-    aliases = set()
-    for names, values in re.findall(r"local ([\w, ]+) = (KEYS\[\d\][^\n]*)", code):
+def key_aliases(code: str) -> set[str]:
+    """Local names a script gives to its KEYS (``local a, b = KEYS[1], KEYS[2]``, ``local t = {KEYS[i]}``),
+    and names given to those (``gate = own_gate``)."""
+    aliases: set[str] = set()
+    for names in re.findall(r"local ([\w, ]+) =\s*\{?KEYS\[", code):
         aliases |= {alias.strip() for alias in names.split(",")}
+    for name, value in re.findall(r"(?:local )?(\w+) = (\w+)\n", code):
+        if value in aliases:
+            aliases.add(name)
+    return aliases
+
+
+@pytest.mark.parametrize("name", lua.names())
+def test_every_script_takes_its_keys_from_keys_and_builds_none(name: str) -> None:
+    code = code_of(name)
+    aliases = key_aliases(code)
     for command, key in key_arguments(code):
         assert "ARGV" not in key, f"{name}: {command} on a key from ARGV: {key}"
-        if derives_keys(name):
-            continue  # its header says which of its KEYS names the others; the MONITOR test below checks the slot
         assert ".." not in key, f"{name}: {command} on a key built in the script: {key}"
-        assert re.fullmatch(r"KEYS\[[^]]+\]", key) or key in aliases, f"{name}: {command} on {key}, not one of KEYS"
+        table = key.split("[")[0] if re.fullmatch(r"\w+\[[^]]+\]", key) else key
+        assert table == "KEYS" or table in aliases, f"{name}: {command} on {key}, not one of KEYS"
 
 
 @pytest.mark.parametrize("name", [n for n in lua.names() if not in_one_slot(n)])
@@ -175,25 +180,6 @@ def test_the_queue_name_gives_back_its_site() -> None:
     assert keys.site_of_queue("download:shop") is None  # the name before hash tags
 
 
-def eval_helper(connection: Redis, helper: str, call: str, keys_: list[str], args: list[Any]) -> Any:
-    text = (LUA_DIR / f"{helper}.lua").read_text() + f"\nreturn {call}\n"
-    return connection.eval(text, len(keys_), *keys_, *args)
-
-
-def test_the_lua_helpers_name_keys_as_keys_py_does(redis_conn: Redis) -> None:
-    for priority in (0, 5, -3, 1000):
-        got = eval_helper(redis_conn, "_level_key", "level_key(KEYS[1], ARGV[1])", [keys.frontier("shop")], [priority])
-        assert got.decode() == keys.frontier("shop", priority)
-    for key_of in (keys.conf, keys.levels, keys.gate, keys.queued, keys.stats, keys.frontier):
-        args = [*keys.around_site(key_of), "shop"]
-        assert eval_helper(redis_conn, "_site_key", "site_key(1, ARGV[3])", [], args).decode() == key_of("shop")
-    parts = next_job_key_parts(redis_conn)
-    queue = Queue(keys.download_queue("shop"), connection=redis_conn)
-    expected = [keys.conf("shop"), keys.levels("shop"), keys.gate("shop"), keys.queued("shop"), queue.key]
-    expected += [queue.intermediate_queue_key, queue.started_job_registry.key]
-    assert [before + "shop" + after for before, after in zip(parts[::2], parts[1::2], strict=True)] == expected
-
-
 def test_the_scripts_are_package_data() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["tool"]["setuptools"]["package-data"]["crawler.lua"] == ["*.lua"]
@@ -220,11 +206,17 @@ def _unescape(arg: str) -> bytes:
 
 
 class Touched:
-    """Keys declared by the EVALSHA calls, and keys the commands run by scripts touched."""
+    """Keys declared by the EVALSHA calls, and keys the commands run by scripts touched; also per script."""
 
     def __init__(self) -> None:
         self.declared: set[bytes] = set()
         self.touched: set[bytes] = set()
+        #: Per script name: the keys one call declared and the keys that call touched.
+        self.calls: list[tuple[str, set[bytes], set[bytes]]] = []
+
+
+#: Script names by the SHA1 that EVALSHA names them by.
+SCRIPT_BY_SHA = {hashlib.sha1(lua.source(name).encode()).hexdigest().encode(): name for name in lua.names()}
 
 
 @contextmanager
@@ -246,19 +238,27 @@ def watching(connection: Redis, redis_url: str) -> Iterator[Touched]:
     for text in lines:
         args = [_unescape(a) for a in re.findall(r'"((?:[^"\\]|\\.)*)"', text)]
         if args[0].upper() == b"EVALSHA":
-            seen.declared |= set(args[3 : 3 + int(args[2])])
-        elif "lua]" in text:
+            declared = set(args[3 : 3 + int(args[2])])
+            seen.declared |= declared
+            seen.calls.append((SCRIPT_BY_SHA.get(args[1], args[1].decode()), declared, set()))
+        elif "lua]" in text:  # a command of the script called last (MONITOR shows a call before its commands)
             try:
-                seen.touched |= {k.encode() if isinstance(k, str) else k for k in connection.command_getkeys(*args)}
+                touched = {k.encode() if isinstance(k, str) else k for k in connection.command_getkeys(*args)}
             except Exception:  # a command with no key (TIME)
-                pass
+                continue
+            seen.touched |= touched
+            seen.calls[-1][2].update(touched)
 
 
-def assert_one_slot(seen: Touched, derived: bool = False) -> None:
+def assert_declared(seen: Touched) -> None:
+    """Every key the scripts touched was passed in their KEYS."""
     assert seen.touched, "no script ran"
+    assert seen.touched <= seen.declared, sorted(seen.touched - seen.declared)
+
+
+def assert_one_slot(seen: Touched) -> None:
+    assert_declared(seen)
     assert len({key_slot(key) for key in seen.touched | seen.declared}) == 1, sorted(seen.touched | seen.declared)
-    if not derived:
-        assert seen.touched <= seen.declared, sorted(seen.touched - seen.declared)
 
 
 def test_gate_and_pace_scripts_touch_only_the_sites_slot(redis_conn: Redis, redis_url: str) -> None:
@@ -283,12 +283,15 @@ def test_dedup_and_frontier_scripts_touch_only_the_sites_slot(
     requests = [Request(f"https://shop.example/p/{i}", priority=i % 3) for i in range(20)]
     with watching(redis_conn, redis_url) as seen:
         frontier.add(requests + requests[:5])  # ADD_SEEN (or its time buckets)
-    assert_one_slot(seen, derived=revisit_after is not None)
+    assert_one_slot(seen)
+    if revisit_after is not None:  # the time buckets, every one of them passed in KEYS
+        assert any(key.startswith(keys.seen("shop").encode() + b":") for key in seen.touched)
     with watching(redis_conn, redis_url) as seen:
         assert frontier_sizes(redis_conn, ["shop"]) == [20]
         redis_conn.delete(keys.frontier("shop", 2))
         Scheduler(redis_conn).forget_empty_levels("shop", [0, 1, 2])
-    assert_one_slot(seen, derived=True)  # FRONTIER_SIZE names the lists it finds in the levels set
+    assert_one_slot(seen)
+    assert keys.frontier("shop", 1).encode() in seen.touched
     assert redis_conn.zrange(keys.levels("shop"), 0, -1) == [b"0", b"1"]
 
 
@@ -317,3 +320,48 @@ def test_a_shared_gate_read_with_a_sites_adaptive_interval_spans_two_slots(redis
     with watching(redis_conn, redis_url) as seen:
         assert gate.try_acquire() == 0.0
     assert {key_slot(key) for key in seen.touched} == {key_slot(b"shop"), key_slot(b"shared:srv-1")}
+
+
+def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, redis_url: str) -> None:
+    """Each call of each script, cross-slot ones included, checked on its own: nothing is built inside."""
+    from crawler.frontier import DownloadTask
+    from crawler.scheduler import publish_conf
+
+    front = Frontier(redis_conn, "shop", ["shop.example"], 60, 60)
+    timed = Frontier(redis_conn, "timed", ["shop.example"], 60, 60, revisit_after=30.0)
+    scheduler = Scheduler(redis_conn, ["shop", "shared"])
+    publish_conf(redis_conn, "shop", 0.0, 0.0)
+    publish_conf(redis_conn, "shared", 0.0, 0.0, gate_key=keys.gate(keys.shared_gate_name("srv")))
+    Frontier(redis_conn, "shared", ["shop.example"], 60, 60).add([Request("https://shop.example/s")])
+    gate = site_gate(redis_conn, "shop", 0.05, pace_key=keys.conf("shop"))
+    pages.ensure_group(redis_conn)
+    pages.add(redis_conn, {"site": "shop"}, b"body")
+    with watching(redis_conn, redis_url) as seen:
+        front.add([Request(f"https://shop.example/p/{i}", priority=i % 2) for i in range(8)])  # ADD_SEEN
+        timed.add([Request("https://shop.example/t")])  # ADD_SEEN_FOR_A_WHILE
+        for _ in range(4):  # PICK_SITE, NEXT_JOB (refills: EVICT-free; shared gate: called again)
+            step = scheduler.next()
+            if step.refill and step.job_id is None:
+                assert step.site is not None
+                Frontier(redis_conn, step.site, ["shop.example"], 60, 60).refill(2)
+        front.add([Request("https://shop.example/urgent", priority=9)])  # EVICT of jobs made below it
+        scheduler.schedule("shop", DownloadTask("shop", "https://shop.example/r").to_entry(), 0)  # SCHEDULE
+        redis_conn.zadd(keys.delayed(), {"no tabs here": 0})
+        assert scheduler.promote_due() == 2  # DUE_MEMBERS, PROMOTE_DUE (one malformed)
+        assert frontier_sizes(redis_conn, ["shop", "timed"])[0] > 0  # FRONTIER_SIZE
+        scheduler.forget_empty_levels("shop", [0, 1, 5])  # FORGET_EMPTY_LEVELS
+        assert gate.try_acquire() == 0.0  # ACQUIRE_OR_PTTL
+        assert gate.rearm() and gate.release()  # REARM, RELEASE_IF_OWNER
+        Pacer(redis_conn).observe(
+            keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
+        )  # PACE
+        scheduler.close_gate("shop", 0.5, "Retry-After")  # CLOSE_GATE
+        lua.script(redis_conn, "newer_lastmod")(keys=[keys.lastmod("shop")], args=[b"\x00" * 8, 1700000000])
+        (entry_id, _, _), *_ = pages.read(redis_conn, "c1", 10, 0)
+        pages.touch(redis_conn, "c1", [entry_id])  # TOUCH_PAGES
+        pages.reclaim(redis_conn, "c2", 0, 10)  # RECLAIM_PAGES
+        pages.forget(redis_conn, 0, "c1")  # FORGET_CONSUMERS
+        lua.script(redis_conn, "add_unless_reset")(keys=[keys.stats("shop"), keys.resets("shop")], args=["", "x", 1])
+    for name, declared, touched in seen.calls:
+        assert touched <= declared, f"{name} touched keys not in its KEYS: {sorted(touched - declared)}"
+    assert {name for name, _, _ in seen.calls} == set(lua.names())

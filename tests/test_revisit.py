@@ -8,7 +8,7 @@ import pytest
 from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
-from crawler import keys
+from crawler import keys, redisclock
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
@@ -104,3 +104,26 @@ def test_a_periodic_recrawl_finds_new_and_changed_pages_without_a_reset(redis_co
         assert len(shop.requests_for(f"/product/{i}")) == 2, f"product {i} was not fetched again"
     assert len(shop.requests_for("/product/6")) == 1
     assert items["SKU-00002"]["price"] == 1.23 and "SKU-00006" in items
+
+
+@pytest.mark.parametrize("off_ms", [-600_000, -700, 700, 600_000])
+def test_buckets_are_named_from_the_redis_clock_even_when_this_process_misjudges_it(
+    redis_conn: Redis, off_ms: float
+) -> None:
+    """The caller names the buckets (every key in KEYS) from its estimate of the Redis clock;
+    an estimate off by more than its slack is read again, and the right bucket is used."""
+    front = frontier(redis_conn, revisit_after=2.0)
+    front.add([Request(f"{URL}/first")])  # the estimate, read once
+    redisclock._offsets[redis_conn] += off_ms  # as if the local clock stepped by off_ms
+    assert front.add([Request(f"{URL}/a"), Request(f"{URL}/first")]).enqueued == [f"{URL}/a"]
+    seconds, micros = redis_conn.time()
+    current = (int(seconds) * 1000 + int(micros) // 1000) // (2000 // SEEN_BUCKETS)
+    held = {key: redis_conn.smembers(key) for key in bucket_keys(redis_conn)}
+    # Every URL in the bucket of the Redis clock's time (or the one before, at a boundary).
+    assert set(held) <= {keys.seen_bucket("shop", current).encode(), keys.seen_bucket("shop", current - 1).encode()}
+    assert sum(len(members) for members in held.values()) == 2
+    error = abs(redisclock.now_ms(redis_conn) - (int(seconds) * 1000 + int(micros) / 1000))
+    if abs(off_ms) > 1000:  # beyond the slack: the clock was read again
+        assert error < 100
+    else:  # within it (at least a bucket each side): used as it was
+        assert abs(error - abs(off_ms)) < 100

@@ -12,9 +12,11 @@ import dataclasses
 import json
 import pickle
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from crawling import items_by_key
 from redis import Redis
@@ -28,7 +30,7 @@ from crawler.demo import ShopSite
 from crawler.frontier import DownloadTask, seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.runtime import Runtime
-from crawler.scheduler import Scheduler
+from crawler.scheduler import Scheduler, publish_conf
 from crawler.settings import Settings
 from crawler.vetting import DOWNLOAD_FUNC, MAX_BATCH
 
@@ -233,3 +235,28 @@ def test_rq_maintenance_meeting_a_hostile_job_quarantines_it_instead_of_dying(
     (refused,) = quarantine.entries(redis_conn)
     assert refused.job_id == evil.id and "'os.system'" in refused.reason
     assert not redis_conn.exists(evil.key) and redis_conn.llen(downloads.intermediate_queue_key) == 0
+
+
+def test_a_job_handed_out_after_many_hostile_ones_is_served_not_left_behind(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More refused jobs than one look tries (MAX_REFILLS), then a real one: no look leaves a job it was handed."""
+    from crawler import workers
+    from crawler.workers import DownloadWorker
+
+    monkeypatch.setattr(workers, "MAX_REFILLS", 3)
+    downloads = _queue(redis_conn, keys.download_queue(SITE))
+    for _ in range(7):
+        downloads.enqueue("os.system", "true")
+    runtime.frontier(SITE).push([DownloadTask(SITE, "http://127.0.0.1:9/real")])
+    publish_conf(redis_conn, SITE, 0.0, 0.0)  # due again at once after each job: one look meets them all
+    redis_conn.zadd(keys.ready(), {SITE: 0})
+    worker = DownloadWorker(redis_conn, [SITE])
+    for _ in range(50):
+        found, wait = worker.next_job()
+        if found is not None:
+            break
+        assert redis_conn.llen(downloads.intermediate_queue_key) == 0, "a look left a handed-out job behind"
+        time.sleep(wait or 0)
+    assert found is not None and found[0].args[0]["url"] == "http://127.0.0.1:9/real"
+    assert len(quarantine.entries(redis_conn)) == 7

@@ -1,15 +1,21 @@
--- FRONTIER_SIZE: the entries waiting in a site's compact frontier, every priority.
+-- FRONTIER_SIZE: the entries waiting in a site's compact frontier, every priority, if the
+-- priorities are still those the caller read.
 --
--- KEYS[1] = the site's levels set (keys.levels), KEYS[2] = its frontier list of priority 0
---   (keys.frontier); the list of priority P is KEYS[2] .. ':P'.
--- ARGV: none.
--- Returns the number of entries.
+-- KEYS[1] = the site's levels set (keys.levels); KEYS[2..] = the site's frontier lists
+--   (keys.frontier) of the priorities in ARGV, in the same order.
+-- ARGV[1..] = the priorities the caller read from KEYS[1] (ZRANGE, in its order); ARGV[i] is
+--   the priority of KEYS[i + 1].
+-- Returns the number of entries, or -1 when KEYS[1] no longer holds exactly those priorities
+-- (a push or a forget came in between: the caller reads them again).
 --
--- Cluster: one slot: the lists of the priorities found in KEYS[1] are named from KEYS[2] during
--- the call (they cannot be known before it), and keep its hash tag.
---@include _level_key.lua
+-- Cluster: one slot (every key is the site's, passed in KEYS).
+local levels = redis.call('ZRANGE', KEYS[1], 0, -1)
+if #levels ~= #ARGV then return -1 end
+for i = 1, #ARGV do
+    if levels[i] ~= ARGV[i] then return -1 end
+end
 local n = 0
-for _, priority in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    n = n + redis.call('LLEN', level_key(KEYS[2], priority))
+for i = 1, #ARGV do
+    n = n + redis.call('LLEN', KEYS[i + 1])
 end
 return n
