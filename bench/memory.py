@@ -64,6 +64,9 @@ RSS_EVERY = 0.2
 RSS_TIMEOUT = 150.0
 #: Target bytes per queued URL.
 TARGET = 200
+#: The time buckets cost what the plain set does, within this factor: runs measured 0.1-0.2 B
+#: a URL more (56.5-56.6 against 56.4), the sets' own overhead, not a second copy of a URL.
+SAME_AS_PLAIN = 1.02
 #: ``revisit_after`` of the expiring seen sets measured (a week: one bucket spans 1.75 days).
 REVISIT_AFTER = 7 * 24 * 3600.0
 
@@ -387,8 +390,8 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         Check(
             "Redis bytes per seen URL that expires (buckets)",
             f"{expiring['per_url']:.1f}",
-            f"<= {seen['per_url']:.1f} (plain set)",
-            expiring["per_url"] <= seen["per_url"] * 1.02,
+            f"<= {seen['per_url'] * SAME_AS_PLAIN:.1f} (plain set + {SAME_AS_PLAIN - 1:.0%})",
+            expiring["per_url"] <= seen["per_url"] * SAME_AS_PLAIN,
         )
     )
     result.checks.append(Check("plain RQ job per URL (contrast)", f"{plain['per_url']:.0f}", "-", None))
