@@ -166,8 +166,11 @@ class Scheduler:
         Two round trips a job; a site found not ready to serve (gate closed, paused, at its
         cap, without work) is re-scored by NEXT_JOB and the next one is picked, up to
         MAX_TRIES sites. A site picked again in the same look is not taken twice: the
-        worker is told to look again in RETRY_SOON.
+        worker is told to look again in RETRY_SOON. A scheduler of one site has nothing to
+        pick: one round trip (NEXT_JOB, which answers with the site's wait too).
         """
+        if len(self.sites) == 1:
+            return self._take(self.sites[0])
         tried: set[str] = set()
         for _ in range(MAX_TRIES):
             reply = self._pick(keys=self._pick_keys, args=self._pick_args)
@@ -191,6 +194,11 @@ class Scheduler:
         ``Next(site, refill=True)`` without a job: its RQ queue is empty but its compact
         frontier is not; refill it, then take again.
         """
+        step = self._take(site)
+        return step if step.site is not None else None
+
+    def _take(self, site: str) -> Next:
+        """NEXT_JOB for ``site``: a job or a refill (``site`` set), else when to look again or nothing."""
         for _ in range(2):  # a second time when the site's conf names a gate not known here
             site_keys = self._site_keys.get(site) or self._keys_of(site)
             gate = self._gates.get(site)
@@ -201,10 +209,12 @@ class Scheduler:
                 return Next(site=site, job_id=text(reply[1]), refill=bool(int(reply[2])))
             if code == 2:
                 return Next(site=site, refill=True)
-            if code != 3:
-                return None
+            if code == 0:
+                return Next(wait=int(reply[1]) / 1000.0)
+            if code == -1:
+                return Next()
             self._gates[site] = text(reply[1])
-        return None
+        return Next(wait=0.0)  # the conf names yet another gate: look again
 
     def _keys_of(self, site: str) -> list[str]:
         """NEXT_JOB's KEYS but the shared gate: the ready set and ``site``'s keys, RQ's from RQ's classes."""

@@ -331,3 +331,25 @@ def test_a_frontier_whose_priorities_keep_changing_counts_as_busy(
     # Every count finds other priorities than those just read (a push between each read and count).
     monkeypatch.setattr("crawler.scheduler.text", lambda reply: "9")
     assert frontier_sizes(redis_conn, ["moving"]) == [1]
+
+
+def test_a_scheduler_of_one_site_asks_once_a_look_and_is_told_its_wait(redis_conn: Redis) -> None:
+    """Nothing to pick for one site (``crawler crawl SITE``): NEXT_JOB alone, which also says when to look again."""
+    front = fill(redis_conn, "solo", 3, interval=0.2)
+    front.refill(3)
+    fill(redis_conn, "other", 1, interval=0.2)  # due, but not this worker's
+    scheduler = Scheduler(redis_conn, ["solo"])
+
+    def evalsha_calls() -> int:
+        return int(redis_conn.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha_calls()
+    first = scheduler.next()
+    assert first.site == "solo" and first.job_id is not None
+    second = scheduler.next()
+    assert second.job_id is None and second.wait is not None and 0.15 < second.wait <= 0.2
+    assert evalsha_calls() - before == 2
+    time.sleep(second.wait)
+    assert scheduler.next().job_id is not None
+    redis_conn.zrem(keys.ready(), "solo")
+    assert scheduler.next() == Next()  # not in the ready set: no work for this worker

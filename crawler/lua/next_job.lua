@@ -14,7 +14,8 @@
 --   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides.
 -- Returns {1, job_id, refill} | {2} (its RQ queue is empty: refill, then call again) |
 --   {3, gate} (its conf names a gate that is not KEYS[9]: call again with that one) |
---   {0} (no job: not due, or re-scored, or no work: pick again).
+--   {0, wait_ms} (no job: the site is not due, or was re-scored; it is due again in wait_ms) |
+--   {-1} (the site is not in the ready set, or has just left it: no work).
 --
 -- Cluster: cross-slot: the site's keys share its slot, but the ready set is global, and a shared
 -- gate is in a slot of its own. The re-scoring must be atomic with the hand-out (two workers
@@ -27,7 +28,8 @@ local site, REFILL_BELOW, ahead = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 
 local due = tonumber(redis.call('ZSCORE', ready, site))
-if due == nil or due - ahead > now then return {0} end
+if due == nil then return {-1} end
+if due - ahead > now then return {0, due - ahead - now} end
 local conf = redis.call('HMGET', conf_key, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms', 'pace_ms',
                         'margin_ms', 'gate')
 -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
@@ -43,27 +45,24 @@ local interval = math.max(tonumber(conf[1]) or 1000, (tonumber(conf[4]) or 0) + 
                           (tonumber(conf[5]) or 0) + margin)
 local queued = redis.call('LLEN', queue)
 local compact = redis.call('ZCARD', levels)
-if conf[2] == '1' then
-    redis.call('ZADD', ready, now + 1000, site)
-    return {0}
+local function rescore(at)
+    redis.call('ZADD', ready, at, site)
+    return {0, at - ahead - now}
 end
+if conf[2] == '1' then return rescore(now + 1000) end
 if queued == 0 and compact > 0 then return {2} end
 if queued == 0 then
     redis.call('ZREM', ready, site)
-    return {0}
+    return {-1}
 end
 local cap = tonumber(conf[3])
-if cap and redis.call('ZCARD', started) + redis.call('LLEN', intermediate) >= cap then
-    redis.call('ZADD', ready, now + 50, site)
-    return {0}
-end
+if cap and redis.call('ZCARD', started) + redis.call('LLEN', intermediate) >= cap then return rescore(now + 50) end
 local gate_ttl = redis.call('PTTL', gate)
 if gate_ttl > ahead then
     -- Closed beyond ``ahead``: due again when it is within ``ahead`` of opening. A gate not
     -- yet rearmed still holds its send grace: look again no later than one interval from
     -- now, the soonest a rearm could let it open. Never due at once (the worker would spin).
-    redis.call('ZADD', ready, now + math.max(ahead + 1, math.min(gate_ttl, interval + ahead)), site)
-    return {0}
+    return rescore(now + math.max(ahead + 1, math.min(gate_ttl, interval + ahead)))
 end
 local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
 redis.call('ZREM', queued_set, job)
