@@ -9,8 +9,8 @@ public classes and key properties:
   to ``vetting.MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
   job's meta counts those done (``BATCH_DONE``), so a retried batch resumes where it
   stopped (``tasks_left``);
-- **handed out** by the scheduler's NEXT_JOB script, for the site PICK_SITE named (moved into the queue's
-  intermediate list), then **read** (``fetch``: vetted as it is read, see ``vetting``);
+- **handed out** by the scheduler's NEXT_JOB script, for the site PICK_SITE named (moved
+  into the queue's intermediate list), then **read** (``fetch``: vetted as it is read, see ``vetting``);
 - **claimed** (``claim``): its RQ execution and lease in the started registry, out of
   the intermediate list, in one transaction; the lease is renewed while it runs;
 - **finished** (``finish``) in one transaction, or failed through RQ (retries, the

@@ -2,10 +2,10 @@
 
 The download worker is an ``rq.SimpleWorker`` subclass (jobs run in the worker's own
 process and thread, so the HTTP pool and database engine live across jobs) that keeps
-RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls,
-whatever the number of sites) for a site that has work *and* whose gate is open, so it
-never sits behind one closed gate while another site has budget; when every gate with
-work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
+RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls, one
+for a worker of one site, whatever the number of sites) for a site that has work *and*
+whose gate is open, so it never sits behind one closed gate while another site has
+budget; when every gate with work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
 workers (``parsing``); they share the job-timeout watchdog and the drain test here.
 
 ``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
@@ -507,10 +507,9 @@ class DownloadWorker(CrawlWorker):
     """Serves the download queues of ``sites``, always taking a site whose gate is open.
 
     ``PICK_SITE`` names the first due site and ``NEXT_JOB`` hands over one of its jobs if
-    its gate opens soon (``scheduler.Scheduler.next``); the job takes the gate right before
-    its request.
-    After the job, the site's RQ queue is topped up from its compact frontier if the
-    call asked for it.
+    its gate opens soon (``scheduler.Scheduler.next``; a worker of one site skips the
+    pick); the job takes the gate right before its request. After the job, the site's RQ
+    queue is topped up from its compact frontier if the call asked for it.
     """
 
     def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
