@@ -234,29 +234,26 @@ class Scheduler:
     def promote_due(self, limit: int = 100) -> int:
         """Move retries and refreshes that have come due back to their frontiers. Returns how many.
 
-        One round trip (DUE_MEMBERS of both sets) when none is due, two when some are
-        (PROMOTE_DUE per set, with every member's site keys in KEYS).
+        One call (DUE_MEMBERS of both sets) when none is due; then one PROMOTE_DUE per set
+        that has some, with every member's site keys in KEYS. Direct calls, not a pipeline:
+        redis-py asks whether the scripts are loaded before every pipeline that runs one.
         """
         sets = ((keys.delayed(), "delayed", "delayed"), (keys.recrawls(), "recrawl", "recrawls"))
-        with self.connection.pipeline(transaction=False) as pipe:
-            for key, _, _ in sets:
-                self._due(keys=[key], args=[limit], client=pipe)
-            found = pipe.execute()
-        if not any(found):
-            return 0
-        with self.connection.pipeline(transaction=False) as pipe:
-            for (key, what, counter), members in zip(sets, found, strict=True):
-                if members:
-                    promote_keys = [key, keys.ready(), keys.quarantine()]
-                    args: list[str | bytes | int] = [what, counter]
-                    for member in members:
-                        parsed = parse_member(member)
-                        args += [member, len(promote_keys) + 1 if parsed else 0]
-                        if parsed:
-                            site, priority = parsed
-                            promote_keys += [keys.frontier(site, priority), keys.levels(site), keys.stats(site)]
-                    self._promote(keys=promote_keys, args=args, client=pipe)
-            return sum(int(n) for n in pipe.execute())
+        found = self._due(keys=[key for key, _, _ in sets], args=[limit])
+        moved = 0
+        for (key, what, counter), members in zip(sets, found, strict=True):
+            if not members:
+                continue
+            promote_keys = [key, keys.ready(), keys.quarantine()]
+            args: list[str | bytes | int] = [what, counter]
+            for member in members:
+                parsed = parse_member(member)
+                args += [member, len(promote_keys) + 1 if parsed else 0]
+                if parsed:
+                    site, priority = parsed
+                    promote_keys += [keys.frontier(site, priority), keys.levels(site), keys.stats(site)]
+            moved += int(self._promote(keys=promote_keys, args=args))
+        return moved
 
     def schedule(self, site: str, entry: str, delay: float, priority: int = 0) -> None:
         """Put ``entry`` back in ``site``'s frontier (at ``priority``) after ``delay`` seconds."""

@@ -353,3 +353,21 @@ def test_a_scheduler_of_one_site_asks_once_a_look_and_is_told_its_wait(redis_con
     assert scheduler.next().job_id is not None
     redis_conn.zrem(keys.ready(), "solo")
     assert scheduler.next() == Next()  # not in the ready set: no work for this worker
+
+
+def test_a_promotion_look_with_nothing_due_is_one_call(redis_conn: Redis) -> None:
+    """Every worker looks five times a second: one EVALSHA, no SCRIPT EXISTS (as a pipeline would add)."""
+    scheduler = Scheduler(redis_conn)
+    scheduler.schedule("a", DownloadTask("a", "http://example.com/later").to_entry(), 60)
+    scheduler.promote_due()  # the script loaded
+
+    def calls() -> dict[str, int]:
+        stats = redis_conn.info("commandstats")
+        return {name: int(stat["calls"]) for name, stat in stats.items() if "eval" in name or "script" in name}
+
+    before = calls()
+    assert scheduler.promote_due() == 0
+    after = calls()
+    assert {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)} == {
+        "cmdstat_evalsha": 1
+    }
