@@ -31,7 +31,7 @@ from .conditional import Validators, check_validators
 from .errors import RefusedURL
 from .gate import Gate
 from .replies import text
-from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder
+from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder, is_priority
 from .spider import Request
 from .vetting import MAX_BATCH, CrawlerJob
 
@@ -641,6 +641,9 @@ class Frontier:
             refused: list[tuple[str, Any, str]] = []  # (list, entry, reason)
             batches: list[list[DownloadTask]] = []  # each of one priority
             for raw in levels:
+                if not is_priority(raw):  # written by hand: names no list; kept aside, dropped from the set
+                    refused.append((keys.levels(self.site), raw, "malformed priority in a levels set"))
+                    continue
                 priority = int(text(raw))
                 key = keys.frontier(self.site, priority)
                 pipe.watch(key)
@@ -667,6 +670,8 @@ class Frontier:
                 if count:
                     pipe.ltrim(keys.frontier(self.site, priority), count, -1)
             for key, entry, reason in refused:
+                if key == keys.levels(self.site):
+                    pipe.zrem(key, entry)
                 quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=pipe)
             pipe.execute()
         return len(batches), [p for p, _ in taken]
@@ -679,6 +684,8 @@ class Frontier:
         """Tasks waiting in the compact frontier (not yet RQ jobs), highest priority first."""
         tasks = []
         for raw in self.connection.zrevrange(keys.levels(self.site), 0, -1):
+            if not is_priority(raw):
+                continue  # names no list (the next refill quarantines it)
             priority = int(text(raw))
             for entry in self.connection.lrange(keys.frontier(self.site, priority), 0, -1):
                 tasks.append(DownloadTask.from_entry(self.site, entry, priority))

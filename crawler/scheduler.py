@@ -304,7 +304,7 @@ def parse_member(member: bytes) -> tuple[str, int] | None:
     not an integer written plainly (``5``, ``-3``; not ``05``, ``1e3`` or beyond 2**53).
     """
     fields = member.split(b"\t", 3)
-    if len(fields) < 4 or not fields[0] or not _PRIORITY.fullmatch(fields[1]):
+    if len(fields) < 4 or not fields[0] or not is_priority(fields[1]):
         return None
     try:
         return fields[0].decode(), int(fields[1])
@@ -312,8 +312,15 @@ def parse_member(member: bytes) -> tuple[str, int] | None:
         return None
 
 
-#: A priority as ``schedule`` writes it.
+#: A priority as ``schedule`` and the frontier's pushes write it.
 _PRIORITY = re.compile(rb"0|-?[1-9][0-9]{0,14}")
+
+
+def is_priority(raw: object) -> bool:
+    """Whether ``raw`` (a reply from Redis) is a priority as the crawler writes it: an integer, plainly written."""
+    if isinstance(raw, str):
+        raw = raw.encode()
+    return isinstance(raw, bytes) and bool(_PRIORITY.fullmatch(raw))
 
 
 def publish_conf(
@@ -374,7 +381,8 @@ def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
             levels = [[text(priority) for priority in found] for found in pipe.execute()]
         with connection.pipeline(transaction=False) as pipe:
             for index, priorities in zip(pending, levels, strict=True):
-                lists = [keys.frontier(sites[index], int(priority)) for priority in priorities]
+                # A priority that is not an integer was not written by a push: it names no list.
+                lists = [keys.frontier(sites[index], int(p)) for p in priorities if is_priority(p)]
                 size(keys=[keys.levels(sites[index]), *lists], args=priorities, client=pipe)
             counts = [int(n) for n in pipe.execute()]
         for index, count in zip(pending, counts, strict=True):

@@ -371,3 +371,12 @@ def test_a_promotion_look_with_nothing_due_is_one_call(redis_conn: Redis) -> Non
     assert {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)} == {
         "cmdstat_evalsha": 1
     }
+
+
+def test_a_priority_that_is_not_an_integer_in_a_levels_set_is_not_counted_and_breaks_no_count(
+    redis_conn: Redis,
+) -> None:
+    """Written by hand into Redis: the count goes on over the lists of real priorities."""
+    frontier(redis_conn, "junk").add([Request(f"http://example.com/{i}") for i in range(3)])
+    redis_conn.zadd(keys.levels("junk"), {"x": 1, "1.5": 2})
+    assert frontier_sizes(redis_conn, ["junk"]) == [3]

@@ -260,3 +260,17 @@ def test_a_job_handed_out_after_many_hostile_ones_is_served_not_left_behind(
         time.sleep(wait or 0)
     assert found is not None and found[0].args[0]["url"] == "http://127.0.0.1:9/real"
     assert len(quarantine.entries(redis_conn)) == 7
+
+
+def test_a_priority_written_by_hand_into_a_levels_set_is_quarantined_by_the_refill(
+    runtime: Runtime, redis_conn: Redis
+) -> None:
+    """It names no frontier list: the refill sets it aside and goes on with the real ones."""
+    frontier = runtime.frontier(SITE)
+    frontier.push([DownloadTask(SITE, "http://127.0.0.1:9/real")])
+    redis_conn.zadd(keys.levels(SITE), {"x": 5, "1e3": 6})
+    assert [task.url for task in frontier.waiting()] == ["http://127.0.0.1:9/real"]
+    assert frontier.refill(2) == 1  # raised ValueError out of the worker's dequeue
+    assert redis_conn.zrange(keys.levels(SITE), 0, -1) == []
+    reasons = sorted((q.source, q.reason) for q in quarantine.entries(redis_conn))
+    assert reasons == [(keys.levels(SITE), "malformed priority in a levels set")] * 2

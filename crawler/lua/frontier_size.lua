@@ -2,9 +2,8 @@
 -- priorities are still those the caller read.
 --
 -- KEYS[1] = the site's levels set (keys.levels); KEYS[2..] = the site's frontier lists
---   (keys.frontier) of the priorities in ARGV, in the same order.
--- ARGV[1..] = the priorities the caller read from KEYS[1] (ZRANGE, in its order); ARGV[i] is
---   the priority of KEYS[i + 1].
+--   (keys.frontier) of the priorities in ARGV that are integers (no list is named by another).
+-- ARGV[1..] = the priorities the caller read from KEYS[1] (ZRANGE, in its order).
 -- Returns the number of entries, or -1 when KEYS[1] no longer holds exactly those priorities
 -- (a push or a forget came in between: the caller reads them again).
 --
@@ -15,7 +14,7 @@ for i = 1, #ARGV do
     if levels[i] ~= ARGV[i] then return -1 end
 end
 local n = 0
-for i = 1, #ARGV do
-    n = n + redis.call('LLEN', KEYS[i + 1])
+for i = 2, #KEYS do
+    n = n + redis.call('LLEN', KEYS[i])
 end
 return n
