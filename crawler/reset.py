@@ -18,7 +18,7 @@ from redis import Redis
 
 from . import counters, keys
 from .replies import text
-from .scheduler import frontier_sizes
+from .scheduler import frontier_sizes, is_priority
 from .workers import queues_for
 
 
@@ -34,7 +34,8 @@ class ResetResult:
 def reset_site(connection: Redis, site: str) -> ResetResult:
     """Forget ``site``'s queued URLs, seen set and counters (see the module docstring)."""
     (queue,) = queues_for(connection, [keys.download_queue(site)])
-    levels = [int(text(p)) for p in connection.zrange(keys.levels(site), 0, -1)]
+    # A priority written by hand (not an integer) names no list; the levels set goes anyway.
+    levels = [int(text(p)) for p in connection.zrange(keys.levels(site), 0, -1) if is_priority(p)]
     queued = sum(frontier_sizes(connection, [site])) + int(connection.llen(queue.key))
     # The time buckets of a spider with ``revisit_after`` too (one set per window: see ``frontier``).
     pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.seen_bucket(site, 0))[:-1] + "*"

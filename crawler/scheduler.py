@@ -1,4 +1,4 @@
-"""Which site a download worker serves next, in two round trips, whatever the site count.
+"""Which site a download worker serves next, in two round trips (one for a worker of one site).
 
 Three structures in Redis make the crawl fast while the gate keeps it polite:
 
@@ -17,10 +17,11 @@ keys, checks that it is still due, moves one job id into RQ's intermediate list 
 re-scores the site one interval ahead, all in one Lua call, so workers are handed a
 site's jobs one interval apart (two workers that picked the same site get one turn). A
 site whose gate is still closed (a slow predecessor, a Retry-After) is re-scored to the
-moment it opens, so no worker waits behind it. The gate itself is still taken by the job right before its request:
-the ready set spreads the work, the gate is the guarantee. Retries wait in one delayed
-set (ms precision), scheduled refreshes in another, until ``PROMOTE_DUE`` moves those
-``DUE_MEMBERS`` found due back to the front of their priority's list.
+moment it opens, so no worker waits behind it. The gate itself is still taken by the
+job right before its request: the ready set spreads the work, the gate is the
+guarantee. Retries wait in one delayed set (ms precision), scheduled refreshes in
+another, until ``PROMOTE_DUE`` moves those ``DUE_MEMBERS`` found due back to the front
+of their priority's list.
 
 Priority: a refill turns the highest-priority entries into RQ jobs first, and a push
 of entries above the priority of jobs already made hands those jobs back to the

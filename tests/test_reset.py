@@ -146,3 +146,11 @@ def test_each_run_s_summary_counts_that_run_and_fresh_starts_over(base: list[str
         assert "demo: forgot 0 queued and 12 seen URLs and the counters" in fresh.stderr  # the pages, the PDF
         assert SUMMARY.search(fresh.stdout).groups()[:2] == (str(pages), str(pages))
         assert redis_conn.hget(keys.stats("demo"), "fetched") == str(pages).encode()  # counted from zero again
+
+
+def test_reset_clears_a_site_whose_levels_set_holds_a_priority_written_by_hand(redis_conn: Redis) -> None:
+    fill(redis_conn, "demo")
+    redis_conn.zadd(keys.levels("demo"), {"not-a-priority": 3})
+    reset_site(redis_conn, "demo")  # raised ValueError: the one command meant to clear such a site
+    assert progress_of(redis_conn, "demo")["seen"] == 0
+    assert not redis_conn.exists(keys.levels("demo"))
