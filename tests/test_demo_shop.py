@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import http.client
+import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urldefrag
 
 import httpx
@@ -12,6 +14,7 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler.demo import DemoShop, ShopSite
+from crawler.demo import shop as shop_module
 from crawler.spider import Page, Request
 
 PRODUCTS = 45
@@ -191,6 +194,32 @@ def test_request_log_records_arrival(client: httpx.Client) -> None:
             ("GET", "/product/1", 200),
             ("HEAD", "/product/3", 503),
         ]
+
+
+def test_arrival_is_stamped_on_the_wire_not_when_a_late_handler_thread_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler thread that runs late (a loaded machine) does not move the arrival.
+
+    Stamped by the thread, a request read 0.4 s after it arrived would look 0.4 s later,
+    so two requests sent far apart could look close (a false short gap) and a real short
+    gap could hide. The kernel's receive timestamp is what the site saw on the wire.
+    """
+    original_setup = shop_module._Handler.setup
+
+    def late_setup(handler: Any) -> None:
+        original_setup(handler)
+        time.sleep(0.4)  # the request is in the socket's buffer meanwhile
+
+    monkeypatch.setattr(shop_module._Handler, "setup", late_setup)
+    with ShopSite(products=2) as shop, socket.create_connection((shop.host, shop.port)) as sock:
+        sent = time.time()
+        sock.sendall(b"GET /product/1 HTTP/1.1\r\nHost: shop\r\nConnection: close\r\n\r\n")
+        while sock.recv(65536):
+            pass
+        (entry,) = shop.requests_for("/product/1")
+        assert sent <= entry.time + 0.005  # clocks of one machine; the kernel stamps after the send
+        assert entry.time - sent < 0.2, "stamped when the late thread read it, not on arrival"
 
 
 def test_slow_products(client: httpx.Client) -> None:
