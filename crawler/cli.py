@@ -59,9 +59,10 @@ class Context:
     def spider_set(self) -> SpiderSet:
         found = load_spiders(self.settings.sites_dir, extra=BUNDLED_SPIDERS)
         ctx = click.get_current_context(silent=True)
-        named = ctx.params.get("site") if ctx is not None else None  # its failure is the command's error
+        params = ctx.params if ctx is not None else {}
+        named = {params.get("site"), *(params.get("targets") or ())} - {None}  # their failure: the command's error
         for error in found.errors:
-            if named is None or named not in (error.module, error.site):
+            if not named & {error.module, error.site}:
                 click.echo(f"warning: {error}", err=True)
         return found
 
@@ -199,8 +200,8 @@ def sites(obj: Context) -> None:
 
 
 @cli.command()
-@click.argument("site")
-@click.argument("urls", nargs=-1)
+@click.argument("targets", nargs=-1, metavar="SITE... [URL...]")
+@click.option("--all", "all_sites", is_flag=True, help="Every spider's start requests, in this one process.")
 @click.option(
     "--from",
     "from_file",
@@ -219,16 +220,34 @@ def sites(obj: Context) -> None:
 @pass_context
 def seed(
     obj: Context,
-    site: str,
-    urls: tuple[str, ...],
+    targets: tuple[str, ...],
     force: bool,
     priority: int,
+    all_sites: bool = False,
     from_file: str | None = None,
     callback: str | None = None,
 ) -> None:
-    """Enqueue start URLs for SITE (the spider's own when none are given)."""
-    spider = obj.runtime.spider(obj.site(site))
+    """Enqueue start URLs: SITE's (the spider's own when none are given), or several sites' own.
+
+    After the first site, an argument that names no spider is a URL; URLs, ``--from``
+    and ``--callback`` apply to one site. ``--all`` (or several sites) seeds each spider's
+    start requests in this one process, a line per site.
+    """
+    sites, urls = _split_seed_targets(obj, targets, all_sites)
     _refuse_old_keys(obj)
+    if len(sites) > 1:
+        if urls or from_file is not None or callback is not None:
+            raise ConfigError("URLs, --from and --callback apply to one site: name one")
+        for site in sites:
+            spider = obj.runtime.spider(site)
+            if not (spider.start_urls or spider.sitemap_urls):
+                click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
+                continue
+            result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
+            click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+        return
+    (site,) = sites
+    spider = obj.runtime.spider(site)
     if callback is not None:
         try:
             spider.callback(callback)
@@ -248,6 +267,27 @@ def seed(
     else:  # the spider's own start requests, sitemaps included, each with its callback
         result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _split_seed_targets(obj: Context, targets: tuple[str, ...], all_sites: bool) -> tuple[list[str], list[str]]:
+    """``seed``'s arguments as (sites, URLs).
+
+    The first argument names a site (unknown: ConfigError); each later one is a site when
+    a spider has that name, else a URL (checked when seeded). ``--all``: every spider.
+    """
+    if all_sites:
+        if targets:
+            raise ConfigError("give site names or --all, not both")
+        sites = sorted(obj.spider_set.spiders)
+        if not sites:
+            raise ConfigError("no spiders found to seed")
+        return sites, []
+    if not targets:
+        raise click.UsageError("name a site (or give --all)")
+    first, *rest = targets
+    sites = [obj.site(first), *(target for target in rest if target in obj.spider_set.spiders)]
+    urls = [target for target in rest if target not in obj.spider_set.spiders]
+    return list(dict.fromkeys(sites)), urls
 
 
 def _refuse_old_keys(obj: Context) -> None:
@@ -372,7 +412,7 @@ def crawl(
     if fresh:
         _report_reset(site, reset_site(obj.redis, site))
     ctx = click.get_current_context()
-    ctx.invoke(seed, site=site, urls=urls, force=False, priority=SEED_PRIORITY, from_file=from_file)
+    ctx.invoke(seed, targets=(site, *urls), force=False, priority=SEED_PRIORITY, from_file=from_file)
     click.echo(f"Redis: {obj.redis_choice.describe()}", err=True)
     (run,) = run_crawl(obj, [site], processes, threads, parsers)
     if not run.done and not run.parsed:

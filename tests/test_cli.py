@@ -451,6 +451,61 @@ def test_export_of_a_site_without_items_is_empty_and_succeeds(invoke: Invoke, sq
     assert result.stderr.strip() == "demo: 0 items exported"
 
 
+def _queued(redis_conn: Redis, site: str) -> int:
+    """URLs waiting in the site's frontier, every priority."""
+    return sum(redis_conn.llen(keys.frontier(site, int(p))) for p in redis_conn.zrange(keys.levels(site), 0, -1))
+
+
+def _write_spiders(sites_dir: Path, count: int) -> list[str]:
+    names = [f"site{number:03d}" for number in range(count)]
+    for name in names:
+        (sites_dir / f"{name}.py").write_text(
+            GOOD_SPIDER.replace('"good"', f'"{name}"').replace("good.example", f"{name}.example")
+        )
+    return names
+
+
+def test_seed_all_seeds_every_spiders_start_requests_in_one_process(
+    base_args: list[str], sites_dir: Path, redis_conn: Redis
+) -> None:
+    names = _write_spiders(sites_dir, 60)
+    result = subprocess.run(
+        [sys.executable, "-c", "from crawler.cli import main; main()", *base_args, "seed", "--all"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{name}: 1 enqueued, 0 already seen" for name in names]
+    for name in names:
+        assert _queued(redis_conn, name) == 1
+    again = subprocess.run(
+        [sys.executable, "-c", "from crawler.cli import main; main()", *base_args, "seed", "--all"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.stdout.splitlines() == [f"{name}: 0 enqueued, 1 already seen" for name in names]
+
+
+def test_seed_of_several_named_sites_seeds_each_and_refuses_urls_for_more_than_one(
+    invoke: Invoke, sites_dir: Path, redis_conn: Redis
+) -> None:
+    first, second, third = _write_spiders(sites_dir, 3)
+    result = invoke("seed", first, third, first)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [
+        f"{first}: 1 enqueued, 0 already seen",
+        f"{third}: 1 enqueued, 0 already seen",
+    ]
+    assert _queued(redis_conn, second) == 0
+    assert_one_line_error(invoke("seed", first, second, f"http://{first}.example/x"), "apply to one site")
+    assert_one_line_error(invoke("seed", "--all", first), "not both")
+    assert_one_line_error(invoke("seed", "nosuchsite", first), "unknown site 'nosuchsite'")
+    urls = invoke("seed", second, f"http://{second}.example/a", f"http://{second}.example/b")
+    assert urls.stdout.strip() == f"{second}: 2 enqueued, 0 already seen"
+
+
 def test_seed_priority_is_kept_and_bounded(invoke: Invoke, redis_conn: Redis) -> None:
     assert invoke("seed", "demo", "http://127.0.0.1:9/", "--priority", "50").exit_code == 0
     assert invoke("seed", "demo", "http://127.0.0.1:9/default").exit_code == 0
