@@ -505,7 +505,7 @@ def parse(
         else:
             held.items.append((site, items, _fetched_at(payload)))
             candidates, refused = rt.frontier(site).vet(requests)
-            held.hold_links(site, candidates, depth)
+            held.links.append((site, candidates, depth))
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
         parse_failed(
             payload,
@@ -542,10 +542,6 @@ class HeldParses:
     a batch takes one and three. A page is acknowledged only once its links
     are queued and its items stored: a worker that dies first leaves its whole batch to
     be parsed again (its links are then duplicates, its items written again).
-
-    ``full`` says when the links held pass ``HELD_LINK_BYTES`` (estimated): the parse
-    worker then writes the batch before its next page, so pages of many links never
-    pile up in memory (each page's links are capped by ``max_links_per_page`` too).
     """
 
     def __init__(self, rt: runtime.Runtime):
@@ -557,17 +553,6 @@ class HeldParses:
         self.done: list[Done] = []
         #: Per page held: what ``fail`` needs to record it failed instead.
         self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
-        #: Estimated memory of the links held, bytes (``hold_links``).
-        self.link_bytes = 0
-
-    def hold_links(self, site: str, candidates: list[Candidate], depth: int) -> None:
-        """Hold a page's links (``Frontier.vet``'s candidates), counting their estimated bytes."""
-        self.links.append((site, candidates, depth))
-        self.link_bytes += sum(2 * len(url) + HELD_LINK_COST for url, _ in candidates)
-
-    def full(self) -> bool:
-        """Whether the links held pass ``HELD_LINK_BYTES``: time to write the batch."""
-        return self.link_bytes >= HELD_LINK_BYTES
 
     def flush(self) -> None:
         """Write what is held: links, then items and records in one transaction, then the pipeline.
@@ -576,7 +561,7 @@ class HeldParses:
         held (the links, once queued, are not queued again). Each record's page counts
         as done when its batch is written: its ``finished`` is now.
         """
-        links, self.links, self.link_bytes = self.links, [], 0
+        links, self.links = self.links, []
         for site in dict.fromkeys(site for site, _, _ in links):
             self.rt.frontier(site).enqueue([(page, depth) for s, page, depth in links if s == site])
         finished = utcnow()
@@ -590,9 +575,18 @@ class HeldParses:
     def fail(self, reason: str) -> None:
         """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
         pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
-        self.link_bytes = 0
         for payload, worker, done, started in pages_:
             parse_failed(payload, reason, worker, done, started)
+
+    def full(self) -> bool:
+        """Whether the links held pass ``HELD_LINK_BYTES`` (estimated): time to write the batch.
+
+        The parse worker then writes the batch before its next page, so pages of many
+        links never pile up in memory (each page's links are capped by
+        ``max_links_per_page`` too). Counted again at each call: a batch is a few pages.
+        """
+        held = sum(2 * len(url) + HELD_LINK_COST for _, candidates, _ in self.links for url, _ in candidates)
+        return held >= HELD_LINK_BYTES
 
 
 def parse_failed(
