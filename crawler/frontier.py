@@ -2,9 +2,10 @@
 
 Every URL that enters a site's queue passes ``Frontier.add``: it is
 canonicalized (w3lib; fragments dropped, query sorted, default port removed), refused
-unless http(s) and within the spider's allowed domains, and enqueued only if its
-fingerprint is new to the site's seen set in Redis. Redirect targets go through the
-same door, so no page is downloaded twice.
+unless http(s), within the spider's allowed domains and at most ``max_url_length``
+bytes long, and enqueued only if its fingerprint is new to the site's seen set in
+Redis. Links, redirect targets, sitemap entries, seeds and retries go through the
+same door, so no page is downloaded twice and no URL is longer than the cap.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .errors import RefusedURL
 from .gate import Gate
 from .replies import text
 from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder, is_priority
+from .settings import DEFAULT_MAX_URL_LENGTH
 from .spider import Request
 from .vetting import MAX_BATCH, CrawlerJob
 
@@ -162,9 +164,42 @@ def host_allowed(url: str, domains: Iterable[str]) -> bool:
     return any(host == d or host.endswith("." + d) for d in domains)
 
 
-def check_url(url: str, domains: list[str]) -> str:
-    """The canonical ``url``, or RefusedURL unless it is a valid http(s) URL within ``domains``."""
-    canonical = canonicalize(url)
+#: Characters of a refused URL quoted in the refusal (the rest would only bloat records and logs).
+QUOTED = 100
+
+
+def _byte_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def canonicalize_within(url: str, max_length: int | None) -> str:
+    """``canonicalize(url)``; RefusedURL if it is longer than ``max_length`` bytes (None: no limit).
+
+    Both spellings count: the URL as written (surrounding whitespace and fragment aside),
+    checked before any work on it, so a megabyte URL costs no canonicalization (w3lib
+    takes seconds on a long query), and its canonical form, which percent-encoding may
+    make longer. The refusal quotes the URL's first ``QUOTED`` characters, not all of it.
+    """
+    if max_length is None:
+        return canonicalize(url)
+    written = url.strip().partition("#")[0]
+    length = _byte_length(written)
+    if length <= max_length:
+        canonical = canonicalize(url)
+        length = _byte_length(canonical)
+        if length <= max_length:
+            return canonical
+    raise _too_long(written, length, max_length)
+
+
+def _too_long(url: str, length: int, max_length: int) -> RefusedURL:
+    return RefusedURL(f"URL longer than {max_length:,} bytes ({length:,}): {url[:QUOTED]!r}...")
+
+
+def check_url(url: str, domains: list[str], max_length: int | None = None) -> str:
+    """The canonical ``url``, or RefusedURL unless it is a valid http(s) URL within ``domains``
+    and at most ``max_length`` bytes long (``canonicalize_within``; None: no limit)."""
+    canonical = canonicalize_within(url, max_length)
     if not host_allowed(canonical, domains):
         raise RefusedURL(f"{canonical} is outside the allowed domains ({', '.join(domains)})")
     return canonical
@@ -302,7 +337,7 @@ class _BatchChecker:
         if outcome is not None:
             return outcome
         try:
-            canonical = canonicalize(url)
+            canonical = canonicalize_within(url, self.frontier.max_url_length)
         except RefusedURL as exc:
             return exc  # its message names the URL as given: not shared
         outcome = canonical
@@ -372,6 +407,7 @@ class Frontier:
         refresh: Callable[[Request], float | None] | None = None,
         revisit_after: float | None = None,
         batch: int = 1,
+        max_url_length: int = DEFAULT_MAX_URL_LENGTH,
     ):
         """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
 
@@ -380,6 +416,9 @@ class Frontier:
 
         ``revisit_after``: seconds a seen URL stays seen (at most a quarter more), after
         which it may be queued again; None: seen for good (``Spider.revisit_after``).
+
+        ``max_url_length``: bytes of the longest URL admitted (``canonicalize_within``);
+        a longer one is refused like an off-domain one.
         """
         if revisit_after is not None and not revisit_after > 0:
             raise ValueError(f"revisit_after must be a positive number of seconds, not {revisit_after!r}")
@@ -391,6 +430,7 @@ class Frontier:
         self.failure_ttl = failure_ttl
         self.job_timeout = job_timeout
         self.batch = max(1, min(int(batch), MAX_BATCH))
+        self.max_url_length = max_url_length
         self.queue = download_queue(connection, site)
 
     @cached_property
@@ -398,8 +438,8 @@ class Frontier:
         return Scheduler(self.connection)
 
     def check(self, url: str) -> str:
-        """The canonical URL, or RefusedURL if it is malformed or off-domain."""
-        return check_url(url, self.domains)
+        """The canonical URL, or RefusedURL if it is malformed, off-domain or too long."""
+        return check_url(url, self.domains, self.max_url_length)
 
     def add(self, requests: Iterable[Request], depth: int = 0, hops: int = 0, checked: bool = False) -> AddResult:
         """Queue the requests whose canonical URL is new to the site.
@@ -420,7 +460,7 @@ class Frontier:
         No Redis call: ``enqueue`` the candidates (several pages' at once, if need be) later.
         """
         refused: list[tuple[str, str]] = []
-        check = str if checked else _BatchChecker(self).check
+        check = self._short_enough if checked else _BatchChecker(self).check
         candidates: list[Candidate] = []
         for request in requests:
             try:
@@ -430,6 +470,13 @@ class Frontier:
             except (RefusedURL, ValueError) as exc:
                 refused.append((request.url, str(exc)))
         return candidates, refused
+
+    def _short_enough(self, canonical: str) -> str:
+        """A URL ``check`` passed, still refused if too long: ``check`` may have been another frontier's."""
+        length = _byte_length(canonical)
+        if length > self.max_url_length:
+            raise _too_long(canonical, length, self.max_url_length)
+        return canonical
 
     def enqueue(self, pages: Sequence[tuple[list[Candidate], int]], hops: int = 0) -> list[AddResult]:
         """Queue the candidates (``vet``) new to the site, of several pages (candidates, depth) at once.

@@ -7,8 +7,9 @@ second), else read up to ``READ_COUNT`` new ones (``XREADGROUP``, blocking up to
 pass); for each, check it (``vetting.page_entry``: a malformed entry is quarantined and
 dropped, never run) and run ``jobs.parse`` on it under the process's job-timeout
 watchdog. Entries on their first delivery are one batch, whose links, items and records
-are written together at its end (``jobs.HeldParses``), the entries acknowledged and
-deleted in the pipeline that counts them; entries delivered before run one at a time,
+are written together at its end (``jobs.HeldParses``), or as soon as the links held pass
+``jobs.HELD_LINK_BYTES``, the entries acknowledged and deleted in the pipeline that counts
+them; entries delivered before run one at a time,
 each written before the next. While it holds a batch, a lease thread keeps the entries
 from being reclaimed by others. A page of a site this process has no spider for goes back to the
 end of the stream for a worker that has it (said once per site). While the database
@@ -225,7 +226,8 @@ class ParseWorker:
         """Run each entry in turn, oldest first (``pages.reclaim`` relies on it); whether any was ours to run.
 
         Entries on their first delivery are parsed as one batch: their items and records
-        are held and written together at its end (``jobs.HeldParses``). Entries delivered
+        are held and written together at its end (``jobs.HeldParses``), or before the next
+        page once the links held pass their byte budget (``HeldParses.full``). Entries delivered
         before (their worker died holding them, maybe because of one of them) run one at
         a time, each written before the next, so a page that kills its worker takes no
         other page's deliveries with it.
@@ -247,6 +249,11 @@ class ParseWorker:
                     self._lease.drop(entry[0])
                 elif len(held.pages) > holding:
                     in_held.append(entry)
+                if held is not None and in_held and held.full():  # memory bounded, not the batch's length
+                    self._flush(held, in_held)
+                    for entry_id, _, _ in in_held:
+                        self._lease.drop(entry_id)
+                    in_held = []
             if held is not None and in_held:
                 self._flush(held, in_held)
         finally:

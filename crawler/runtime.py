@@ -200,6 +200,7 @@ class Runtime:
                 DEFAULT_DOWNLOAD_TIMEOUT,
                 refresh=spider.refresh_for,
                 revisit_after=spider.revisit_after,
+                max_url_length=self.settings.max_url_length,
             )
         frontier.batch = self.batch_size(site)
         return frontier

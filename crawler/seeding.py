@@ -8,9 +8,12 @@ more than a chunk, and other clients (workers crawling other sites) are served b
 two chunks: with ``SEED_CHUNK`` at 500, no command of a seed runs for more than a few
 milliseconds on the server.
 
-A bad line (not UTF-8, not an http(s) URL, outside the site's allowed domains) is
-counted and the first few are kept with their line number and reason; it does not stop
-the seed. A seed that finds no good URL at all is an error (``NoGoodURL``).
+A bad line (not UTF-8, not an http(s) URL, outside the site's allowed domains, longer
+than the frontier's ``max_url_length``) is counted and the first few are kept with their
+line number and reason; it does not stop the seed. A line is read with a limit: an
+over-long one is skipped to its end in ``SKIP_READ`` pieces, never held whole, so a file
+of one 400 MB line costs no more memory than one of short lines. A seed that finds no
+good URL at all is an error (``NoGoodURL``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from .spider import Request, Spider
 SEED_CHUNK = 500
 #: Bad lines kept (line number, text, reason) to show; the rest are only counted.
 BAD_EXAMPLES = 5
-#: Longest line taken as a URL; a longer one is bad (browsers and servers stop far sooner).
-MAX_URL_LENGTH = 8192
+#: Bytes a line may hold beyond the longest URL, for what ``strip`` removes (indentation, CR LF, a byte order mark).
+LINE_SLACK = 1024
+#: Bytes read at a time while skipping the rest of an over-long line.
+SKIP_READ = 1 << 16
 
 
 class NoGoodURL(ConfigError):
@@ -69,19 +74,44 @@ class SeedReport:
         return shown
 
 
-def url_lines(stream: Iterable[bytes], report: SeedReport) -> Iterator[tuple[int, str]]:
+def bounded_lines(stream: Iterable[bytes], limit: int) -> Iterator[tuple[bytes, bool]]:
+    """(line, whole) for each line of ``stream``; a line over ``limit`` bytes is cut: its first bytes, False.
+
+    A file (anything with ``readline``) is read at most ``limit`` + 1 bytes a line and
+    the rest of a longer line skipped in ``SKIP_READ`` pieces, so memory stays bounded
+    whatever the line. Any other iterable of lines is taken as it comes (already in memory).
+    """
+    readline = getattr(stream, "readline", None)
+    if readline is None:
+        for line in stream:
+            yield (line, True) if len(line) <= limit else (line[: limit + 1], False)
+        return
+    while line := readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, True
+            continue
+        rest = line
+        while rest and not rest.endswith(b"\n"):
+            rest = readline(SKIP_READ)
+        yield line, False
+
+
+def url_lines(stream: Iterable[bytes], report: SeedReport, max_length: int) -> Iterator[tuple[int, str]]:
     """(line number, URL) of each line that holds one; blank lines and ``#`` comments skipped.
 
-    A line that is not UTF-8, or longer than ``MAX_URL_LENGTH``, is counted bad in ``report``.
+    A line that is not UTF-8, or longer than ``max_length`` bytes once stripped, is counted
+    bad in ``report``; a line over ``max_length`` + ``LINE_SLACK`` is never read whole
+    (``bounded_lines``).
     """
-    for number, raw in enumerate(stream, 1):
+    for number, (raw, whole) in enumerate(bounded_lines(stream, max_length + LINE_SLACK), 1):
         line = raw.strip()
         if number == 1:
             line = line.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark (files saved on Windows)
-        if not line or line.startswith(b"#"):
+        if line.startswith(b"#") or (not line and whole):  # a comment, however long, or a blank line
             continue
-        if len(line) > MAX_URL_LENGTH:
-            report.add_bad(number, line[:200].decode("utf-8", "replace"), f"longer than {MAX_URL_LENGTH} bytes")
+        if len(line) > max_length or not whole:
+            shown = line[:200].decode("utf-8", "replace")
+            report.add_bad(number, shown, f"longer than {max_length:,} bytes{'' if whole else ' (not read whole)'}")
             continue
         try:
             yield number, line.decode("utf-8")
@@ -102,13 +132,15 @@ def seed_lines(
 
     Each URL is canonicalized, kept to the site's domains and deduplicated against the
     seen set (``force`` queues URLs already seen, and still marks them seen). Memory
-    stays bounded by one chunk whatever the stream's length; ``progress(report)`` is
+    stays bounded by one chunk whatever the stream's length, and by one
+    ``max_url_length`` (+ ``LINE_SLACK``) a line whatever a line's length when ``stream``
+    is a file (``bounded_lines``); ``progress(report)`` is
     called after each chunk. Raises NoGoodURL, after reading everything, if no line held
     a URL that could be queued or was already seen.
     """
     report = SeedReport()
     batch: list[tuple[int, str]] = []
-    for numbered in url_lines(stream, report):
+    for numbered in url_lines(stream, report, frontier.max_url_length):
         batch.append(numbered)
         if len(batch) >= chunk:
             _add(frontier, batch, Request("-", callback, dont_filter=force, priority=priority), report)

@@ -34,6 +34,12 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 """Largest body accepted, after decompression; larger ones are refused and recorded."""
 
+DEFAULT_MAX_URL_LENGTH = 8192
+"""Longest URL let into the frontier, in bytes of its canonical form (the common browser and server limit)."""
+
+DEFAULT_MAX_LINKS_PER_PAGE = 10_000
+"""Requests taken from one page's callback; the rest are dropped, and the page's parse record says so."""
+
 DEFAULT_MAX_REDIRECTS = 5
 """Redirect hops followed from one URL before the chain is refused."""
 
@@ -85,6 +91,8 @@ class Settings:
     timeout: float = DEFAULT_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_redirects: int = DEFAULT_MAX_REDIRECTS
+    max_url_length: int = DEFAULT_MAX_URL_LENGTH
+    max_links_per_page: int = DEFAULT_MAX_LINKS_PER_PAGE
     max_retries: int = DEFAULT_MAX_RETRIES
     backoff: float = DEFAULT_BACKOFF
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
@@ -105,6 +113,8 @@ class Settings:
         _require(self.gate_margin >= 0, "gate_margin", "must be 0 or more")
         _require(self.job_lease >= 3, "job_lease", "must be at least 3 seconds (heartbeats come every second)")
         for name in ("max_body_bytes", "failure_ttl"):
+            _require(getattr(self, name) > 0, name, "must be greater than 0")
+        for name in ("max_url_length", "max_links_per_page"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import threading
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,10 +19,14 @@ from rq import Queue
 from rq.job import Job
 from w3lib.url import canonicalize_url
 
-from crawler import keys
+from crawler import jobs, keys
 from crawler.errors import RefusedURL
 from crawler.frontier import DownloadTask, Frontier, canonicalize, host_allowed, seed
-from crawler.spider import Request
+from crawler.runtime import Runtime
+from crawler.settings import DEFAULT_MAX_URL_LENGTH
+from crawler.sitemaps import SitemapReader
+from crawler.spider import Request, Spider
+from crawler.store import FAILED
 from crawler.vetting import DOWNLOAD_FUNC
 
 SITE = "shop"
@@ -513,3 +520,107 @@ def test_download_task_rejects_bad_shapes(data: Any) -> None:
 def test_download_task_rejects_non_numeric_counters_with_value_error(field: str) -> None:
     with pytest.raises(ValueError):
         DownloadTask.from_json({"site": "shop", "url": "http://example.com/", field: None})
+
+
+# URL length ------------------------------------------------------------------------------
+
+
+def longest_entry(connection: Redis, site: str) -> int:
+    """Bytes of the longest entry in ``site``'s frontier lists."""
+    lists = connection.scan_iter(keys.frontier(site) + "*")
+    return max((len(entry) for key in lists for entry in connection.lrange(key, 0, -1)), default=0)
+
+
+def test_a_url_over_max_url_length_is_refused_with_a_short_reason_and_one_at_the_cap_admitted(
+    frontier: Frontier, redis_conn: Redis
+) -> None:
+    assert frontier.max_url_length == DEFAULT_MAX_URL_LENGTH == 8192
+    at_cap = "http://example.com/" + "a" * (8192 - 19)
+    over = at_cap + "b"
+    grows = "http://example.com/" + "é" * 2000  # 4,019 bytes as written, 12,019 once percent-encoded
+    fragment = "http://example.com/f#" + "x" * 10_000  # the fragment is dropped: 20 bytes queued
+    huge_query = "http://example.com/?" + "a=b&" * 1_250_000  # 5 MB; w3lib would take seconds over it
+    started = time.monotonic()
+    result = frontier.add([Request(u) for u in (at_cap, over, grows, fragment, huge_query)])
+    assert time.monotonic() - started < 1.0  # refused as written, not canonicalized first
+    assert sorted(result.enqueued) == sorted([at_cap, "http://example.com/f"])
+    assert [url for url, _ in result.refused or []] == [over, grows, huge_query]
+    reasons = [reason for _, reason in result.refused or []]
+    assert reasons[0].startswith("URL longer than 8,192 bytes (8,193): 'http://example.com/aaa")
+    assert reasons[1].startswith("URL longer than 8,192 bytes (12,019)")
+    assert reasons[2].startswith("URL longer than 8,192 bytes (5,000,020)")
+    assert all(len(reason) < 200 for reason in reasons)  # records and logs quote the start only
+    assert longest_entry(redis_conn, SITE) < 8300
+    with pytest.raises(RefusedURL, match="longer than 8,192 bytes"):
+        frontier.check(over)
+    with pytest.raises(RefusedURL, match="longer than 8,192 bytes"):
+        seed(frontier, ["http://example.com/seed", over])
+    assert queued(frontier) == 2  # the seed queued nothing
+
+
+def test_max_url_length_is_the_frontiers_own_and_holds_for_urls_checked_before(redis_conn: Redis) -> None:
+    short = Frontier(redis_conn, "short", ["example.com"], 60, 60, max_url_length=40)
+    ok, over = "http://example.com/" + "a" * 21, "http://example.com/" + "a" * 22
+    assert short.check(ok) == ok
+    result = short.add([Request(ok), Request(over)], checked=True)  # as a sitemap reader adds them
+    assert result.enqueued == [ok]
+    assert result.refused == [(over, f"URL longer than 40 bytes (41): {over!r}...")]
+
+
+def test_a_sitemap_loc_of_5_mb_is_refused_and_the_other_urls_queued(redis_conn: Redis) -> None:
+    """The issue's sitemap: a 5 MB ``<loc>`` was queued as a 5 MB frontier entry."""
+    locs = ["http://127.0.0.1/p/1", "http://127.0.0.1/" + "x" * 5_000_000, "http://127.0.0.1/p/2"]
+    urls = "".join(f"<url><loc>{loc}</loc></url>" for loc in locs)
+    body = f'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>'
+    spider = type("S", (Spider,), {"name": "smap", "allowed_domains": ["127.0.0.1"]})()
+    reader = SitemapReader(redis_conn, Frontier(redis_conn, "smap", ["127.0.0.1"], 60, 60), spider, 0)
+    report = reader.read("http://127.0.0.1/sitemap.xml", zlib.compress(body.encode()))
+    assert (report.queued, report.refused) == (2, 1)
+    assert report.first_refusals[0].startswith("URL longer than 8,192 bytes (5,000,017)")
+    assert 0 < longest_entry(redis_conn, "smap") < 100
+
+
+class LongRedirect:
+    """A loopback server whose every page redirects to a path of ``length`` bytes (robots.txt: 404)."""
+
+    def __init__(self, length: int):
+        owner = self
+        self.length = length
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self.send_response(404 if self.path == "/robots.txt" else 302)
+                if self.path != "/robots.txt":
+                    self.send_header("Location", "/" + "r" * (owner.length - 1))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+
+@pytest.fixture
+def long_redirect() -> Iterator[LongRedirect]:
+    server = LongRedirect(9000)
+    server.thread.start()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def test_a_redirect_to_a_url_over_max_url_length_is_refused_and_recorded(
+    runtime: Runtime, redis_conn: Redis, long_redirect: LongRedirect
+) -> None:
+    url = f"{long_redirect.url}/start"
+    jobs.download(DownloadTask("demo", url).to_json())
+    (record,) = [r for r in runtime.store.fetch_rows("demo") if r["url"] == url]
+    assert (record["outcome"], record["status"]) == (FAILED, 302)
+    assert record["error"].startswith("redirect refused: URL longer than 8,192 bytes")
+    assert len(record["error"]) < 250
+    assert longest_entry(redis_conn, "demo") == 0

@@ -7,6 +7,10 @@ written straight into the stream (``pages.add``), as a download job writes them.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -18,7 +22,7 @@ import pytest
 from crawling import installed_runtime
 from redis import Redis
 
-from crawler import keys, pages, quarantine
+from crawler import jobs, keys, pages, quarantine
 from crawler.parsing import ParseWorker
 from crawler.runtime import Runtime
 from crawler.settings import Settings
@@ -190,3 +194,123 @@ def test_consumers_long_idle_with_nothing_pending_leave_the_group_and_the_others
     remaining = {c["name"].decode(): c["pending"] for c in redis_conn.xinfo_consumers(keys.pages(), keys.PARSERS)}
     assert remaining == {"holder": 1, "new": 0}  # a holder keeps its entries; a recent one stays
     assert pages.forget(redis_conn, 0, "holder") == 0 and pages.forget(redis_conn, 0, "new") == 1
+
+
+# -- bounds on a page's links ---------------------------------------------------------
+
+LINKS_SPIDER = """
+from crawler import Request, Spider
+
+
+class Links(Spider):
+    name = "links"
+    start_urls = ["http://127.0.0.1:9/"]
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page):
+        if page.meta.get("long"):
+            yield Request("http://127.0.0.1:9/" + "l" * 9000)
+        yield from page.follow_all("a")
+        yield {"url": page.url}
+"""
+
+
+def links_page(n: int, links: int) -> bytes:
+    """Page ``n``: ``links`` anchors to /p/N/I (about 28 bytes each), zlib-compressed as a stream entry holds it."""
+    anchors = "".join(f'<a href="/p/{n}/{i}">x</a>' for i in range(links))
+    return zlib.compress(f"<html><body>{anchors}</body></html>".encode(), 1)
+
+
+def add_links_page(connection: Redis, n: int, body: bytes, **meta: object) -> str:
+    url = f"http://127.0.0.1:9/list/{n}"
+    pages.add(connection, {"site": "links", "url": url, "status": 200, "meta": meta}, body)
+    return url
+
+
+@pytest.fixture
+def links_settings(settings: Settings) -> Settings:
+    (Path(settings.sites_dir) / "links.py").write_text(LINKS_SPIDER)
+    return dataclasses.replace(settings, job_lease=3)
+
+
+def parse_the_stream(connection: Redis, site: str, timeout: float = 60) -> None:
+    """A parse worker in a thread until the pages stream is empty (the links it queued never drain: no downloads)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=ParseWorker(connection, (site,), stop_event=stop).work, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while connection.xlen(keys.pages()):
+        assert time.monotonic() < deadline, f"the stream was not parsed within {timeout}s"
+        time.sleep(0.05)
+    stop.set()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def parse_records(rt: Runtime) -> list[dict[str, object]]:
+    return [r for r in rt.store.fetch_rows("links") if r["kind"] == "parse"]
+
+
+def test_a_page_over_max_links_per_page_keeps_its_first_links_and_its_record_says_so(
+    redis_conn: Redis, links_settings: Settings
+) -> None:
+    with installed_runtime(redis_conn, dataclasses.replace(links_settings, max_links_per_page=100)) as rt:
+        url = add_links_page(redis_conn, 1, links_page(1, 250), long=True)
+        parse_the_stream(redis_conn, "links")
+        (record,) = parse_records(rt)
+        assert record["outcome"] == "ok"
+        # The cap counts every request yielded: the over-long link is the first of the 100 taken.
+        assert str(record["error"]).startswith(
+            "links capped at max_links_per_page (100): 151 more dropped; "
+            "1 links refused: URL longer than 8,192 bytes (9,019)"
+        )
+        queued = [task.url for task in rt.frontier("links").waiting()]
+        assert queued == [f"http://127.0.0.1:9/p/1/{i}" for i in range(99)]
+        assert [item["url"] for item in rt.store.items("links")] == [url]  # the callback ran to its end
+    assert_stream_empty(redis_conn)
+
+
+def test_a_batch_is_written_before_the_next_page_once_its_links_pass_the_byte_budget(
+    redis_conn: Redis, links_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Four pages of 1,000 links each hold about 350 KB each: over this budget, each is written alone.
+    monkeypatch.setattr(jobs, "HELD_LINK_BYTES", 300_000)
+    with installed_runtime(redis_conn, links_settings) as rt:
+        for few_or_many in (10, 1000):
+            redis_conn.delete(keys.pages())
+            for n in range(4):
+                add_links_page(redis_conn, few_or_many * 10 + n, links_page(few_or_many * 10 + n, few_or_many))
+            parse_the_stream(redis_conn, "links")
+        records = parse_records(rt)
+        assert len(records) == 8 and all(r["outcome"] == "ok" for r in records)
+        # A batch's records are written together with one finishing time (``HeldParses.flush``).
+        assert len({r["finished"] for r in records[:4]}) == 1  # few links: one batch, one write
+        assert len({r["finished"] for r in records[4:]}) == 4  # many: a write a page
+        assert len(rt.frontier("links").waiting()) == 4 * 10 + 4 * 1000
+    assert_stream_empty(redis_conn)
+
+
+def test_a_parse_worker_given_pages_of_250000_links_each_stays_under_400_mib(
+    redis_conn: Redis, redis_url: str, links_settings: Settings
+) -> None:
+    """The issue's pages: eight of 550,000 links each put one parse worker at 2.8 GiB (all their links held)."""
+    count, links = 8, 250_000
+    urls = [add_links_page(redis_conn, n, links_page(n, links)) for n in range(count)]
+    settings = links_settings
+    command = [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url]
+    command += ["--database-url", settings.database_url, "--sites", settings.sites_dir, "worker", "parse"]
+    worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with installed_runtime(redis_conn, settings) as rt:
+        deadline = time.monotonic() + 180
+        while len(parse_records(rt)) < count and worker.poll() is None:
+            assert time.monotonic() < deadline, f"{len(parse_records(rt))} of {count} pages parsed in 180 s"
+            time.sleep(0.5)
+        records = parse_records(rt)
+    worker.send_signal(signal.SIGTERM)  # it has no --burst end: the pages' links wait to be downloaded
+    _, status, usage = os.wait4(worker.pid, 0)  # its peak RSS, its worker process's included
+    worker.returncode = os.waitstatus_to_exitcode(status)
+    print(f"parse worker, {count} pages of {links:,} links: peak RSS {usage.ru_maxrss // 1024} MiB")
+    assert usage.ru_maxrss < 400 * 1024, f"peak RSS {usage.ru_maxrss // 1024} MiB"  # KiB on Linux
+    assert sorted(str(r["url"]) for r in records) == sorted(urls)
+    capped = f"links capped at max_links_per_page (10,000): {links - 10_000:,} more dropped"
+    assert all(r["error"] == capped for r in records)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import os
 import random
+import subprocess
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from crawler.cli import cli
 from crawler.errors import RefusedURL
 from crawler.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
 from crawler.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
+from crawler.store import FAILED, FetchRecord, Store
 
 COUNT = 20_000
 DUPLICATES = 500
@@ -271,3 +275,45 @@ def test_crawl_from_a_file_seeds_it_and_crawls_to_the_end(
     # related product (the next ID) to `parse_product`, whose items are stored.
     assert {f"/product/{i}" for i in range(1, 13)} <= set(paths)
     assert set(items_by_key(sqlite_url)) == {f"SKU-{i:05d}" for i in range(2, 13, 2)}
+
+
+def test_a_line_of_200_mb_is_skipped_unread_and_counted_bad_within_150_mib(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The issue's seed file: one 400 MB line took ``seed --from`` to 842 MiB before its length was checked."""
+    path = tmp_path / "urls.txt"
+    with path.open("wb") as out:
+        out.write(b"http://127.0.0.1/a\nhttp://127.0.0.1/")
+        for _ in range(200):
+            out.write(b"x" * (1 << 20))
+        out.write(b"\n  # a comment\nhttp://127.0.0.1/b\n")
+    (tmp_path / "sites").mkdir(exist_ok=True)
+    command = [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url]
+    command += ["--database-url", sqlite_url, "--sites", str(tmp_path / "sites"), "seed", "demo", "--from", str(path)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = child.stdout.read(), child.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS, not the session's largest child's
+    child.returncode = os.waitstatus_to_exitcode(status)
+    path.unlink()
+    print(f"seed --from a file with a 200 MB line: peak RSS {usage.ru_maxrss // 1024} MiB")
+    assert child.returncode == 0, err
+    assert usage.ru_maxrss < 150 * 1024, f"peak RSS {usage.ru_maxrss // 1024} MiB"  # KiB on Linux
+    assert out.decode().strip() == "demo: 2 enqueued, 0 already seen, 1 bad line"
+    assert err.decode().strip() == "warning: line 2: longer than 8,192 bytes (not read whole)"
+    assert sorted(queued_urls(redis_conn)) == ["http://127.0.0.1/a", "http://127.0.0.1/b"]
+
+
+def test_a_seed_or_retry_of_a_url_over_max_url_length_is_a_one_line_error(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    over = "http://127.0.0.1/" + "x" * 9000
+    assert_one_line_error(seed_cli(redis_url, sqlite_url, tmp_path, over), "longer than 8,192 bytes (9,017)")
+    failed = "http://127.0.0.1/" + "y" * 50
+    store = Store(sqlite_url)
+    now = datetime.now(UTC)
+    store.record_fetches([FetchRecord("demo", failed, FAILED, now, now, error="HTTP 500")])
+    store.close()
+    base = ["--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(tmp_path / "sites")]
+    retried = CliRunner().invoke(cli, [*base, "retry", "demo", failed], env={"CRAWLER_MAX_URL_LENGTH": "60"})
+    assert_one_line_error(retried, "cannot requeue", "URL longer than 60 bytes (67)")
+    assert queued_urls(redis_conn) == []
