@@ -44,6 +44,7 @@ from .events import Done, HeldRecords, job_done, jobs_done
 from .fetch import DecodeError, Response, inflate_capped
 from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
+from .items import Pipelines, failure_text
 from .pacing import throttle_pause
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
@@ -474,7 +475,9 @@ def parse(
         _read_sitemap(rt, payload, body, worker, done, started, held)
         return
     try:
-        items, requests = _run_callback(rt.spider(site), url, body, payload, rt.settings.max_body_bytes)
+        items, requests, dropped = _run_callback(
+            rt.spider(site), rt.pipelines(site), url, body, payload, rt.settings.max_body_bytes
+        )
     except JobTimeoutException:
         parse_failed(
             payload,
@@ -485,8 +488,8 @@ def parse(
             held,
         )
         return
-    except Exception:
-        parse_failed(payload, traceback.format_exc(limit=20), worker, done, started, held)
+    except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
+        parse_failed(payload, failure_text(exc), worker, done, started, held)
         return
     try:
         depth = int(payload.get("depth", 0)) + 1
@@ -508,16 +511,10 @@ def parse(
             held,
         )
         return
-    _parse_done(
-        payload,
-        OK,
-        _refusals(refused) if refused else None,
-        worker,
-        done,
-        started,
-        {"parsed": 1, "items": len(items)},
-        held,
-    )
+    counts = {"parsed": 1, "items": len(items)}
+    if dropped:  # by process_item or a pipeline (DropItem)
+        counts["dropped"] = dropped
+    _parse_done(payload, OK, _refusals(refused) if refused else None, worker, done, started, counts, held)
 
 
 class HeldParses:
@@ -668,9 +665,10 @@ def _read_sitemap(
 
 
 def _run_callback(
-    spider: Any, url: str, raw: bytes, payload: dict[str, Any], max_body: int
-) -> tuple[list[Item], list[Request]]:
-    """The page's items and requests, as its callback yields them; raises whatever the callback raises.
+    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int
+) -> tuple[list[Item], list[Request], int]:
+    """The page's items (through ``process_item`` and the pipelines), requests and items dropped, as its
+    callback yields them; raises whatever the callback raises, and ItemError (``items``).
 
     The stored body is inflated within ``max_body`` bytes (BodyTooLarge past it): a body
     written into Redis by someone else may be a zlib bomb.
@@ -683,17 +681,10 @@ def _run_callback(
         meta=payload.get("meta") or {},
         encoding=payload.get("encoding"),
     )
-    items: list[Item] = []
-    requests: list[Request] = []
-    callback = spider.callback(str(payload.get("callback") or "parse"))
-    for output in callback(page) or ():
-        if isinstance(output, Request):
-            requests.append(output)
-        elif isinstance(output, dict):
-            items.append(Item(_item_key(spider.item_key, output, url, len(items)), url, output))
-        elif output is not None:
-            raise TypeError(f"callback yielded {type(output).__name__}; expected dict or Request")
-    return items, requests
+    name = str(payload.get("callback") or "parse")
+    out = pipelines.sort(spider.callback(name)(page), page, name)
+    items = [Item(_item_key(spider.item_key, data, url, position), url, data) for position, data in out.items]
+    return items, out.requests, len(out.dropped)
 
 
 def _fetched_at(payload: dict[str, Any]) -> datetime | None:
