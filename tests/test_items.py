@@ -14,13 +14,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pydantic
 import pytest
 from click.testing import CliRunner, Result
 from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
-from crawler import DropItem, Spider
+from crawler import DropItem, Page, Spider
 from crawler.cli import cli
 from crawler.demo import ShopSite
 from crawler.demo.shop import product_in_stock
@@ -246,29 +248,27 @@ def test_pipelines_change_items_in_order_and_each_worker_process_opens_and_close
 
 
 class Checked(Spider):
-    """A spider whose items go through a validating pipeline and a dropping ``process_item``."""
+    """A spider whose items go through a dropping ``process_item``, then its pipelines."""
 
     name = "checked"
-    pipelines: list[type | str] = []
 
-    def parse(self, page):  # type: ignore[no-untyped-def]
+    def parse(self, page: Page) -> Iterator[dict[str, Any]]:
         for node in page.css("li"):
             yield {"name": node.text(), "price": node.attributes.get("data-price")}
 
-    def process_item(self, item, page):  # type: ignore[no-untyped-def]
+    def process_item(self, item: Any, page: Page) -> Any:
         if item["name"] == "sample":
             raise DropItem("free sample")
         return item
 
 
+class Product(pydantic.BaseModel):
+    name: str
+    price: float
+
+
 class Validate:
-    def process_item(self, item, spider, page):  # type: ignore[no-untyped-def]
-        import pydantic
-
-        class Product(pydantic.BaseModel):
-            name: str
-            price: float
-
+    def process_item(self, item: dict[str, Any], spider: Spider, page: Page) -> Product:
         return Product(**item)
 
 
@@ -288,7 +288,7 @@ def test_run_page_shows_what_the_database_would_get_and_raises_on_an_invalid_ite
 PARSED_SPIDER = """
 import pydantic
 
-from crawler import DropItem, Spider
+from crawler import DropItem, Page, Spider
 
 
 class Product(pydantic.BaseModel):
