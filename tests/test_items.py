@@ -285,6 +285,26 @@ def test_run_page_shows_what_the_database_would_get_and_raises_on_an_invalid_ite
         run_page(spider, "http://shop.example/", PAGE.replace('"9"', '"nine"'))
 
 
+class Forgetful:
+    def process_item(self, item: Any, spider: Spider, page: Page) -> None:
+        item["seen"] = True  # and no return: nothing would be stored
+
+
+class Unopenable:
+    def open(self, spider: Spider) -> None:
+        raise RuntimeError(f"no licence for {spider.name}")
+
+    def process_item(self, item: Any, spider: Spider, page: Page) -> Any:
+        return item
+
+
+def test_a_step_that_returns_no_item_or_a_pipeline_that_cannot_open_fails_the_page_naming_it() -> None:
+    with pytest.raises(ItemError, match=r"^Forgetful.process_item returned NoneType; expected an item"):
+        run_page(type("Forgets", (Checked,), {"pipelines": [Forgetful]}), "http://shop.example/", PAGE)
+    with pytest.raises(ItemError, match=r"^pipeline Unopenable failed to open: RuntimeError: no licence for checked$"):
+        run_page(type("Locked", (Checked,), {"pipelines": [Unopenable]}), "http://shop.example/", PAGE)
+
+
 PARSED_SPIDER = """
 import pydantic
 
