@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from decimal import Decimal
 from enum import Enum
-from typing import Any
-
-from itemadapter import ItemAdapter
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from .spider import Page, Request, Spider
+
+if TYPE_CHECKING:
+    from itemadapter import ItemAdapter
 
 log = logging.getLogger("crawler.items")
 
@@ -53,7 +55,16 @@ class ItemError(Exception):
 
 def is_item(obj: Any) -> bool:
     """Whether ``obj`` is an item: a dict, dataclass, attrs or pydantic instance (``ItemAdapter.is_item``)."""
-    return isinstance(obj, dict) or ItemAdapter.is_item(obj)
+    return isinstance(obj, dict) or _adapter().is_item(obj)
+
+
+@cache
+def _adapter() -> type[ItemAdapter]:
+    # Imported on the first output that is not a dict: itemadapter imports pydantic and attrs when they are
+    # installed (some 70 ms), which every command that loads the package (status, seed) would pay otherwise.
+    from itemadapter import ItemAdapter
+
+    return ItemAdapter
 
 
 def item_data(item: Any) -> dict[str, Any]:
@@ -68,7 +79,7 @@ def item_data(item: Any) -> dict[str, Any]:
     dump = getattr(item, "model_dump", None)
     if callable(dump):
         return dict(dump(mode="json"))
-    data = json.loads(json.dumps(ItemAdapter(item).asdict(), default=_plain))
+    data = json.loads(json.dumps(_adapter()(item).asdict(), default=_plain))
     return data if isinstance(data, dict) else {}
 
 
