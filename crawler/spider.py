@@ -2,8 +2,8 @@
 
 A spider is a class in a module under the sites directory. Callbacks take a ``Page``
 and yield items (dicts, dataclasses, attrs classes, pydantic models: ``items``) and
-``Request`` objects; requests name their callback by
-method, so they can travel through Redis as plain data.
+``Request`` objects; requests name their callback by method, so they can travel
+through Redis as plain data.
 """
 
 from __future__ import annotations
