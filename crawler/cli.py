@@ -856,8 +856,9 @@ def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None
     finally:
         store.close()
     cache = _cache_counts(obj, site)
+    parsed = _item_counts(obj, site)
     if as_json:
-        click.echo(json.dumps({**summary.as_dict(), "cache": cache}, indent=2, default=str))
+        click.echo(json.dumps({**summary.as_dict(), "cache": cache, "items": parsed}, indent=2, default=str))
         return
     from rich.console import Console
     from rich.table import Table
@@ -876,6 +877,10 @@ def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None
     )
     console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), highlight=False)
     console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in summary.statuses.items()), highlight=False)
+    console.print(
+        f"items: {parsed['stored']} stored, {parsed['dropped']} dropped (DropItem in process_item or a pipeline)",
+        highlight=False,
+    )
     minutes = Table("minute (UTC)", "downloads")
     for minute, count in summary.per_minute[-30:]:
         minutes.add_row(minute, str(count))
@@ -894,6 +899,16 @@ def _cache_counts(obj: Context, site: str) -> dict[str, int]:
     except CrawlerError:
         return {"hits": 0, "misses": 0}
     return {"hits": int(raw[0] or 0), "misses": int(raw[1] or 0)}
+
+
+def _item_counts(obj: Context, site: str) -> dict[str, int]:
+    """The site's items stored (each time a page yields one) and dropped, from Redis (zeros when none is running)."""
+    obj.read_only = True
+    try:
+        raw = obj.redis.hmget(keys.stats(site), "items", "dropped")
+    except CrawlerError:
+        return {"stored": 0, "dropped": 0}
+    return {"stored": int(raw[0] or 0), "dropped": int(raw[1] or 0)}
 
 
 def _plot_stats(obj: Context, spec: str, path: str, as_json: bool) -> None:

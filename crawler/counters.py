@@ -1,7 +1,7 @@
 """Per-site counters and metrics: counted in each process's memory, written to Redis about once a second.
 
 Two hashes per site say what the whole fleet has done: ``crawler:stats:SITE`` (fetched,
-failed, refused, unchanged, parsed, items, cache_hits, cache_misses: ``crawler status``,
+failed, refused, unchanged, parsed, items, dropped, cache_hits, cache_misses: ``crawler status``,
 the progress and summary of ``crawler crawl``, ``crawler stats``) and
 ``crawler:metrics:SITE`` (Prometheus counters and histogram buckets: ``metrics``). This
 module is their one writer. A job ``add``s its increments to its process's ``Counters``

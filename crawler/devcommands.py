@@ -17,6 +17,7 @@ from .devtools import fetch_as_worker, page_of, parse_meta, route, run_callback,
 from .devtools import verdict as worker_verdict
 from .errors import ConfigError
 from .fetch import Response
+from .items import ItemError
 from .spider import Page
 
 
@@ -79,12 +80,14 @@ def parse_(
     except Exception as exc:
         # The spider's own bug: its traceback is what its author needs, then the one-line verdict.
         click.echo(traceback.format_exc().rstrip(), err=True)
+        if isinstance(exc, ItemError):  # process_item or a pipeline: the step and the message
+            raise ConfigError(f"{exc} (on {url})") from None
         raise ConfigError(f"{callback} raised {type(exc).__name__} on {url}") from None
     routed = route(outputs.requests, spider.domains(), seen_in(obj.redis, site))
     if as_json:
         click.echo(
             json.dumps(
-                {"items": outputs.items, "requests": [r.as_dict() for r in routed]},
+                {"items": outputs.items, "dropped": outputs.dropped, "requests": [r.as_dict() for r in routed]},
                 indent=2,
                 ensure_ascii=False,
                 default=str,

@@ -3,8 +3,9 @@
 ``fetch_as_worker`` downloads a URL the way a download worker would (robots.txt, then
 the site's gate, then one GET with the same caps and no redirect followed);
 ``run_callback`` runs a spider callback on a page and sorts what it yields into items
-and requests, as a parse worker would; ``route`` says where each request would go
-(queued, refused, already seen) without queueing anything.
+(through ``process_item`` and the pipelines) and requests, as a parse worker would;
+``route`` says where each request would go (queued, refused, already seen) without
+queueing anything.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from .errors import ConfigError, RefusedURL
 from .fetch import Response
 from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
+from .items import Pipelines
 from .spider import Page, Request, Spider, SpiderSet
 
 #: Where a request a callback yields would go.
@@ -25,31 +27,33 @@ QUEUED, REFUSED, SEEN = "queued", "refused", "already seen"
 
 @dataclass
 class Outputs:
-    """What one callback yielded on one page: items (dicts) and requests, in order."""
+    """What one callback yielded on one page: items (as stored, past ``process_item`` and the pipelines),
+    requests, and why each dropped item was dropped, in order."""
 
     items: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
     def links(self, callback: str | None = None) -> list[str]:
         """URLs of the requests (those for ``callback`` only, when given)."""
         return [r.url for r in self.requests if callback is None or r.callback == callback]
 
 
-def run_callback(spider: Spider, page: Page, callback: str = "parse") -> Outputs:
-    """Run ``spider``'s ``callback`` on ``page``; its exceptions propagate.
+def run_callback(spider: Spider, page: Page, callback: str = "parse", pipelines: Pipelines | None = None) -> Outputs:
+    """Run ``spider``'s ``callback`` on ``page``, its items through ``process_item`` and the pipelines.
 
-    Like a parse worker, it refuses anything but dicts, ``Request`` objects and None.
+    As a parse worker would: anything but items, ``Request`` objects and None is a
+    TypeError; the callback's exceptions propagate, and a failing step as ItemError.
+    Without ``pipelines``, the spider's are opened for this page and closed after it.
     """
-    method = spider.callback(callback)
-    outputs = Outputs()
-    for output in method(page) or ():
-        if isinstance(output, Request):
-            outputs.requests.append(output)
-        elif isinstance(output, dict):
-            outputs.items.append(output)
-        elif output is not None:
-            raise TypeError(f"{callback} yielded {type(output).__name__}; expected dict or Request")
-    return outputs
+    own = pipelines is None
+    steps = Pipelines.open(spider) if pipelines is None else pipelines
+    try:
+        out = steps.sort(spider.callback(callback)(page), page, callback)
+    finally:
+        if own:
+            steps.close()
+    return Outputs([data for _, data in out.items], out.requests, out.dropped)
 
 
 @dataclass(frozen=True)
@@ -185,6 +189,10 @@ def summary_lines(outputs: Outputs, routed: list[Routed]) -> Iterator[str]:
     yield f"{len(outputs.items)} item{'' if len(outputs.items) == 1 else 's'}"
     for item in outputs.items:
         yield json.dumps(item, ensure_ascii=False, default=str)
+    if outputs.dropped:
+        yield f"{len(outputs.dropped)} item{'' if len(outputs.dropped) == 1 else 's'} dropped"
+        for reason in outputs.dropped:
+            yield f"  dropped: {reason}"
     yield f"{len(routed)} request{'' if len(routed) == 1 else 's'}"
     width = max((len(r.callback) for r in routed), default=0)
     for r in routed:

@@ -44,6 +44,7 @@ from .events import Done, HeldRecords, job_done, jobs_done
 from .fetch import DecodeError, Response, inflate_capped
 from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
+from .items import Pipelines, failure_text
 from .pacing import throttle_pause
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
@@ -481,8 +482,14 @@ def parse(
         _read_sitemap(rt, payload, body, worker, done, started, held)
         return
     try:
-        items, requests, dropped = _run_callback(
-            rt.spider(site), url, body, payload, rt.settings.max_body_bytes, rt.settings.max_links_per_page
+        items, requests, dropped, links_dropped = _run_callback(
+            rt.spider(site),
+            rt.pipelines(site),
+            url,
+            body,
+            payload,
+            rt.settings.max_body_bytes,
+            rt.settings.max_links_per_page,
         )
     except JobTimeoutException:
         parse_failed(
@@ -494,8 +501,8 @@ def parse(
             held,
         )
         return
-    except Exception:
-        parse_failed(payload, traceback.format_exc(limit=20), worker, done, started, held)
+    except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
+        parse_failed(payload, failure_text(exc), worker, done, started, held)
         return
     try:
         depth = int(payload.get("depth", 0)) + 1
@@ -518,18 +525,12 @@ def parse(
         )
         return
     notes = [_refusals(refused)] if refused else []
-    if dropped:
-        notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {dropped:,} more dropped")
-    _parse_done(
-        payload,
-        OK,
-        "; ".join(notes) or None,
-        worker,
-        done,
-        started,
-        {"parsed": 1, "items": len(items)},
-        held,
-    )
+    if links_dropped:
+        notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
+    counts = {"parsed": 1, "items": len(items)}
+    if dropped:  # by process_item or a pipeline (DropItem)
+        counts["dropped"] = dropped
+    _parse_done(payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
 
 
 class HeldParses:
@@ -690,10 +691,11 @@ def _read_sitemap(
 
 
 def _run_callback(
-    spider: Any, url: str, raw: bytes, payload: dict[str, Any], max_body: int, max_links: int
-) -> tuple[list[Item], list[Request], int]:
-    """The page's items, its first ``max_links`` requests, as its callback yields them, and
-    how many more requests it yielded (dropped); raises whatever the callback raises.
+    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, max_links: int
+) -> tuple[list[Item], list[Request], int, int]:
+    """The page's items (through ``process_item`` and the pipelines), its first ``max_links``
+    requests, the items dropped and the requests past ``max_links``, as its callback yields
+    them; raises whatever the callback raises, and ItemError (``items``).
 
     The callback runs to its end (items may come after links), but requests past
     ``max_links`` are not kept: a page of half a million links costs its parse, not
@@ -708,21 +710,10 @@ def _run_callback(
         meta=payload.get("meta") or {},
         encoding=payload.get("encoding"),
     )
-    items: list[Item] = []
-    requests: list[Request] = []
-    dropped = 0
-    callback = spider.callback(str(payload.get("callback") or "parse"))
-    for output in callback(page) or ():
-        if isinstance(output, Request):
-            if len(requests) < max_links:
-                requests.append(output)
-            else:
-                dropped += 1
-        elif isinstance(output, dict):
-            items.append(Item(_item_key(spider.item_key, output, url, len(items)), url, output))
-        elif output is not None:
-            raise TypeError(f"callback yielded {type(output).__name__}; expected dict or Request")
-    return items, requests, dropped
+    name = str(payload.get("callback") or "parse")
+    out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
+    items = [Item(_item_key(spider.item_key, data, url, position), url, data) for position, data in out.items]
+    return items, out.requests, len(out.dropped), out.links_dropped
 
 
 def _fetched_at(payload: dict[str, Any]) -> datetime | None:

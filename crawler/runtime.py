@@ -21,6 +21,7 @@ from .demo.spider import DemoShop
 from .fetch import Fetcher
 from .frontier import Frontier
 from .gate import Gate, Turn, site_gate
+from .items import Pipelines
 from .pacing import Pace, Pacer
 from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from .proxies import ProxyPool, site_proxies
@@ -63,6 +64,8 @@ class Runtime:
         self._turns: dict[str, Turn] = {}
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
+        self._pipelines: dict[str, Pipelines] = {}
+        self._pipelines_lock = threading.Lock()  # one opening at a time: a slow open(spider) holds up no spider look-up
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -107,6 +110,16 @@ class Runtime:
             if site not in self._spiders:
                 self._spiders[site] = self.spider_set.get(site)()
             return self._spiders[site]
+
+    def pipelines(self, site: str) -> Pipelines:
+        """``site``'s ``process_item`` and pipelines, opened on first use, once per process (closed by ``close``).
+
+        ItemError if one fails to open: nothing is kept, the next page tries again.
+        """
+        with self._pipelines_lock:
+            if site not in self._pipelines:
+                self._pipelines[site] = Pipelines.open(self.spider(site))
+            return self._pipelines[site]
 
     def policy(self, site: str) -> SitePolicy:
         return self.policies.get(site)
@@ -297,6 +310,10 @@ class Runtime:
         return gate
 
     def close(self) -> None:
+        with self._pipelines_lock:
+            opened, self._pipelines = list(self._pipelines.values()), {}
+        for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
+            pipelines.close()
         self.counters.close()
         if "fetcher" in self.__dict__:
             self.fetcher.close()

@@ -1,8 +1,9 @@
 """The spider author's API: ``Spider``, ``Request``, ``Page``, and spider discovery.
 
 A spider is a class in a module under the sites directory. Callbacks take a ``Page``
-and yield items (dicts) and ``Request`` objects; requests name their callback by
-method, so they can travel through Redis as plain data.
+and yield items (dicts, dataclasses, attrs classes, pydantic models: ``items``) and
+``Request`` objects; requests name their callback by method, so they can travel
+through Redis as plain data.
 """
 
 from __future__ import annotations
@@ -263,6 +264,15 @@ class Spider:
     #: Send a refresh the page's last ETag / Last-Modified (If-None-Match / If-Modified-Since), so an
     #: unchanged page answers 304 and is not downloaded or parsed again. Off for servers that answer 304 wrongly.
     conditional_refresh: bool = True
+    #: Pipelines every item of the site goes through after ``process_item``, in order: classes, or dotted
+    #: paths to them (``"package.module.Class"``), each with ``process_item(item, spider, page)`` and optional
+    #: ``open(spider)`` / ``close(spider)``; made and opened once per parse worker process (``items``).
+    pipelines: list[type | str] = []
+
+    def process_item(self, item: Any, page: Page) -> Any:
+        """Every item the callbacks yield, before the pipelines: return it (maybe changed, or another item)
+        or raise ``DropItem(reason)`` not to store it. Any other exception fails the page. Default: the item."""
+        return item
 
     def refresh_for(self, request: Request) -> float | None:
         """Seconds after which ``request``'s page is to be fetched again, or None."""

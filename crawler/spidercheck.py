@@ -2,8 +2,9 @@
 
 ``check_spider`` validates a spider class's attributes (an ``interval`` of -1, a
 ``start_urls`` that is one string, a ``refresh`` naming a callback that does not
-exist) and names the attribute and where it is set; ``import_failure`` turns an
-exception raised while importing a module into ``FILE, line N: Exception: message``.
+exist, a ``pipelines`` entry whose module does not import) and names the attribute
+and where it is set; ``import_failure`` turns an exception raised while importing a
+module into ``FILE, line N: Exception: message``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from .items import pipeline_problem
 
 #: What a site name may look like: it names Redis keys, RQ queues and files.
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -198,6 +201,14 @@ def _priority(cls: type, value: Any) -> str | None:
     return None
 
 
+def _pipelines(cls: type, value: Any) -> str | None:
+    return pipeline_problem(value)
+
+
+def _process_item(cls: type, value: Any) -> str | None:
+    return None if callable(value) else f"must be a method (item, page) -> item, got {value!r:.80}"
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -218,4 +229,6 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("gate", _optional_text),
     ("revisit_after", _positive_seconds_or_none),
     ("parse", _parse),
+    ("pipelines", _pipelines),
+    ("process_item", _process_item),
 )

@@ -58,6 +58,11 @@ def run_page(
 ) -> Outputs:
     """Run ``spider``'s ``callback`` on the page at ``url``; its items and requests, in order.
 
+    Items are what a crawl would store: past the spider's ``process_item`` and its
+    pipelines (opened for this page and closed after it); ``dropped`` says why each
+    dropped item was. A failing step raises ``crawler.items.ItemError`` (its cause the
+    original exception, e.g. pydantic's ValidationError).
+
     ``body``: the page as bytes, as text, or a path to a saved file; None downloads
     ``url`` (a local test server) as a worker would, minus robots.txt and the gate, and
     raises ``ConfigError`` if a worker would not hand the response to a callback.

@@ -51,7 +51,7 @@ def page() -> Page:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert crawler.__all__ == ["Auto", "Page", "Request", "Spider"]
+    assert crawler.__all__ == ["Auto", "DropItem", "Page", "Request", "Spider"]
 
 
 # Page ----------------------------------------------------------------------------------

@@ -78,6 +78,14 @@ def line_of(path: Path, text: str) -> int:
         ("refresh = -5", "Shop.refresh must be seconds greater than 0"),
         ("refresh_priority = 5000", "Shop.refresh_priority must be a whole number from -1000 to 1000, got 5000"),
         ("name = 'my shop'", "Shop.name must be 1 to 64 letters"),
+        ("pipelines = 'shop_pipes.Clean'", "Shop.pipelines must be a list of pipeline classes or dotted paths"),
+        (
+            "pipelines = ['shop_pipes.Clean']",
+            "Shop.pipelines[0] 'shop_pipes.Clean' cannot be used: ModuleNotFoundError: No module named 'shop_pipes'",
+        ),
+        ("pipelines = ['json.Nope']", "Shop.pipelines[0] 'json.Nope' cannot be used: AttributeError: module 'json'"),
+        ("pipelines = [dict]", "Shop.pipelines[0] 'builtins.dict' cannot be used: TypeError: dict has no process_item"),
+        ("pipelines = [3]", "Shop.pipelines[0] must be a class or a dotted path, got int 3"),
     ],
     ids=lambda value: value if "=" in value else "",
 )
