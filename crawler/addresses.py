@@ -79,8 +79,11 @@ def resolve_within(host: str, port: int | None, timeout: float) -> list[AddrInfo
     """``socket.getaddrinfo(host, port)`` for TCP, waited for at most ``timeout`` seconds.
 
     Raises ResolveTimeout past it (the lookup goes on in its thread, see the module
-    docstring), and what ``getaddrinfo`` raises (``socket.gaierror``, UnicodeError).
+    docstring), and what ``getaddrinfo`` raises (``socket.gaierror``, UnicodeError). An IP
+    address is looked up in the calling thread: it needs no name server.
     """
+    if _is_address(host):
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     deadline = time.monotonic() + max(timeout, 0.0)
     key = (host, port)
     with _lookups_lock:
@@ -95,6 +98,14 @@ def resolve_within(host: str, port: int | None, timeout: float) -> list[AddrInfo
     if lookup.error is not None:
         raise lookup.error
     return lookup.infos
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _start(key: tuple[str, int | None], lookup: _Lookup, deadline: float) -> bool:
