@@ -12,29 +12,133 @@ that moved go on being spaced, by the old key, for at most that long.
 Of several addresses, the lowest (IPv4 before IPv6, then numerically) keys the gate:
 every worker on every host picks the same one whatever order its resolver returns
 them in (round-robin DNS rotates it).
+
+Every lookup here and in the fetcher (``resolve_within``) runs in a thread of its own and
+is waited for at most a given time: ``getaddrinfo`` blocks and takes no timeout, so a
+hostile name server could otherwise hold a worker for as long as it likes. A lookup that
+outlasts its wait goes on in its thread (nothing can stop it) while the worker moves on;
+at most ``RESOLVER_THREADS`` run at once in a process, and a name already being looked up
+is not asked again but waited for, so hanging names cost threads, never the process all
+of them.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 #: Seconds a resolved address is reused before the name is resolved again.
 ADDRESS_TTL = 60.0
 #: Seconds a name that did not resolve is not asked again.
 FAILURE_TTL = 5.0
 
+#: Seconds a lookup for a gate's key (or a redirect's check) is waited for.
+RESOLVE_TIMEOUT = 10.0
+#: Most lookups under way at once in a process (each holds a thread until its resolver answers).
+RESOLVER_THREADS = 16
+
 Resolver = Callable[[str], list[str]]
+AddrInfo = tuple[Any, ...]
 
 
-def system_addresses(host: str) -> list[str]:
-    """Every address ``host`` resolves to with the system resolver (TCP), as text; [] if none."""
+class ResolveTimeout(OSError):
+    """A lookup was not answered within its wait (or no lookup thread was free within it)."""
+
+
+class _Lookup:
+    """One ``getaddrinfo`` under way: its answer, or the exception it raised, once ``done``."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.infos: list[AddrInfo] = []
+        self.error: BaseException | None = None
+
+
+_lookups: dict[tuple[str, int | None], _Lookup] = {}
+_lookups_lock = threading.Lock()
+_lookup_slots = threading.BoundedSemaphore(RESOLVER_THREADS)
+
+
+def _after_fork() -> None:
+    """A forked child has none of its parent's lookup threads: forget their lookups and slots."""
+    global _lookups_lock, _lookup_slots
+    _lookups.clear()
+    _lookups_lock = threading.Lock()
+    _lookup_slots = threading.BoundedSemaphore(RESOLVER_THREADS)
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def resolve_within(host: str, port: int | None, timeout: float) -> list[AddrInfo]:
+    """``socket.getaddrinfo(host, port)`` for TCP, waited for at most ``timeout`` seconds.
+
+    Raises ResolveTimeout past it (the lookup goes on in its thread, see the module
+    docstring), and what ``getaddrinfo`` raises (``socket.gaierror``, UnicodeError). An IP
+    address is looked up in the calling thread: it needs no name server.
+    """
+    if _is_address(host):
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    deadline = time.monotonic() + max(timeout, 0.0)
+    key = (host, port)
+    with _lookups_lock:
+        lookup = _lookups.get(key)
+        fresh = lookup is None
+        if lookup is None:
+            lookup = _lookups[key] = _Lookup()
+    if fresh and not _start(key, lookup, deadline):
+        raise ResolveTimeout(f"resolving {host}: no lookup thread free within {timeout:g}s")
+    if not lookup.done.wait(max(deadline - time.monotonic(), 0.0)):
+        raise ResolveTimeout(f"resolving {host} took longer than {timeout:g}s")
+    if lookup.error is not None:
+        raise lookup.error
+    return lookup.infos
+
+
+def _is_address(host: str) -> bool:
     try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError, OSError):
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _start(key: tuple[str, int | None], lookup: _Lookup, deadline: float) -> bool:
+    """Run ``lookup`` in a thread of its own once one of the slots is free; False if none is by ``deadline``."""
+    if not _lookup_slots.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+        with _lookups_lock:
+            _lookups.pop(key, None)
+        lookup.error = ResolveTimeout(f"resolving {key[0]}: no lookup thread free")
+        lookup.done.set()
+        return False
+    # A daemon thread, not a ThreadPoolExecutor's: those are joined at exit, so a hung lookup would hold the process.
+    threading.Thread(target=_look_up, args=(key, lookup), name=f"resolve-{key[0][:40]}", daemon=True).start()
+    return True
+
+
+def _look_up(key: tuple[str, int | None], lookup: _Lookup) -> None:
+    try:
+        lookup.infos = socket.getaddrinfo(key[0], key[1], type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except BaseException as exc:  # handed to every waiter, raised there
+        lookup.error = exc
+    finally:
+        with _lookups_lock:
+            _lookups.pop(key, None)
+        lookup.done.set()
+        _lookup_slots.release()
+
+
+def system_addresses(host: str, timeout: float = RESOLVE_TIMEOUT) -> list[str]:
+    """Every address ``host`` resolves to with the system resolver (TCP), as text; [] if none
+    (or no answer within ``timeout`` seconds)."""
+    try:
+        infos = resolve_within(host, None, timeout)
+    except (UnicodeError, OSError):  # socket.gaierror and ResolveTimeout are OSErrors
         return []
     return [str(info[4][0]).split("%")[0] for info in infos]
 

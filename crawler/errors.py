@@ -4,12 +4,13 @@
     ├── ConfigError          stop: bad config, unknown site, unreachable service
     │   └── SpiderLoadError  a spider module failed to import (the others still load)
     ├── TransientError       retry later, with backoff
-    │   ├── FetchTimeout     the whole request (connect, headers, body) outlasted the timeout
+    │   ├── FetchTimeout     the whole request (DNS, connect, headers, body) outlasted the timeout
     │   ├── ConnectError
     │   │   └── ProxyError   the proxy could not be reached or refused the request (it is benched)
     │   ├── RetryableStatus  5xx, 429 (carries Retry-After when the server sent one)
     │   └── RobotsUnavailable  robots.txt 5xx or unreachable: the page waits (retry_after),
-    │                        without spending one of its attempts
+    │                        without spending one of its attempts, until robots.txt
+    │                        has failed 1 + max_retries times in a row: then it fails
     └── PermanentError       record it and move on, never retried automatically
         ├── RefusedURL       off-domain, robots.txt, malformed
         │   ├── UnsupportedScheme  not http(s): file:, ftp:, …
@@ -79,13 +80,15 @@ class RetryableStatus(TransientError):
 
 class RobotsUnavailable(TransientError):
     """robots.txt answered 5xx or could not be reached: the origin is off limits until it can be
-    read (RFC 9309 §2.3.1.4). ``retry_after`` is when it will be asked for again, in seconds."""
+    read (RFC 9309 §2.3.1.4). ``retry_after`` is when it will be asked for again, in seconds;
+    ``attempts``, how many times in a row it could not be read."""
 
     retry_after: float
 
-    def __init__(self, message: str, retry_after: float):
+    def __init__(self, message: str, retry_after: float, attempts: int = 1):
         super().__init__(message)
         self.retry_after = retry_after
+        self.attempts = attempts
 
 
 class PermanentError(CrawlerError):

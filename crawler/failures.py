@@ -18,6 +18,7 @@ from redis import Redis
 from . import counters
 from .errors import ConfigError, RefusedURL
 from .frontier import SEED_PRIORITY, Frontier, canonicalize
+from .robots import ask_again, origin_of
 from .spider import Request
 from .store import FAILED, REQUEUED, FetchRecord, Store
 
@@ -139,6 +140,8 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             for page in pages
         ]
     )
+    # A page that failed because robots.txt could not be read gets it asked again now, not after its backoff.
+    ask_again(frontier.connection, site, [origin_of(page.url) for page in pages])
     frontier.add(
         [
             Request(

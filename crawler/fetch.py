@@ -11,10 +11,13 @@ What a hostile server can do is bounded three ways:
   or raw, ``br`` when a bounded ``brotli`` is installed, ``identity``) are undone here,
   each stage handing on at most ``DECODE_STEP`` bytes at a time, so a stacked bomb
   (``gzip, gzip``) never holds much more than the cap, whatever it would inflate to.
-- **Time.** ``timeout`` bounds the whole request (connect, TLS, headers, body) as one
-  deadline: every socket operation gets only what is left of it, so a server dripping
+- **Time.** ``timeout`` bounds the whole request (DNS, connect, TLS, headers, body) as
+  one deadline: every socket operation gets only what is left of it, so a server dripping
   its headers a byte at a time cannot hold a worker past it, on a new connection or a
-  pooled one.
+  pooled one. The host name is resolved here, in a lookup thread waited for within the
+  deadline (``addresses.resolve_within``: ``getaddrinfo`` takes no timeout, so a name
+  server that never answers would otherwise hold the worker), and the connection is
+  made to the address found, the name still given to TLS and in the Host header.
 - **Address.** The address actually connected to (after DNS) must be public, unless the
   request allows private ones (the spider opts in, or the URL names an IP address or
   ``localhost`` outright); checked on each new connection before a byte is sent, so a
@@ -47,6 +50,7 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
+from .addresses import ResolveTimeout, resolve_within
 from .errors import (
     BadResponse,
     BodyTooLarge,
@@ -73,6 +77,9 @@ DECODE_STEP = 256 * 1024
 
 #: The content-codings this module decodes, as sent in Accept-Encoding.
 ACCEPTED_ENCODINGS = "gzip, deflate, br" if _BROTLI else "gzip, deflate"
+
+#: Seconds a name is waited for when a connection has no deadline (the fetcher's always have one).
+DEFAULT_RESOLVE_WAIT = 30.0
 
 #: wbits for a gzip-wrapped deflate stream.
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
@@ -582,9 +589,7 @@ class _GuardedBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Any = None,
     ) -> httpcore.NetworkStream:
-        stream = self._backend.connect_tcp(
-            host, port, _time_left(timeout, httpcore.ConnectTimeout), local_address, socket_options
-        )
+        stream = self._connect(host, port, timeout, local_address, socket_options)
         guard: _RequestGuard | None = getattr(_local, "guard", None)
         try:
             if guard is not None:
@@ -593,6 +598,34 @@ class _GuardedBackend(httpcore.NetworkBackend):
             stream.close()
             raise
         return _GuardedStream(stream)
+
+    def _connect(
+        self, host: str, port: int, timeout: float | None, local_address: str | None, socket_options: Any
+    ) -> httpcore.NetworkStream:
+        """A connection to ``host``: its name resolved within the deadline (``addresses.resolve_within``),
+        then each address tried in turn, as ``socket.create_connection`` does.
+
+        The connection is to an address, but TLS (SNI, the certificate) and the Host header
+        still use the name: httpcore takes them from the URL, not from here.
+        """
+        wait = _time_left(timeout, httpcore.ConnectTimeout)
+        try:
+            infos = resolve_within(host.strip("[]"), port, DEFAULT_RESOLVE_WAIT if wait is None else wait)
+        except ResolveTimeout as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except (OSError, UnicodeError) as exc:
+            raise httpcore.ConnectError(f"{host}: {exc}") from exc
+        failure: Exception = httpcore.ConnectError(f"{host} resolves to no address")
+        for address in dict.fromkeys(str(info[4][0]) for info in infos):
+            try:
+                return self._backend.connect_tcp(
+                    address, port, _time_left(timeout, httpcore.ConnectTimeout), local_address, socket_options
+                )
+            except httpcore.ConnectTimeout:
+                raise  # the deadline is spent: no time for the next address
+            except httpcore.ConnectError as exc:
+                failure = exc
+        raise failure
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Any = None

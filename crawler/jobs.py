@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-import socket
 import time
 import traceback
 import zlib
@@ -26,6 +25,7 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from . import joblife, keys, pages, quarantine, runtime
+from .addresses import RESOLVE_TIMEOUT, system_addresses
 from .conditional import Validators, request_headers, validators_of
 from .errors import (
     ClientStatus,
@@ -218,6 +218,9 @@ def _download_one(
             _retry_or_fail(rt, task, exc, record, held=held)
             return True
         except RobotsUnavailable as exc:
+            if exc.attempts > rt.settings.max_retries:
+                _robots_gave_up(rt, task, exc, record)
+                return True
             # Not the page's fault: it waits for robots.txt without spending one of its attempts,
             # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
             rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
@@ -288,6 +291,20 @@ def _download_one(
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
+
+
+def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:
+    """Record the page failed: its robots.txt has failed 1 + ``max_retries`` times in a row.
+
+    So a crawl drains (``--burst`` ends) on a site whose robots.txt never answers, where
+    its pages would otherwise wait for it up to ``ROBOTS_OUTAGE_GRACE`` (30 days); each is
+    recorded, for ``crawler retry``, which has robots.txt asked again at once
+    (``robots.ask_again``). The gate is left open: the site's other pages fail as fast,
+    unrequested (RFC 9309: unreachable means disallow all), and robots.txt is still asked
+    when its wait is over.
+    """
+    record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
+    _schedule_refresh(rt, task, task.validators)
 
 
 def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> dict[str, str]:
@@ -396,13 +413,24 @@ def _retry_or_fail(
 
 
 def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
-    """Send a redirect's target through the frontier as a request of its own."""
+    """Send a redirect's target through the frontier as a request of its own.
+
+    The target's domain is checked before its name is resolved (for the private-address
+    check): a hostile page cannot make the worker look up names of its choosing outside
+    the allowed domains (a tracking channel, or a name server of its own that never answers).
+    """
     target = urljoin(task.url, (response.location or "").strip())
     if task.hops + 1 > rt.settings.max_redirects:
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
         record(FAILED, response=response, error=str(too_many))
         return
-    if not rt.spider(task.site).allow_private_addresses and redirects_inward(task.url, target):
+    spider = rt.spider(task.site)
+    try:
+        check_url(target, spider.domains())
+    except RefusedURL as exc:
+        record(FAILED, response=response, error=f"redirect refused: {exc}")
+        return
+    if not spider.allow_private_addresses and redirects_inward(task.url, target, rt.fetcher.timeout):
         record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
         return
     frontier: Frontier = rt.frontier(task.site)
@@ -416,23 +444,23 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
 
 
-def is_private_host(host: str) -> bool:
-    """Whether ``host`` (a name or an address) resolves to a private, loopback or link-local address."""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return False  # unresolvable: the fetch itself will fail and be recorded
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+def is_private_host(host: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
+    """Whether ``host`` (a name or an address) resolves to a private, loopback or link-local address.
+
+    The lookup is waited for ``timeout`` seconds at most (``addresses.system_addresses``).
+    """
+    for text in system_addresses(host, timeout):  # unresolvable: the fetch itself will fail and be recorded
+        address = ipaddress.ip_address(text)
         if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
             return True
     return False
 
 
-def redirects_inward(source: str, target: str) -> bool:
-    """Whether a redirect leads from a public host to a private or loopback one (SSRF)."""
+def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
+    """Whether a redirect leads from a public host to a private or loopback one (SSRF); each
+    host's lookup is waited for ``timeout`` seconds at most."""
     source_host, target_host = urlsplit(source).hostname or "", urlsplit(target).hostname or ""
-    return not is_private_host(source_host) and is_private_host(target_host)
+    return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)
 
 
 def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compressed: bytes | None = None) -> None:

@@ -14,7 +14,9 @@ each written before the next. While it holds a batch, a lease thread keeps the e
 from being reclaimed by others. A page of a site this process has no spider for goes back to the
 end of the stream for a worker that has it (said once per site). While the database
 is down a page waits in the worker's hands, retried with backoff, and is not
-redelivered. SIGTERM (or the launcher's stop event) stops it after the current page;
+redelivered. ``rq suspend`` pauses it before its next batch until ``rq resume`` (a burst
+worker ends instead), as it does RQ's download workers.
+SIGTERM (or the launcher's stop event) stops it after the current page;
 the rest of its batch goes back to the stream. ``--burst``: it exits when the crawl is
 drained (``workers.crawl_drained``).
 """
@@ -32,6 +34,7 @@ from typing import Any
 
 import redis
 from redis import Redis
+from rq.suspension import is_suspended
 from rq.timeouts import JobTimeoutException
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -40,7 +43,7 @@ from .errors import ConfigError
 from .gate import Gate
 from .joblife import HEARTBEAT_EVERY
 from .vetting import RefusedEntry, page_entry
-from .workers import FLUSH_EVERY, WatchdogDeathPenalty, crawl_drained
+from .workers import FLUSH_EVERY, SUSPENSION_CHECK_EVERY, WatchdogDeathPenalty, crawl_drained
 
 log = logging.getLogger("crawler.parsing")
 
@@ -148,7 +151,7 @@ class ParseWorker:
         self._client = pages.named_client(connection, self.name)
         self._lease = EntryLease(self._client, self.name)
         self._warned: set[str] = set()
-        self._last_reclaim = self._last_flush = self._last_forget = 0.0
+        self._last_reclaim = self._last_flush = self._last_forget = self._last_suspension_check = 0.0
         self._redis_wait = self._db_wait = 0.0
         self._started = False
 
@@ -163,7 +166,7 @@ class ParseWorker:
                     if self._redis_wait or not self._started:
                         pages.ensure_group(self._client)
                         self._started = True
-                    if not self._step(burst):
+                    if self._suspended(burst) or not self._step(burst):
                         break
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     # Entries in hand stay pending in the group: reclaimed after the lease.
@@ -178,6 +181,31 @@ class ParseWorker:
                 if handler is not None:  # None: not set from Python, nothing to put back
                     signal.signal(signum, handler)
         return True
+
+    def _suspended(self, burst: bool) -> bool:
+        """Wait while workers are suspended (``rq suspend``, the key RQ's workers read); True if
+        the worker should end instead: burst (as RQ's workers do), or stopped while waiting.
+
+        Looked at once a second (one EXISTS), before a batch is read: a suspended worker
+        takes no page; one in hand was finished first.
+        """
+        now = time.monotonic()
+        if now - self._last_suspension_check < SUSPENSION_CHECK_EVERY:
+            return False
+        self._last_suspension_check = now
+        announced = False
+        while is_suspended(self.connection):
+            if burst:
+                log.info("parse worker %s: suspended in burst mode, exiting", self.name)
+                return True
+            if not announced:
+                log.info("parse worker %s: suspended, run `rq resume` to resume", self.name)
+                announced = True
+            if self.stop_event.wait(SUSPENSION_CHECK_EVERY):
+                return True
+        if announced:
+            log.info("parse worker %s: resumed", self.name)
+        return False
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         """SIGTERM and SIGINT stop the worker after its page (main thread only); the handlers replaced."""

@@ -18,6 +18,11 @@ the cached copy. What the answer means (RFC 9309 §2.3.1):
   then. The outage is kept in Redis, so the fleet shares one backoff. Once it has lasted
   ``ROBOTS_OUTAGE_GRACE`` (30 days), the last copy read is used, or, with none, everything
   is allowed (both allowed by §2.3.1.4), while robots.txt is still asked for hourly.
+  ``RobotsUnavailable.attempts`` counts the failures in a row: once robots.txt has failed
+  1 + ``max_retries`` times, the download job records the site's pages failed
+  ("robots.txt unreachable") instead of putting them back, so a crawl drains rather than
+  waits for the grace; ``crawler retry`` requeues them and has robots.txt asked again at
+  once (``ask_again``).
 
 A readable answer (2xx or "unavailable") is cached for ``ROBOTS_TTL`` (24 h) and also kept
 as the origin's last copy for ``ROBOTS_COPY_TTL`` (60 days), for a long outage.
@@ -26,7 +31,7 @@ as the origin's last copy for ``ROBOTS_COPY_TTL`` (60 days), for a long outage.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -101,6 +106,22 @@ class Outage:
             )
             pipe.expire(key, ROBOTS_COPY_TTL)
             pipe.execute()
+
+
+def ask_again(connection: Redis, site: str, origins: Iterable[str]) -> None:
+    """Have the robots.txt of each of ``site``'s ``origins`` that cannot be read asked again at
+    the next page, not after its backoff (``crawler retry``). The outage's start and count
+    stay: one more failure fails the page again."""
+    origins = list(dict.fromkeys(origins))
+    with connection.pipeline(transaction=False) as pipe:
+        for origin in origins:
+            pipe.exists(keys.robots_outage(site, origin))
+        found = pipe.execute()
+    with connection.pipeline(transaction=False) as pipe:
+        for origin, exists in zip(origins, found, strict=True):
+            if exists:
+                pipe.hset(keys.robots_outage(site, origin), "retry_at", 0)
+        pipe.execute()
 
 
 @dataclass(frozen=True)
@@ -235,6 +256,7 @@ class RobotsCache:
                 f"robots.txt of {origin} cannot be read ({outage.reason}; "
                 f"{outage.failures} attempt(s) since {since} UTC)",
                 retry_after=wait,
+                attempts=outage.failures,
             )
         copy = self.connection.get(keys.robots_copy(site, origin))
         return (b"" if copy is None else bytes(copy)), int(wait)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from crawler.addresses import RESOLVER_THREADS
 from crawler.errors import (
     BadResponse,
     BodyTooLarge,
@@ -744,3 +745,54 @@ def test_an_ip_address_or_localhost_named_in_the_url_may_be_private(server: str,
 )
 def test_is_public_address(address: str, public: bool) -> None:
     assert is_public_address(address) is public
+
+
+def test_lookups_that_hang_end_each_fetch_by_its_deadline_and_hold_a_bounded_number_of_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    release = threading.Event()
+    asked: list[str] = []
+    lock = threading.Lock()
+
+    def hanging(host: str, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            asked.append(host)
+        release.wait(30)  # a name server that never answers (until the test ends)
+        raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    fetcher = Fetcher(timeout=0.5, max_body_bytes=1 << 20, user_agent="t")
+    outcomes: dict[int, tuple[str, float]] = {}
+
+    def fetch(n: int, name: str) -> None:
+        started = time.monotonic()
+        try:
+            fetcher.get(f"http://{name}/")
+            outcomes[n] = ("answered", time.monotonic() - started)
+        except Exception as exc:
+            outcomes[n] = (type(exc).__name__, time.monotonic() - started)
+
+    names = ["same.hang.test"] * 4 + [f"n{i}.hang.test" for i in range(RESOLVER_THREADS + 8)]
+    threads = [threading.Thread(target=fetch, args=(n, name), daemon=True) for n, name in enumerate(names)]
+    try:
+        threads[0].start()
+        deadline = time.monotonic() + 2
+        while "same.hang.test" not in asked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for thread in threads[1:]:
+            thread.start()
+        deadline = time.monotonic() + 3
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        finished = dict(outcomes)
+        with lock:
+            looked_up = list(asked)
+    finally:
+        release.set()
+        fetcher.close()
+
+    assert len(finished) == len(names), f"{len(names) - len(finished)} fetches still hang on their lookups"
+    assert {kind for kind, _ in finished.values()} == {"FetchTimeout"}
+    assert max(took for _, took in finished.values()) < 1.0  # the 0.5 s deadline, lookup included
+    assert looked_up.count("same.hang.test") == 1  # one name, one lookup, however many wait for it
+    assert len(looked_up) == RESOLVER_THREADS  # the others gave up waiting for a free lookup thread

@@ -27,6 +27,7 @@ from crawler import jobs, keys, pages, quarantine
 from crawler.demo import ShopSite
 from crawler.fetch import Fetcher
 from crawler.frontier import DownloadTask, Frontier, fingerprint
+from crawler.robots import origin_of
 from crawler.runtime import Runtime, current
 from crawler.spider import Request
 from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
@@ -110,7 +111,8 @@ def take_next(queue: Queue | Backlog) -> dict[str, Any]:
 
 
 class Redirector:
-    """A loopback server of redirects: /away leaves the allowed domains, /hop/N goes to /hop/N+1."""
+    """A loopback server of redirects: /away and /offdomain leave the allowed domains, /inside goes
+    to the name inside.test, /hop/N goes to /hop/N+1."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -138,6 +140,10 @@ class Redirector:
                     self._drip()
                 elif self.path == "/away":
                     self._send(301, "http://offsite.invalid/landing")
+                elif self.path == "/offdomain":
+                    self._send(302, "http://some-name.invalid-offdomain.example/")
+                elif self.path == "/inside":
+                    self._send(302, f"http://inside.test:{self.server.server_address[1]}/landing")
                 elif self.path.startswith("/hop/"):
                     self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
                 else:
@@ -564,3 +570,70 @@ def test_a_host_name_resolving_to_a_private_address_is_recorded_failed_unrequest
     assert (record["outcome"], record["status"]) == (FAILED, None)
     assert "rebind.test resolves to 127.0.0.1" in record["error"]
     assert delayed(redis_conn) == [] and pages_waiting(redis_conn) == 0  # permanent: not retried
+
+
+def test_a_redirect_off_the_allowed_domains_is_refused_before_its_name_is_looked_up(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def recording(host: str, port: Any = None, *args: Any, **kwargs: Any) -> Any:
+        asked.append(host)
+        if host == "127.0.0.1" and port is None:
+            # The redirect check's lookup (no port) sees the source as a public host, as a real
+            # site's would be; the connection (with its port) still goes to the loopback server.
+            return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("93.184.216.34", 0))]
+        return real("127.0.0.1" if host == "inside.test" else host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", recording)
+    monkeypatch.setattr(runtime.spider(SITE), "allowed_domains", ["127.0.0.1", "inside.test"])
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)  # not the redirector's 2 s Crawl-delay
+    away, inside = f"{redirector.url}/offdomain", f"{redirector.url}/inside"
+    jobs.download(payload(away))
+    jobs.download(payload(inside))
+
+    assert not [host for host in asked if "offdomain" in host]  # no lookup a hostile page could choose
+    (record,) = records(runtime, away)
+    assert (record["outcome"], record["status"]) == (FAILED, 302)
+    assert record["error"].startswith("redirect refused") and "some-name.invalid-offdomain.example" in record["error"]
+    # A name in the allowed domains is looked up, and refused when it leads inward.
+    assert "inside.test" in asked
+    (record,) = records(runtime, inside)
+    assert (record["outcome"], record["status"]) == (FAILED, 302)
+    assert "inside.test" in record["error"] and "private or loopback" in record["error"]
+    assert download_queue(redis_conn).count == 0
+
+
+def test_a_name_server_that_never_answers_costs_a_fetch_its_deadline_and_a_retry(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def hanging(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".hang.test"):
+            release.wait(30)  # a name server that never answers (until the test ends)
+            raise socket.gaierror(socket.EAI_AGAIN, "no answer")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hanging)
+    monkeypatch.setitem(runtime.__dict__, "fetcher", Fetcher(timeout=1.0, max_body_bytes=1 << 20, user_agent="t"))
+    monkeypatch.setattr(runtime.spider(SITE), "allowed_domains", ["hang.test"])
+    url = redirector.url.replace("127.0.0.1", "www.hang.test") + "/hop/0"
+    redis_conn.set(keys.robots(SITE, origin_of(url)), "")  # robots.txt read already: the page itself is fetched
+    try:
+        started = time.monotonic()
+        jobs.download(payload(url))
+        took = time.monotonic() - started
+    finally:
+        release.set()
+
+    assert took < 1.5  # the 1 s deadline, lookup included
+    assert redirector.paths == []
+    (record,) = records(runtime, url)
+    assert (record["outcome"], record["attempt"]) == (RETRY, 1)
+    assert "timed out" in record["error"] and "whole request" in record["error"]
+    ((member, _due),) = delayed(redis_conn)
+    site, priority, _nonce, entry = member.split("\t", 3)
+    assert DownloadTask.from_entry(site, entry, int(priority)).attempt == 2

@@ -21,12 +21,15 @@ from pathlib import Path
 import pytest
 from crawling import installed_runtime
 from redis import Redis
+from rq.suspension import resume, suspend
 
 from crawler import jobs, keys, pages, quarantine
-from crawler.parsing import ParseWorker
+from crawler.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.parsing import READ_BLOCK, ParseWorker
 from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.vetting import page_entry
+from crawler.workers import SUSPENSION_CHECK_EVERY
 
 SITE = "echo"
 
@@ -314,3 +317,32 @@ def test_a_parse_worker_given_pages_of_250000_links_each_stays_under_400_mib(
     assert sorted(str(r["url"]) for r in records) == sorted(urls)
     capped = f"links capped at max_links_per_page (10,000): {links - 10_000:,} more dropped"
     assert all(r["error"] == capped for r in records)
+
+
+def test_a_parse_worker_process_takes_no_page_while_suspended_and_parses_it_after_resume(
+    echo: Runtime, redis_conn: Redis, redis_url: str
+) -> None:
+    (worker,) = start_workers([WorkerSpec("parse", (SITE,))], echo.settings, redis_url)
+    try:
+        deadline = time.monotonic() + 30
+        while not pages.live_consumers(redis_conn):
+            assert time.monotonic() < deadline, "the parse worker never started"
+            time.sleep(0.05)
+        suspend(redis_conn)
+        # Past the worker's once-a-second look and a read that may be blocking already.
+        time.sleep(READ_BLOCK + SUSPENSION_CHECK_EVERY + 0.5)
+        url = add_page(redis_conn, 1)
+        time.sleep(3 * SUSPENSION_CHECK_EVERY)
+        assert list(echo.store.items(SITE)) == [] and redis_conn.xlen(keys.pages()) == 1  # waiting, not taken
+        assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 0
+
+        resume(redis_conn)
+        deadline = time.monotonic() + 15
+        while not list(echo.store.items(SITE)):
+            assert time.monotonic() < deadline, "the page was not parsed after rq resume"
+            time.sleep(0.05)
+        assert [item["url"] for item in echo.store.items(SITE)] == [url]
+        assert worker.is_alive()  # paused, not ended
+    finally:
+        resume(redis_conn)
+        stop_workers([worker])

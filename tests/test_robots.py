@@ -6,20 +6,25 @@ means, how much is read, how an outage is shared, retried and, after 30 days, ou
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
+from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 
-from crawler import keys
+from crawler import keys, robots
 from crawler.errors import RobotsUnavailable
+from crawler.failures import failed_pages, retry_pages
 from crawler.fetch import Fetcher
+from crawler.frontier import seed
 from crawler.gate import Gate
 from crawler.robots import (
     ROBOTS_MAX_BYTES,
@@ -31,6 +36,7 @@ from crawler.robots import (
     _unfollowable,
 )
 from crawler.runtime import Runtime
+from crawler.settings import Settings
 
 SITE = "demo"
 AGENT = "test-agent"
@@ -249,3 +255,101 @@ def test_a_retry_after_longer_than_the_backoff_is_honoured(runtime: Runtime, sit
     with pytest.raises(RobotsUnavailable) as caught:
         allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")
     assert 598 < caught.value.retry_after <= 600
+
+
+HANGING_SPIDER = """
+from crawler import Spider
+
+
+class Hang(Spider):
+    name = "hang"
+    start_urls = ["http://127.0.0.1:9/"]
+    allowed_domains = ["127.0.0.1"]
+    interval = 0.05
+
+    def parse(self, page):
+        yield {"url": page.url}
+"""
+
+
+class UnreachableRobots:
+    """A loopback site of three pages whose /robots.txt, while ``down`` is set, is accepted and
+    never answered (``hang``) or answered 503; readable (no rules) once ``down`` is cleared."""
+
+    def __init__(self, how: str) -> None:
+        self.down = threading.Event()
+        self.down.set()
+        self.release = threading.Event()
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                owner.paths.append(self.path)
+                if self.path == "/robots.txt" and owner.down.is_set():
+                    if how == "hang":
+                        owner.release.wait(30)
+                        self.close_connection = True
+                        return
+                    self._send(503, b"")
+                    return
+                body = b"User-agent: *\nAllow: /\n" if self.path == "/robots.txt" else b"<p>page</p>"
+                self._send(200, body)
+
+            def _send(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain" if self.path == "/robots.txt" else "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
+        self.urls = [f"http://127.0.0.1:{self.server.server_address[1]}/{name}" for name in ("", "a", "b")]
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("how", ["hang", "503"])
+def test_a_burst_crawl_ends_on_a_site_whose_robots_txt_cannot_be_read_and_its_pages_are_retried_once_it_can(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setattr(robots, "ROBOTS_RETRY_FIRST", 1.0)  # robots.txt asked again after 1 s, 2 s, 4 s
+    (Path(settings.sites_dir) / "hang.py").write_text(HANGING_SPIDER)
+    settings = dataclasses.replace(settings, timeout=0.5, max_retries=2)
+    server = UnreachableRobots(how)
+    try:
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("hang"), server.urls)
+            started = time.monotonic()
+            threads, stop = start_in_threads(redis_conn, sites=("hang",))
+            join_all(threads, stop, timeout=30)  # drained: not held for the 30 days of RFC 9309's grace
+            took = time.monotonic() - started
+
+            # robots.txt asked 1 + max_retries times; the pages never; each recorded failed, retryable.
+            assert server.paths == ["/robots.txt"] * 3, server.paths
+            robots_url = server.urls[0] + "robots.txt"  # its own record: failed until read
+            failed = [page for page in failed_pages(rt.store, "hang") if page.url != robots_url]
+            assert sorted(page.url for page in failed) == sorted(rt.frontier("hang").check(u) for u in server.urls)
+            assert all(page.reason.startswith("robots.txt unreachable") for page in failed), failed[0].reason
+            assert all("gave up after 3 attempts" in page.reason for page in failed)
+            assert took < 15
+
+            server.down.clear()  # robots.txt readable again, before its next attempt is due (4 s)
+            assert len(retry_pages(rt.store, rt.frontier("hang"), [page.url for page in failed])) == 3
+            threads, stop = start_in_threads(redis_conn, sites=("hang",))
+            join_all(threads, stop, timeout=30)
+
+            assert sorted(item["url"] for item in rt.store.items("hang")) == sorted(p.url for p in failed)
+            assert failed_pages(rt.store, "hang") == []
+            assert server.paths.count("/robots.txt") == 4  # asked again at once, read once
+    finally:
+        server.close()
