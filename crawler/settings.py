@@ -117,6 +117,9 @@ class Settings:
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
+        # Sent in every request's header, which httpx refuses outside ASCII (the first fetch would raise).
+        ua = self.user_agent
+        _require(bool(ua.strip()) and ua.isascii() and ua.isprintable(), "user_agent", "must be printable ASCII text")
         check_proxy("proxy", self.proxy)
         for site, overrides in self.sites.items():
             if not isinstance(overrides, Mapping):

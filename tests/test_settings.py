@@ -161,6 +161,13 @@ def test_out_of_range_values_are_named(values: dict[str, float], name: str) -> N
         Settings(**values)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("agent", ["crawlér/1.0", "", "a\nb"])
+def test_a_user_agent_that_cannot_be_sent_is_refused(agent: str) -> None:
+    """httpx refuses a header outside ASCII: every fetch of the worker would have raised."""
+    with pytest.raises(ConfigError, match="config: user_agent must be printable ASCII text"):
+        Settings(user_agent=agent)
+
+
 # per-site overrides --------------------------------------------------------------------------
 
 
