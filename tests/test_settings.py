@@ -253,7 +253,15 @@ def test_secrets_of_a_url_are_scrubbed_from_any_message_in_every_spelling() -> N
 
 # live settings written by hand -------------------------------------------------------------
 
-LIVE_INTERVAL = 0.1  # the config file's interval for the live-settings crawl
+LIVE_INTERVAL = 0.1  # the spider's own interval in the live-settings crawl
+PACED_SPIDER = f"""
+from crawler.demo.spider import DemoShop
+
+
+class Paced(DemoShop):
+    name = "paced"
+    interval = {LIVE_INTERVAL}
+"""
 
 
 def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_workers_crawl_on(
@@ -263,17 +271,17 @@ def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_worker
 
     Before: the download workers died (``cannot convert float NaN to integer``, ``invalid
     literal for int()``). After: each value is quarantined with its reason and dropped
-    from the hash, the config file's interval spaces the rest of the crawl, and the
-    burst workers drain the shop and exit 0.
+    from the hash, the spider's interval spaces the rest of the crawl, and the burst
+    workers drain the shop and exit 0.
     """
-    settings = dataclasses.replace(settings, sites={"demo": {"interval": LIVE_INTERVAL}})
+    Path(settings.sites_dir, "paced.py").write_text(PACED_SPIDER)
     with ShopSite(products=24, faults=False) as shop:
         rt = Runtime(redis_conn, settings)
         try:
-            seed(rt.frontier("demo"), [shop.url + "/"])
+            seed(rt.frontier("paced"), [shop.url + "/"])
         finally:
             rt.close()
-        specs = [WorkerSpec("download", ("demo",), threads=2, burst=True), WorkerSpec("parse", ("demo",), burst=True)]
+        specs = [WorkerSpec("download", ("paced",), threads=2, burst=True), WorkerSpec("parse", ("paced",), burst=True)]
         processes = start_workers(specs, settings, redis_url)
         done = threading.Event()
         threading.Thread(target=lambda: done.wait(60) or stop_workers(processes, timeout=10), daemon=True).start()
@@ -283,7 +291,7 @@ def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_worker
                 assert time.monotonic() < deadline, "the crawl never started"
                 time.sleep(0.01)
             written = time.time()  # the shop logs arrivals on this clock
-            redis_conn.hset(keys.live_settings("demo"), mapping={"interval": "nan", "concurrency": "ten"})
+            redis_conn.hset(keys.live_settings("paced"), mapping={"interval": "nan", "concurrency": "ten"})
             code = wait_for(processes)
         finally:
             done.set()
@@ -291,16 +299,16 @@ def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_worker
         expected = shop.expected_items()
 
     assert code == 0, "a download worker died on a live setting written by hand"
-    assert items_by_key(settings.database_url) == expected
+    assert items_by_key(settings.database_url, site="paced") == expected
     assert len(after) >= 10, "the crawl was over before the workers read the junk"
     gaps = [b - a for a, b in zip(after, after[1:])]
     assert min(gaps) >= LIVE_INTERVAL, f"two requests {min(gaps) * 1000:.1f} ms apart after the junk"
     reasons = sorted(q.reason for q in quarantine.entries(redis_conn))
     assert reasons == [
-        "live setting concurrency of demo: must be a whole number from 1 to 10000, got 'ten'",
-        "live setting interval of demo: must be a number of seconds greater than 0 and at most 86400, got 'nan'",
+        "live setting concurrency of paced: must be a whole number from 1 to 10000, got 'ten'",
+        "live setting interval of paced: must be a number of seconds greater than 0 and at most 86400, got 'nan'",
     ]
-    assert redis_conn.hgetall(keys.live_settings("demo")) == {}  # dropped: quarantined once, not every second
+    assert redis_conn.hgetall(keys.live_settings("paced")) == {}  # dropped: quarantined once, not every second
 
 
 @pytest.mark.parametrize(
