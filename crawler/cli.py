@@ -22,6 +22,7 @@ import redis
 from redis import Redis
 
 from . import counters, keys, quarantine
+from .clitypes import FINITE_FLOAT
 from .connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from .errors import ConfigError, CrawlerError
 from .export import FORMATS, with_history, write_items
@@ -140,7 +141,7 @@ pass_context = click.make_pass_decorator(Context)
 @click.option("--database-url", help="SQLAlchemy database URL [env DATABASE_URL, sqlite:///crawler.db].")
 @click.option(
     "--gate-margin",
-    type=float,
+    type=FINITE_FLOAT,
     metavar="SECONDS",
     help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.01].",
 )
@@ -674,7 +675,7 @@ def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
 
 @cli.command("set")
 @click.argument("site")
-@click.option("--interval", type=float, help="Seconds between requests to SITE.")
+@click.option("--interval", type=FINITE_FLOAT, help="Seconds between requests to SITE.")
 @click.option("--concurrency", type=int, help="Most requests to SITE at once.")
 @click.option("--reset", is_flag=True, help="Drop SITE's live interval and concurrency (config/spider apply).")
 @pass_context

@@ -19,11 +19,17 @@ stored.
 from __future__ import annotations
 
 import email.utils
+import re
 from collections.abc import Mapping
 from typing import Any
 
 #: An ETag longer than this is not kept (a header that size is not a validator worth its bytes).
 MAX_ETAG = 256
+
+#: An ETag that can be sent back: visible ASCII only (RFC 7232 ``entity-tag``: ``W/``, quotes
+#: and etagc; its obs-text, bytes over 0x7F, is left out, as is a space). httpx refuses a
+#: header that is not ASCII: an ETag ``"café"`` kept made the refresh raise before it was sent.
+_SENDABLE_ETAG = re.compile(rf"[\x21-\x7e]{{1,{MAX_ETAG}}}")
 
 Validators = tuple[str | None, int | None]
 
@@ -46,23 +52,33 @@ def validators_of(headers: Mapping[str, str], previous: Validators | None = None
     """The validators a response's headers (lower-case names) give, each falling back on ``previous``.
 
     A 304 may repeat its validators or leave them out (RFC 9110 §15.4.5): what it leaves
-    out stays as it was.
+    out stays as it was. An ETag that could not be sent back (not visible ASCII, or over
+    ``MAX_ETAG``) and a Last-Modified that is not an HTTP date are not kept.
     """
     etag = headers.get("etag", "").strip() or None
-    if etag is not None and (len(etag) > MAX_ETAG or not etag.isprintable()):
+    if etag is not None and not sendable_etag(etag):
         etag = None
     modified = _epoch(headers.get("last-modified"))
     old_etag, old_modified = previous or (None, None)
     return check_validators([etag or old_etag, modified if modified is not None else old_modified])
 
 
+def sendable_etag(etag: str) -> bool:
+    """Whether ``etag`` can be sent back in ``If-None-Match``: 1 to ``MAX_ETAG`` visible ASCII characters."""
+    return _SENDABLE_ETAG.fullmatch(etag) is not None
+
+
 def request_headers(validators: Validators | None) -> dict[str, str]:
-    """``If-None-Match`` and ``If-Modified-Since`` for a refresh with these validators."""
+    """``If-None-Match`` and ``If-Modified-Since`` for a refresh with these validators.
+
+    An ETag that cannot be sent (kept by an older version, or written by hand: see
+    ``sendable_etag``) is left out; the refresh asks with the date alone, or for the whole page.
+    """
     if validators is None:
         return {}
     etag, modified = validators
     headers = {}
-    if etag:
+    if etag and sendable_etag(etag):
         headers["if-none-match"] = etag
     if modified is not None:
         headers["if-modified-since"] = email.utils.formatdate(modified, usegmt=True)
@@ -71,7 +87,7 @@ def request_headers(validators: Validators | None) -> dict[str, str]:
 
 def _epoch(value: str | None) -> int | None:
     """An HTTP date as whole epoch seconds, or None when absent or unreadable."""
-    if not value:
+    if not value or not value.isascii():
         return None
     try:
         moment = email.utils.parsedate_to_datetime(value.strip())

@@ -16,11 +16,12 @@ import logging
 import time
 import traceback
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+import httpx
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
@@ -232,6 +233,11 @@ def _download_one(
             return True
 
     conditional = _conditional_headers(rt, task, spider)
+    unbuildable = request_problem(user_agent, conditional)
+    if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
+        record(FAILED, error=f"request cannot be built: {unbuildable}")
+        _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
+        return True
     waiting = time.monotonic()
     if max_gate_wait is None:
         gate = rt.take_gate(task.site, task.url)
@@ -318,6 +324,20 @@ def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -
     if rt.connection.sismember(keys.parse_failed(task.site), fingerprint(task.url)):  # type: ignore[arg-type]
         return {}
     return request_headers(task.validators)
+
+
+def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
+    """Why a GET with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
+    ASCII, say), or None when it can.
+
+    Asked before the gate is taken: raised from the fetch, such an error left the job
+    with no fetch record and no next refresh. The URL is the fetch's to judge (``RefusedURL``).
+    """
+    try:
+        httpx.Headers({**headers, "user-agent": user_agent})
+    except Exception as exc:  # any: whatever httpx refuses a header for, the page must not be lost
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _unchanged(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:

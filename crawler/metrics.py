@@ -34,7 +34,8 @@ from redis import Redis
 from . import keys
 from .errors import ConfigError
 from .policy import resolve_policy
-from .settings import Settings
+from .replies import text, text_map
+from .settings import Settings, check_live
 from .spider import Spider
 from .status import SiteStatus, known_sites, parse_backlog, site_status, workers_by_host
 from .store import FetchRecord
@@ -97,12 +98,16 @@ class _Histogram:
         self.sum = 0.0
 
     def add(self, field: str, value: bytes) -> None:
+        """Add one field of the hash (``sum`` or a bucket's bound); ValueError if it does not parse."""
         if field == "sum":
-            self.sum += float(value)
+            self.sum += _amount(value)
             return
+        bound = float(field)
+        if math.isnan(bound):
+            raise ValueError(f"bucket bound {field!r}")
         # A bucket from an older bound list lands in the first current bucket that holds it, so
         # changing the bounds never loses an observation (it only blurs the old ones).
-        self.counts[bisect.bisect_left(self.bounds, float(field))] += int(value)
+        self.counts[bisect.bisect_left(self.bounds, bound)] += _count(value)
 
     def buckets(self) -> list[tuple[str, float]]:
         total = 0
@@ -113,27 +118,63 @@ class _Histogram:
         return result
 
 
+def _count(value: bytes) -> int:
+    """A count of the hash: a whole number, 0 or more; ValueError otherwise."""
+    count = int(value)
+    if count < 0:
+        raise ValueError(f"negative count {count}")
+    return count
+
+
+def _amount(value: bytes) -> float:
+    """A sum of the hash (seconds): a finite number, 0 or more; ValueError otherwise."""
+    amount = float(value)
+    if not 0 <= amount < math.inf:  # NaN fails it too
+        raise ValueError(f"sum {amount!r}")
+    return amount
+
+
 class _SiteCounters:
-    """One site's ``crawler:metrics:SITE`` hash, decoded."""
+    """One site's ``crawler:metrics:SITE`` hash, decoded.
+
+    A field that does not parse (written by hand, or by something else) is skipped and
+    counted in ``bad``, with its name in ``bad_names``: the scrape shows every other value.
+    """
 
     def __init__(self, raw: Mapping[bytes, bytes]):
         self.requests: dict[tuple[str, str, str], int] = {}
         self.bytes: dict[str, int] = {}
         self.durations: dict[str, _Histogram] = {}
         self.gate_wait = _Histogram(GATE_WAIT_BUCKETS)
+        self.bad_names: list[str] = []
         for name, value in raw.items():
-            kind, _, rest = name.decode().partition(":")
-            if kind == "req":
-                key = tuple(rest.split(":", 2))
-                if len(key) == 3:
-                    self.requests[key] = int(value)
-            elif kind == "bytes":
-                self.bytes[rest] = int(value)
-            elif kind == "dur":
-                job, _, field = rest.partition(":")
-                self.durations.setdefault(job, _Histogram(DURATION_BUCKETS)).add(field, value)
-            elif kind == "gate":
-                self.gate_wait.add(rest, value)
+            try:
+                self._add(name.decode(), value)
+            except (ValueError, UnicodeDecodeError):  # int('x'), float('x'), an undecodable name
+                self.bad_names.append(text(name))
+
+    @property
+    def bad(self) -> int:
+        return len(self.bad_names)
+
+    def _add(self, name: str, value: bytes) -> None:
+        kind, _, rest = name.partition(":")
+        if kind == "req":
+            parts = rest.split(":", 2)
+            if len(parts) != 3:
+                raise ValueError(f"request field without kind, outcome and status: {name!r}")
+            self.requests[(parts[0], parts[1], parts[2])] = _count(value)
+        elif kind == "bytes":
+            self.bytes[rest] = _count(value)
+        elif kind == "dur":
+            job, _, field = rest.partition(":")
+            histogram = self.durations.get(job) or _Histogram(DURATION_BUCKETS)
+            histogram.add(field, value)
+            self.durations[job] = histogram  # only once a field of it parsed
+        elif kind == "gate":
+            self.gate_wait.add(rest, value)
+        else:
+            raise ValueError(f"not a metrics field: {name!r}")
 
 
 class MetricsCollector(Collector):
@@ -142,7 +183,10 @@ class MetricsCollector(Collector):
     ``spiders`` and ``settings`` give the interval in force as ``crawler status`` shows it
     (spider < config < live); a site whose spider is not loaded here shows only a live
     interval. A Redis error or silence longer than ``timeout`` makes the scrape answer
-    ``crawler_redis_up 0`` (and log one warning) instead of failing.
+    ``crawler_redis_up 0`` (and log one warning) instead of failing. A field of a metrics
+    hash that does not parse (written by hand) is skipped, counted in
+    ``crawler_metrics_bad_fields`` and named in one warning; a live setting that does not
+    hold is not shown. Either way the scrape answers with everything else.
     """
 
     def __init__(
@@ -158,6 +202,8 @@ class MetricsCollector(Collector):
         self.connection = Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
         self.spiders = dict(spiders or {})
         self.settings = settings
+        #: (site, field) of the metrics hashes already warned about as not parsing.
+        self._warned: set[tuple[str, str]] = set()
 
     def describe(self) -> list[Metric]:
         return []  # names vary with the data; registering must not read Redis
@@ -191,7 +237,7 @@ class MetricsCollector(Collector):
                 pipe.hgetall(keys.live_settings(site))
             replies = pipe.execute()
         counters = {site: _SiteCounters(replies[2 * i]) for i, site in enumerate(sites)}
-        live = {site: {k.decode(): v.decode() for k, v in replies[2 * i + 1].items()} for i, site in enumerate(sites)}
+        live = {site: text_map(replies[2 * i + 1]) for i, site in enumerate(sites)}
         refreshes = GaugeMetricFamily(
             "crawler_refreshes_scheduled", "Pages waiting for their scheduled refresh.", labels=["site"]
         )
@@ -199,6 +245,7 @@ class MetricsCollector(Collector):
             refreshes.add_metric([status.site], status.refreshes)
         parse = parse_backlog(conn)
         yield from self._counter_families(counters)
+        yield self._bad_fields(counters)
         yield from self._site_gauges(statuses, live)
         yield refreshes
         yield GaugeMetricFamily(
@@ -245,6 +292,21 @@ class MetricsCollector(Collector):
                 gate_wait.add_metric([site], counts.gate_wait.buckets(), counts.gate_wait.sum)
         yield from (requests, body_bytes, durations, gate_wait)
 
+    def _bad_fields(self, counters: Mapping[str, _SiteCounters]) -> Metric:
+        """How many fields of each site's metrics hash this scrape skipped; a warning the first time one is met."""
+        bad = GaugeMetricFamily(
+            "crawler_metrics_bad_fields",
+            "Fields of the site's metrics hash that do not parse, skipped by the scrape (written by hand?).",
+            labels=["site"],
+        )
+        for site, counts in sorted(counters.items()):
+            bad.add_metric([site], counts.bad)
+            new = [name for name in counts.bad_names if (site, name) not in self._warned]
+            if new:
+                self._warned.update((site, name) for name in new)
+                log.warning("metrics scrape: %s: skipped fields that do not parse: %s", site, ", ".join(sorted(new)))
+        return bad
+
     def _site_gauges(self, statuses: list[SiteStatus], live: Mapping[str, dict[str, str]]) -> Iterator[Metric]:
         labels = ["site"]
         queued = GaugeMetricFamily(
@@ -264,12 +326,13 @@ class MetricsCollector(Collector):
             retries.add_metric(site, status.scheduled)
             items.add_metric(site, status.items)
             values = live[status.site]
-            seconds = float(values["interval"]) if "interval" in values else None
+            held, _ = check_live(values)  # a value written by hand that does not hold is not shown
+            seconds = held.get("interval")
             if status.site in self.spiders and self.settings is not None:
                 seconds = resolve_policy(self.spiders[status.site], self.settings, values).interval
             if seconds is not None:
                 interval.add_metric(site, seconds)
-            paused.add_metric(site, 1 if values.get("paused") == "1" else 0)
+            paused.add_metric(site, 1 if held.get("paused") else 0)
         yield from (queued, in_flight, retries, items, interval, paused)
 
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import WatchError
 
-from . import keys
+from . import keys, quarantine
 from .errors import ConfigError
 from .pacing import Auto, Pace
 from .replies import text_map
-from .settings import Settings, check_concurrency, check_interval
+from .settings import Settings, check_concurrency, check_interval, check_live
 from .spider import Spider
 
 #: Seconds a worker may use a cached live setting before reading Redis again.
@@ -72,7 +73,11 @@ def effective_interval(policy: SitePolicy, crawl_delay: float = 0.0, pace: Pace 
 
 
 def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str]) -> SitePolicy:
-    """Combine the spider's attributes, the config file's ``sites`` entry and live values."""
+    """Combine the spider's attributes, the config file's ``sites`` entry and live values.
+
+    A live value that does not hold (``check_live``: ``interval nan``, ``concurrency ten``)
+    is ignored: the config file's or spider's value applies. ``PolicyCache`` quarantines it.
+    """
     values: dict[str, Any] = {
         "interval": spider.interval,
         "concurrency": getattr(spider, "concurrency", None),
@@ -84,8 +89,9 @@ def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str
     for name, value in settings.sites.get(spider.name, {}).items():
         values[name] = value
         sources[name] = "config"
-    if "interval" in live:
-        values["interval"] = float(live["interval"])  # a live interval is fixed: it replaces an Auto one
+    live_values, _ = check_live(live)  # a value written by hand that does not hold is left out
+    if "interval" in live_values:
+        values["interval"] = live_values["interval"]  # a live interval is fixed: it replaces an Auto one
         sources["interval"] = "live"
     interval = values.pop("interval")
     if isinstance(interval, Mapping):  # the config file's form of an Auto interval
@@ -94,16 +100,41 @@ def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str
         values["interval"], values["auto"] = interval.min, interval
     else:
         values["interval"] = float(interval)
-    if "concurrency" in live:
-        values["concurrency"] = int(live["concurrency"]) or None
+    if "concurrency" in live_values:
+        values["concurrency"] = live_values["concurrency"]
         sources["concurrency"] = "live"
-    return SitePolicy(paused=live.get("paused") == "1", sources=sources, **values)
+    return SitePolicy(paused=live_values.get("paused", False), sources=sources, **values)
 
 
 def read_live(connection: Redis, site: str) -> dict[str, str]:
-    """The live settings stored for ``site`` (empty when none)."""
+    """The live settings stored for ``site`` (empty when none), as written: check them with ``check_live``."""
     raw = connection.hgetall(keys.live_settings(site))
     return text_map(raw)
+
+
+def quarantine_live(connection: Redis, site: str, bad: Mapping[str, str], live: Mapping[str, str]) -> None:
+    """Move ``site``'s live values that do not hold (``bad``: field -> why) out of its hash, into the quarantine.
+
+    Each is dropped only if it still holds what was read (``live``), in one transaction
+    with its record: a value put right meanwhile stays, and of several workers that met
+    the same junk one records it. After that the config file's or spider's value applies.
+    """
+    key = keys.live_settings(site)
+    with connection.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)
+            now = text_map(pipe.hgetall(key))
+            gone = [name for name in bad if name in now and now[name] == live.get(name)]
+            if not gone:
+                return
+            pipe.multi()
+            pipe.hdel(key, *gone)
+            for name in gone:
+                reason = f"live setting {name} of {site}: {bad[name]}"
+                quarantine.record(connection, key, reason, content={name: now[name]}, pipeline=pipe)
+            pipe.execute()
+        except WatchError:
+            pass  # the hash changed meanwhile: the next read checks it again
 
 
 def set_live(
@@ -149,6 +180,10 @@ class PolicyCache:
         cached = self._cache.get(site)
         if not fresh and cached is not None and now - cached[0] < LIVE_REFRESH:
             return cached[1]
-        policy = resolve_policy(self.spiders[site], self.settings, read_live(self.connection, site))
+        live = read_live(self.connection, site)
+        policy = resolve_policy(self.spiders[site], self.settings, live)
+        _, bad = check_live(live)
+        if bad:
+            quarantine_live(self.connection, site, bad, live)
         self._cache[site] = (now, policy)
         return policy

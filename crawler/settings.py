@@ -8,6 +8,7 @@ when the settings are built, and a wrong one is named in the error.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -76,6 +77,12 @@ DEFAULT_PROXY = None
 DEFAULT_HTTP_CACHE = False
 """Development cache off: every request goes to the site (``http_cache``)."""
 
+MAX_INTERVAL = 86_400.0
+"""Longest interval between two requests to a site anywhere (spider, config, CLI, live): a day."""
+
+MAX_CONCURRENCY = 10_000
+"""Largest concurrency cap of a site: more requests at once than any fleet runs."""
+
 REDIS_EMBEDDED = "embedded"
 """``REDIS_URL`` value that asks for a private embedded Redis server."""
 
@@ -108,6 +115,8 @@ class Settings:
     sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("timeout", "backoff", "max_retry_after", "gate_margin"):
+            _require(math.isfinite(getattr(self, name)), name, "must be a finite number of seconds")
         for name in ("timeout", "backoff", "max_retry_after"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         _require(self.gate_margin >= 0, "gate_margin", "must be 0 or more")
@@ -118,6 +127,9 @@ class Settings:
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
+        # Sent in every request's header, which httpx refuses outside ASCII (the first fetch would raise).
+        ua = self.user_agent
+        _require(bool(ua.strip()) and ua.isascii() and ua.isprintable(), "user_agent", "must be printable ASCII text")
         check_proxy("proxy", self.proxy)
         for site, overrides in self.sites.items():
             if not isinstance(overrides, Mapping):
@@ -134,10 +146,19 @@ def _require(ok: bool, name: str, message: str) -> None:
 
 
 def check_interval(name: str, value: Any) -> float:
-    """An interval in seconds: a number greater than 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"config: {name} must be a number of seconds greater than 0, got {value!r}")
+    """An interval in seconds: a finite number greater than 0 and at most ``MAX_INTERVAL``."""
+    problem = interval_problem(value)
+    if problem:
+        raise ConfigError(f"config: {name} {problem}, got {value!r}")
     return float(value)
+
+
+def interval_problem(value: Any) -> str | None:
+    """What ``value`` must be, when it is not an interval (``check_interval``); None when it is one."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_INTERVAL:
+        # NaN fails both comparisons, infinity the second.
+        return f"must be a number of seconds greater than 0 and at most {MAX_INTERVAL:g}"
+    return None
 
 
 def check_site_interval(name: str, value: Any) -> Any:
@@ -159,10 +180,18 @@ def check_site_interval(name: str, value: Any) -> Any:
 
 
 def check_concurrency(name: str, value: Any) -> int:
-    """A concurrency cap: a whole number of at least 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"config: {name} must be a whole number of at least 1, got {value!r}")
-    return value
+    """A concurrency cap: a whole number from 1 to ``MAX_CONCURRENCY``."""
+    problem = concurrency_problem(value)
+    if problem:
+        raise ConfigError(f"config: {name} {problem}, got {value!r}")
+    return int(value)
+
+
+def concurrency_problem(value: Any) -> str | None:
+    """What ``value`` must be, when it is not a concurrency cap (``check_concurrency``); None when it is one."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        return f"must be a whole number from 1 to {MAX_CONCURRENCY}"
+    return None
 
 
 def check_gate_by(name: str, value: Any) -> str:
@@ -193,6 +222,41 @@ def check_proxy(name: str, value: Any) -> Any:
 
     parse_proxies(value, name)
     return value
+
+
+#: Fields of a site's live settings hash (``keys.live_settings``): ``crawler set``, ``pause``, ``resume`` write them.
+LIVE_FIELDS = ("interval", "concurrency", "paused")
+
+
+def check_live(live: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A site's live settings, as read from Redis (text), checked as ``crawler set`` checks them.
+
+    Returns the values that hold (``interval`` a float, ``concurrency`` an int, ``paused``
+    a bool) and, for each field whose value does not (``nan``, ``ten``, ``-1``: anyone can
+    HSET the hash), why. Fields not in ``LIVE_FIELDS`` are left out of both.
+    """
+    good: dict[str, Any] = {}
+    bad: dict[str, str] = {}
+    for name in LIVE_FIELDS:
+        if name not in live:
+            continue
+        raw = live[name]
+        try:
+            value: Any = {"interval": float, "concurrency": int}.get(name, str)(raw.strip())
+        except ValueError:
+            value = raw
+        if name == "interval":
+            problem = interval_problem(value)
+        elif name == "concurrency":
+            problem = concurrency_problem(value)
+        else:
+            problem = None if value in ("0", "1") else "must be 1 (paused) or 0"
+            value = value == "1"
+        if problem:  # named with the text written ('nan', '1e999'), not what it parsed to
+            bad[name] = f"{problem}, got {raw!r}"
+        else:
+            good[name] = value
+    return good, bad
 
 
 #: Site settings a config file may override, with their checks.

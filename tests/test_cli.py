@@ -274,6 +274,42 @@ def test_set_rejects_an_interval_that_is_not_positive(invoke: Invoke, redis_conn
     assert redis_conn.exists(keys.live_settings("demo")) == 0
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+def test_set_refuses_an_interval_that_is_not_finite_as_click_refuses_a_word(
+    invoke: Invoke, redis_conn: Redis, value: str
+) -> None:
+    """``--interval nan`` was stored, and the site's download workers then died on it."""
+    result = invoke("set", "demo", f"--interval={value}")
+    assert (result.exit_code, type(result.exception)) == (2, SystemExit), result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert errors == [f"Error: Invalid value for '--interval': {value!r} is not a finite number."]
+    assert "Traceback" not in result.output
+    assert redis_conn.exists(keys.live_settings("demo")) == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_the_gate_margin_option_refuses_a_number_that_is_not_finite(invoke: Invoke, value: str) -> None:
+    result = invoke(f"--gate-margin={value}", "sites")
+    assert result.exit_code == 2, result.output
+    assert f"Error: Invalid value for '--gate-margin': {value!r} is not a finite number." in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--interval", "86401", "at most 86400"),
+        ("--concurrency", "0", "from 1 to 10000"),
+        ("--concurrency", "10001", "from 1 to 10000"),
+        ("--concurrency", "-3", "from 1 to 10000"),
+    ],
+)
+def test_set_refuses_values_out_of_range(
+    invoke: Invoke, redis_conn: Redis, option: str, value: str, message: str
+) -> None:
+    assert_one_line_error(invoke("set", "demo", f"{option}={value}"), option, message)
+    assert redis_conn.exists(keys.live_settings("demo")) == 0
+
+
 def test_set_without_a_value_is_one_line_error(invoke: Invoke) -> None:
     assert_one_line_error(invoke("set", "demo"), "nothing to set")
 

@@ -19,11 +19,12 @@ from crawler import jobs, keys
 from crawler.conditional import check_validators, request_headers, validators_of
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
+from crawler.failures import failed_pages
 from crawler.frontier import DownloadTask, seed
 from crawler.scheduler import Scheduler, decode_entry
 from crawler.settings import Settings
 from crawler.spider import Page, SpiderSet
-from crawler.store import OK, UNCHANGED, Store
+from crawler.store import FAILED, OK, UNCHANGED, Store
 
 PRODUCTS = 8
 REFRESH = 1.0
@@ -218,6 +219,93 @@ def test_last_modified_alone_makes_the_refresh_ask_if_modified_since(redis_conn:
     assert again.validators == (None, 1_700_000_000)
 
 
+class _CafePage(BaseHTTPRequestHandler):
+    """One product page whose ETag is ``"café"`` as raw bytes (``encoding`` of them), never a 304."""
+
+    protocol_version = "HTTP/1.1"
+    encoding = "utf-8"
+    seen: list[dict[str, str]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = b"<html><h1>Product 1</h1><span class=sku>SKU-1</span><span class=price>2.50</span></html>"
+        head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n"
+            + b'ETag: "' + "café".encode(self.encoding) + b'"\r\n'
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )  # fmt: skip
+        self.wfile.write(head + body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def cafe_page(encoding: str) -> Iterator[str]:
+    _CafePage.seen, _CafePage.encoding = [], encoding
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CafePage)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/product/1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "utf-8"])
+def test_a_non_ascii_etag_is_not_kept_and_the_refresh_is_sent_without_it(
+    redis_conn: Redis, settings: Settings, encoding: str
+) -> None:
+    """Kept, ``"café"`` went back as If-None-Match: httpx refused it, the refresh job raised
+    before sending, no fetch record was written and the page's refreshes ended."""
+    spiders = SpiderSet({"demo": ConditionalShop}, [])
+    with cafe_page(encoding) as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
+        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60).to_json())
+        (refresh,) = pending_refreshes(redis_conn)
+        assert refresh.validators is None  # nothing that could be sent back
+        jobs.download(refresh.to_json())
+        records = rt.store.fetch_rows("demo")
+    assert len(_CafePage.seen) == 2 and "if-none-match" not in _CafePage.seen[1]
+    assert [(r["outcome"], r["status"], r["url"]) for r in records] == [(OK, 200, url)] * 2
+    (again,) = pending_refreshes(redis_conn)  # its refreshes go on
+    assert again.url == url
+
+
+def test_a_refresh_holding_a_non_ascii_etag_from_before_is_sent_without_it(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """A refresh entry written by an older version (or by hand) with ``"café"``: the refresh still goes."""
+    spiders = SpiderSet({"demo": ConditionalShop}, [])
+    with dated_page() as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
+        old = DownloadTask("demo", url, "parse_product", refresh=60, validators=('"café"', 1_700_000_000))
+        jobs.download(DownloadTask.from_entry("demo", old.to_entry()).to_json())
+        records = rt.store.fetch_rows("demo")
+    assert _DatedPage.seen == ["Tue, 14 Nov 2023 22:13:20 GMT"]  # the date alone
+    assert [(r["outcome"], r["status"]) for r in records] == [(UNCHANGED, 304)]
+
+
+class _NonAsciiAgent(ConditionalShop):
+    user_agent = "crawlér/1.0"
+
+
+def test_a_request_that_cannot_be_built_is_a_recorded_failure_not_a_lost_page(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """Any error building the request (here a User-Agent httpx refuses) is written as the page's failure."""
+    spiders = SpiderSet({"demo": _NonAsciiAgent}, [])
+    with dated_page() as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
+        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60, validators=(None, 5)).to_json())
+        (record,) = rt.store.fetch_rows("demo")
+        failed = failed_pages(rt.store, "demo")
+    assert _DatedPage.seen == []  # nothing was sent
+    assert (record["outcome"], record["status"]) == (FAILED, None)
+    assert record["error"].startswith("request cannot be built: UnicodeEncodeError")
+    assert [page.url for page in failed] == [url]  # listed by `crawler failed`, for `crawler retry`
+    (again,) = pending_refreshes(redis_conn)  # and its refreshes go on, asking for the whole page
+    assert (again.url, again.validators) == (url, None)
+
+
 def test_validators_are_read_from_headers_and_sent_back() -> None:
     headers = {"etag": 'W/"abc"', "last-modified": "Tue, 14 Nov 2023 22:13:20 GMT"}
     assert validators_of(headers) == ('W/"abc"', 1_700_000_000)
@@ -229,6 +317,10 @@ def test_validators_are_read_from_headers_and_sent_back() -> None:
     assert validators_of({"last-modified": "yesterday"}) is None
     assert validators_of({"etag": '"new"'}, previous=('"old"', 5)) == ('"new"', 5)
     assert validators_of({"etag": "x" * 1000}) is None
+    assert validators_of({"etag": '"café"'}) is None and validators_of({"etag": '"a b"'}) is None
+    assert validators_of({"etag": '"café"'}, previous=('"old"', None)) == ('"old"', None)
+    assert validators_of({"last-modified": "Tue, 14 Nov 2023 22:13:20 GMTé"}) is None
+    assert request_headers(('"café"', None)) == {}
 
 
 @pytest.mark.parametrize("bad", [["a"], ["", None], [None, -1], [None, "soon"], ["x\ny", None], "etag"])

@@ -315,6 +315,54 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     assert values(text, "crawler_workers") == {}  # none registered
 
 
+def test_junk_fields_written_by_hand_are_skipped_and_counted_and_the_endpoint_answers_200(
+    redis_conn: Redis, collector: MetricsCollector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One field that did not parse made every scrape answer 500, for the whole fleet."""
+    count(redis_conn, (record(OK, nbytes=1000), 0.0), (record(OK, nbytes=500), 0.0), (record(FAILED, 404), 0.0))
+    redis_conn.sadd(keys.sites(), "other")
+    count(redis_conn, (record(OK, site="other", nbytes=7), 0.0))
+    junk = {
+        "req:download:ok:201": "lots",  # int("lots")
+        "req:download": "1",  # no outcome nor status
+        "bytes:parse": "-5",  # a count below zero
+        "dur:download:0.3": "1.5",  # a bucket count that is not whole
+        "dur:parse:soon": "1",  # a bucket bound that is not a number
+        "dur:parse:sum": "inf",
+        "gate:7": "x",
+        b"\xff\xfe": "1",  # a name that is not UTF-8
+        "junk": "1",
+    }
+    redis_conn.hset(keys.metrics(SITE), mapping=junk)  # type: ignore[arg-type]
+    redis_conn.hset(keys.live_settings(SITE), mapping={"interval": "nan", "paused": b"\xff"})  # type: ignore[arg-type]
+    server = serve(collector, "127.0.0.1", 0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="crawler.metrics"):
+            responses = [httpx.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) for _ in range(2)]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert [r.status_code for r in responses] == [200, 200]
+    text = responses[1].text
+    assert values(text, "crawler_requests_total", site=SITE) == {
+        (("kind", "download"), ("outcome", "ok"), ("status", "200")): 2,
+        (("kind", "download"), ("outcome", "failed"), ("status", "404")): 1,
+    }
+    assert value(text, "crawler_response_bytes_total", site=SITE, kind="download") == 1500
+    assert value(text, "crawler_request_duration_seconds_count", site=SITE, kind="download") == 3
+    assert value(text, "crawler_gate_wait_seconds_count", site=SITE) == 3
+    assert values(text, "crawler_request_duration_seconds_count", site=SITE, kind="parse") == {}
+    assert value(text, "crawler_metrics_bad_fields", site=SITE) == len(junk)
+    assert value(text, "crawler_metrics_bad_fields", site="other") == 0
+    assert value(text, "crawler_response_bytes_total", site="other", kind="download") == 7
+    assert values(text, "crawler_site_interval_seconds", site=SITE) == {}  # no spider here, a live value that is junk
+    assert value(text, "crawler_site_paused", site=SITE) == 0
+    assert value(text, "crawler_redis_up") == 1
+    warnings = [r.getMessage() for r in caplog.records if "do not parse" in r.getMessage()]
+    assert len(warnings) == 1 and "req:download:ok:201" in warnings[0]  # once, not at every scrape
+
+
 # -- end to end ---------------------------------------------------------------------------------
 
 

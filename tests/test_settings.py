@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from crawling import items_by_key
+from redis import Redis
 
+from crawler import keys, quarantine
+from crawler.demo import ShopSite
+from crawler.demo.spider import DemoShop
 from crawler.errors import ConfigError
+from crawler.frontier import seed
+from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.policy import PolicyCache, quarantine_live
+from crawler.runtime import Runtime
 from crawler.settings import (
     DEFAULT_DATABASE_URL,
     DEFAULT_TIMEOUT,
     Settings,
+    check_live,
     load_settings,
     redact_url,
     scrub,
@@ -138,11 +150,22 @@ def test_non_mapping_file_is_refused(config, text: str) -> None:  # type: ignore
         ({"gate_margin": -0.1}, "gate_margin"),
         ({"max_retries": -1}, "max_retries"),
         ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"timeout": float("inf")}, "timeout"),
+        ({"backoff": float("nan")}, "backoff"),
+        ({"gate_margin": float("inf")}, "gate_margin"),
+        ({"gate_margin": float("nan")}, "gate_margin"),
     ],
 )
 def test_out_of_range_values_are_named(values: dict[str, float], name: str) -> None:
     with pytest.raises(ConfigError, match=rf"config: {name} must be"):
         Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("agent", ["crawlér/1.0", "", "a\nb"])
+def test_a_user_agent_that_cannot_be_sent_is_refused(agent: str) -> None:
+    """httpx refuses a header outside ASCII: every fetch of the worker would have raised."""
+    with pytest.raises(ConfigError, match="config: user_agent must be printable ASCII text"):
+        Settings(user_agent=agent)
 
 
 # per-site overrides --------------------------------------------------------------------------
@@ -151,7 +174,12 @@ def test_out_of_range_values_are_named(values: dict[str, float], name: str) -> N
 @pytest.mark.parametrize(
     ("sites", "message"),
     [
-        ({"x": {"interval": 0}}, r"sites\.x\.interval must be a number of seconds greater than 0, got 0"),
+        ({"x": {"interval": 0}}, r"sites\.x\.interval must be a number of seconds greater than 0 .*, got 0"),
+        ({"x": {"interval": float("nan")}}, r"sites\.x\.interval must be .*, got nan"),
+        ({"x": {"interval": float("inf")}}, r"sites\.x\.interval must be .*, got inf"),
+        ({"x": {"interval": 86_401}}, r"sites\.x\.interval must be .*, got 86401"),
+        ({"x": {"concurrency": 0}}, r"sites\.x\.concurrency must be a whole number from 1 to 10000, got 0"),
+        ({"x": {"concurrency": 10**6}}, r"sites\.x\.concurrency must be a whole number from 1 to 10000"),
         ({"x": {"interval": "fast"}}, r"sites\.x\.interval must be"),
         ({"x": {"concurrency": 1.5}}, r"sites\.x\.concurrency must be a whole number"),
         ({"x": {"obey_robots": "yes"}}, r"sites\.x\.obey_robots must be true or false"),
@@ -221,3 +249,113 @@ def test_secrets_of_a_url_are_scrubbed_from_any_message_in_every_spelling() -> N
     assert set(secrets) == {"pa%40ss1", "pa@ss1", "hunter22"}
     message = f"cannot parse {url}; AUTH pa@ss1 refused; hunter22"
     assert scrub(message, secrets) == "cannot parse redis://:***@cache/0?password=***; AUTH *** refused; ***"
+
+
+# live settings written by hand -------------------------------------------------------------
+
+LIVE_INTERVAL = 0.1  # the spider's own interval in the live-settings crawl
+PACED_SPIDER = f"""
+from crawler.demo.spider import DemoShop
+
+
+class Paced(DemoShop):
+    name = "paced"
+    interval = {LIVE_INTERVAL}
+"""
+
+
+def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_workers_crawl_on(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """``interval nan`` and ``concurrency ten``, written with HSET while real workers crawl.
+
+    Before: the download workers died (``cannot convert float NaN to integer``, ``invalid
+    literal for int()``). After: each value is quarantined with its reason and dropped
+    from the hash, the spider's interval spaces the rest of the crawl, and the burst
+    workers drain the shop and exit 0.
+    """
+    Path(settings.sites_dir, "paced.py").write_text(PACED_SPIDER)
+    with ShopSite(products=24, faults=False) as shop:
+        rt = Runtime(redis_conn, settings)
+        try:
+            seed(rt.frontier("paced"), [shop.url + "/"])
+        finally:
+            rt.close()
+        specs = [WorkerSpec("download", ("paced",), threads=2, burst=True), WorkerSpec("parse", ("paced",), burst=True)]
+        processes = start_workers(specs, settings, redis_url)
+        done = threading.Event()
+        threading.Thread(target=lambda: done.wait(60) or stop_workers(processes, timeout=10), daemon=True).start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(shop.requests) < 4:
+                assert time.monotonic() < deadline, "the crawl never started"
+                time.sleep(0.01)
+            written = time.time()  # the shop logs arrivals on this clock
+            redis_conn.hset(keys.live_settings("paced"), mapping={"interval": "nan", "concurrency": "ten"})
+            code = wait_for(processes)
+        finally:
+            done.set()
+        after = [entry.time for entry in shop.requests if entry.time > written]
+        expected = shop.expected_items()
+
+    assert code == 0, "a download worker died on a live setting written by hand"
+    assert items_by_key(settings.database_url, site="paced") == expected
+    assert len(after) >= 10, "the crawl was over before the workers read the junk"
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert min(gaps) >= LIVE_INTERVAL, f"two requests {min(gaps) * 1000:.1f} ms apart after the junk"
+    reasons = sorted(q.reason for q in quarantine.entries(redis_conn))
+    assert reasons == [
+        "live setting concurrency of paced: must be a whole number from 1 to 10000, got 'ten'",
+        "live setting interval of paced: must be a number of seconds greater than 0 and at most 86400, got 'nan'",
+    ]
+    assert redis_conn.hgetall(keys.live_settings("paced")) == {}  # dropped: quarantined once, not every second
+
+
+@pytest.mark.parametrize(
+    ("field", "raw", "why"),
+    [
+        ("interval", "nan", "must be a number of seconds greater than 0 and at most 86400, got 'nan'"),
+        ("interval", "inf", "must be a number of seconds greater than 0 and at most 86400, got 'inf'"),
+        ("interval", "1e999", "must be a number of seconds greater than 0 and at most 86400, got '1e999'"),
+        ("interval", "-1", "must be a number of seconds greater than 0 and at most 86400, got '-1'"),
+        ("interval", "0", "must be a number of seconds greater than 0 and at most 86400, got '0'"),
+        ("interval", "soon", "must be a number of seconds greater than 0 and at most 86400, got 'soon'"),
+        ("concurrency", "ten", "must be a whole number from 1 to 10000, got 'ten'"),
+        ("concurrency", "0", "must be a whole number from 1 to 10000, got '0'"),
+        ("concurrency", "2.5", "must be a whole number from 1 to 10000, got '2.5'"),
+        ("concurrency", "99999999999999999999", "must be a whole number from 1 to 10000, got '99999999999999999999'"),
+        ("paused", "yes", "must be 1 (paused) or 0, got 'yes'"),
+    ],
+)
+def test_a_live_value_that_does_not_hold_is_named_and_left_out(field: str, raw: str, why: str) -> None:
+    good, bad = check_live({field: raw, "other": "x"})
+    assert (good, bad) == ({}, {field: why})
+
+
+def test_live_values_that_hold_are_read() -> None:
+    assert check_live({"interval": "0.5", "concurrency": "3", "paused": "1"}) == (
+        {"interval": 0.5, "concurrency": 3, "paused": True},
+        {},
+    )
+    assert check_live({"paused": "0"}) == ({"paused": False}, {})
+
+
+def test_junk_met_by_several_workers_is_quarantined_once_and_a_value_put_right_stays(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    spiders = {"demo": DemoShop}
+    first, second = PolicyCache(redis_conn, settings, spiders), PolicyCache(redis_conn, settings, spiders)
+    redis_conn.hset(keys.live_settings("demo"), mapping={"interval": "inf", "concurrency": "4", "paused": "1"})
+    for cache in (first, second):
+        policy = cache.get("demo", fresh=True)
+        assert (policy.interval, policy.sources["interval"]) == (DemoShop.interval, "spider")
+        assert (policy.concurrency, policy.paused) == (4, True)  # the values that hold apply
+    (entry,) = quarantine.entries(redis_conn)
+    assert (entry.source, entry.content) == (keys.live_settings("demo"), {"interval": "inf"})
+    assert redis_conn.hgetall(keys.live_settings("demo")) == {b"concurrency": b"4", b"paused": b"1"}
+
+    # Read as junk, then put right before the drop: the right value is kept.
+    redis_conn.hset(keys.live_settings("demo"), "interval", "2")
+    quarantine_live(redis_conn, "demo", {"interval": "..."}, {"interval": "nan"})
+    assert redis_conn.hget(keys.live_settings("demo"), "interval") == b"2"
+    assert quarantine.count(redis_conn) == 1
