@@ -226,8 +226,8 @@ def test_a_sitemap_of_50000_urls_is_streamed_into_the_frontier(redis_conn: Redis
 
 def test_a_sitemap_is_read_up_to_the_protocols_50000_entries(redis_conn: Redis) -> None:
     report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", zlib.compress(gzipped_urlset(MAX_ENTRIES + 10)))
-    assert (report.urls, report.queued, report.capped) == (MAX_ENTRIES, MAX_ENTRIES, True)
     assert redis_conn.llen(keys.frontier("smap")) == MAX_ENTRIES
+    assert (report.urls, report.queued, report.capped) == (MAX_ENTRIES, MAX_ENTRIES, True)
     assert report.summary().endswith("; capped at 50000 entries, the rest ignored")  # in the sitemap's record
 
 
@@ -250,15 +250,15 @@ def test_a_child_sitemap_listed_20000_times_is_queued_once_and_not_again(redis_c
     )
     assert len(index) < 40_000  # a small download
     report = reader(redis_conn).read("http://127.0.0.1/index.xml.gz", index)
-    # Taken once per batch (the latest lastmod); the seen set, or what this read queued, has the later batches'.
-    assert report.sitemaps == 1 and report.repeated + report.duplicates == 19_999
     assert [t.url for t in Frontier(redis_conn, "smap", ["127.0.0.1"], 60, 60).waiting()] == [
         "http://127.0.0.1/child.xml"
     ]
+    # Taken once per batch (the latest lastmod); the seen set, or what this read queued, has the later batches'.
+    assert report.sitemaps == 1 and report.repeated + report.duplicates == 19_999
     # Read again one level down (an index that lists itself, say): its lastmod did not move.
     again = reader(redis_conn, depth=1).read("http://127.0.0.1/child.xml", index)
-    assert again.sitemaps == 0
     assert redis_conn.llen(keys.frontier("smap")) == 1
+    assert again.sitemaps == 0
 
 
 def test_a_page_listed_again_with_a_rising_lastmod_is_queued_once_per_read(redis_conn: Redis) -> None:
@@ -266,8 +266,8 @@ def test_a_page_listed_again_with_a_rising_lastmod_is_queued_once_per_read(redis
     # 3,600 listings, four batches, each lastmod a minute later than the one before.
     first = stored(f"<url>{page}<lastmod>{minutes(i)}</lastmod></url>" for i in range(3_600))
     report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", first)
-    assert (report.urls, report.queued, report.repeated) == (3_600, 1, 3_599)
     assert redis_conn.llen(keys.frontier("smap")) == 1
+    assert (report.urls, report.queued, report.repeated) == (3_600, 1, 3_599)
     lastmods = keys.lastmod("smap")
     recorded = int(redis_conn.hget(lastmods, fingerprint("http://127.0.0.1/p/1")) or 0)
     assert datetime.fromtimestamp(recorded, UTC).isoformat() == minutes(3_599)  # the latest one listed
@@ -276,8 +276,8 @@ def test_a_page_listed_again_with_a_rising_lastmod_is_queued_once_per_read(redis
     # Listed again, older lastmods first, then past the one recorded: queued once more.
     moved = stored(f"<url>{page}<lastmod>{minutes(i)}</lastmod></url>" for i in range(1_800, 5_400))
     report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", moved)
-    assert (report.queued, report.updated) == (1, 1)
     assert redis_conn.llen(keys.frontier("smap")) == 2
+    assert (report.queued, report.updated) == (1, 1)
     assert not redis_conn.keys(keys.sitemap_taken("smap", "*"))  # what one read queued is forgotten after it
 
 
