@@ -329,7 +329,7 @@ class SitemapReader:
         self.rules = _Rules(spider)
         self.report = SitemapReport()
         self._newer = lua.script(connection, "newer_lastmod")
-        #: Fingerprints of the dated URLs this document queued (the seen set has the others).
+        #: The set of the fingerprints of the dated URLs this read queued (the seen set has the others).
         self._taken = keys.sitemap_taken(frontier.site, os.urandom(8).hex())
 
     def read(self, url: str, stored: bytes) -> SitemapReport:
@@ -377,14 +377,11 @@ class SitemapReader:
             if verdict == "t":  # queued from this document already: its later lastmod is recorded, no more
                 self.report.repeated += 1
                 continue
-            if entry.kind == "sitemap":
-                if self.depth >= MAX_SITEMAP_DEPTH:
-                    self._refused(f"{url}: sitemaps nested deeper than {MAX_SITEMAP_DEPTH}")
-                    continue
-                requests.append(Request(url, callback=callback, dont_filter=verdict == "u"))
-            else:
-                self.report.updated += verdict == "u"
-                requests.append(Request(url, callback=callback, dont_filter=verdict == "u"))
+            if entry.kind == "sitemap" and self.depth >= MAX_SITEMAP_DEPTH:
+                self._refused(f"{url}: sitemaps nested deeper than {MAX_SITEMAP_DEPTH}")
+                continue
+            self.report.updated += entry.kind == "url" and verdict == "u"
+            requests.append(Request(url, callback=callback, dont_filter=verdict == "u"))
         result = self.frontier.add(requests, depth=self.depth + 1, checked=True)  # canonical: checked above
         sitemaps = {r.url for r in requests if r.callback == SITEMAP_CALLBACK}
         self.report.sitemaps += sum(1 for url in result.enqueued if url in sitemaps)
