@@ -103,6 +103,14 @@ def lastmod(site: str) -> str:
     return f"{PREFIX}lastmod:{_tag(site)}"
 
 
+def sitemap_taken(site: str, read: str) -> str:
+    """Set of the fingerprints one read of a sitemap of ``site`` queued (``read`` names the read), while it lasts.
+
+    A URL listed again by the same document is not queued again; deleted when the read ends.
+    """
+    return f"{PREFIX}sitemap-taken:{_tag(site)}:{read}"
+
+
 def stats(site: str) -> str:
     """Hash of counters for ``site``: fetched, failed, items, … (written through ``counters``)."""
     return f"{PREFIX}stats:{_tag(site)}"

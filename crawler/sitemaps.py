@@ -7,27 +7,31 @@ spider method. Nothing is loaded whole:
 - the download streams the body into a zlib compressor (``SitemapSink``), so a worker
   holds the compressed sitemap (a tenth of it, for URLs), never the 50 MB document;
 - the parse job inflates it a step at a time, gunzips it if it is a ``.xml.gz`` file,
-  and feeds lxml's pull parser (``lxml.etree.XMLPullParser``), clearing each ``<url>``
-  once read; the URLs go to the frontier a batch at a time.
+  and feeds lxml's pull parser (``lxml.etree.XMLPullParser``), dropping every element
+  (of any name) once read; the URLs go to the frontier a batch at a time, at most
+  ``MAX_ENTRIES`` of them (the protocol's limit; the record says the rest was ignored).
 
 Sitemaps are parsed defused: entities are not resolved (an external entity stays an
 unresolved reference, the entry holding it is dropped; an entity bomb is refused by
 libxml2's amplification limit), no DTD is loaded, nothing is fetched from the network,
 and the document is capped at ``SITEMAP_MAX_BYTES`` decoded (the protocol's 50 MB).
 
-``<lastmod>`` decides whether a known page is fetched again: each URL's last lastmod is
-kept in ``crawler:lastmod:{SITE}`` (fingerprint → epoch seconds). A newer one queues the
-page again past the seen set; an equal or older one leaves it to the seen set (so a page
-already seen is skipped). Child sitemaps of an index are read again only when their
-lastmod moved (or when they have none), up to ``MAX_SITEMAP_DEPTH`` levels.
+A URL is taken once per document, with the latest ``<lastmod>`` listed for it.
+``<lastmod>`` decides whether a known page, or child sitemap of an index, is fetched
+again: each URL's last lastmod is kept in ``crawler:lastmod:{SITE}`` (fingerprint → epoch
+seconds). A newer one queues it again past the seen set; a first one, an equal or older
+one, or none leaves it to the seen set (so a URL already seen is skipped). Indexes are
+followed up to ``MAX_SITEMAP_DEPTH`` levels.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -51,6 +55,8 @@ SITEMAP_MAX_BYTES = 50 * 1024 * 1024
 MAX_SITEMAP_DEPTH = 5
 #: URLs handed to the frontier (and lastmods compared) at a time.
 BATCH = 1000
+#: Entries read from one sitemap at most (the protocol's limit); the rest are ignored.
+MAX_ENTRIES = 50_000
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -135,13 +141,16 @@ class Entry:
     lastmod: int | None = None
 
 
-def entries(pieces: Iterable[bytes]) -> Iterator[Entry]:
+def entries(pieces: Iterable[bytes]) -> Generator[Entry, None, None]:
     """The entries of a sitemap document fed in ``pieces``, as they are parsed.
 
-    Elements are cleared once read, so memory holds one entry, not the document.
-    Raises BadResponse for a document that is not well-formed XML (an entity bomb
-    included), after the entries parsed before the fault. An entry whose ``<loc>``
-    holds anything but text (an unresolved entity) is dropped.
+    Every element is dropped from the tree once its end is read, whatever its name, so
+    memory holds the elements still open (at most 256 deep: libxml2's limit) and one
+    piece's events, not the document (entity references, which raise no event, are
+    bounded by libxml2's amplification limit). Raises BadResponse for a document that is not
+    well-formed XML (an entity bomb included), after the entries parsed before the
+    fault. An entry whose ``<loc>`` holds anything but text (an unresolved entity) is
+    dropped.
     """
     parser = etree.XMLPullParser(
         events=("end",),
@@ -152,43 +161,66 @@ def entries(pieces: Iterable[bytes]) -> Iterator[Entry]:
         remove_comments=True,
         remove_pis=True,
     )
+    reading = _Reading()
     try:
         for piece in pieces:
             parser.feed(piece)
-            yield from _read(parser)
+            yield from reading.read(parser)
         parser.close()
     except etree.XMLSyntaxError as exc:
-        yield from _read(parser)  # the entries parsed before the error in this piece
+        yield from reading.read(parser)  # the entries parsed before the error in this piece
         raise BadResponse(f"not well-formed XML: {exc}") from None
-    yield from _read(parser)
+    yield from reading.read(parser)
 
 
-def _read(parser: Any) -> Iterator[Entry]:
-    for _, element in parser.read_events():
+_ENTRY_KINDS = ("url", "sitemap")
+
+
+class _Reading:
+    """The state of one document's parse: the entry being read."""
+
+    def __init__(self) -> None:
+        self.loc: str | None = None
+        self.lastmod: int | None = None
+        self.bad = False  # a <loc> of the entry held markup or an entity reference
+
+    def read(self, parser: Any) -> Iterator[Entry]:
+        """The entries whose end the parser has read; every element ended is dropped."""
+        for _, element in parser.read_events():
+            entry = self._ended(element)
+            _drop(element)
+            if entry is not None:
+                yield entry
+
+    def _ended(self, element: Any) -> Entry | None:
         name = _local(element.tag)
-        if name not in ("url", "sitemap"):
-            continue
-        entry = _entry(name, element)
-        element.clear()
+        if name in _ENTRY_KINDS:
+            entry = Entry(name, self.loc, self.lastmod) if self.loc and not self.bad else None
+            self.loc, self.lastmod, self.bad = None, None, False
+            return entry
         parent = element.getparent()
-        if parent is not None:  # drop what was read, so the tree stays one element deep
-            while element.getprevious() is not None:
-                del parent[0]
-        if entry is not None:
-            yield entry
-
-
-def _entry(kind: str, element: Any) -> Entry | None:
-    loc, lastmod = None, None
-    for child in element:
-        name = _local(child.tag) if isinstance(child.tag, str) else ""
+        if parent is None or _local(parent.tag) not in _ENTRY_KINDS:
+            return None  # an <image:loc> of an <image:image>, an unknown element
         if name == "loc":
-            if len(child):  # an entity reference (not resolved) or markup: not a plain URL
-                return None
-            loc = (child.text or "").strip()
+            if len(element):  # an entity reference (not resolved) or markup: not a plain URL
+                self.bad = True
+            else:
+                self.loc = (element.text or "").strip()
         elif name == "lastmod":
-            lastmod = parse_lastmod(child.text)
-    return Entry(kind, loc, lastmod) if loc else None
+            self.lastmod = parse_lastmod(element.text)
+        return None
+
+
+def _drop(element: Any) -> None:
+    """Empty an element whose end was read and remove what precedes it in its parent.
+
+    What follows it may not be read yet, so it stays (emptied, it is a few bytes).
+    """
+    element.clear(keep_tail=True)
+    parent = element.getparent()
+    if parent is not None:
+        while element.getprevious() is not None:
+            del parent[0]
 
 
 def _local(tag: Any) -> str:
@@ -228,14 +260,21 @@ class SitemapReport:
     refused: int = 0
     unmatched: int = 0
     sitemaps: int = 0
+    #: Entries read (at most ``MAX_ENTRIES``), and whether the document had more.
+    entries: int = 0
+    capped: bool = False
+    #: Entries whose URL the document listed before (each URL is taken once per document).
+    repeated: int = 0
     first_refusals: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         refusals = f" ({'; '.join(self.first_refusals)})" if self.first_refusals else ""
+        repeated = f"; {self.repeated} listed again, taken once" if self.repeated else ""
+        capped = f"; capped at {MAX_ENTRIES} entries, the rest ignored" if self.capped else ""
         return (
             f"sitemap: {self.urls} URLs, {self.queued} queued ({self.updated} for a newer lastmod), "
             f"{self.duplicates} already seen, {self.unmatched} matching no rule, {self.refused} refused"
-            f"{refusals}; {self.sitemaps} sitemaps to follow"
+            f"{refusals}; {self.sitemaps} sitemaps to follow{repeated}{capped}"
         )
 
 
@@ -274,7 +313,13 @@ class _Rules:
 
 
 class SitemapReader:
-    """Turns a downloaded sitemap (or robots.txt) of one site into queued requests."""
+    """Turns a downloaded sitemap (or robots.txt) of one site into queued requests.
+
+    One reader per document. Its entries are taken once per URL: within a batch with
+    the URL's latest ``<lastmod>``; a dated URL queued from an earlier batch of the same
+    document is not queued again (``keys.sitemap_taken`` holds their fingerprints while
+    the document is read, in Redis: the worker holds a batch).
+    """
 
     def __init__(self, connection: Redis, frontier: Frontier, spider: Spider, depth: int):
         self.connection = connection
@@ -284,30 +329,73 @@ class SitemapReader:
         self.rules = _Rules(spider)
         self.report = SitemapReport()
         self._newer = lua.script(connection, "newer_lastmod")
+        #: The set of the fingerprints of the dated URLs this read queued (the seen set has the others).
+        self._taken = keys.sitemap_taken(frontier.site, os.urandom(8).hex())
 
     def read(self, url: str, stored: bytes) -> SitemapReport:
-        """Queue what the sitemap (or robots.txt) at ``url``, stored zlib-compressed, lists."""
+        """Queue what the sitemap (or robots.txt) at ``url``, stored zlib-compressed, lists.
+
+        At most ``MAX_ENTRIES`` entries are read; past them the report says the sitemap was capped.
+        """
         if urlsplit(url).path == "/robots.txt":
             text = b"".join(inflated(stored, 512 * 1024)).decode("utf-8", errors="replace")
-            found = [Entry("sitemap", loc) for loc in robots_sitemaps(text, url)]
-            self._add(found)
-            return self.report
+            listed: Generator[Entry, None, None] = (Entry("sitemap", loc) for loc in robots_sitemaps(text, url))
+        else:
+            listed = entries(inflated(stored))
         batch: list[Entry] = []
         try:
-            for entry in entries(inflated(stored)):
-                batch.append(entry)
-                if len(batch) >= BATCH:
-                    self._add(batch)
-                    batch = []
-        finally:  # what was read before a malformed part (or the cap) is queued all the same
-            self._add(batch)
+            with closing(listed):
+                for entry in listed:
+                    if self.report.entries == MAX_ENTRIES:
+                        self.report.capped = True
+                        break
+                    self.report.entries += 1
+                    batch.append(entry)
+                    if len(batch) >= BATCH:
+                        self._add(batch)
+                        batch = []
+        finally:  # what was read before a malformed part is queued all the same
+            try:
+                self._add(batch)
+            finally:
+                self.connection.delete(self._taken)
         return self.report
 
     def _add(self, batch: list[Entry]) -> None:
-        """Queue a batch of entries: pages by the rules, child sitemaps by ``sitemap_follow``, lastmods compared."""
+        """Queue a batch of entries: pages by the rules, child sitemaps by ``sitemap_follow``, lastmods compared.
+
+        A page or child sitemap skips the seen set only when its lastmod moved past the one
+        recorded (verdict "u"); a new one, or one without lastmod, is queued if it is new
+        to the seen set, like any URL.
+        """
         if not batch:
             return
-        candidates: list[tuple[Entry, str, str]] = []  # (entry, canonical URL, callback)
+        candidates = self._candidates(batch)
+        verdicts = self._lastmod_verdicts([(url, entry.lastmod) for entry, url, _ in candidates])
+        requests = []
+        for (entry, url, callback), verdict in zip(candidates, verdicts, strict=True):
+            if verdict == "t":  # queued from this document already: its later lastmod is recorded, no more
+                self.report.repeated += 1
+                continue
+            if entry.kind == "sitemap" and self.depth >= MAX_SITEMAP_DEPTH:
+                self._refused(f"{url}: sitemaps nested deeper than {MAX_SITEMAP_DEPTH}")
+                continue
+            self.report.updated += entry.kind == "url" and verdict == "u"
+            requests.append(Request(url, callback=callback, dont_filter=verdict == "u"))
+        result = self.frontier.add(requests, depth=self.depth + 1, checked=True)  # canonical: checked above
+        sitemaps = {r.url for r in requests if r.callback == SITEMAP_CALLBACK}
+        self.report.sitemaps += sum(1 for url in result.enqueued if url in sitemaps)
+        self.report.queued += sum(1 for url in result.enqueued if url not in sitemaps)
+        self.report.duplicates += result.duplicates
+        for _, reason in result.refused or []:
+            self._refused(reason)
+
+    def _candidates(self, batch: list[Entry]) -> list[tuple[Entry, str, str]]:
+        """The batch's entries to queue, each once, with its canonical URL and callback.
+
+        An entry listed again in the batch counts once, with the latest lastmod of its listings.
+        """
+        taken: dict[str, tuple[Entry, str, str]] = {}  # canonical URL -> (entry, URL, callback)
         for entry in batch:
             self.report.urls += entry.kind == "url"
             callback = self.rules.callback(entry.loc) if entry.kind == "url" else SITEMAP_CALLBACK
@@ -315,36 +403,28 @@ class SitemapReader:
                 self.report.unmatched += 1
                 continue
             try:
-                candidates.append((entry, self.frontier.check(entry.loc), callback))
+                url = self.frontier.check(entry.loc)
             except RefusedURL as exc:
                 self._refused(str(exc))
-        verdicts = self._lastmod_verdicts([(url, entry.lastmod) for entry, url, _ in candidates])
-        requests = []
-        for (entry, url, callback), verdict in zip(candidates, verdicts, strict=True):
-            if entry.kind == "sitemap":
-                if self.depth >= MAX_SITEMAP_DEPTH:
-                    self._refused(f"{url}: sitemaps nested deeper than {MAX_SITEMAP_DEPTH}")
-                    continue
-                # A child sitemap is read again unless its lastmod says it did not change.
-                requests.append(Request(url, callback=callback, dont_filter=verdict != "s"))
-                self.report.sitemaps += 1
-            else:
-                self.report.updated += verdict == "u"
-                requests.append(Request(url, callback=callback, dont_filter=verdict == "u"))
-        result = self.frontier.add(requests, depth=self.depth + 1, checked=True)  # canonical: checked above
-        sitemaps = {r.url for r in requests if r.callback == SITEMAP_CALLBACK}
-        self.report.queued += sum(1 for url in result.enqueued if url not in sitemaps)
-        self.report.duplicates += result.duplicates
-        for _, reason in result.refused or []:
-            self._refused(reason)
+                continue
+            first = taken.get(url)
+            if first is None:
+                taken[url] = (entry, url, callback)
+                continue
+            self.report.repeated += 1
+            if entry.lastmod is not None and (first[0].lastmod is None or entry.lastmod > first[0].lastmod):
+                taken[url] = (replace(first[0], lastmod=entry.lastmod), url, first[2])
+        return list(taken.values())
 
     def _lastmod_verdicts(self, pairs: list[tuple[str, int | None]]) -> list[str]:
-        """Per (URL, lastmod): "n", "u" or "s" (see NEWER_LASTMOD); "-" for a URL without lastmod."""
+        """Per (URL, lastmod): "n", "u", "s" or "t" (see NEWER_LASTMOD); "-" for a URL without lastmod."""
         dated = [(index, url, lastmod) for index, (url, lastmod) in enumerate(pairs) if lastmod is not None]
         verdicts = ["-"] * len(pairs)
         if dated:
             blob = b"".join(fingerprint(url) for _, url, _ in dated)
-            reply = self._newer(keys=[keys.lastmod(self.frontier.site)], args=[blob, *(m for _, _, m in dated)])
+            reply = self._newer(
+                keys=[keys.lastmod(self.frontier.site), self._taken], args=[blob, *(m for _, _, m in dated)]
+            )
             for (index, _, _), verdict in zip(
                 dated, reply.decode() if isinstance(reply, bytes) else reply, strict=True
             ):

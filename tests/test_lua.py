@@ -137,7 +137,7 @@ def test_cross_slot_scripts_are_named_in_the_scaling_docs(name: str) -> None:
 
 def site_keys(site: str) -> list[str]:
     """Every key keys.py builds for ``site`` (dummy values for the other parameters)."""
-    dummies: dict[str, Any] = {"origin": "https://www.shop.example:443", "index": 29012345, "priority": -7}
+    dummies: dict[str, Any] = {"origin": "https://www.shop.example:443", "index": 29012345, "priority": -7, "read": "r"}
     built = []
     for name, function in inspect.getmembers(keys, inspect.isfunction):
         parameters = list(inspect.signature(function).parameters)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import gzip
 import re
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +22,11 @@ from redis import Redis
 
 from crawler import keys
 from crawler.errors import BadResponse, BodyTooLarge
-from crawler.frontier import Frontier
+from crawler.frontier import Frontier, fingerprint
 from crawler.seeding import seed_start
 from crawler.settings import Settings
 from crawler.sitemaps import (
+    MAX_ENTRIES,
     SITEMAP_CALLBACK,
     Entry,
     SitemapReader,
@@ -204,9 +209,9 @@ def gzipped_urlset(count: int) -> bytes:
     return gzip.compress(f'<?xml version="1.0"?><urlset {NS}>{urls}</urlset>'.encode())
 
 
-def reader(redis_conn: Redis, spider: type[Spider] | None = None) -> SitemapReader:
+def reader(redis_conn: Redis, spider: type[Spider] | None = None, depth: int = 0) -> SitemapReader:
     spider_class = spider or type("S", (Spider,), {"name": "smap", "allowed_domains": ["127.0.0.1"]})
-    return SitemapReader(redis_conn, Frontier(redis_conn, "smap", ["127.0.0.1"], 60, 60), spider_class(), 0)
+    return SitemapReader(redis_conn, Frontier(redis_conn, "smap", ["127.0.0.1"], 60, 60), spider_class(), depth)
 
 
 def test_a_sitemap_of_50000_urls_is_streamed_into_the_frontier(redis_conn: Redis) -> None:
@@ -217,6 +222,109 @@ def test_a_sitemap_of_50000_urls_is_streamed_into_the_frontier(redis_conn: Redis
     assert (report.urls, report.queued, report.refused) == (50_000, 50_000, 0)
     assert redis_conn.llen(keys.frontier("smap")) == 50_000
     assert seconds < 30
+
+
+def test_a_sitemap_is_read_up_to_the_protocols_50000_entries(redis_conn: Redis) -> None:
+    report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", zlib.compress(gzipped_urlset(MAX_ENTRIES + 10)))
+    assert redis_conn.llen(keys.frontier("smap")) == MAX_ENTRIES
+    assert (report.urls, report.queued, report.capped) == (MAX_ENTRIES, MAX_ENTRIES, True)
+    assert report.summary().endswith("; capped at 50000 entries, the rest ignored")  # in the sitemap's record
+
+
+def stored(tags: Iterable[str], root: str = "urlset") -> bytes:
+    """A gzipped sitemap of the given elements, as the download stores it (zlib-compressed)."""
+    body = "".join(tags)
+    return zlib.compress(gzip.compress(f'<?xml version="1.0"?><{root} {NS}>{body}</{root}>'.encode()), 6)
+
+
+def minutes(n: int) -> str:
+    return (datetime(2024, 5, 1, tzinfo=UTC) + timedelta(minutes=n)).isoformat()
+
+
+@pytest.mark.parametrize("dated", [False, True], ids=["no lastmod", "rising lastmod"])
+def test_a_child_sitemap_listed_20000_times_is_queued_once_and_not_again(redis_conn: Redis, dated: bool) -> None:
+    child = "<loc>http://127.0.0.1/child.xml</loc>"
+    index = stored(
+        (f"<sitemap>{child}<lastmod>{minutes(i)}</lastmod></sitemap>" if dated else f"<sitemap>{child}</sitemap>")
+        for i in range(20_000)
+    )
+    assert len(index) < 40_000  # a small download
+    report = reader(redis_conn).read("http://127.0.0.1/index.xml.gz", index)
+    assert [t.url for t in Frontier(redis_conn, "smap", ["127.0.0.1"], 60, 60).waiting()] == [
+        "http://127.0.0.1/child.xml"
+    ]
+    # Taken once per batch (the latest lastmod); the seen set, or what this read queued, has the later batches'.
+    assert report.sitemaps == 1 and report.repeated + report.duplicates == 19_999
+    # Read again one level down (an index that lists itself, say): its lastmod did not move.
+    again = reader(redis_conn, depth=1).read("http://127.0.0.1/child.xml", index)
+    assert redis_conn.llen(keys.frontier("smap")) == 1
+    assert again.sitemaps == 0
+
+
+def test_a_page_listed_again_with_a_rising_lastmod_is_queued_once_per_read(redis_conn: Redis) -> None:
+    page = "<loc>http://127.0.0.1/p/1</loc>"
+    # 3,600 listings, four batches, each lastmod a minute later than the one before.
+    first = stored(f"<url>{page}<lastmod>{minutes(i)}</lastmod></url>" for i in range(3_600))
+    report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", first)
+    assert redis_conn.llen(keys.frontier("smap")) == 1
+    assert (report.urls, report.queued, report.repeated) == (3_600, 1, 3_599)
+    lastmods = keys.lastmod("smap")
+    recorded = int(redis_conn.hget(lastmods, fingerprint("http://127.0.0.1/p/1")) or 0)
+    assert datetime.fromtimestamp(recorded, UTC).isoformat() == minutes(3_599)  # the latest one listed
+    assert reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", first).queued == 0  # lastmod did not move
+    assert redis_conn.llen(keys.frontier("smap")) == 1
+    # Listed again, older lastmods first, then past the one recorded: queued once more.
+    moved = stored(f"<url>{page}<lastmod>{minutes(i)}</lastmod></url>" for i in range(1_800, 5_400))
+    report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", moved)
+    assert redis_conn.llen(keys.frontier("smap")) == 2
+    assert (report.queued, report.updated) == (1, 1)
+    assert not redis_conn.keys(keys.sitemap_taken("smap", "*"))  # what one read queued is forgotten after it
+
+
+#: A sitemap's body of 48 MB, decoded, in three shapes: (head, what is repeated, tail).
+SHAPES = {
+    "48 MB of <x/>": (f"<urlset {NS}>", "<x/>", "</urlset>"),
+    "48 MB of urlset": (
+        f"<urlset {NS}>",
+        "<url><loc>http://127.0.0.1/products/a-product-with-a-long-name</loc><lastmod>2024-05-01</lastmod></url>\n",
+        "</urlset>",
+    ),
+    "48 MB of images": (
+        f'<urlset {NS} xmlns:i="http://www.google.com/schemas/sitemap-image/1.1"><url><loc>http://127.0.0.1/p</loc>',
+        "<i:image><i:loc>http://127.0.0.1/i.jpg</i:loc></i:image>",
+        "</url></urlset>",
+    ),
+}
+#: Largest growth of a worker's resident memory while it reads a sitemap.
+MEMORY_BOUND_MIB = 64
+
+MEASURE = """
+import resource, sys, zlib
+from crawler.sitemaps import entries, inflated
+stored = zlib.compress(open(sys.argv[1], "rb").read())
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+count = sum(1 for _ in entries(inflated(stored)))
+print(count, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_reading_a_sitemap_of_any_elements_holds_a_bounded_memory(tmp_path: Path, shape: str) -> None:
+    head, unit, tail = SHAPES[shape]
+    path = tmp_path / "sitemap.xml.gz"
+    with gzip.open(path, "wb", compresslevel=6) as out:
+        out.write(f'<?xml version="1.0"?>{head}'.encode())
+        chunk, chunks = unit.encode() * (1_000_000 // len(unit)), 48
+        for _ in range(chunks):
+            out.write(chunk)
+        out.write(tail.encode())
+    # In a process of its own: resident memory (libxml2's too, which tracemalloc does not see).
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, timeout=300, check=True
+    )
+    count, grown_mib = map(int, result.stdout.split())
+    assert count == {"<x/>": 0, "urlset": chunks * (1_000_000 // len(unit)), "images": 1}[shape.split()[-1]]
+    assert grown_mib < MEMORY_BOUND_MIB, (shape, grown_mib)
 
 
 def python_peak(redis_conn: Redis, count: int) -> int:
