@@ -545,7 +545,8 @@ def refused(exc: BaseException) -> bool:
     database, a server shutting down) ends. On PostgreSQL the SQLSTATE class tells
     (``REFUSING_SQLSTATES``); errors without one are the driver's own checks (psycopg's
     NUL, sqlite3's constraints and bindings: DataError, IntegrityError, ProgrammingError).
-    A value that cannot be bound at all (not JSON, a lone surrogate) is a refusal too.
+    A value that cannot be bound at all (not JSON, a lone surrogate, an integer past
+    64 bits) is a refusal too.
     """
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
@@ -554,7 +555,7 @@ def refused(exc: BaseException) -> bool:
         if sqlstate:
             return str(sqlstate)[:2] in REFUSING_SQLSTATES
         return isinstance(exc, DataError | IntegrityError | ProgrammingError)
-    return isinstance(exc, StatementError | TypeError | ValueError)
+    return isinstance(exc, StatementError | TypeError | ValueError | OverflowError)
 
 
 @contextmanager
@@ -562,7 +563,7 @@ def _refusals() -> Iterator[None]:
     """Raise what the database refuses (``refused``) as RefusedRecord; outages go through as they are."""
     try:
         yield
-    except (StatementError, TypeError, ValueError) as exc:
+    except (StatementError, TypeError, ValueError, OverflowError) as exc:
         if not refused(exc):
             raise
         raise RefusedRecord(f"database refused the data: {_first_line(exc)}") from exc
