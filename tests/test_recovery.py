@@ -690,3 +690,27 @@ def test_a_poison_record_in_the_outbox_is_quarantined_and_the_records_behind_it_
     (kept,) = quarantine.entries(redis_conn)
     assert kept.source == keys.outbox() and "fetch record refused by the database" in kept.reason
     assert kept.content is not None and "/poison" in kept.content["entry"]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_refused_record_in_a_batch_is_recorded_failed_and_the_others_written(
+    database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
+) -> None:
+    from crawler import outbox
+    from crawler.store import FetchRecord, utcnow
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    rt = Runtime(redis_conn, dataclasses.replace(settings, database_url=url))
+    now = utcnow()
+    batch = [
+        FetchRecord("demo", f"http://shop.example/{path}", "ok", now, now, error=error)
+        for path, error in [("a", None), ("garbled", "bad \ud800 text"), ("b?" + "x" * 3000, None)]
+    ]
+    try:
+        parked = outbox.write_all(rt, batch)
+        rows = {r["url"].split("/")[3][:1]: r for r in rt.store.fetch_rows("demo")}
+    finally:
+        rt.close()
+    assert parked == [], "a refused record was taken for an outage"
+    assert (rows["a"]["outcome"], rows["b"]["outcome"], rows["g"]["outcome"]) == ("ok", "ok", "failed")
+    assert "database refused the data" in rows["g"]["error"]
