@@ -714,3 +714,52 @@ def test_a_refused_record_in_a_batch_is_recorded_failed_and_the_others_written(
     assert parked == [], "a refused record was taken for an outage"
     assert (rows["a"]["outcome"], rows["b"]["outcome"], rows["g"]["outcome"]) == ("ok", "ok", "failed")
     assert "database refused the data" in rows["g"]["error"]
+
+
+REFUSED_ITEM_SPIDER = """
+from crawler import Spider
+
+
+class Refused(Spider):
+    name = "refused"
+    start_urls = ["http://127.0.0.1:9/"]
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page):
+        yield {"url": page.url, "tags": {"not", "json"}}
+"""
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_redelivered_page_whose_items_are_refused_is_recorded_failed(
+    database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
+) -> None:
+    """A page delivered again (its worker died) is parsed and written on its own: the path without a batch."""
+    import zlib
+
+    from crawler import pages
+    from crawler.parsing import ParseWorker
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    (Path(settings.sites_dir) / "refused.py").write_text(REFUSED_ITEM_SPIDER)
+    settings = dataclasses.replace(settings, database_url=url, job_lease=LEASE)
+    page = "http://127.0.0.1:9/page"
+    pages.add(redis_conn, {"site": "refused", "url": page, "status": 200}, zlib.compress(b"<p>page</p>"))
+    pages.ensure_group(redis_conn)
+    assert len(pages.read(redis_conn, "gone", 10, 0)) == 1  # a worker that took it and died
+    rt = Runtime(redis_conn, settings)
+    install(rt)
+    try:
+        worker = ParseWorker(redis_conn, ["refused"])
+        finished = threading.Event()
+        thread = threading.Thread(target=lambda: (worker.work(burst=True), finished.set()), daemon=True)
+        thread.start()
+        if not finished.wait(LEASE + 30):
+            worker.stop_event.set()
+            pytest.fail("the parse worker did not end: the refused page was taken for an outage")
+        records = rt.store.fetch_rows("refused")
+    finally:
+        rt.close()
+    ((kind, outcome, error),) = [(r["kind"], r["outcome"], r["error"]) for r in records]
+    assert (kind, outcome) == ("parse", "failed") and error.startswith("database refused the data"), error
+    assert redis_conn.xlen(keys.pages()) == 0
