@@ -2,9 +2,9 @@
 
 A job's work (a page downloaded, its body handed on) is done whether or not its
 record can be written at once; redoing the job to retry the record would download
-the page again. So a record the database refuses is parked in one Redis list, and
-workers write parked records back in batches, oldest first, when the database
-answers again. Burst workers count parked records as work left.
+the page again. So a record that cannot be written while the database is down is
+parked in one Redis list, and workers write parked records back in batches, oldest
+first, when the database answers again. Burst workers count parked records as work left.
 
 Only an outage parks a record. A record the database refuses (``store.refused``: a
 value it cannot hold) would be refused at every try: when a batch is refused its
