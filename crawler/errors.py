@@ -18,10 +18,12 @@
         ├── ClientStatus     4xx other than 429
         ├── BodyTooLarge     body or decompressed body over the cap
         ├── BadResponse      malformed or oversized headers, undecodable body, unknown coding
-        └── TooManyRedirects
+        ├── TooManyRedirects
+        └── RefusedRecord    the database refused a record's data (not an outage): the page fails
 
 HTTP library exceptions are translated into this tree in one place
-(``crawler.fetch``), so retry rules depend only on these classes.
+(``crawler.fetch``), so retry rules depend only on these classes; database errors
+that refuse the data written (not the connection) become RefusedRecord in ``crawler.store``.
 """
 
 from __future__ import annotations
@@ -128,3 +130,8 @@ class BadResponse(PermanentError):
 
 class TooManyRedirects(PermanentError):
     """The redirect chain is longer than the limit."""
+
+
+class RefusedRecord(PermanentError):
+    """The database refused the data written (a value too long to index, out of range, not
+    JSON), as opposed to failing to answer: writing it again would fail again."""

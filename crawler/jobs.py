@@ -35,6 +35,7 @@ from .errors import (
     FetchTimeout,
     PermanentError,
     ProxyError,
+    RefusedRecord,
     RefusedURL,
     RetryableStatus,
     RobotsUnavailable,
@@ -558,7 +559,7 @@ def parse(
             rt.store.upsert_items(site, items, seen=_fetched_at(payload))
             refused = rt.frontier(site).add(requests, depth=depth).refused
         else:
-            held.items.append((site, items, _fetched_at(payload)))
+            held.hold_items(site, items, _fetched_at(payload))
             candidates, refused = rt.frontier(site).vet(requests)
             held.links.append((site, candidates, depth))
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
@@ -591,6 +592,10 @@ class HeldParses:
     a batch takes one and three. A page is acknowledged only once its links
     are queued and its items stored: a worker that dies first leaves its whole batch to
     be parsed again (its links are then duplicates, its items written again).
+
+    A batch the database refuses (``store.refused``: not an outage) is written a page at
+    a time, each page's items with its record: a page refused alone is recorded failed
+    with the database's reason, the others are written.
     """
 
     def __init__(self, rt: runtime.Runtime):
@@ -599,16 +604,26 @@ class HeldParses:
         self.links: list[tuple[str, list[Candidate], int]] = []
         #: Per page: its site, items and when they were seen (fetched).
         self.items: list[tuple[str, list[Item], datetime | None]] = []
+        #: Index in ``items`` of the items of the page whose record is ``done[i]``, by i.
+        self.items_of: dict[int, int] = {}
         self.done: list[Done] = []
         #: Per page held: what ``fail`` needs to record it failed instead.
         self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
+        #: Pages written one at a time (a refused batch) whose pipeline is still to go.
+        self._written: list[Done] = []
+
+    def hold_items(self, site: str, items: list[Item], seen: datetime | None) -> None:
+        """Hold the items of the page whose record comes next (``_parse_done``)."""
+        self.items_of[len(self.done)] = len(self.items)
+        self.items.append((site, items, seen))
 
     def flush(self) -> None:
         """Write what is held: links, then items and records in one transaction, then the pipeline.
 
         A database that is down raises SQLAlchemyError, with the items and records still
-        held (the links, once queued, are not queued again). Each record's page counts
-        as done when its batch is written: its ``finished`` is now.
+        held (the links, once queued, are not queued again; pages written already, after
+        a refused batch, are not written again). Each record's page counts as done when
+        its batch is written: its ``finished`` is now.
         """
         links, self.links = self.links, []
         for site in dict.fromkeys(site for site, _, _ in links):
@@ -617,13 +632,39 @@ class HeldParses:
         for held in self.done:
             held.record.finished = finished
             held.record.elapsed = (finished - held.record.started).total_seconds()
-        self.rt.store.upsert_pages(self.items, [held.record for held in self.done])
-        done, self.items, self.done, self.pages = self.done, [], [], []
-        jobs_done(self.rt, done, written=True)
+        try:
+            self.rt.store.upsert_pages(self.items, [held.record for held in self.done])
+            self._written += self.done
+        except RefusedRecord:
+            self._write_each()
+        written, self._written = self._written, []
+        self.items, self.items_of, self.done, self.pages = [], {}, [], []
+        jobs_done(self.rt, written, written=True)
+
+    def _write_each(self) -> None:
+        """A page at a time, its items with its record: refused alone, the page is recorded failed.
+
+        Each page leaves what is held once dealt with, so an outage on the way (raised)
+        leaves only the others to write when ``flush`` is called again.
+        """
+        while self.done:
+            held, page = self.done[0], self.pages[0]
+            at = self.items_of.get(0)
+            try:
+                self.rt.store.upsert_pages([self.items[at]] if at is not None else [], [held.record])
+                self._written.append(held)
+            except RefusedRecord as exc:
+                payload, worker, done, started = page
+                log.warning("the database refused the items or record of %s: %s", payload.get("url"), exc)
+                parse_failed(payload, f"{exc} (this page's items or parse record)", worker, done, started)
+            del self.done[0], self.pages[0]
+            self.items_of = {i - 1: j for i, j in self.items_of.items() if i > 0}
 
     def fail(self, reason: str) -> None:
         """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
         pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
+        written, self.items_of, self._written = self._written, {}, []
+        jobs_done(self.rt, written, written=True)  # pages written one at a time before the timeout
         for payload, worker, done, started in pages_:
             parse_failed(payload, reason, worker, done, started)
 

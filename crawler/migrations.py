@@ -14,13 +14,14 @@ database with the crawler's tables and no version table is taken to be at it.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Column, DateTime, Index, Integer, MetaData, String, Table, func, inspect, select
+from sqlalchemy import Column, DateTime, Integer, MetaData, String, Table, UniqueConstraint, func, inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from .errors import ConfigError
@@ -68,16 +69,109 @@ def add_column(version: int, column: Column) -> Migration:
     return Migration(version, f"add {table}.{column.name}", apply)
 
 
-def add_index(version: int, index: Index) -> Migration:
-    """The step that creates ``index``, an index of a table the schema defines, where missing."""
-    table = index.table.name  # type: ignore[union-attr]
+def add_index(version: int, table: str, name: str, columns: Sequence[str]) -> Migration:
+    """The step that creates index ``name`` on ``table``'s ``columns``, where missing."""
 
     def apply(ops: Operations) -> None:
         present = {i["name"] for i in inspect(ops.get_bind()).get_indexes(table)}
-        if index.name not in present:
-            ops.create_index(str(index.name), table, [c.name for c in index.columns])
+        if name not in present:
+            ops.create_index(name, table, list(columns))
 
-    return Migration(version, f"add index {index.name} on {table}", apply)
+    return Migration(version, f"add index {name} on {table}", apply)
+
+
+def index_hashes(version: int, tables: Sequence[Table], replaced: Sequence[str]) -> Migration:
+    """The step that indexes text columns by their hash: for each of ``tables``, every column
+    ``X_hash`` is added where missing and filled with ``md5(X)`` (PostgreSQL's own; the store
+    registers the same function in SQLite), made NOT NULL, and the table's indexes and unique
+    constraints are created where missing; the indexes and constraints named in ``replaced``
+    are dropped. SQLite cannot drop a constraint or change a column in place: its tables are
+    rebuilt (Alembic's batch mode copies the rows).
+    """
+
+    def apply(ops: Operations) -> None:
+        for table in tables:
+            _fill_hashes(ops, table)
+            if ops.get_bind().dialect.name == "sqlite":
+                _rebuild_sqlite(ops, table, replaced)
+            else:
+                _reindex(ops, table, replaced)
+
+    return Migration(version, f"index {', '.join(t.name for t in tables)} by URL and key hashes", apply)
+
+
+def _hashed(table: Table) -> list[Column]:
+    return [c for c in table.columns if c.name.endswith("_hash")]
+
+
+def md5(text: str | None) -> str | None:
+    """PostgreSQL's ``md5(text)``: the md5 of the UTF-8 text in hex (None for NULL)."""
+    if text is None:
+        return None
+    return hashlib.md5(str(text).encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
+
+
+def _fill_hashes(ops: Operations, table: Table) -> None:
+    bind = ops.get_bind()
+    if bind.dialect.name == "sqlite":  # PostgreSQL has md5(); SQLite gets this one, on this connection
+        bind.connection.driver_connection.create_function("md5", 1, md5, deterministic=True)  # type: ignore[union-attr]
+    present = {c["name"] for c in inspect(bind).get_columns(table.name)}
+    for column in _hashed(table):
+        if column.name not in present:
+            ops.add_column(table.name, Column(column.name, column.type, nullable=True))
+        source = column.name.removesuffix("_hash")
+        ops.execute(f"UPDATE {table.name} SET {column.name} = md5({source}) WHERE {column.name} IS NULL")
+
+
+def _present(ops: Operations, table: str) -> tuple[set[str], set[str], dict[str, bool]]:
+    """Names of the table's indexes and unique constraints, and whether each column is nullable."""
+    inspector = inspect(ops.get_bind())
+    indexes = {str(i["name"]) for i in inspector.get_indexes(table)}
+    uniques = {str(u["name"]) for u in inspector.get_unique_constraints(table) if u["name"]}
+    return indexes, uniques, {c["name"]: bool(c["nullable"]) for c in inspector.get_columns(table)}
+
+
+def _reindex(ops: Operations, table: Table, replaced: Sequence[str]) -> None:
+    indexes, uniques, nullable = _present(ops, table.name)
+    for column in _hashed(table):
+        if nullable[column.name]:
+            ops.alter_column(table.name, column.name, nullable=False, existing_type=column.type)
+    for unique in _uniques(table):
+        if unique.name not in uniques:
+            ops.create_unique_constraint(str(unique.name), table.name, [c.name for c in unique.columns])
+    for index in table.indexes:
+        if index.name not in indexes:
+            ops.create_index(str(index.name), table.name, [c.name for c in index.columns])
+    for name in replaced:
+        if name in uniques:
+            ops.drop_constraint(name, table.name, type_="unique")
+        elif name in indexes:
+            ops.drop_index(name, table_name=table.name)
+
+
+def _rebuild_sqlite(ops: Operations, table: Table, replaced: Sequence[str]) -> None:
+    indexes, uniques, nullable = _present(ops, table.name)
+    stale = [name for name in replaced if name in indexes | uniques]
+    if not stale and not any(nullable[c.name] for c in _hashed(table)):
+        return
+    with ops.batch_alter_table(table.name, recreate="always") as batch:
+        for column in _hashed(table):
+            batch.alter_column(column.name, nullable=False, existing_type=column.type)
+        for name in stale:
+            if name in uniques:
+                batch.drop_constraint(name, type_="unique")
+            else:
+                batch.drop_index(name)
+        for unique in _uniques(table):
+            if unique.name not in uniques:
+                batch.create_unique_constraint(str(unique.name), [c.name for c in unique.columns])
+        for index in table.indexes:
+            if index.name not in indexes:
+                batch.create_index(str(index.name), [c.name for c in index.columns])
+
+
+def _uniques(table: Table) -> list[UniqueConstraint]:
+    return [c for c in table.constraints if isinstance(c, UniqueConstraint)]
 
 
 def version_table(metadata: MetaData) -> Table:

@@ -14,8 +14,10 @@ each written before the next. While it holds a batch, a lease thread keeps the e
 from being reclaimed by others. A page of a site this process has no spider for goes back to the
 end of the stream for a worker that has it (said once per site). While the database
 is down a page waits in the worker's hands, retried with backoff, and is not
-redelivered. ``rq suspend`` pauses it before its next batch until ``rq resume`` (a burst
-worker ends instead), as it does RQ's download workers.
+redelivered; a page whose items the database refuses (``store.refused``: a value it
+cannot hold, not an outage) is recorded failed with the reason, and the worker goes on.
+``rq suspend`` pauses it before its next batch until ``rq resume`` (a burst worker ends
+instead), as it does RQ's download workers.
 SIGTERM (or the launcher's stop event) stops it after the current page;
 the rest of its batch goes back to the stream. ``--burst``: it exits when the crawl is
 drained (``workers.crawl_drained``).
@@ -39,7 +41,7 @@ from rq.timeouts import JobTimeoutException
 from sqlalchemy.exc import SQLAlchemyError
 
 from . import jobs, keys, outbox, pages, runtime
-from .errors import ConfigError
+from .errors import ConfigError, RefusedRecord
 from .gate import Gate
 from .joblife import HEARTBEAT_EVERY
 from .vetting import RefusedEntry, page_entry
@@ -346,6 +348,8 @@ class ParseWorker:
                     jobs.parse(task, body, self.name, done, held)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise
+            except RefusedRecord as exc:  # the database will never take this page's items: it fails alone
+                jobs.parse_failed(task, f"{exc} (this page's items)", self.name, done, held=held)
             except (SQLAlchemyError, ConfigError) as exc:
                 if self.stop_event.wait(self._db_down(exc)):
                     pages.hand_back(self._client, [entry])

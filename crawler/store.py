@@ -3,8 +3,12 @@
 One schema for SQLite (the default, a file) and PostgreSQL (``DATABASE_URL``), written
 with SQLAlchemy Core, created or migrated when a ``Store`` starts (``migrations``).
 Items are upserted on (site, key), so a re-parse never duplicates an item;
-``first_seen``/``last_seen``/``changed`` keep the history a recrawl needs. See
-docs/DATABASE.md.
+``first_seen``/``last_seen``/``changed`` keep the history a recrawl needs. URLs and item
+keys are indexed by their md5 (``url_hash``, ``key_hash``), not as they are: a btree
+entry holds at most ~2.7 KB on PostgreSQL, and the crawler takes longer URLs. NUL
+characters are dropped from text columns (PostgreSQL text cannot hold them). An error
+that refuses the data written, not the connection, is raised as ``RefusedRecord``
+(``refused``). See docs/DATABASE.md.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -43,13 +48,38 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DataError,
+    DBAPIError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    ProgrammingError,
+    StatementError,
+)
 
 from . import migrations
-from .errors import ConfigError
+from .errors import ConfigError, RefusedRecord
 from .settings import redact_url
 
 metadata = MetaData()
+
+
+def text_hash(text: str) -> str:
+    """The md5 of ``text`` (UTF-8) in hex: what PostgreSQL's ``md5(text)`` gives (``migrations.md5``)."""
+    return hashlib.md5(text.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()
+
+
+def _hash_of(column: str) -> Any:
+    """A column default: the hash of ``column``'s value in the row inserted (for inserts that leave it out)."""
+
+    def default(context: Any) -> str | None:
+        value = context.get_current_parameters().get(column)
+        return None if value is None else text_hash(value)
+
+    return default
+
 
 items = Table(
     "items",
@@ -58,13 +88,16 @@ items = Table(
     Column("site", String(200), nullable=False),
     Column("key", Text, nullable=False),
     Column("url", Text, nullable=False),
+    Column("key_hash", String(32), nullable=False, default=_hash_of("key")),  # text_hash(key): unique, indexed
+    Column("url_hash", String(32), nullable=False, default=_hash_of("url")),  # text_hash(url): indexed
     Column("data", JSON, nullable=False),
     Column("digest", String(32), nullable=False),
     Column("first_seen", DateTime(timezone=True), nullable=False),
     Column("last_seen", DateTime(timezone=True), nullable=False),
     Column("changed", DateTime(timezone=True), nullable=False),
-    UniqueConstraint("site", "key", name="items_site_key"),
-    Index("items_site_url", "site", "url"),  # a page's items, when a refresh finds it unchanged
+    # Keys and URLs of any length: their hashes are indexed (a btree entry holds ~2.7 KB on PostgreSQL).
+    UniqueConstraint("site", "key_hash", name="items_site_key_hash"),
+    Index("items_site_url_hash", "site", "url_hash"),  # a page's items, when a refresh finds it unchanged
 )
 
 fetches = Table(
@@ -73,6 +106,7 @@ fetches = Table(
     Column("id", Integer().with_variant(BigInteger(), "postgresql"), primary_key=True, autoincrement=True),
     Column("site", String(200), nullable=False),
     Column("url", Text, nullable=False),
+    Column("url_hash", String(32), nullable=False, default=_hash_of("url")),  # text_hash(url): indexed
     Column("kind", String(16), nullable=False),  # download | parse | retry (crawler retry requeued the page)
     Column("outcome", String(16), nullable=False),  # ok | unchanged | redirect | retry | failed | refused | skipped
     Column("status", Integer),
@@ -86,7 +120,7 @@ fetches = Table(
     Column("callback", String(200)),  # the spider method the page was for, so it can be retried
     Column("meta", JSON),  # the request's meta (None when empty), so a retry hands it to the callback again
     Index("fetches_site_outcome", "site", "outcome"),
-    Index("fetches_site_url", "site", "url"),
+    Index("fetches_site_url_hash", "site", "url_hash"),
 )
 
 schema_versions = migrations.version_table(metadata)
@@ -96,7 +130,9 @@ schema_versions = migrations.version_table(metadata)
 MIGRATIONS: tuple[migrations.Migration, ...] = (
     migrations.add_column(2, fetches.c.callback),
     migrations.add_column(3, fetches.c.meta),
-    migrations.add_index(4, next(i for i in items.indexes if i.name == "items_site_url")),
+    migrations.add_index(4, "items", "items_site_url", ["site", "url"]),
+    # URLs and keys longer than a PostgreSQL btree entry (~2.7 KB) broke these three.
+    migrations.index_hashes(5, [fetches, items], ["fetches_site_url", "items_site_url", "items_site_key"]),
 )
 
 #: The schema version this code writes.
@@ -215,7 +251,8 @@ class Store:
         One transaction and one statement for the items when no key is on two of the
         pages, their rows in key order as ``upsert_items``'s; else one transaction a
         page, as separate calls would. The records go in the (last) transaction. Returns
-        how many item rows were written.
+        how many item rows were written. RefusedRecord when the database refuses the data
+        (``refused``): nothing of that transaction is written.
         """
         per_page = [rows for site, batch, seen in pages if (rows := self._item_rows(site, batch, seen))]
         merged = sorted((row for rows in per_page for row in rows), key=lambda row: (row["site"], row["key"]))
@@ -224,7 +261,7 @@ class Store:
         if records and not transactions:
             transactions = [[]]
         for index, rows in enumerate(transactions, start=1):
-            with self.engine.begin() as conn:
+            with _refusals(), self.engine.begin() as conn:
                 if rows:
                     conn.execute(self._upsert_statement, rows)
                 if records and index == len(transactions):
@@ -237,11 +274,15 @@ class Store:
         if now.tzinfo is None:
             raise ValueError("seen must be a timezone-aware datetime")
         rows = {}
+        site = _clean(site)
         for item in batch:
-            rows[item.key] = {
+            key, url = _clean(item.key), _clean(item.url)
+            rows[key] = {
                 "site": site,
-                "key": item.key,
-                "url": item.url,
+                "key": key,
+                "key_hash": text_hash(key),
+                "url": url,
+                "url_hash": text_hash(url),
                 "data": item.data,
                 "digest": item_digest(item.data),
                 "first_seen": now,
@@ -252,6 +293,18 @@ class Store:
         # INSERT … ON CONFLICT), and keys in one order in every batch, so that concurrent
         # batches with keys in common lock their rows in the same order and never deadlock.
         return [rows[key] for key in sorted(rows)]
+
+    @staticmethod
+    def _record_rows(records: Sequence[FetchRecord]) -> list[dict[str, Any]]:
+        rows = []
+        for record in records:
+            row = vars(record).copy()
+            for name in _RECORD_TEXT:
+                if row[name] is not None:
+                    row[name] = _clean(row[name])
+            row["url_hash"] = text_hash(row["url"])
+            rows.append(row)
+        return rows
 
     @cached_property
     def _upsert_statement(self) -> Any:
@@ -269,9 +322,10 @@ class Store:
         # Seen before the item's first sighting, with the data it has had all along.
         earlier_same = and_(new.first_seen < old.first_seen, same, old.changed == old.first_seen)
         return stmt.on_conflict_do_update(
-            index_elements=["site", "key"],
+            index_elements=["site", "key_hash"],
             set_={
                 "url": case((newer, new.url), else_=old.url),
+                "url_hash": case((newer, new.url_hash), else_=old.url_hash),
                 "data": case((newer, new.data), else_=old.data),
                 "digest": case((newer, new.digest), else_=old.digest),
                 "first_seen": earliest(old.first_seen, new.first_seen),
@@ -289,22 +343,23 @@ class Store:
             raise ValueError("seen must be a timezone-aware datetime")
         latest = getattr(func, "greatest" if self.engine.dialect.name == "postgresql" else "max")
         moment = literal(seen, items.c.last_seen.type)
+        site, url = _clean(site), _clean(url)
         query = (
             items.update()
-            .where(items.c.site == site, items.c.url == url)
+            .where(items.c.site == site, items.c.url_hash == text_hash(url), items.c.url == url)
             .values(last_seen=latest(items.c.last_seen, moment))
         )
-        with self.engine.begin() as conn:
+        with _refusals(), self.engine.begin() as conn:
             return int(conn.execute(query).rowcount)
 
     def record_fetches(self, records: Sequence[FetchRecord]) -> None:
-        """Append fetch records."""
+        """Append fetch records (in one transaction: RefusedRecord, and none written, if one is refused)."""
         if records:
-            with self.engine.begin() as conn:
+            with _refusals(), self.engine.begin() as conn:
                 self._insert_records(conn, records)
 
     def _insert_records(self, conn: Any, records: Sequence[FetchRecord]) -> None:
-        rows = [vars(r) for r in records]
+        rows = self._record_rows(records)
         # One row (a job's record) as a plain execute, not an executemany of one.
         conn.execute(self._insert_fetch, rows[0] if len(rows) == 1 else rows)
 
@@ -312,22 +367,24 @@ class Store:
         """Append the records not already there (same site, URL, kind and start); returns how many.
 
         For records written again after a write whose answer was lost (the connection cut
-        after the commit: ``outbox``), which must not be recorded twice.
+        after the commit: ``outbox``), which must not be recorded twice. RefusedRecord,
+        and none written, if the database refuses one.
         """
         if not records:
             return 0
-        with self.engine.begin() as conn:
+        rows = self._record_rows(records)
+        with _refusals(), self.engine.begin() as conn:
             present: set[tuple[str, str, str, datetime]] = set()
-            for site in {r.site for r in records}:
-                urls = sorted({r.url for r in records if r.site == site})
-                for start in range(0, len(urls), _IN_BATCH):
+            for site in {row["site"] for row in rows}:
+                hashes = sorted({row["url_hash"] for row in rows if row["site"] == site})
+                for start in range(0, len(hashes), _IN_BATCH):
                     query = select(fetches.c.url, fetches.c.kind, fetches.c.started).where(
-                        fetches.c.site == site, fetches.c.url.in_(urls[start : start + _IN_BATCH])
+                        fetches.c.site == site, fetches.c.url_hash.in_(hashes[start : start + _IN_BATCH])
                     )
                     present.update((site, url, kind, _as_utc(started)) for url, kind, started in conn.execute(query))
-            fresh = [r for r in records if (r.site, r.url, r.kind, _as_utc(r.started)) not in present]
+            fresh = [r for r in rows if (r["site"], r["url"], r["kind"], _as_utc(r["started"])) not in present]
             if fresh:
-                conn.execute(self._insert_fetch, [vars(r) for r in fresh])
+                conn.execute(self._insert_fetch, fresh)
         return len(fresh)
 
     @cached_property
@@ -343,7 +400,7 @@ class Store:
 
     def item_rows(self, site: str) -> list[dict[str, Any]]:
         """The site's items with key, url and history columns."""
-        query = select(items).where(items.c.site == site).order_by(items.c.key)
+        query = select(*_shown(items)).where(items.c.site == site).order_by(items.c.key)
         with self.engine.connect() as conn:
             return [dict(row._mapping) for row in conn.execute(query)]
 
@@ -354,7 +411,7 @@ class Store:
 
     def fetch_rows(self, site: str, outcome: str | None = None) -> list[dict[str, Any]]:
         """The site's fetch records, oldest first (only one outcome's when given)."""
-        query = select(fetches).where(fetches.c.site == site).order_by(fetches.c.id)
+        query = select(*_shown(fetches)).where(fetches.c.site == site).order_by(fetches.c.id)
         if outcome is not None:
             query = query.where(fetches.c.outcome == outcome)
         with self.engine.connect() as conn:
@@ -385,12 +442,17 @@ class Store:
         """
         later = fetches.alias("later")
         newer_record = exists().where(
-            later.c.site == fetches.c.site, later.c.url == fetches.c.url, later.c.id > fetches.c.id
+            later.c.site == fetches.c.site,
+            later.c.url_hash == fetches.c.url_hash,
+            later.c.url == fetches.c.url,
+            later.c.id > fetches.c.id,
         )
         # Only failed records are visited (index on site, outcome); each is checked for a later
-        # record of its page (index on site, url), so the cost follows the failures, not the crawl.
+        # record of its page (index on site, url_hash), so the cost follows the failures, not the crawl.
         query = (
-            select(fetches).where(fetches.c.outcome.in_(outcomes), ~newer_record).order_by(fetches.c.site, fetches.c.id)
+            select(*_shown(fetches))
+            .where(fetches.c.outcome.in_(outcomes), ~newer_record)
+            .order_by(fetches.c.site, fetches.c.id)
         )
         if site is not None:
             query = query.where(fetches.c.site == site)
@@ -399,11 +461,13 @@ class Store:
         with self.engine.connect() as conn:
             if urls is None:
                 return [dict(row._mapping) for row in conn.execute(query)]
-            wanted = list(dict.fromkeys(urls))
+            wanted = {_clean(url): text_hash(_clean(url)) for url in urls}
+            hashes = sorted(set(wanted.values()))
             rows = []
-            for start in range(0, len(wanted), _IN_BATCH):
-                batch = wanted[start : start + _IN_BATCH]
-                rows += [dict(row._mapping) for row in conn.execute(query.where(fetches.c.url.in_(batch)))]
+            for start in range(0, len(hashes), _IN_BATCH):
+                batch = hashes[start : start + _IN_BATCH]
+                found = conn.execute(query.where(fetches.c.url_hash.in_(batch)))
+                rows += [dict(row._mapping) for row in found if row.url in wanted]
             return sorted(rows, key=lambda row: (row["site"], row["id"]))[:limit]
 
     def ping(self) -> None:
@@ -452,6 +516,57 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+
+
+def _shown(table: Table) -> list[Column[Any]]:
+    """The table's columns but the hashes (an index's business, not a reader's)."""
+    return [column for column in table.columns if not column.name.endswith("_hash")]
+
+
+#: Text columns of a fetch record, written without NUL characters (``_clean``).
+_RECORD_TEXT = ("site", "url", "kind", "outcome", "worker", "error", "callback")
+
+#: Classes of PostgreSQL SQLSTATE that refuse the data written: 22 data exception (NUL,
+#: out of range, invalid JSON), 23 integrity constraint violation, 54 program limit
+#: exceeded (an index entry over the btree's ~2.7 KB). Others (08 connection, 40
+#: deadlock, 53 disk full or too many connections, 57 shutdown, 25 read-only) are outages.
+REFUSING_SQLSTATES = ("22", "23", "54")
+
+
+def _clean(text: str) -> str:
+    """``text`` without NUL characters, which PostgreSQL text cannot hold (dropped on SQLite too, for one data set)."""
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a write, refuses the data written rather than fails to reach the database.
+
+    A refusal would come back at every try; an outage (a lost connection, a locked
+    database, a server shutting down) ends. On PostgreSQL the SQLSTATE class tells
+    (``REFUSING_SQLSTATES``); errors without one are the driver's own checks (psycopg's
+    NUL, sqlite3's constraints and bindings: DataError, IntegrityError, ProgrammingError).
+    A value that cannot be bound at all (not JSON, a lone surrogate, an integer past
+    64 bits) is a refusal too.
+    """
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return False
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        if sqlstate:
+            return str(sqlstate)[:2] in REFUSING_SQLSTATES
+        return isinstance(exc, DataError | IntegrityError | ProgrammingError)
+    return isinstance(exc, StatementError | TypeError | ValueError | OverflowError)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Raise what the database refuses (``refused``) as RefusedRecord; outages go through as they are."""
+    try:
+        yield
+    except (StatementError, TypeError, ValueError, OverflowError) as exc:
+        if not refused(exc):
+            raise
+        raise RefusedRecord(f"database refused the data: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -259,10 +259,27 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
         )
         store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 11})])
         assert as_utc(store.item_rows(SITE)[0]["first_seen"]) == OLD_ITEM["first_seen"]
+        # The rows there got their hashes: the old page's items are found by its URL.
+        assert store.touch_items(SITE, OLD_ITEM["url"], utcnow()) == 1
+        # URLs and keys past a btree entry's ~2.7 KB are written and found (the old indexes refused them).
+        long_url = "http://shop.example/long?" + "".join(secrets.token_hex(8) for _ in range(500))
+        store.record_fetches([FetchRecord(SITE, long_url, "failed", now, now, kind="parse", error="x")])
+        store.upsert_items(SITE, [Item(long_url, long_url, {"price": 1})])
+        assert store.touch_items(SITE, long_url, utcnow()) == 1
+        assert long_url in [p["url"] for p in store.failed_pages(SITE, urls=[long_url])]
     finally:
         store.close()
     Store(empty_db).close()  # a second start finds it up to date
     assert recorded_versions(empty_db) == MIGRATED
+    engine = create_engine(engine_url(empty_db))
+    try:
+        found = inspect(engine)
+        indexed = {i["name"] for t in ("items", "fetches") for i in found.get_indexes(t)}
+        indexed |= {u["name"] for u in found.get_unique_constraints("items")}
+    finally:
+        engine.dispose()
+    assert {"items_site_key_hash", "items_site_url_hash", "fetches_site_url_hash"} <= indexed
+    assert not {"items_site_key", "items_site_url", "fetches_site_url"} & indexed
 
 
 def test_an_unversioned_database_that_already_has_the_column_is_only_stamped(empty_db: str) -> None:

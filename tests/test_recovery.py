@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -556,3 +557,209 @@ def test_download_workers_frozen_right_after_taking_the_gate_never_send_closer_t
             f"{short} gaps under {interval}s (smallest {gaps[0] * 1000:.1f} ms), {late} late sends reported, "
             f"over {len(freezes)} freezes"
         )
+
+
+# -- data the database refuses ------------------------------------------------------------
+
+POISON_SPIDER = """
+from crawler import Request, Spider
+
+PAD = {"3k": 3000, "8k": 8000}
+
+
+class Poison(Spider):
+    name = "poison"
+    start_urls = []
+    allowed_domains = ["127.0.0.1"]
+    interval = 0.005
+    item_key = "sku"
+
+    def parse(self, page):
+        yield from page.follow_all("li.prod a", callback=self.parse_product)
+        yield from page.follow_all("a.next", callback=self.parse)
+
+    def parse_product(self, page):
+        if "?pad=" in page.url:  # a copy of a product page at a 3 KB or 8 KB URL
+            yield {"sku": "long-" + page.url.rsplit("=", 1)[1][:2], "length": len(page.url)}
+            yield {"length": len(page.url)}  # keyed by the page URL: a key as long as it
+            return
+        item = {"sku": page.text(".sku"), "price": float(page.text(".price"))}
+        if page.url.endswith("/product/2"):
+            yield {"sku": "nul\\x00key", "note": "a NUL in its key and \\x00 in its data"}
+            for size, pad in PAD.items():
+                yield Request(page.url + "?pad=" + size + "x" * pad, callback=self.parse_product)
+        if page.url.endswith("/product/4"):
+            item["tags"] = {"not", "json"}  # no database takes it
+        if page.url.endswith("/product/6"):
+            item["price"] = float("nan")  # PostgreSQL's json refuses NaN; SQLite's text takes it
+        yield item
+"""
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_page_the_database_refuses_fails_alone_and_the_crawl_ends(
+    database: str, request: pytest.FixtureRequest, redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    from click.testing import CliRunner
+
+    from crawler.cli import cli
+    from crawler.demo.shop import product_price, product_sku
+    from crawler.store import utcnow
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    settings = dataclasses.replace(settings, database_url=url, job_lease=LEASE)
+    (Path(settings.sites_dir) / "poison.py").write_text(POISON_SPIDER)
+    with ShopSite(products=12, per_page=4, faults=False) as shop:
+        rt = Runtime(redis_conn, settings)
+        try:
+            seed(rt.frontier("poison"), [shop.url + "/products?page=1"])
+        finally:
+            rt.close()
+        processes = start_workers(
+            [WorkerSpec("download", ("poison",), burst=True), WorkerSpec("parse", ("poison",), burst=True)],
+            settings,
+            redis_url,
+        )
+        assert wait_drained(processes, timeout=90) == 0, "the burst workers did not end"
+        long_urls = [e.path for e in shop.requests if "?pad=" in e.path]
+        site = shop.url
+    refused = {4} if database == "sqlite" else {4, 6}
+    store = Store(url)
+    try:
+        rows = {row["key"]: row for row in store.item_rows("poison")}
+        fetched = {(r["url"], r["kind"], r["outcome"]) for r in store.fetch_rows("poison")}
+        touched = [store.touch_items("poison", f"{site}{path}", utcnow()) for path in long_urls]
+    finally:
+        store.close()
+    stored = {key: row["data"] for key, row in rows.items()}
+    if database == "sqlite":
+        assert math.isnan(stored.pop(product_sku(6))["price"])
+    expected = {product_sku(i): {"sku": product_sku(i), "price": float(product_price(i))} for i in range(1, 13)}
+    for i in refused | {6}:
+        del expected[product_sku(i)]
+    assert {key: data for key, data in stored.items() if key in expected} == expected  # every other item
+    assert stored["nulkey"]["note"] == "a NUL in its key and \x00 in its data"  # dropped from the key only
+    assert sorted(len(p) // 1000 for p in long_urls) == [3, 8]
+    for path in long_urls:  # items, records, and the lookups by URL of a 3 KB and an 8 KB URL
+        page = f"{site}{path}"
+        assert stored[f"long-{path.split('=')[1][:2]}"]["length"] == len(page)
+        assert stored[f"{page}#1"] == {"length": len(page)}  # a key as long as the URL
+        assert {(page, "download", "ok"), (page, "parse", "ok")} <= fetched
+    assert touched == [2, 2]
+    assert redis_conn.llen(keys.outbox()) == 0
+    base = ["--redis-url", redis_url, "--database-url", url, "--sites", settings.sites_dir]
+    result = CliRunner().invoke(cli, [*base, "failed", "poison", "--json"])
+    assert result.exit_code == 0, result.output
+    failed = json.loads(result.stdout)
+    assert sorted(page["url"] for page in failed) == sorted(f"{site}/product/{i}" for i in refused)
+    assert all(page["kind"] == "parse" and "database refused" in page["reason"] for page in failed), failed
+    result = CliRunner().invoke(cli, [*base, "retry", "poison", "--all"])
+    assert result.exit_code == 0, result.output
+    assert f"poison: {len(refused)} failed page" in result.output
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_poison_record_in_the_outbox_is_quarantined_and_the_records_behind_it_are_written(
+    database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
+) -> None:
+    from crawler import outbox, quarantine
+    from crawler.store import FetchRecord, utcnow
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    rt = Runtime(redis_conn, dataclasses.replace(settings, database_url=url))
+    now = utcnow()
+
+    def record(path: str, **fields: Any) -> FetchRecord:
+        return FetchRecord("demo", f"http://shop.example/{path}", "ok", now, now, **fields)
+
+    poison = record("poison", status=2**70)  # too big for any integer column: refused, even as failed
+    garbled = record("garbled", error="bad \ud800 text")  # a lone surrogate: refused; its failed record is not
+    good = [record(f"good/{i}") for i in range(3)] + [record("long?" + "x" * 3000), record("longer?" + "y" * 8000)]
+    for entry in [poison, garbled, *good]:
+        # As JSON with escapes: a lone surrogate cannot go to Redis as UTF-8 (a parked record is ASCII-safe then).
+        redis_conn.rpush(keys.outbox(), json.dumps(json.loads(outbox._to_json(entry))))
+    try:
+        outbox.flush(rt)
+        rows = rt.store.fetch_rows("demo")
+    finally:
+        rt.close()
+    assert redis_conn.llen(keys.outbox()) == 0, "records were left waiting behind the poison one"
+    assert sorted(r["url"] for r in rows if r["outcome"] == "ok") == sorted(r.url for r in good)
+    (failed,) = [r for r in rows if r["outcome"] == "failed"]
+    assert failed["url"] == garbled.url and "database refused" in failed["error"]
+    (kept,) = quarantine.entries(redis_conn)
+    assert kept.source == keys.outbox() and "fetch record refused by the database" in kept.reason
+    assert kept.content is not None and "/poison" in kept.content["entry"]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_refused_record_in_a_batch_is_recorded_failed_and_the_others_written(
+    database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
+) -> None:
+    from crawler import outbox
+    from crawler.store import FetchRecord, utcnow
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    rt = Runtime(redis_conn, dataclasses.replace(settings, database_url=url))
+    now = utcnow()
+    batch = [
+        FetchRecord("demo", f"http://shop.example/{path}", "ok", now, now, error=error)
+        for path, error in [("a", None), ("garbled", "bad \ud800 text"), ("b?" + "x" * 3000, None)]
+    ]
+    try:
+        parked = outbox.write_all(rt, batch)
+        rows = {r["url"].split("/")[3][:1]: r for r in rt.store.fetch_rows("demo")}
+    finally:
+        rt.close()
+    assert parked == [], "a refused record was taken for an outage"
+    assert (rows["a"]["outcome"], rows["b"]["outcome"], rows["g"]["outcome"]) == ("ok", "ok", "failed")
+    assert "database refused the data" in rows["g"]["error"]
+
+
+REFUSED_ITEM_SPIDER = """
+from crawler import Spider
+
+
+class Refused(Spider):
+    name = "refused"
+    start_urls = ["http://127.0.0.1:9/"]
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page):
+        yield {"url": page.url, "tags": {"not", "json"}}
+"""
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_a_redelivered_page_whose_items_are_refused_is_recorded_failed(
+    database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
+) -> None:
+    """A page delivered again (its worker died) is parsed and written on its own: the path without a batch."""
+    import zlib
+
+    from crawler import pages
+    from crawler.parsing import ParseWorker
+
+    url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
+    (Path(settings.sites_dir) / "refused.py").write_text(REFUSED_ITEM_SPIDER)
+    settings = dataclasses.replace(settings, database_url=url, job_lease=LEASE)
+    page = "http://127.0.0.1:9/page"
+    pages.add(redis_conn, {"site": "refused", "url": page, "status": 200}, zlib.compress(b"<p>page</p>"))
+    pages.ensure_group(redis_conn)
+    assert len(pages.read(redis_conn, "gone", 10, 0)) == 1  # a worker that took it and died
+    rt = Runtime(redis_conn, settings)
+    install(rt)
+    try:
+        worker = ParseWorker(redis_conn, ["refused"])
+        finished = threading.Event()
+        thread = threading.Thread(target=lambda: (worker.work(burst=True), finished.set()), daemon=True)
+        thread.start()
+        if not finished.wait(LEASE + 30):
+            worker.stop_event.set()
+            pytest.fail("the parse worker did not end: the refused page was taken for an outage")
+        records = rt.store.fetch_rows("refused")
+    finally:
+        rt.close()
+    ((kind, outcome, error),) = [(r["kind"], r["outcome"], r["error"]) for r in records]
+    assert (kind, outcome) == ("parse", "failed") and error.startswith("database refused the data"), error
+    assert redis_conn.xlen(keys.pages()) == 0
