@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +95,57 @@ def assert_one_line_error(result: Result, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+# -- peak memory of child processes -------------------------------------------------------
+# Not ``ru_maxrss`` (``wait4``, ``getrusage``): Linux carries it over from the parent across
+# fork and exec, so a child of a test process of 200 MiB reports at least 200 MiB, and a
+# bound checked on it fails for the test session's size, or passes for it.
+
+
+def _peak_kib(pid: int | str) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        found = re.search(r"VmHWM:\s+(\d+) kB", status.read())
+    return int(found.group(1)) if found else 0
+
+
+def _descendants(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found += [int(child) for child in children.read().split()]
+        except FileNotFoundError:
+            continue
+    return found + [grandchild for child in found for grandchild in _descendants(child)]
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The largest peak resident set (``VmHWM``) of ``pid`` and its live descendants, in MiB.
+
+    Read it before they exit: each process's own high-water mark since its ``exec``.
+    """
+    peaks = []
+    for process in [pid, *_descendants(pid)]:
+        try:
+            peaks.append(_peak_kib(process))
+        except FileNotFoundError:  # exited meanwhile
+            continue
+    return max(peaks, default=0) / 1024
+
+
+def cli_reporting_peak_rss(report: Path) -> list[str]:
+    """A command line that runs the ``crawler`` CLI and, as it exits, writes its own peak
+    resident set (``VmHWM``, KiB) to ``report``: append the CLI's arguments."""
+    code = (
+        "import atexit, re\n"
+        "def _report():\n"
+        "    with open('/proc/self/status') as status:\n"
+        "        peak = re.search(r'VmHWM:\\s+(\\d+) kB', status.read()).group(1)\n"
+        f"    with open({str(report)!r}, 'w') as out:\n"
+        "        out.write(peak)\n"
+        "atexit.register(_report)\n"
+        "from crawler.cli import main\n"
+        "main()\n"
+    )
+    return [sys.executable, "-c", code]
