@@ -6,6 +6,7 @@ and exit status 1; tracebacks are for bugs.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 import time
@@ -896,19 +897,36 @@ def _serve_metrics(obj: Context, host: str, port: int) -> Any:
 @cli.command("dashboard")
 @click.option("--port", default=9181, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--username", envvar="CRAWLER_DASHBOARD_USERNAME", help="Ask for HTTP basic credentials, this user.")
+@click.option("--password", envvar="CRAWLER_DASHBOARD_PASSWORD", help="The password of --username.")
+@click.option("--allow-host", "allowed_hosts", multiple=True, help="A host name the dashboard answers to (repeatable).")
 @pass_context
-def dashboard_(obj: Context, port: int, host: str) -> None:
-    """Serve rq-dashboard (RQ's queues, jobs and workers) for this Redis, until Ctrl-C.
+def dashboard_(
+    obj: Context, port: int, host: str, username: str | None, password: str | None, allowed_hosts: tuple[str, ...]
+) -> None:
+    """Serve rq-dashboard (RQ's queues, jobs and workers) for this Redis, read-only, until Ctrl-C.
 
+    It answers to IP addresses, localhost and --allow-host names only, refuses cross-site
+    requests, and off loopback needs --username and --password.
     Needs the dashboard extra: pip install 'crawler[dashboard]'.
     """
     from .dashboard import make_app
 
+    if not _loopback(host) and not (username and password):
+        raise ConfigError(f"crawler dashboard on {host} (not loopback) needs --username and --password")
     obj.read_only = True
     obj.redis.ping()
-    app = make_app(obj.redis_url)
+    app = make_app(obj.redis_url, username=username, password=password, allowed_hosts=allowed_hosts)
     click.echo(f"dashboard at http://{host}:{port}/ for Redis {redact_url(obj.redis_url)}", err=True)
     app.run(host=host, port=port)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address to listen on) is a loopback address or ``localhost``."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @cli.command("metrics")
