@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -13,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from click.testing import CliRunner
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 from rq import Queue, Worker
@@ -21,7 +21,6 @@ from rq.serializers import JSONSerializer
 from werkzeug.serving import make_server
 
 from crawler import keys
-from crawler.cli import cli
 from crawler.connection import redis_server_binary
 from crawler.dashboard import make_app
 from crawler.demo import ShopSite
@@ -171,7 +170,12 @@ def test_dashboard_answers_a_name_it_is_told_and_asks_for_credentials(locked_red
     assert anonymous.headers["WWW-Authenticate"].startswith("Basic")
 
 
-def test_dashboard_on_a_public_address_without_credentials_is_refused(redis_url: str) -> None:
-    result = CliRunner().invoke(cli, ["--redis-url", redis_url, "dashboard", "--host", "0.0.0.0"])
-    assert result.exit_code != 0
-    assert "--username" in result.output and "Traceback" not in result.output
+def test_dashboard_on_a_public_address_without_credentials_is_refused(redis_url: str, tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("crawler")
+    command = [str(script), "--redis-url", redis_url, "dashboard", "--host", "0.0.0.0", "--port", "0"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_DASHBOARD")}
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)  # else serves
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: crawler dashboard on 0.0.0.0 (not loopback) needs --username and --password"
+    ]
