@@ -6,6 +6,7 @@ and exit status 1; tracebacks are for bugs.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import sys
 import time
@@ -123,6 +124,10 @@ class CrawlerGroup(click.Group):
         except redis.RedisError as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise click.ClickException(_scrubbed(ctx, f"Redis error: {reason}")) from None
+        except OSError as exc:  # a file a command reads or writes: not found, no permission, disk full
+            if exc.filename is None:
+                raise
+            raise click.ClickException(_scrubbed(ctx, f"{exc.filename}: {exc.strerror or exc}")) from None
 
 
 def _scrubbed(ctx: click.Context, message: str) -> str:
@@ -185,16 +190,17 @@ def sites(obj: Context) -> None:
     """List the spiders found, with their politeness settings."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
     for name, spider in sorted(obj.spider_set.spiders.items()):
         policy = resolve_policy(spider, obj.settings, {})
-        table.add_row(
-            name,
-            policy.interval_text,
-            policy.sources["interval"],
+        table.add_row(  # Text: a value is never read as markup
+            Text(name),
+            Text(policy.interval_text),
+            Text(policy.sources["interval"]),
             "yes" if policy.obey_robots else "no",
-            ", ".join(spider().domains()) or "-",
+            Text(", ".join(spider().domains()) or "-"),
             str(len(spider.start_urls)),
         )
     Console().print(table)
@@ -329,8 +335,8 @@ def _seed_from(obj: Context, site: str, path: str, force: bool, priority: int, c
 
 
 def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
-    if not value:
-        return tuple(sorted(obj.spider_set.spiders))
+    if not value:  # the bundled demo too: its queue is empty unless `crawler demo` or `seed demo` filled it
+        return tuple(sorted(obj.spider_set.named()))
     return tuple(obj.site(name.strip()) for name in value.split(",") if name.strip())
 
 
@@ -520,6 +526,7 @@ def _progress(connection: Redis, sites_: list[str], database_url: str | None = N
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
+    from rich.text import Text
 
     from .watch import ErrorWatch, Progress, Snapshot
 
@@ -555,7 +562,7 @@ def _progress(connection: Redis, sites_: list[str], database_url: str | None = N
         for p in snapshot():
             s = p.status
             grid.add_row(
-                s.site,
+                Text(s.site),
                 str(s.done),
                 str(s.queued),
                 str(s.in_flight),
@@ -634,8 +641,8 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     rates = _observed_rates(obj, names)
     for s in statuses:
         s.rate = rates.get(s.site)
-        if s.site in obj.spider_set.spiders:
-            policy = resolve_policy(obj.spider_set.spiders[s.site], obj.settings, read_live(obj.redis, s.site))
+        if s.site in obj.spider_set.named():
+            policy = resolve_policy(obj.spider_set.get(s.site), obj.settings, read_live(obj.redis, s.site))
             s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
             now = politeness(obj.redis, s.site, policy)
             s.interval, s.interval_why = now.interval, now.why
@@ -726,18 +733,22 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
 @click.option(
     "--history", is_flag=True, help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601)."
 )
+@click.option(
+    "--raw-csv", is_flag=True, help="CSV: keep cells starting with = + - @ as they are (default: a leading ')."
+)
 @pass_context
-def export(obj: Context, site: str, fmt: str, output: str | None, history: bool) -> None:
-    """Write SITE's items as JSON lines or CSV."""
+def export(obj: Context, site: str, fmt: str, output: str | None, history: bool, raw_csv: bool) -> None:
+    """Write SITE's items as JSON lines or CSV.
+
+    CSV cells a spreadsheet would run as formulas (starting with = + - @, tab or CR) get a
+    leading ' unless --raw-csv.
+    """
     obj.site(site)
     store = Store(obj.settings.database_url)
     try:
         items = (with_history(row) for row in store.item_rows(site)) if history else store.items(site)
-        if output is None:
-            count = write_items(items, sys.stdout, fmt)
-        else:
-            with open(output, "w", newline="", encoding="utf-8") as out:
-                count = write_items(items, out, fmt)
+        with _open_output(output) as out:
+            count = write_items(items, out, fmt, raw_csv=raw_csv)
     finally:
         store.close()
     click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)
@@ -863,32 +874,39 @@ def stats(obj: Context, site: str, as_json: bool, plot_file: str | None) -> None
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     if cache["hits"] or cache["misses"]:
         console.print(
             f"development cache: {cache['hits']} hits (no request sent; in the counts below), {cache['misses']} misses",
             highlight=False,
+            markup=False,
         )
     lat = summary.latency
     console.print(
         f"{site}: {summary.downloads} downloads; latency p50 {lat['p50'] * 1000:.0f} ms, "
         f"p90 {lat['p90'] * 1000:.0f} ms, p99 {lat['p99'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms",
         highlight=False,
+        markup=False,
     )
-    console.print("outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), highlight=False)
-    console.print("statuses: " + ", ".join(f"{k} {v}" for k, v in summary.statuses.items()), highlight=False)
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
+    console.print("outcomes: " + outcomes, highlight=False, markup=False)
+    console.print(
+        "statuses: " + ", ".join(f"{k} {v}" for k, v in summary.statuses.items()), highlight=False, markup=False
+    )
     console.print(
         f"items: {parsed['stored']} stored, {parsed['dropped']} dropped (DropItem in process_item or a pipeline)",
         highlight=False,
+        markup=False,
     )
     minutes = Table("minute (UTC)", "downloads")
     for minute, count in summary.per_minute[-30:]:
-        minutes.add_row(minute, str(count))
+        minutes.add_row(Text(minute), str(count))
     console.print(minutes)
     slow = Table("slowest", "seconds", "status")
     for row in summary.slowest:
-        slow.add_row(row["url"], f"{row['elapsed']:.3f}", str(row["status"]))
+        slow.add_row(Text(row["url"]), f"{row['elapsed']:.3f}", Text(str(row["status"])))  # a URL is no markup
     console.print(slow)
 
 
@@ -941,7 +959,7 @@ def _serve_metrics(obj: Context, host: str, port: int) -> Any:
     """Serve the fleet's metrics from a daemon thread of this process; one line on stderr says where."""
     from .metrics import MetricsCollector, address, serve
 
-    server = serve(MetricsCollector(obj.redis, obj.spider_set.spiders, obj.settings), host, port)
+    server = serve(MetricsCollector(obj.redis, obj.spider_set.named(), obj.settings), host, port)
     click.echo(
         f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_url(obj.redis_url)}",
         err=True,
@@ -952,19 +970,36 @@ def _serve_metrics(obj: Context, host: str, port: int) -> Any:
 @cli.command("dashboard")
 @click.option("--port", default=9181, show_default=True, type=click.IntRange(0, 65535), help="Port to listen on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--username", envvar="CRAWLER_DASHBOARD_USERNAME", help="Ask for HTTP basic credentials, this user.")
+@click.option("--password", envvar="CRAWLER_DASHBOARD_PASSWORD", help="The password of --username.")
+@click.option("--allow-host", "allowed_hosts", multiple=True, help="A host name the dashboard answers to (repeatable).")
 @pass_context
-def dashboard_(obj: Context, port: int, host: str) -> None:
-    """Serve rq-dashboard (RQ's queues, jobs and workers) for this Redis, until Ctrl-C.
+def dashboard_(
+    obj: Context, port: int, host: str, username: str | None, password: str | None, allowed_hosts: tuple[str, ...]
+) -> None:
+    """Serve rq-dashboard (RQ's queues, jobs and workers) for this Redis, read-only, until Ctrl-C.
 
+    It answers to IP addresses, localhost and --allow-host names only, refuses cross-site
+    requests, and off loopback needs --username and --password.
     Needs the dashboard extra: pip install 'crawler[dashboard]'.
     """
     from .dashboard import make_app
 
+    if not _loopback(host) and not (username and password):
+        raise ConfigError(f"crawler dashboard on {host} (not loopback) needs --username and --password")
     obj.read_only = True
     obj.redis.ping()
-    app = make_app(obj.redis_url)
+    app = make_app(obj.redis_url, username=username, password=password, allowed_hosts=allowed_hosts)
     click.echo(f"dashboard at http://{host}:{port}/ for Redis {redact_url(obj.redis_url)}", err=True)
     app.run(host=host, port=port)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (an address to listen on) is a loopback address or ``localhost``."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @cli.command("metrics")
@@ -1036,6 +1071,20 @@ def demo(obj: Context, products: int, processes: int) -> None:
     click.echo(f"export them with: crawler --database-url {obj.settings.database_url} export demo")
     if wrong:
         raise ConfigError(f"demo crawl is incomplete: {wrong} items missing or wrong")
+
+
+@contextmanager
+def _open_output(path: str | None) -> Iterator[TextIO]:
+    """``path`` open to write text (stdout for None, left open); ConfigError naming it when it cannot be."""
+    if path is None:
+        yield sys.stdout
+        return
+    try:
+        out = open(path, "w", newline="", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    with out:
+        yield out
 
 
 def _replace(settings: Settings, **changes: Any) -> Settings:

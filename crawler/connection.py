@@ -27,7 +27,7 @@ import redis
 from redis import Redis
 
 from .errors import ConfigError
-from .settings import REDIS_EMBEDDED, redact_url
+from .settings import REDIS_EMBEDDED, redact_url, url_error
 
 #: Where a local Redis is looked for when no URL is configured.
 LOCALHOST_URL = "redis://127.0.0.1:6379/0"
@@ -58,7 +58,7 @@ def connect(url: str) -> Redis:
         client = Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
         client.ping()
     except ValueError as exc:
-        raise ConfigError(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+        raise ConfigError(f"invalid Redis URL {redact_url(url)}: {url_error(url, exc)}") from None
     except redis.AuthenticationError:
         raise ConfigError(f"Redis at {redact_url(url)} refused the credentials") from None
     except redis.RedisError as exc:

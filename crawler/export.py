@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 FORMATS = ("jsonl", "csv")
+#: First characters that make a spreadsheet read a CSV cell as a formula (OWASP's "CSV injection" list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 #: Columns of the ``items`` table added to each item by ``with_history``, as ``_NAME``.
 HISTORY_COLUMNS = ("key", "url", "first_seen", "last_seen", "changed")
@@ -35,24 +37,40 @@ def write_jsonl(items: Iterable[dict[str, Any]], out: TextIO) -> int:
     return count
 
 
-def write_csv(items: Iterable[dict[str, Any]], out: TextIO) -> int:
+def write_csv(items: Iterable[dict[str, Any]], out: TextIO, raw: bool = False) -> int:
     """A header of every field seen (first-seen order), then one row per item.
 
-    Nested values (lists, dicts) are written as JSON.
+    Nested values (lists, dicts) are written as JSON. A text cell (header included) that a
+    spreadsheet would run as a formula, one starting with ``= + - @``, tab or CR, gets a
+    leading ``'`` (``neutralize``), unless ``raw``.
     """
     rows = list(items)
     fields: dict[str, None] = {}
     for row in rows:
         fields.update(dict.fromkeys(row))
-    writer = csv.DictWriter(out, fieldnames=list(fields), extrasaction="ignore")
-    writer.writeheader()
+    cell = _as_is if raw else neutralize
+    writer = csv.writer(out)
+    writer.writerow([cell(field) for field in fields])
     for row in rows:
-        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+        writer.writerow([cell(_flat(row[field])) if field in row else "" for field in fields])
     return len(rows)
 
 
-def write_items(items: Iterable[dict[str, Any]], out: TextIO, fmt: str) -> int:
-    """Write ``items`` to ``out`` in ``fmt`` (jsonl or csv)."""
+def neutralize(value: Any) -> Any:
+    """``value`` with a ``'`` in front if it is text a spreadsheet would read as a formula."""
+    return f"'{value}" if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _flat(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (list, dict)) else value
+
+
+def write_items(items: Iterable[dict[str, Any]], out: TextIO, fmt: str, raw_csv: bool = False) -> int:
+    """Write ``items`` to ``out`` in ``fmt`` (jsonl or csv; ``raw_csv``: formulas left as they are)."""
     if fmt == "csv":
-        return write_csv(items, out)
+        return write_csv(items, out, raw=raw_csv)
     return write_jsonl(items, out)

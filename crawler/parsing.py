@@ -318,7 +318,7 @@ class ParseWorker:
             pages.refuse(self._client, entry_id, fields, str(exc))
             return True
         site = task["site"]
-        if site not in runtime.current().spider_set.spiders:
+        if site not in runtime.current().spider_set.named():
             if site not in self._warned:
                 self._warned.add(site)
                 log.warning("no spider for site %r here: leaving its pages to other parse workers", site[:100])

@@ -53,7 +53,7 @@ class Runtime:
         self.connection = connection
         self.settings = settings
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
-        self.policies = PolicyCache(connection, settings, self.spider_set.spiders)
+        self.policies = PolicyCache(connection, settings, self.spider_set.named())
         self._spiders: dict[str, Spider] = {}
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}

@@ -115,17 +115,21 @@ def print_status(
             "development cache: " + ", ".join(f"{s.site} {s.cache_hits} hits, {s.cache_misses} misses" for s in cached),
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
     if suspended:
         console.print("workers suspended (`rq suspend`): none takes a job until `rq resume`", highlight=False)
     console.print(
-        f"pages to parse (all sites): {parsing.queued} queued, {parsing.in_flight} in flight", highlight=False
+        f"pages to parse (all sites): {parsing.queued} queued, {parsing.in_flight} in flight",
+        highlight=False,
+        markup=False,
     )
     for host, states in sorted(hosts.items()):
         console.print(
             f"workers on {host}: " + ", ".join(f"{n} {name}" for name, n in sorted(states.items())),
             highlight=False,
             soft_wrap=True,
+            markup=False,
         )
 
 
@@ -175,11 +179,13 @@ def _status_block(console: Console, s: SiteStatus, suspended: bool) -> None:
         f"  queued {s.queued}, in flight {s.in_flight}, retrying {s.scheduled}, refreshes {s.refreshes}",
         highlight=False,
         soft_wrap=True,
+        markup=False,
     )
     console.print(
         f"  fetched {s.fetched}, parsed {s.parsed}, items {s.items}, failed {s.failed}, refused {s.refused}",
         highlight=False,
         soft_wrap=True,
+        markup=False,
     )
 
 

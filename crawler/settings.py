@@ -361,16 +361,44 @@ def load_settings(config_file: str | Path | None = None, **flags: Any) -> Settin
     return Settings(**values)
 
 
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<auth>[^/?#]*@)", re.IGNORECASE)
+#: A URL's scheme and ``//`` (``redis://``, ``postgresql+psycopg://``).
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+#: An ``@`` followed by what can be a host list (names, IPs, ``[v6]``, ports, sentinel's commas) and the end
+#: of the authority: the userinfo ends at the last such ``@``, whatever its password holds (``/ ? # @``).
+_HOST_AFTER_AT = re.compile(r"@(?=[a-z0-9._~%!$&'()*+,;=:\[\]-]*(?:[/?#]|$))", re.IGNORECASE)
 #: Query parameters that carry secrets in Redis and database URLs (``?password=``, libpq's ``sslpassword``, …).
 _SECRET_PARAM = re.compile(
     r"([?&;](?:[a-z_]*pass(?:word|wd)?|pwd|secret|[a-z_]*token|[a-z_]*key|auth)=)([^&;#]*)", re.IGNORECASE
 )
 
 
+def _split_userinfo(url: str) -> tuple[str, str | None, str]:
+    """``url`` as (up to ``scheme://``, userinfo or None, from the host on), parsed or not.
+
+    The userinfo is everything between ``scheme://`` and the last ``@`` before the host, so
+    a password holding ``/``, ``?``, ``#`` or ``@`` is all of it; an ``@`` in a path or query
+    may make it longer (more is hidden, never less). A URL whose authority is empty
+    (``sqlite:///a@b.db``) has none; text without ``scheme://`` has everything up to its
+    last ``@`` as one.
+    """
+    scheme = _SCHEME.search(url)
+    start = scheme.end() if scheme else 0
+    if url.startswith("/", start):
+        return url, None, ""
+    ats = [m.start() for m in _HOST_AFTER_AT.finditer(url, start)] or ([] if scheme else [url.rfind("@")])
+    if not ats or ats[-1] < 0:
+        return url, None, ""
+    return url[:start], url[start : ats[-1]], url[ats[-1] :]
+
+
 def redact_url(url: str) -> str:
-    """``url`` with its user and password, and secret query parameters, replaced by ``***``."""
-    return _SECRET_PARAM.sub(lambda m: m.group(1) + "***", _CREDENTIALS.sub(lambda m: f"{m.group('scheme')}***@", url))
+    """``url`` with its user and password, and secret query parameters, replaced by ``***``.
+
+    Works on text that does not parse as a URL too (``_split_userinfo``).
+    """
+    head, userinfo, rest = _split_userinfo(url)
+    redacted = url if userinfo is None else f"{head}***{rest}"
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + "***", redacted)
 
 
 def url_secrets(url: str | None) -> list[str]:
@@ -380,12 +408,26 @@ def url_secrets(url: str | None) -> list[str]:
     from urllib.parse import unquote
 
     found = []
-    auth = _CREDENTIALS.search(url)
-    if auth and ":" in auth.group("auth"):
-        found.append(auth.group("auth")[:-1].split(":", 1)[1])
-    found += [m.group(2) for m in _SECRET_PARAM.finditer(url)]
+    _, userinfo, rest = _split_userinfo(url)
+    if userinfo and ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    found += [m.group(2) for m in _SECRET_PARAM.finditer(rest if userinfo is not None else url)]
     found += [unquote(value) for value in found]
     return sorted({value for value in found if len(value) >= 3}, key=len, reverse=True)
+
+
+def url_error(url: str, exc: BaseException) -> str:
+    """Why ``url`` does not parse, in one line holding none of its secrets.
+
+    A parser that cut the URL short at a ``/``, ``?`` or ``#`` of the password quotes a
+    piece of it (redis-py: "Port could not be cast to integer value as 's3'"): then the
+    reason is that, not the parser's words.
+    """
+    _, userinfo, _ = _split_userinfo(url)
+    if userinfo and any(c in userinfo for c in "/?#@"):
+        return "percent-encode '/', '?', '#' and '@' in its user and password (%2F, %3F, %23, %40)"
+    lines = str(exc).strip().splitlines()
+    return scrub(lines[0] if lines else type(exc).__name__, url_secrets(url))
 
 
 def scrub(text: str, secrets: list[str]) -> str:

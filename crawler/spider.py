@@ -311,10 +311,13 @@ class Spider:
 
 @dataclass
 class SpiderSet:
-    """Spiders found in a directory, and the modules that failed to load."""
+    """Spiders found in a directory, the modules that failed to load, and spiders known by name only."""
 
     spiders: dict[str, type[Spider]]
     errors: list[SpiderLoadError]
+    #: Spiders ``get`` finds by name that are neither listed (``spiders``) nor matched by domain:
+    #: the bundled demo, which ``crawler sites`` does not show and a loopback URL does not pick.
+    by_name: dict[str, type[Spider]] = field(default_factory=dict)
 
     def get(self, name: str) -> type[Spider]:
         """The spider class named ``name``; ConfigError naming the known ones if none."""
@@ -325,8 +328,14 @@ class SpiderSet:
         for error in self.errors:
             if error.module == name or error.site == name:
                 raise error
+        if name in self.by_name:
+            return self.by_name[name]
         known = ", ".join(sorted(self.spiders)) or "none"
         raise ConfigError(f"unknown site {name!r} (known: {known})")
+
+    def named(self) -> dict[str, type[Spider]]:
+        """Every spider ``get`` finds, by name (a project's spider wins over a bundled one)."""
+        return {**self.by_name, **self.spiders}
 
 
 def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> SpiderSet:
@@ -334,11 +343,11 @@ def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> S
 
     A module that fails to import is reported in ``errors`` by name, file and line, and
     so is a spider whose attributes are wrong (``spidercheck``); the others load.
-    ``extra`` spiders (the bundled demo) are added as if found there.
+    ``extra`` spiders (the bundled demo) are found by name only (``SpiderSet.by_name``).
     """
     from .spidercheck import check_spider, import_failure
 
-    spiders: dict[str, type[Spider]] = {s.name: s for s in extra}
+    spiders: dict[str, type[Spider]] = {}
     errors: list[SpiderLoadError] = []
     path = Path(directory)
     for file in sorted(path.glob("*.py")) if path.is_dir() else []:
@@ -357,7 +366,7 @@ def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> S
                         errors.append(SpiderLoadError(file.stem, problem, site=str(obj.name)))
                     else:
                         spiders[obj.name] = obj
-    return SpiderSet(spiders, errors)
+    return SpiderSet(spiders, errors, {s.name: s for s in extra})
 
 
 def _import_file(file: Path) -> Any:

@@ -61,7 +61,7 @@ from sqlalchemy.exc import (
 
 from . import migrations
 from .errors import ConfigError, RefusedRecord
-from .settings import redact_url
+from .settings import redact_url, url_error
 
 metadata = MetaData()
 
@@ -199,7 +199,7 @@ class Store:
         try:
             self.engine: Engine = create_engine(engine_url(url), future=True, pool_pre_ping=True)
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-            raise ConfigError(f"invalid database URL {redact_url(url)}: {exc}") from None
+            raise ConfigError(f"invalid database URL {redact_url(url)}: {url_error(url, exc)}") from None
         except ImportError as exc:
             raise ConfigError(
                 f"database driver {exc.name} is not installed for {redact_url(url)}{_install_hint(url)}"

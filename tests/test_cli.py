@@ -126,8 +126,11 @@ ITEMS = [
     ],
     ids=["seed", "export", "status", "set"],
 )
-def test_unknown_site_is_one_line_error_naming_the_known_sites(invoke: Invoke, args: list[str]) -> None:
-    assert_one_line_error(invoke(*args), "unknown site 'nosuch'", "demo")
+def test_unknown_site_is_one_line_error_naming_the_known_sites(
+    invoke: Invoke, sites_dir: Path, args: list[str]
+) -> None:
+    (sites_dir / "good.py").write_text(GOOD_SPIDER)
+    assert_one_line_error(invoke(*args), "unknown site 'nosuch'", "(known: good)")
 
 
 @pytest.mark.parametrize(
@@ -159,7 +162,7 @@ def test_broken_spider_module_is_a_warning_and_the_others_still_load(invoke: Inv
     result = invoke("sites")
 
     assert result.exit_code == 0, result.output
-    assert "demo" in result.stdout and "good" in result.stdout
+    assert "good" in result.stdout
     (warning,) = stderr_lines(result)
     assert warning.startswith("warning: ") and "'broken'" in warning
     assert "a_module_that_does_not_exist_anywhere" in warning
@@ -414,12 +417,16 @@ def test_a_password_in_a_url_query_never_reaches_output_or_worker_logs(
 # -- good paths --------------------------------------------------------------------------
 
 
-def test_sites_lists_the_bundled_demo_with_its_interval(invoke: Invoke) -> None:
+def test_sites_lists_the_projects_spiders_with_their_interval_and_not_the_bundled_demo(
+    invoke: Invoke, sites_dir: Path
+) -> None:
+    (sites_dir / "good.py").write_text(GOOD_SPIDER)
     result = invoke("sites")
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
-    (row,) = [line for line in result.stdout.splitlines() if " demo " in line]
-    assert "0.02" in row and "127.0.0.1, localhost" in row
+    (row,) = [line for line in result.stdout.splitlines() if " good " in line]
+    assert "0.5" in row and "good.example" in row
+    assert " demo " not in result.stdout  # it belongs to `crawler demo`
 
 
 def test_seed_then_status_json_shows_the_queued_urls(invoke: Invoke) -> None:

@@ -81,7 +81,7 @@ def paths(shop: ShopSite) -> list[str]:
 def test_fetch_prints_the_body_on_stdout_and_status_and_headers_on_stderr(
     invoke: Invoke, shop: ShopSite, redis_conn: Redis
 ) -> None:
-    result = invoke("fetch", f"{shop.url}/product/1")
+    result = invoke("fetch", f"{shop.url}/product/1", "--site", "demo")
     assert result.exit_code == 0, result.output
     assert b"<h1>Product 1</h1>" in result.stdout_bytes
     head = result.stderr.splitlines()
@@ -94,7 +94,7 @@ def test_fetch_prints_the_body_on_stdout_and_status_and_headers_on_stderr(
 
 
 def test_fetch_headers_only(invoke: Invoke, shop: ShopSite) -> None:
-    result = invoke("fetch", f"{shop.url}/old/product/5", "--headers")
+    result = invoke("fetch", f"{shop.url}/old/product/5", "--headers", "--site", "demo")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].endswith("): redirect to /product/5: a request of its own")
@@ -103,7 +103,7 @@ def test_fetch_headers_only(invoke: Invoke, shop: ShopSite) -> None:
 
 
 def test_fetch_obeys_robots_txt(invoke: Invoke, shop: ShopSite) -> None:
-    result = invoke("fetch", f"{shop.url}/private/admin")
+    result = invoke("fetch", f"{shop.url}/private/admin", "--site", "demo")
     assert_one_line_error(result, "disallowed by robots.txt")
     assert "/private/admin" not in paths(shop)
 
@@ -111,7 +111,7 @@ def test_fetch_obeys_robots_txt(invoke: Invoke, shop: ShopSite) -> None:
 def test_fetch_takes_the_site_s_gate(invoke: Invoke, shop: ShopSite) -> None:
     assert invoke("set", "demo", "--interval", "0.4").exit_code == 0
     for n in (1, 2):
-        assert invoke("fetch", f"{shop.url}/product/{n}").exit_code == 0
+        assert invoke("fetch", f"{shop.url}/product/{n}", "--site", "demo").exit_code == 0
     assert paths(shop) == ["/robots.txt", "/product/1", "/product/2"]
     gaps = [b.time - a.time for a, b in zip(shop.requests, shop.requests[1:], strict=False)]
     assert min(gaps) >= 0.4
@@ -123,8 +123,9 @@ def test_fetch_of_a_url_no_spider_allows_is_one_line(invoke: Invoke) -> None:
 
 def test_fetch_of_a_url_two_spiders_allow_asks_for_the_site(invoke: Invoke, sites_dir: Path, shop: ShopSite) -> None:
     (sites_dir / "crashy.py").write_text(CRASHY)
+    (sites_dir / "twin.py").write_text(CRASHY.replace("Crashy", "Twin").replace('"crashy"', '"twin"'))
     url = shop.url.replace("127.0.0.1", "localhost") + "/product/1"
-    assert_one_line_error(invoke("fetch", url), "several spiders (crashy, demo)")
+    assert_one_line_error(invoke("fetch", url), "several spiders (crashy, twin)")  # the bundled demo is not one
     assert invoke("fetch", url, "--site", "crashy").exit_code == 0
 
 

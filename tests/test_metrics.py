@@ -297,7 +297,7 @@ def test_gauges_show_queued_work_pause_live_interval_and_parse_queue(runtime: Ru
     for url in urls[:3]:  # the same page twice: one refresh pending
         runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", url).to_entry(), 3600, 0)
     runtime.scheduler.schedule_refresh("demo", DownloadTask("demo", urls[0]).to_entry(), 60, 0)
-    scraper = MetricsCollector(redis_conn, runtime.spider_set.spiders, runtime.settings)
+    scraper = MetricsCollector(redis_conn, runtime.spider_set.named(), runtime.settings)
     try:
         text = exposition(scraper)
     finally:
@@ -372,7 +372,7 @@ def test_endpoint_after_a_real_crawl_matches_the_fetches_table(
     seed(runtime.frontier("demo"), [shop.url + "/"])
     threads, stop_event = start_in_threads(redis_conn)
     join_all(threads, stop_event)
-    server = serve(MetricsCollector(redis_conn, runtime.spider_set.spiders, runtime.settings), "127.0.0.1", 0)
+    server = serve(MetricsCollector(redis_conn, runtime.spider_set.named(), runtime.settings), "127.0.0.1", 0)
     try:
         response = httpx.get(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10)
     finally:

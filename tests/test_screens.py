@@ -204,3 +204,14 @@ def test_failed_with_traceback_prints_each_whole_error_after_the_list() -> None:
     print_failed(console, pages(), show_error=True)
     text = out.getvalue()
     assert f"books {LONG_URL} (parse):\n{TRACEBACK}" in text
+
+
+def test_status_prints_names_from_redis_as_text_never_as_markup() -> None:
+    site = "shop[/x]"  # a site name and a host name read from Redis, written by anyone
+    status = SiteStatus(site, 1, 0, 0, 1, 1, 0, 0, 1, interval=1.0, interval_source="spider", cache_hits=3)
+    for width in (80, 200):
+        console, out = terminal(width)
+        print_status(console, [status], BACKLOG, {"host[/bold]": {"busy": 1}})
+        text = out.getvalue()
+        assert "development cache: shop[/x] 3 hits" in text
+        assert "workers on host[/bold]: 1 busy" in text

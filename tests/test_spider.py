@@ -394,16 +394,17 @@ def test_load_spiders_registers_a_class_only_where_it_is_defined(sites_dir: Path
     assert found.spiders["books"].__module__ == "crawler_sites.good"
 
 
-def test_load_spiders_adds_extra_spiders_and_tolerates_a_missing_directory(tmp_path: Path) -> None:
+def test_load_spiders_finds_extra_spiders_by_name_only_and_tolerates_a_missing_directory(tmp_path: Path) -> None:
     found = load_spiders(tmp_path / "does-not-exist", extra=[Shop])
-    assert found.spiders == {"shop": Shop}
+    assert found.spiders == {}  # not listed (``crawler sites``), not matched by domain (``crawler fetch``)
+    assert found.get("shop") is Shop and found.named() == {"shop": Shop}
     assert found.errors == []
 
 
 def test_spider_set_get_unknown_site_lists_the_known_ones(sites_dir: Path) -> None:
     found = load_spiders(sites_dir, extra=[Shop])
     assert found.get("books").name == "books"
-    with pytest.raises(ConfigError, match=r"unknown site 'nope' \(known: books, shop\)"):
+    with pytest.raises(ConfigError, match=r"unknown site 'nope' \(known: books\)"):
         found.get("nope")
 
 
