@@ -4,12 +4,16 @@ Every HTML page of the app is the same shell (``<div id="app">``, a stylesheet, 
 app's script and a third-party script on ``tracker_host``); ``/app.js`` fetches JSON
 (``/api/products``, ``/api/product/ID``) and writes the product links or the product into
 the shell. ``/ssr/...`` serves the same pages written by the server, for plain fetching.
-Every request is logged with its arrival time, the tracker's apart.
+Every request is logged with its arrival time, the tracker's apart: the time the kernel
+received its first bytes (``SO_TIMESTAMPING``), where a server thread's own clock reading
+would come late by however long it waited for a CPU (tens of ms beside a busy browser).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -46,10 +50,32 @@ def product(i: int) -> dict[str, Any]:
     return {"id": i, "sku": f"SPA-{i:04d}", "name": f"Widget {i}", "price": f"{i * 1.5:.2f}"}
 
 
+#: Linux's ``SO_TIMESTAMPING`` (also the control message's type), and its flags for software receive times.
+SO_TIMESTAMPING = 37
+TIMESTAMPING_RX = (1 << 3) | (1 << 4)  # SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+
+
 @dataclass
 class Arrival:
-    time: float  # time.monotonic()
+    time: float  # epoch seconds the kernel received the request's first bytes
     path: str
+
+
+def received_at(connection: socket.socket) -> float:
+    """When the kernel received the bytes waiting on ``connection`` (waits for some): epoch seconds.
+
+    Read without taking them (``MSG_PEEK``); ``time.time()`` where the kernel gives no timestamp.
+    """
+    try:
+        _, ancillary, _, _ = connection.recvmsg(1, socket.CMSG_SPACE(48), socket.MSG_PEEK)
+    except OSError:
+        return time.time()
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            if seconds:
+                return seconds + nanoseconds / 1e9
+    return time.time()
 
 
 class SpaSite:
@@ -99,7 +125,7 @@ class SpaSite:
     def min_gap(self) -> float | None:
         """Smallest gap in seconds between consecutive arrivals at the app; None if under 2."""
         with self._lock:
-            times = [a.time for a in self.arrivals]
+            times = sorted(a.time for a in self.arrivals)
         return min((b - a for a, b in zip(times, times[1:])), default=None)
 
     def expected_items(self) -> dict[str, dict[str, Any]]:
@@ -146,10 +172,22 @@ class SpaSite:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            arrived = 0.0
+
+            def setup(self) -> None:
+                super().setup()
+                try:
+                    self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TIMESTAMPING_RX)
+                except OSError:  # not Linux: the thread's clock
+                    pass
+
+            def handle_one_request(self) -> None:
+                self.arrived = received_at(self.connection)
+                super().handle_one_request()
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 with site._lock:
-                    log.append(Arrival(time.monotonic(), self.path))
+                    log.append(Arrival(self.arrived, self.path))
                 if site.hang is not None and self.path == "/app.js" and site.hang in self.headers.get("referer", ""):
                     status, kind, body = 404, "text/plain", b"not found"
                 else:
