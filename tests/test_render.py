@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,9 +26,11 @@ from redis import Redis
 
 from crawler.cli import cli
 from crawler.demo.spa import SpaSite
+from crawler.errors import BodyTooLarge
+from crawler.fetch import Fetcher
 from crawler.frontier import seed
 from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.render import BrowserNotFound, find_browser
+from crawler.render import BrowserNotFound, Renderer, Visit, find_browser
 from crawler.runtime import Runtime
 from crawler.settings import Settings
 from crawler.store import FAILED, OK, RETRY, Store
@@ -187,3 +191,55 @@ def test_fetch_render_without_a_browser_is_a_one_line_error(redis_url: str, sett
             redis_url, settings, "fetch", site.url + "/", "--render", env={"CRAWLER_BROWSER_PATH": missing}
         )
     assert_one_line_error(result, "no-chromium", "not an executable file")
+
+
+# -- the renderer alone -----------------------------------------------------------------
+
+
+def direct_visit(fetcher: Fetcher) -> Visit:
+    return Visit(fetch=lambda url, headers, wait, is_page: fetcher.get(url, headers=headers), domains=["127.0.0.1"])
+
+
+def browsers_of_this_process() -> list[int]:
+    """Pids of the browsers this process's Playwright driver started (its children's children)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    drivers = {pid for pid, parent in parents.items() if parent == os.getpid()}
+    return [pid for pid, parent in parents.items() if parent in drivers]
+
+
+def test_a_crashed_browser_is_restarted_for_the_next_page(browser: str) -> None:
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    try:
+        with SpaSite(products=2) as site:
+            first = renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+            killed = browsers_of_this_process()
+            assert killed
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+            second = renderer.render(site.url + "/product/2", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+    finally:
+        renderer.close()
+        fetcher.close()
+    assert b"Widget 1" in first.body and b"Widget 2" in second.body
+    assert renderer.launches == 2
+
+
+def test_a_dom_over_the_body_cap_is_refused(browser: str) -> None:
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    try:
+        with SpaSite(products=300) as site:
+            with pytest.raises(BodyTooLarge, match="rendered DOM over 10,000 bytes"):
+                # The shell is under the cap; the DOM the script writes from the JSON is not.
+                renderer.render(site.url + "/", direct_visit(fetcher), "a.product", 10.0, 10_000)
+    finally:
+        renderer.close()
+        fetcher.close()
