@@ -11,6 +11,7 @@ would come late by however long it waited for a CPU (tens of ms beside a busy br
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import struct
@@ -86,9 +87,15 @@ class SpaSite:
     """
 
     def __init__(
-        self, products: int = 5, host: str = "127.0.0.1", tracker_host: str = "127.0.0.2", hang: str | None = None
+        self,
+        products: int = 5,
+        host: str = "127.0.0.1",
+        tracker_host: str = "127.0.0.2",
+        hang: str | None = None,
+        port: int = 0,
     ):
         self.products = products
+        self.port = port
         self.host = host
         self.tracker_host = tracker_host
         self.hang = hang
@@ -106,8 +113,8 @@ class SpaSite:
         return f"{self.tracker_host}:{self._servers[1].server_port}"
 
     def __enter__(self) -> SpaSite:
-        for host, log in ((self.host, self.arrivals), (self.tracker_host, self.tracker_arrivals)):
-            server = ThreadingHTTPServer((host, 0), self._handler(log))
+        for host, port, log in ((self.host, self.port, self.arrivals), (self.tracker_host, 0, self.tracker_arrivals)):
+            server = ThreadingHTTPServer((host, port), self._handler(log))
             server.daemon_threads = True
             threading.Thread(target=server.serve_forever, daemon=True).start()
             self._servers.append(server)
@@ -202,3 +209,21 @@ class SpaSite:
                 pass
 
         return Handler
+
+
+def main() -> None:
+    """``python -m crawler.demo.spa [--port 8000] [--products 5]``: serve the app until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="python -m crawler.demo.spa", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--products", type=int, default=5)
+    args = parser.parse_args()
+    with SpaSite(products=args.products, port=args.port) as site:
+        print(f"single-page app on {site.url}/ (server-rendered twin on {site.url}/ssr/); Ctrl-C to stop", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
