@@ -2,7 +2,7 @@
 
 Every HTML page of the app is the same shell (``<div id="app">``, a stylesheet, an image, the
 app's script and a third-party script on ``tracker_host``); ``/app.js`` fetches JSON
-(``/api/products``, ``/api/product/ID``) and writes the product links or the product into
+(``/api/products``, redirected, and ``/api/product/ID``) and writes the product links or the product into
 the shell. ``/ssr/...`` serves the same pages written by the server, for plain fetching.
 Every request is logged with its arrival time, the tracker's apart: the time the kernel
 received its first bytes (``SO_TIMESTAMPING``), where a server thread's own clock reading
@@ -44,6 +44,10 @@ if (path === '/') {
   });
 }
 """
+
+
+#: Paths answered with a redirect, and where to.
+REDIRECTS = {"/old": "/", "/api/products": "/api/v2/products"}
 
 
 def product(i: int) -> dict[str, Any]:
@@ -143,12 +147,15 @@ class SpaSite:
         }
 
     def answer(self, path: str) -> tuple[int, str, bytes]:
-        """(status, content type, body) for ``path``."""
+        """(status, content type or ``Location``, body) for ``path``: ``/old`` redirects to ``/``,
+        ``/api/products`` to ``/api/v2/products``."""
+        if path in REDIRECTS:
+            return 301 if path == "/old" else 302, REDIRECTS[path], b""
         if path == "/" or (path.startswith("/product/") and path[9:].isdigit()):
             return 200, "text/html; charset=utf-8", SHELL.format(tracker=self.tracker).encode()
         if path == "/app.js":
             return 200, "application/javascript", APP_JS.encode()
-        if path == "/api/products":
+        if path == "/api/v2/products":
             body = [{"id": i, "name": f"Widget {i}"} for i in range(1, self.products + 1)]
             return 200, "application/json", json.dumps(body).encode()
         if path.startswith("/api/product/") and path[13:].isdigit():
@@ -200,7 +207,7 @@ class SpaSite:
                 else:
                     status, kind, body = site.answer(self.path)
                 self.send_response(status)
-                self.send_header("Content-Type", kind)
+                self.send_header("Location" if 300 <= status < 400 else "Content-Type", kind)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
