@@ -245,3 +245,47 @@ def test_a_dom_over_the_body_cap_is_refused(browser: str) -> None:
     finally:
         renderer.close()
         fetcher.close()
+
+
+MIXED = """
+from crawler import Request, Spider
+
+
+class Spa(Spider):
+    name = "spa"
+    start_urls = ["{url}/ssr/"]
+    allowed_domains = ["127.0.0.1"]
+    item_key = "sku"
+
+    def parse(self, page):
+        # A plain page; one link of it needs the browser.
+        yield Request("{url}/product/2", self.parse_product, render=True, render_wait="#app h1.name")
+
+    def parse_product(self, page):
+        yield {{"sku": page.text(".sku"), "name": page.text("h1.name"), "price": float(page.text(".price"))}}
+"""
+
+
+def test_one_request_rendered_on_a_site_that_does_not_render(
+    redis_conn: Redis, settings: Settings, browser: str
+) -> None:
+    settings = dataclasses.replace(settings, sites={"spa": {"interval": 0.02}})
+    with SpaSite(products=2) as site:
+        (Path(settings.sites_dir) / "spa.py").write_text(MIXED.format(url=site.url))
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("spa"), [site.url + "/ssr/"])
+            threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+            join_all(threads, stop)
+        paths = site.paths()
+    assert items_by_key(settings.database_url, "spa") == {"SPA-0002": site.expected_items()["SPA-0002"]}
+    assert "/api/product/2" in paths and "/app.js" in paths  # the product page's script ran
+    assert paths.count("/ssr/") == 1 and "/api/v2/products" not in paths
+
+
+def test_shell_render_binds_the_rendered_page(redis_url: str, settings: Settings, browser: str) -> None:
+    with SpaSite(products=2) as site:
+        shell = ["shell", "demo", site.url + "/product/2", "--render", "--render-wait", "h1.name"]
+        base = ["--redis-url", redis_url, "--database-url", settings.database_url, "--sites", settings.sites_dir]
+        result = CliRunner().invoke(cli, [*base, *shell], input='print("name:", page.text("h1.name"))\n')
+    assert result.exit_code == 0, result.output
+    assert "name: Widget 2" in result.output
