@@ -20,6 +20,7 @@ first page is rendered.
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.util
 import logging
 import os
 import queue
@@ -121,6 +122,7 @@ class Renderer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._browser: Any = None
+        self._pid = os.getpid()
 
     def render(self, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int) -> Response:
         """Load ``url`` in a fresh context and return its DOM as an HTML ``Response`` (utf-8).
@@ -146,28 +148,35 @@ class Renderer:
 
     def _start(self) -> None:
         with self._lock:
+            if self._thread is not None and self._pid != os.getpid():  # forked: the thread stayed in the parent
+                self._thread, self._browser = None, None
+                self._jobs = queue.Queue()
             if self._thread is None:
-                find_browser(self.browser_path)  # a one-line error in the caller's thread, before any start
+                # One-line errors in the caller's thread, before anything starts.
+                if importlib.util.find_spec("playwright") is None:
+                    raise BrowserNotFound("rendering needs Playwright: pip install -e '.[browser]'")
+                find_browser(self.browser_path)
+                self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="renderer", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
+        from playwright.sync_api import sync_playwright
+
         try:
-            from playwright.sync_api import sync_playwright
-        except ImportError:
-            self._fail_all(BrowserNotFound("rendering needs Playwright: pip install -e '.[browser]'"))
-            return
-        with sync_playwright() as playwright:
-            while (job := self._jobs.get()) is not None:
-                future, args = job
-                if not future.set_running_or_notify_cancel():
-                    continue
-                try:
-                    future.set_result(self._render_fresh(playwright, *args))
-                except BaseException as exc:  # any: it belongs to the thread that asked
-                    future.set_exception(exc)
-            if self._browser is not None and self._browser.is_connected():
-                self._browser.close()
+            with sync_playwright() as playwright:
+                while (job := self._jobs.get()) is not None:
+                    future, args = job
+                    if not future.set_running_or_notify_cancel():
+                        continue
+                    try:
+                        future.set_result(self._render_fresh(playwright, *args))
+                    except BaseException as exc:  # any: it belongs to the thread that asked
+                        future.set_exception(exc)
+                if self._browser is not None and self._browser.is_connected():
+                    self._browser.close()
+        except Exception as exc:  # Playwright's driver did not start, or died: no page waits for it forever
+            self._fail_all(RenderFailed(f"Playwright failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"))
 
     def _fail_all(self, error: Exception) -> None:
         with self._lock:
