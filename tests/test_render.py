@@ -289,3 +289,22 @@ def test_shell_render_binds_the_rendered_page(redis_url: str, settings: Settings
         result = CliRunner().invoke(cli, [*base, *shell], input='print("name:", page.text("h1.name"))\n')
     assert result.exit_code == 0, result.output
     assert "name: Widget 2" in result.output
+
+
+def test_a_rendered_page_with_no_browser_is_recorded_failed_with_the_reason(
+    redis_conn: Redis, settings: Settings, tmp_path: Path
+) -> None:
+    settings = dataclasses.replace(
+        settings, browser_path=str(tmp_path / "no-chromium"), sites={"spa": {"interval": 0.02}}
+    )
+    with SpaSite(products=1) as site:
+        write_spider(settings, site, render=True)
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("spa"), [site.url + "/"])
+            threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+            join_all(threads, stop)
+            rows = [r for r in rt.store.fetch_rows("spa") if r["url"] == site.url + "/"]
+        paths = site.paths()
+    assert [r["outcome"] for r in rows] == [FAILED], rows
+    assert "no-chromium' is not an executable file" in rows[0]["error"]
+    assert paths == ["/robots.txt"]  # the page itself was never requested
