@@ -34,6 +34,7 @@ BENCHMARKS = (
     "seeding",
     "recrawl",
     "sitemaps",
+    "render",
 )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from typing import Any
 
 import click
 
@@ -25,17 +26,28 @@ from .spider import Page
 @click.argument("url")
 @click.option("--site", "site_name", help="The site whose gate and robots.txt apply [the one whose domains allow URL].")
 @click.option("--headers", "headers_only", is_flag=True, help="Print the status and headers only, on stdout.")
+@click.option("--render", is_flag=True, help="Render URL in the browser and print its DOM [as the spider says].")
+@click.option("--render-wait", metavar="CSS", help="With --render: take the DOM once this selector is in it.")
 @pass_context
-def fetch_(obj: Context, url: str, site_name: str | None, headers_only: bool) -> None:
+def fetch_(
+    obj: Context, url: str, site_name: str | None, headers_only: bool, render: bool, render_wait: str | None
+) -> None:
     """Download URL as a worker would (robots.txt, the site's gate, the caps): status, headers, body."""
     site = site_for(obj.spider_set, url, site_name)
-    response = fetch_as_worker(obj.runtime, site, url)
+    response = fetch_as_worker(obj.runtime, site, url, render_meta(render, render_wait))
     head = _head(response, site)
     if headers_only:
         click.echo(head)
         return
     click.echo(head + "\n", err=True)
     click.echo(response.body, nl=False)  # bytes: written as received, whatever the charset
+
+
+def render_meta(render: bool, render_wait: str | None) -> dict[str, Any]:
+    """``--render`` / ``--render-wait`` as a request's meta carries them (``Request``)."""
+    if render_wait is not None and not render:
+        raise click.BadParameter("needs --render", param_hint="--render-wait")
+    return {"render": True, **({"render_wait": render_wait} if render_wait else {})} if render else {}
 
 
 def _head(response: Response, site: str) -> str:
@@ -102,15 +114,17 @@ def parse_(
 @click.argument("site")
 @click.argument("url", required=False)
 @click.option("--plain", is_flag=True, help="Python's own console even if IPython is installed.")
+@click.option("--render", is_flag=True, help="Render URL in the browser: page is its DOM [as the spider says].")
+@click.option("--render-wait", metavar="CSS", help="With --render: take the DOM once this selector is in it.")
 @pass_context
-def shell_(obj: Context, site: str, url: str | None, plain: bool) -> None:
+def shell_(obj: Context, site: str, url: str | None, plain: bool, render: bool, render_wait: str | None) -> None:
     """An interactive prompt with SITE's spider and a fetched page bound (IPython when installed)."""
     from .shell import Shell
 
     obj.site(site)
     shell = Shell(obj.runtime, site, echo=click.echo)
     if url is not None:
-        shell.fetch(url)
+        shell.fetch(url, render_meta(render, render_wait))
     if not sys.stdin.isatty() and not plain:
         plain = True  # IPython wants a terminal; piped commands go to the plain console
     shell.interact(plain=plain)

@@ -11,7 +11,7 @@ queueing anything.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from .errors import ConfigError, RefusedURL
 from .fetch import Response
 from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
 from .items import Pipelines
+from .render import Visit, rendering
 from .spider import Page, Request, Spider, SpiderSet
 
 #: Where a request a callback yields would go.
@@ -121,12 +122,14 @@ def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:
     return matches[0]
 
 
-def fetch_as_worker(rt: Any, site: str, url: str) -> Response:
+def fetch_as_worker(rt: Any, site: str, url: str, meta: dict[str, Any] | None = None) -> Response:
     """GET ``url`` for ``site`` as a download worker would: robots.txt, the gate, the caps.
 
-    Raises RefusedURL when the URL is off the site's domains or robots.txt disallows
-    it, and the fetch's own errors (timeouts, connection, body too large). Nothing is
-    recorded or queued.
+    Rendered in the browser (its DOM returned) when the spider or ``meta`` (``render``,
+    ``render_wait``, as ``Request`` carries them) says so, each request of the page
+    through the gate. Raises RefusedURL when the URL is off the site's domains or
+    robots.txt disallows it, and the fetch's own errors (timeouts, connection, body too
+    large), or the render's (BrowserNotFound). Nothing is recorded or queued.
     """
     spider = rt.spider(site)
     canonical = canonicalize(url)
@@ -135,8 +138,27 @@ def fetch_as_worker(rt: Any, site: str, url: str) -> Response:
     user_agent = spider.user_agent or rt.settings.user_agent
     if rt.policy(site).obey_robots and not rt.robots.allowed(site, canonical, user_agent, lambda: rt.take_gate(site)):
         raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
+    render, wait_for = rendering(spider, meta or {})
+    if render:
+        visit = Visit(
+            fetch=lambda u, headers, wait, is_page: _gated_get(rt, site, spider, u, headers),
+            domains=spider.domains(),
+            block=frozenset(spider.render_block),
+            user_agent=user_agent,
+        )
+        return rt.renderer.render(canonical, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+    return _gated_get(rt, site, spider, canonical)
+
+
+def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, str] | None = None) -> Response:
     gate = rt.take_gate(site)
-    return rt.fetcher.get(canonical, user_agent=spider.user_agent, on_sent=gate.rearm)
+    return rt.fetcher.get(
+        url,
+        user_agent=spider.user_agent,
+        on_sent=gate.rearm,
+        headers=headers,
+        allow_private=spider.allow_private_addresses,
+    )
 
 
 def verdict(response: Response) -> str:

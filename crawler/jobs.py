@@ -32,6 +32,7 @@ from .errors import (
     ClientStatus,
     ConfigError,
     ConnectError,
+    CrawlerError,
     FetchTimeout,
     PermanentError,
     ProxyError,
@@ -48,6 +49,7 @@ from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
 from .items import Pipelines, failure_text
 from .pacing import throttle_pause
+from .render import DEFAULT_BLOCK, Visit, rendering
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
 from .spider import Page, Request
@@ -233,6 +235,10 @@ def _download_one(
             record(REFUSED, error="disallowed by robots.txt")
             return True
 
+    render, wait_for = rendering(spider, task.meta)
+    if render:
+        _download_rendered(rt, task, spider, wait_for, record, held)
+        return True
     conditional = _conditional_headers(rt, task, spider)
     unbuildable = request_problem(user_agent, conditional)
     if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
@@ -298,6 +304,81 @@ def _download_one(
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
+
+
+def _download_rendered(
+    rt: runtime.Runtime,
+    task: DownloadTask,
+    spider: Any,
+    wait_for: str | None,
+    record: Any,
+    held: HeldRecords | None,
+) -> None:
+    """Render the page in the process's browser (``render``) and go on as for a fetched page.
+
+    Every request the page makes to the allowed domains takes the site's gate, as a
+    download does, and leaves a fetch record; the page's own record is written here.
+    A render that fails is retried, or failed, like a fetch; with no browser to render
+    with, the page is failed with the reason (``crawler retry`` once one is installed).
+    """
+    visit = Visit(
+        fetch=_browser_fetch(rt, task, spider, record),
+        domains=spider.domains(),
+        block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
+        user_agent=spider.user_agent or rt.settings.user_agent,
+    )
+    try:
+        response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+        _raise_for_status(response)
+    except TransientError as exc:
+        _retry_or_fail(rt, task, exc, record, None, held)
+        return
+    except (PermanentError, ConfigError) as exc:
+        record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+        return
+    if 300 <= response.status < 400 and response.location:
+        _follow_redirect(rt, task, response, record)
+    elif 300 <= response.status < 400:
+        record(FAILED, response=response, error="redirect without Location")
+    elif not response.is_html:
+        record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+    else:
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response))
+    _schedule_refresh(rt, task, None)  # a rendered page is asked for whole: its scripts may have changed it
+
+
+def _browser_fetch(
+    rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any
+) -> Callable[[str, Mapping[str, str], float, bool], Response]:
+    """``Visit.fetch`` for a download: each request through the site's gate, as ``_download_one``
+    sends one, and a record for each but the page's own (the download job writes that one)."""
+    proxy = rt.proxy(task.site)
+
+    def fetch(url: str, headers: Mapping[str, str], wait: float, is_page: bool) -> Response:
+        gate = rt.take_gate_within(task.site, url, wait)
+        if gate is None:
+            raise FetchTimeout(f"the site's gate stayed closed until the render's deadline: {url}")
+        try:
+            response = rt.fetcher.get(
+                url,
+                user_agent=spider.user_agent,
+                on_sent=lambda: _rearm(gate, task),
+                before_send=gate.before_send,
+                headers=headers,
+                allow_private=spider.allow_private_addresses,
+                proxy=proxy,
+            )
+        except CrawlerError as exc:
+            if not is_page:
+                record(FAILED, url=url, error=f"requested by the rendered page {task.url}: {exc}")
+            raise
+        finally:
+            gate.let_go()
+        if not is_page:
+            record(OK if response.status < 400 else FAILED, url=url, response=response)
+        return response
+
+    return fetch
 
 
 def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:

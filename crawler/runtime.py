@@ -25,6 +25,7 @@ from .items import Pipelines
 from .pacing import Pace, Pacer
 from .policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from .proxies import ProxyPool, site_proxies
+from .render import Renderer
 from .robots import RobotsCache
 from .scheduler import PREPARE_AHEAD, Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
@@ -80,6 +81,11 @@ class Runtime:
         from .httpcache import CachingFetcher
 
         return CachingFetcher(fetcher, self.settings.state_dir, on_result=self._count_cache)  # type: ignore[return-value]
+
+    @cached_property
+    def renderer(self) -> Renderer:
+        """The process's browser for rendered pages; nothing starts until the first one (``render``)."""
+        return Renderer(self.settings.browser_path)
 
     def _count_cache(self, site: str, hit: bool) -> None:
         self.counters.add(site, {"cache_hits" if hit else "cache_misses": 1})
@@ -315,6 +321,8 @@ class Runtime:
         for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
             pipelines.close()
         self.counters.close()
+        if "renderer" in self.__dict__:
+            self.renderer.close()
         if "fetcher" in self.__dict__:
             self.fetcher.close()
         if "store" in self.__dict__:

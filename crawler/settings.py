@@ -77,6 +77,9 @@ DEFAULT_PROXY = None
 DEFAULT_HTTP_CACHE = False
 """Development cache off: every request goes to the site (``http_cache``)."""
 
+DEFAULT_BROWSER_PATH = None
+"""Chromium for rendered pages: none set, ``chromium``, ``chromium-browser`` or ``google-chrome`` on ``PATH``."""
+
 MAX_INTERVAL = 86_400.0
 """Longest interval between two requests to a site anywhere (spider, config, CLI, live): a day."""
 
@@ -111,6 +114,8 @@ class Settings:
     proxy: str | None = DEFAULT_PROXY
     #: Development HTTP cache: replay responses stored under ``state_dir`` instead of refetching.
     http_cache: bool = DEFAULT_HTTP_CACHE
+    #: Chromium executable for rendered pages (``render``); None: looked for on ``PATH``.
+    browser_path: str | None = DEFAULT_BROWSER_PATH
     #: Per-site overrides from the config file: {site: {"interval": 2.0, ...}}.
     sites: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 

@@ -18,6 +18,7 @@ BANNER = """crawler shell for site {site!r}
   spider             the spider instance ({cls})
   page               the page fetched last ({page})
   fetch(url)         download url as a worker would (robots.txt, gate), bind page
+  fetch(url, {{"render": True}})  the same, rendered in the browser
   parse(callback="parse", meta=None)
                      run a callback on page: its items, and where its requests would go
   page.css(...), page.css_first(...), page.text(...), page.follow(...)
@@ -42,8 +43,9 @@ class Shell:
         }
 
     def fetch(self, url: str, meta: dict[str, Any] | None = None) -> Page:
-        """Download ``url`` as a worker would and bind it as ``page``."""
-        response = fetch_as_worker(self.rt, self.site, url)
+        """Download ``url`` as a worker would and bind it as ``page`` (rendered in the browser
+        when the spider or ``meta``'s ``render`` says so: ``fetch(url, {"render": True})``)."""
+        response = fetch_as_worker(self.rt, self.site, url, meta)
         self.echo(
             f"HTTP {response.status} {response.url} ({len(response.body)} bytes in "
             f"{response.elapsed:.3f}s): {verdict(response)}"

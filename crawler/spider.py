@@ -60,6 +60,9 @@ class Request:
     ``dont_filter`` skips the seen-set, for pages that must be fetched again.
     ``refresh``: fetch the page again this many seconds after each fetch (overrides
     the spider's ``refresh`` rule for this request).
+    ``render`` / ``render_wait``: render the page in a browser, and the CSS selector waited
+    for (override the spider's ``render`` / ``render_wait``); carried in ``meta`` under
+    those names, so retries, redirects and refreshes of the request keep them.
     """
 
     url: str
@@ -68,9 +71,14 @@ class Request:
     priority: int = 0
     dont_filter: bool = False
     refresh: float | None = None
+    render: bool | None = None
+    render_wait: str | None = None
 
     def __post_init__(self) -> None:
         self.callback = callback_name(self.callback)
+        if self.render is not None or self.render_wait is not None:
+            rendering = {"render": self.render, "render_wait": self.render_wait}
+            self.meta = {**self.meta, **{k: v for k, v in rendering.items() if v is not None}}
 
 
 class Page:
@@ -268,6 +276,14 @@ class Spider:
     #: paths to them (``"package.module.Class"``), each with ``process_item(item, spider, page)`` and optional
     #: ``open(spider)`` / ``close(spider)``; made and opened once per parse worker process (``items``).
     pipelines: list[type | str] = []
+    #: Render pages in a headless Chromium (``render``) and hand callbacks the DOM once scripts
+    #: have written it; per request: ``Request(url, render=True)``. Needs ``pip install -e '.[browser]'``.
+    render: bool = False
+    #: CSS selector a rendered page's DOM is taken after (it appears); None: when the network is idle.
+    render_wait: str | None = None
+    #: Resource types a rendered page may not fetch (Playwright's names: image, font, media,
+    #: stylesheet, script, xhr, fetch, ...).
+    render_block: tuple[str, ...] = ("image", "font", "media", "stylesheet")
 
     def process_item(self, item: Any, page: Page) -> Any:
         """Every item the callbacks yield, before the pipelines: return it (maybe changed, or another item)

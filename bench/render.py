@@ -1,0 +1,185 @@
+"""Rendering: pages rendered per second, CPU and memory per rendered page, against plain fetching.
+
+Two crawls of the loopback shop of ``crawler.demo.spa``, each by one download worker
+process (one thread) and one parse worker process, to the end (burst):
+
+- **rendered**: the single-page app (every page a shell whose script writes it from JSON),
+  a spider with ``render = True``: each page is a document, a script and an XHR, each
+  through the site's gate, in a fresh browser context of the process's one Chromium;
+- **plain**: the server-rendered twin (``/ssr/``), the same pages written by the server,
+  fetched without a browser.
+
+The site's interval is 1 ms, so the figures are the worker's cost, not politeness. The
+download process and everything under it (Playwright's driver, Chromium and its helper
+processes) are sampled every ``SAMPLE_EVERY`` seconds with psutil: CPU seconds (user +
+system, each process's last reading) and PSS (proportional set size: shared pages split
+between the processes that share them, so the browser's processes add up honestly).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from crawler.demo.spa import SpaSite
+from crawler.frontier import seed
+from crawler.launcher import WorkerSpec, start_workers
+from crawler.render import find_browser
+from crawler.runtime import Runtime
+
+from .common import BenchRedis, BenchResult, Check, crawl_settings, run_until_exit, stored_items
+
+#: Products of the shop (pages crawled: one more, its home page).
+PRODUCTS = 150
+QUICK_PRODUCTS = 20
+#: Seconds between two samples of the download process tree.
+SAMPLE_EVERY = 0.25
+#: Longest a crawl may take.
+CRAWL_TIMEOUT = 900.0
+
+SPIDER = """
+from crawler import Spider
+
+
+class Bench(Spider):
+    name = "bench"
+    start_urls = ["{url}"]
+    allowed_domains = ["127.0.0.1"]
+    item_key = "sku"
+    render = {render}
+    render_wait = "#app a.product"
+
+    def parse(self, page):
+        yield from page.follow_all("#app a.product", callback=self.parse_product, render_wait="#app h1.name")
+
+    def parse_product(self, page):
+        yield {{"sku": page.text(".sku"), "name": page.text("h1.name"), "price": float(page.text(".price"))}}
+"""
+
+
+class TreeSampler:
+    """Samples a process and its descendants in a thread: last CPU seconds and peak PSS (and RSS) per run."""
+
+    def __init__(self, pid: int):
+        self.root = psutil.Process(pid)
+        self.cpu: dict[int, float] = {}
+        self.peak_pss = 0
+        self.peak_rss = 0
+        self.browser_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(SAMPLE_EVERY)
+
+    def sample(self) -> None:
+        pss = rss = 0
+        try:
+            processes = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return
+        self.browser_processes = max(self.browser_processes, len(processes) - 1)
+        for process in processes:
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    memory = process.memory_full_info()
+            except psutil.Error:
+                continue
+            self.cpu[process.pid] = times.user + times.system
+            pss += getattr(memory, "pss", memory.rss)
+            rss += memory.rss
+        self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+
+
+def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict[str, Any]:
+    """One crawl of the shop (the app rendered, or its twin plain) and its figures."""
+    start = site.url + ("/" if render else "/ssr/")
+    settings = crawl_settings(workdir, redis.url, [], {"bench": 0.001})
+    (Path(settings.sites_dir) / "bench.py").write_text(SPIDER.format(url=start, render=render))
+    redis.connection.flushdb()
+    rt = Runtime(redis.connection, settings)
+    try:
+        seed(rt.frontier("bench"), [start])
+    finally:
+        rt.close()
+    specs = [WorkerSpec(kind, ("bench",), threads=1, burst=True) for kind in ("download", "parse")]
+    download, parse = start_workers(specs, settings, redis.url)
+    with TreeSampler(download.pid) as sampler:
+        seconds, finished = run_until_exit([download, parse], CRAWL_TIMEOUT)
+    pages = site.products + 1
+    return {
+        "pages": pages,
+        "items": stored_items(settings.database_url, "bench"),
+        "seconds": seconds,
+        "finished": finished,
+        "pages_per_s": pages / seconds,
+        "cpu_s": sum(sampler.cpu.values()),
+        "peak_pss_mib": sampler.peak_pss / 2**20,
+        "peak_rss_mib": sampler.peak_rss / 2**20,
+        "processes": sampler.browser_processes + 1,
+    }
+
+
+def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
+    products = QUICK_PRODUCTS if quick else PRODUCTS
+    browser = find_browser()
+    result = BenchResult("render", {"products": products, "pages": products + 1, "browser": browser})
+    figures: dict[str, dict[str, Any]] = {}
+    with SpaSite(products=products) as site, tempfile.TemporaryDirectory(prefix="bench-render-") as tmp:
+        for name, render in (("plain (server-rendered twin)", False), ("rendered (single-page app)", True)):
+            workdir = Path(tmp) / ("rendered" if render else "plain")
+            workdir.mkdir()
+            figures[name] = crawl(redis, workdir, site, render)
+    rows = [
+        [
+            name,
+            f["pages"],
+            f["items"],
+            f["seconds"],
+            f["pages_per_s"],
+            f["cpu_s"],
+            f["cpu_s"] / f["pages"] * 1000,
+            f["peak_pss_mib"],
+            f["peak_rss_mib"],
+            f["processes"],
+        ]
+        for name, f in figures.items()
+    ]
+    result.table(
+        "one download process (1 thread) + one parse process, interval 1 ms",
+        [
+            "crawl",
+            "pages",
+            "items",
+            "seconds",
+            "pages/s",
+            "download CPU s",
+            "CPU ms/page",
+            "peak PSS MiB",
+            "peak RSS MiB (sum)",
+            "processes",
+        ],
+        rows,
+    )
+    for name, f in figures.items():
+        result.checks.append(Check(f"{name}: every item", f"{f['items']}", f"{products}", f["items"] == products))
+    result.notes.append(
+        "download CPU and memory: the download worker process and its descendants (Playwright's driver, "
+        "Chromium's processes); PSS splits shared pages between the processes that share them"
+    )
+    return result

@@ -1,0 +1,236 @@
+"""A loopback single-page app shop, and its server-rendered twin, for rendering tests and benches.
+
+Every HTML page of the app is the same shell (``<div id="app">``, a stylesheet, an image, the
+app's script and a third-party script on ``tracker_host``); ``/app.js`` fetches JSON
+(``/api/products``, redirected, and ``/api/product/ID``) and writes the product links or the product into
+the shell. ``/ssr/...`` serves the same pages written by the server, for plain fetching.
+Every request is logged with its arrival time, the tracker's apart: the time the kernel
+received its first bytes (``SO_TIMESTAMPING``), where a server thread's own clock reading
+would come late by however long it waited for a CPU (tens of ms beside a busy browser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+SHELL = """<!doctype html>
+<html><head><title>SPA shop</title>
+<link rel="stylesheet" href="/style.css">
+<script src="/app.js" defer></script>
+<script src="http://{tracker}/tracker.js"></script>
+</head><body><img src="/logo.png" alt="logo"><div id="app">Loading...</div></body></html>
+"""
+
+APP_JS = """
+const app = document.getElementById('app');
+const path = location.pathname;
+if (path === '/') {
+  fetch('/api/products').then(r => r.json()).then(products => {
+    app.innerHTML = '<ul>' + products.map(p =>
+      '<li><a class="product" href="/product/' + p.id + '">' + p.name + '</a></li>').join('') + '</ul>';
+  });
+} else if (path.startsWith('/product/')) {
+  fetch('/api' + path).then(r => r.json()).then(p => {
+    app.innerHTML = '<h1 class="name">' + p.name + '</h1><span class="sku">' + p.sku +
+      '</span><span class="price">' + p.price + '</span>';
+  });
+}
+"""
+
+
+#: Paths answered with a redirect, and where to.
+REDIRECTS = {"/old": "/", "/api/products": "/api/v2/products"}
+
+
+def product(i: int) -> dict[str, Any]:
+    """Product ``i`` as the API gives it."""
+    return {"id": i, "sku": f"SPA-{i:04d}", "name": f"Widget {i}", "price": f"{i * 1.5:.2f}"}
+
+
+#: Linux's ``SO_TIMESTAMPING`` (also the control message's type), and its flags for software receive times.
+SO_TIMESTAMPING = 37
+TIMESTAMPING_RX = (1 << 3) | (1 << 4)  # SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
+
+
+@dataclass
+class Arrival:
+    time: float  # epoch seconds the kernel received the request's first bytes
+    path: str
+
+
+def received_at(connection: socket.socket) -> float:
+    """When the kernel received the bytes waiting on ``connection`` (waits for some): epoch seconds.
+
+    Read without taking them (``MSG_PEEK``); ``time.time()`` where the kernel gives no timestamp.
+    """
+    try:
+        _, ancillary, _, _ = connection.recvmsg(1, socket.CMSG_SPACE(48), socket.MSG_PEEK)
+    except OSError:
+        return time.time()
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= 16:
+            seconds, nanoseconds = struct.unpack("qq", data[:16])
+            if seconds:
+                return seconds + nanoseconds / 1e9
+    return time.time()
+
+
+class SpaSite:
+    """The app on ``host`` (``url``), a tracker on ``tracker_host``; start with ``with``.
+
+    ``hang``: a path whose shell never gets its content (the script is not served: the
+    render's wait runs out).
+    """
+
+    def __init__(
+        self,
+        products: int = 5,
+        host: str = "127.0.0.1",
+        tracker_host: str = "127.0.0.2",
+        hang: str | None = None,
+        port: int = 0,
+    ):
+        self.products = products
+        self.port = port
+        self.host = host
+        self.tracker_host = tracker_host
+        self.hang = hang
+        self.arrivals: list[Arrival] = []
+        self.tracker_arrivals: list[Arrival] = []
+        self._lock = threading.Lock()
+        self._servers: list[ThreadingHTTPServer] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self._servers[0].server_port}"
+
+    @property
+    def tracker(self) -> str:
+        return f"{self.tracker_host}:{self._servers[1].server_port}"
+
+    def __enter__(self) -> SpaSite:
+        for host, port, log in ((self.host, self.port, self.arrivals), (self.tracker_host, 0, self.tracker_arrivals)):
+            server = ThreadingHTTPServer((host, port), self._handler(log))
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self._servers.append(server)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()
+
+    def paths(self) -> list[str]:
+        with self._lock:
+            return [a.path for a in self.arrivals]
+
+    def min_gap(self) -> float | None:
+        """Smallest gap in seconds between consecutive arrivals at the app; None if under 2."""
+        with self._lock:
+            times = sorted(a.time for a in self.arrivals)
+        return min((b - a for a, b in zip(times, times[1:])), default=None)
+
+    def expected_items(self) -> dict[str, dict[str, Any]]:
+        """sku -> the item a spider of the app yields: sku, name, price (float)."""
+        return {
+            p["sku"]: {"sku": p["sku"], "name": p["name"], "price": float(p["price"])}
+            for p in map(product, range(1, self.products + 1))
+        }
+
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        """(status, content type or ``Location``, body) for ``path``: ``/old`` redirects to ``/``,
+        ``/api/products`` to ``/api/v2/products``."""
+        if path in REDIRECTS:
+            return 301 if path == "/old" else 302, REDIRECTS[path], b""
+        if path == "/" or (path.startswith("/product/") and path[9:].isdigit()):
+            return 200, "text/html; charset=utf-8", SHELL.format(tracker=self.tracker).encode()
+        if path == "/app.js":
+            return 200, "application/javascript", APP_JS.encode()
+        if path == "/api/v2/products":
+            body = [{"id": i, "name": f"Widget {i}"} for i in range(1, self.products + 1)]
+            return 200, "application/json", json.dumps(body).encode()
+        if path.startswith("/api/product/") and path[13:].isdigit():
+            return 200, "application/json", json.dumps(product(int(path[13:]))).encode()
+        if path == "/ssr/":
+            links = "".join(
+                f'<li><a class="product" href="/ssr/product/{i}">Widget {i}</a></li>'
+                for i in range(1, self.products + 1)
+            )
+            return 200, "text/html; charset=utf-8", f'<div id="app"><ul>{links}</ul></div>'.encode()
+        if path.startswith("/ssr/product/") and path[13:].isdigit():
+            p = product(int(path[13:]))
+            html = (
+                f'<div id="app"><h1 class="name">{p["name"]}</h1><span class="sku">{p["sku"]}</span>'
+                f'<span class="price">{p["price"]}</span></div>'
+            )
+            return 200, "text/html; charset=utf-8", html.encode()
+        if path == "/style.css":
+            return 200, "text/css", b"body { color: #333 }"
+        if path == "/logo.png":
+            return 200, "image/png", b"\x89PNG\r\n\x1a\n"
+        if path == "/tracker.js":
+            return 200, "application/javascript", b"window.tracked = true;"
+        return 404, "text/plain", b"not found"
+
+    def _handler(self, log: list[Arrival]) -> type[BaseHTTPRequestHandler]:
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            arrived = 0.0
+
+            def setup(self) -> None:
+                super().setup()
+                try:
+                    self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TIMESTAMPING_RX)
+                except OSError:  # not Linux: the thread's clock
+                    pass
+
+            def handle_one_request(self) -> None:
+                self.arrived = received_at(self.connection)
+                super().handle_one_request()
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                with site._lock:
+                    log.append(Arrival(self.arrived, self.path))
+                if site.hang is not None and self.path == "/app.js" and site.hang in self.headers.get("referer", ""):
+                    status, kind, body = 404, "text/plain", b"not found"
+                else:
+                    status, kind, body = site.answer(self.path)
+                self.send_response(status)
+                self.send_header("Location" if 300 <= status < 400 else "Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+def main() -> None:
+    """``python -m crawler.demo.spa [--port 8000] [--products 5]``: serve the app until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="python -m crawler.demo.spa", description=main.__doc__)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--products", type=int, default=5)
+    args = parser.parse_args()
+    with SpaSite(products=args.products, port=args.port) as site:
+        print(f"single-page app on {site.url}/ (server-rendered twin on {site.url}/ssr/); Ctrl-C to stop", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
