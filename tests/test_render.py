@@ -179,8 +179,9 @@ def crawler_cli(redis_url: str, settings: Settings, *args: str, env: dict[str, s
 
 def test_fetch_render_shows_the_rendered_page(redis_url: str, settings: Settings, browser: str) -> None:
     with SpaSite(products=3) as site:
-        result = crawler_cli(redis_url, settings, "fetch", site.url + "/", "--render", "--render-wait", "a.product")
-        plain = crawler_cli(redis_url, settings, "fetch", site.url + "/")
+        fetch = ("fetch", "--site", "demo", site.url + "/")  # the bundled demo allows loopback
+        result = crawler_cli(redis_url, settings, *fetch, "--render", "--render-wait", "a.product")
+        plain = crawler_cli(redis_url, settings, *fetch)
     assert result.exit_code == 0, result.output
     assert 'href="/product/3"' in result.stdout and "Loading..." not in result.stdout
     assert plain.exit_code == 0 and "Loading..." in plain.stdout and "/product/3" not in plain.stdout
@@ -190,7 +191,14 @@ def test_fetch_render_without_a_browser_is_a_one_line_error(redis_url: str, sett
     missing = str(tmp_path / "no-chromium")
     with SpaSite(products=1) as site:
         result = crawler_cli(
-            redis_url, settings, "fetch", site.url + "/", "--render", env={"CRAWLER_BROWSER_PATH": missing}
+            redis_url,
+            settings,
+            "fetch",
+            "--site",
+            "demo",
+            site.url + "/",
+            "--render",
+            env={"CRAWLER_BROWSER_PATH": missing},
         )
     assert_one_line_error(result, "no-chromium", "not an executable file")
 

@@ -30,17 +30,16 @@ from __future__ import annotations
 import bisect
 import hashlib
 import html
-import io
 import math
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from .wire import WireStampedHandler, WireStampedServer
 
 HTML = "text/html; charset=utf-8"
 ROBOTS_TXT = "User-agent: *\nDisallow: /private/\n"
@@ -58,10 +57,9 @@ MOVED_ID = 5
 class RequestLogEntry:
     """One request the shop received.
 
-    ``time`` is its arrival on the wire: the kernel's receive timestamp of the segment
-    that carried the request line (``SO_TIMESTAMPNS``, wall clock), so a handler thread
-    that runs late under load cannot move it (where the platform has no such timestamp,
-    ``time.time()`` right after the request line was read);
+    ``time`` is its arrival on the wire (``wire``: the kernel's receive timestamp of the
+    segment that carried the request line), which a handler thread that runs late under
+    load cannot move;
     ``path`` is the path and query as requested; ``status`` is the status sent, 0 until
     the response starts.
     """
@@ -376,51 +374,11 @@ def _revalidated(response: _Response, if_none_match: str | None) -> _Response:
     return _Response(response.status, response.body, response.content_type, {**response.headers, "ETag": etag})
 
 
-#: Receive timestamps of the kernel: the time a segment reached the socket. Python does
-#: not export the constant; 35 is Linux's (asm-generic, so x86-64 and arm64).
-_SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform == "linux" else None)
-_TIMESPEC = 16  # struct timespec: two 64-bit fields
-
-
-class _TimestampedReader(io.RawIOBase):
-    """A socket's receiving side that keeps the kernel's timestamp of the last bytes read.
-
-    ``arrival`` is the wall-clock time (seconds) at which the kernel received the segment
-    the last ``readinto`` took bytes from, or None before any read. Arrival stamped this
-    way is what the site saw on the wire, whatever the handler thread's scheduling.
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self.arrival: float | None = None
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        size, ancillary, _flags, _addr = self._sock.recvmsg_into([buffer], socket.CMSG_SPACE(_TIMESPEC))
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC:
-                seconds = int.from_bytes(data[:8], "little", signed=True)
-                nanoseconds = int.from_bytes(data[8:16], "little", signed=True)
-                self.arrival = seconds + nanoseconds / 1e9
-        return size
-
-
-class _ShopServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class _ShopServer(WireStampedServer):
     site: ShopSite
 
-    def server_bind(self) -> None:
-        # On the listening socket, so that accepted sockets have it from their first
-        # segment on (a request can arrive before its handler thread starts).
-        if _SO_TIMESTAMPNS is not None:
-            self.socket.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-        super().server_bind()
 
-
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(WireStampedHandler):
     """Serves a ShopSite: logs arrival, then writes the site's response with a length."""
 
     server: _ShopServer
@@ -428,15 +386,10 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 30  # idle kept-alive connections are closed after this many seconds
     wbufsize = -1  # buffered: headers and body leave in one segment (flushed per request)
     _entry: RequestLogEntry | None = None
-    _stamps: _TimestampedReader | None = None
 
     def setup(self) -> None:
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if _SO_TIMESTAMPNS is not None and hasattr(self.connection, "recvmsg_into"):
-            self.connection.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-            self._stamps = _TimestampedReader(self.connection)
-            self.rfile = io.BufferedReader(self._stamps)
         self.server.site._track(self.connection, True)
 
     def finish(self) -> None:
@@ -444,10 +397,8 @@ class _Handler(BaseHTTPRequestHandler):
         super().finish()
 
     def parse_request(self) -> bool:
-        # Called right after the request line is read: the earliest hook for arrival.
-        arrival = time.time()
-        if self._stamps is not None and self._stamps.arrival is not None:
-            arrival = self._stamps.arrival
+        # Called right after the request line is read: the arrival is that line's.
+        arrival = self.arrival()
         self._entry = None
         if not super().parse_request():
             return False

@@ -5,21 +5,19 @@ app's script and a third-party script on ``tracker_host``); ``/app.js`` fetches 
 (``/api/products``, redirected, and ``/api/product/ID``) and writes the product links or the product into
 the shell. ``/ssr/...`` serves the same pages written by the server, for plain fetching.
 Every request is logged with its arrival time, the tracker's apart: the time the kernel
-received its first bytes (``SO_TIMESTAMPING``), where a server thread's own clock reading
-would come late by however long it waited for a CPU (tens of ms beside a busy browser).
+received its request line (``wire``), where a server thread's own clock reading would
+come late by however long it waited for a CPU (tens of ms beside a busy browser).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
-import struct
 import threading
-import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from .wire import WireStampedHandler, WireStampedServer
 
 SHELL = """<!doctype html>
 <html><head><title>SPA shop</title>
@@ -55,32 +53,10 @@ def product(i: int) -> dict[str, Any]:
     return {"id": i, "sku": f"SPA-{i:04d}", "name": f"Widget {i}", "price": f"{i * 1.5:.2f}"}
 
 
-#: Linux's ``SO_TIMESTAMPING`` (also the control message's type), and its flags for software receive times.
-SO_TIMESTAMPING = 37
-TIMESTAMPING_RX = (1 << 3) | (1 << 4)  # SOF_TIMESTAMPING_RX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE
-
-
 @dataclass
 class Arrival:
     time: float  # epoch seconds the kernel received the request's first bytes
     path: str
-
-
-def received_at(connection: socket.socket) -> float:
-    """When the kernel received the bytes waiting on ``connection`` (waits for some): epoch seconds.
-
-    Read without taking them (``MSG_PEEK``); ``time.time()`` where the kernel gives no timestamp.
-    """
-    try:
-        _, ancillary, _, _ = connection.recvmsg(1, socket.CMSG_SPACE(48), socket.MSG_PEEK)
-    except OSError:
-        return time.time()
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= 16:
-            seconds, nanoseconds = struct.unpack("qq", data[:16])
-            if seconds:
-                return seconds + nanoseconds / 1e9
-    return time.time()
 
 
 class SpaSite:
@@ -106,7 +82,7 @@ class SpaSite:
         self.arrivals: list[Arrival] = []
         self.tracker_arrivals: list[Arrival] = []
         self._lock = threading.Lock()
-        self._servers: list[ThreadingHTTPServer] = []
+        self._servers: list[WireStampedServer] = []
 
     @property
     def url(self) -> str:
@@ -118,8 +94,7 @@ class SpaSite:
 
     def __enter__(self) -> SpaSite:
         for host, port, log in ((self.host, self.port, self.arrivals), (self.tracker_host, 0, self.tracker_arrivals)):
-            server = ThreadingHTTPServer((host, port), self._handler(log))
-            server.daemon_threads = True
+            server = WireStampedServer((host, port), self._handler(log))
             threading.Thread(target=server.serve_forever, daemon=True).start()
             self._servers.append(server)
         return self
@@ -181,23 +156,16 @@ class SpaSite:
             return 200, "application/javascript", b"window.tracked = true;"
         return 404, "text/plain", b"not found"
 
-    def _handler(self, log: list[Arrival]) -> type[BaseHTTPRequestHandler]:
+    def _handler(self, log: list[Arrival]) -> type[WireStampedHandler]:
         site = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(WireStampedHandler):
             protocol_version = "HTTP/1.1"
             arrived = 0.0
 
-            def setup(self) -> None:
-                super().setup()
-                try:
-                    self.connection.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TIMESTAMPING_RX)
-                except OSError:  # not Linux: the thread's clock
-                    pass
-
-            def handle_one_request(self) -> None:
-                self.arrived = received_at(self.connection)
-                super().handle_one_request()
+            def parse_request(self) -> bool:
+                self.arrived = self.arrival()  # the request line's, just read
+                return super().parse_request()
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 with site._lock:
