@@ -233,7 +233,8 @@ def _download_one(
             return True
 
     conditional = _conditional_headers(rt, task, spider)
-    unbuildable = request_problem(user_agent, conditional)
+    headers = {**sent_headers(spider, task), **conditional}
+    unbuildable = request_problem(user_agent, headers)
     if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
         record(FAILED, error=f"request cannot be built: {unbuildable}")
         _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
@@ -257,7 +258,9 @@ def _download_one(
                 user_agent=spider.user_agent,
                 on_sent=lambda: _rearm(gate, task),
                 before_send=gate.before_send,
-                headers=conditional,
+                headers=headers,
+                method=task.method,
+                body=task.body,
                 allow_private=spider.allow_private_addresses,
                 max_bytes=SITEMAP_MAX_BYTES if sink else None,
                 sink=sink.feed if sink else None,
@@ -293,7 +296,7 @@ def _download_one(
         # The page goes to the parse workers in the pipeline of its record, after the record is
         # written: a parse record (a callback that failed) is then always the page's latest.
         compressed = sink.finish() if sink else None
-        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed))
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed, headers))
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
@@ -319,15 +322,21 @@ def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -
     None for a page whose last parse failed (``keys.parse_failed``): its body is needed
     again, whatever the server would say about it.
     """
-    if task.validators is None or not getattr(spider, "conditional_refresh", True):
+    if task.validators is None or task.method != "GET" or not getattr(spider, "conditional_refresh", True):
         return {}
     if rt.connection.sismember(keys.parse_failed(task.site), fingerprint(task.url)):  # type: ignore[arg-type]
         return {}
     return request_headers(task.validators)
 
 
+def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
+    """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
+    Accept-Encoding, which these override): the request's own."""
+    return dict(task.headers)
+
+
 def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
-    """Why a GET with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
+    """Why a request with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
     ASCII, say), or None when it can.
 
     Asked before the gate is taken: raised from the fetch, such an error left the job
@@ -454,7 +463,11 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
         return
     frontier: Frontier = rt.frontier(task.site)
-    request = Request(target, callback=task.callback, meta=task.meta or {}, priority=task.priority)
+    method, headers, body = redirected_request(response.status, task.method, task.headers, task.body)
+    request = Request(
+        target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
+        priority=task.priority,
+    )  # fmt: skip
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
     if result.refused:
         record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")
@@ -462,6 +475,18 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
     else:
         record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
+
+
+def redirected_request(
+    status: int, method: str, headers: Mapping[str, str], body: bytes | None
+) -> tuple[str, dict[str, str], bytes | None]:
+    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
+    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
+    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        dropped = ("content-type", "content-length", "content-encoding")
+        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
+    return method, dict(headers), body
 
 
 def is_private_host(host: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
@@ -483,8 +508,17 @@ def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT)
     return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)
 
 
-def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compressed: bytes | None = None) -> None:
-    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``."""
+def _hand_to_parser(
+    pipe: Any,
+    task: DownloadTask,
+    response: Response,
+    compressed: bytes | None = None,
+    sent: dict[str, str] | None = None,
+) -> None:
+    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``.
+
+    ``sent``: the request's headers beyond the fetcher's own (``sent_headers``), for ``page.request``."""
+    sent = sent or {}
     payload = {
         "site": task.site,
         "url": task.url,
@@ -496,6 +530,13 @@ def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compresse
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
+    if not (task.method == "GET" and task.body is None and not sent):
+        # page.request; and, for a request that is not a plain GET, what tells its items from
+        # those of another request for the same URL (another body).
+        sent_request: dict[str, Any] = {"method": task.method, "headers": sent}
+        if task.method != "GET" or task.body is not None:
+            sent_request["variant"] = task.fingerprint.hex()
+        payload["request"] = sent_request
     if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``_parse_done``)
         payload["refresh"] = task.refresh
     body = compressed if compressed is not None else zlib.compress(response.body, 6)
@@ -760,7 +801,9 @@ def _run_callback(
     )
     name = str(payload.get("callback") or "parse")
     out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
-    items = [Item(_item_key(spider.item_key, data, url, position), url, data) for position, data in out.items]
+    variant = (payload.get("request") or {}).get("variant")
+    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
+    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
     return items, out.requests, len(out.dropped), out.links_dropped
 
 

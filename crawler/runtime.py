@@ -214,6 +214,7 @@ class Runtime:
                 refresh=spider.refresh_for,
                 revisit_after=spider.revisit_after,
                 max_url_length=self.settings.max_url_length,
+                max_request_body_bytes=self.settings.max_request_body_bytes,
             )
         frontier.batch = self.batch_size(site)
         return frontier

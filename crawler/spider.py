@@ -9,14 +9,15 @@ through Redis as plain data.
 from __future__ import annotations
 
 import importlib.util
+import json as jsonlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -50,27 +51,100 @@ def callback_name(callback: Callback) -> str:
     return str(name)
 
 
+#: HTTP methods a request may name (what a crawler has use for; CONNECT and TRACE are not requests for pages).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: Content types ``json=`` and ``form=`` send, unless the request's headers name one.
+JSON_TYPE = "application/json"
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+
 @dataclass
 class Request:
-    """A URL to download and the spider method that will parse it.
+    """A URL to download, how (method, headers, body), and the spider method that will parse it.
 
+    ``method``: an HTTP method (GET by default). ``headers`` are sent with the request, over
+    the spider's ``headers``. The body is given one way at most: ``body`` (bytes, or text sent
+    as UTF-8), ``json=`` (any JSON value, sent as ``application/json``), or ``form=`` (a mapping
+    of fields, or (field, value) pairs, sent as ``application/x-www-form-urlencoded``; with GET
+    the fields go into the URL's query instead, as a browser sends a GET form). Deduplication
+    tells requests apart by method and body as well as URL (headers do not count, as in
+    Scrapy's fingerprint); a GET without a body is fingerprinted by its URL alone.
     ``meta`` is plain JSON data handed to the callback as ``page.meta``.
     ``priority``: of a site's queued requests, the highest is fetched first (seeds 10,
     links 0, scheduled refreshes -10 by default; -1000 to 1000).
     ``dont_filter`` skips the seen-set, for pages that must be fetched again.
     ``refresh``: fetch the page again this many seconds after each fetch (overrides
     the spider's ``refresh`` rule for this request).
+    Raises ValueError for an unknown method, headers that are not text, or two bodies.
     """
 
     url: str
     callback: Callback = None
+    _: KW_ONLY
+    method: str = "GET"
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    json: InitVar[Any] = None
+    form: InitVar[Mapping[str, Any] | Iterable[tuple[str, Any]] | None] = None
     meta: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     dont_filter: bool = False
     refresh: float | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
         self.callback = callback_name(self.callback)
+        self.meta = self.meta if self.meta is not None else {}
+        self.method = str(self.method).upper()
+        if self.method not in METHODS:
+            raise ValueError(f"unknown HTTP method {self.method!r} (one of {', '.join(sorted(METHODS))})")
+        self.headers = _checked_headers(self.headers)
+        if sum(given is not None for given in (self.body, json, form)) > 1:
+            raise ValueError("a request has one body: give body=, json= or form=, not two")
+        if isinstance(self.body, str):
+            self.body = self.body.encode()
+        elif self.body is not None and not isinstance(self.body, bytes):
+            raise ValueError(f"body must be bytes or text, not {type(self.body).__name__}")
+        if json is not None:
+            self.body = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
+            self._default_header("Content-Type", JSON_TYPE)
+        elif form is not None:
+            fields = urlencode(list(form.items()) if isinstance(form, Mapping) else list(form), doseq=True)
+            if self.method == "GET":
+                self.url = _with_query(self.url, fields)
+            else:
+                self.body = fields.encode()
+                self._default_header("Content-Type", FORM_TYPE)
+        if self.body == b"":
+            self.body = None  # no body and an empty one are one request (and one fingerprint)
+
+    def _default_header(self, name: str, value: str) -> None:
+        if not any(key.lower() == name.lower() for key in self.headers):
+            self.headers[name] = value
+
+    @property
+    def is_plain(self) -> bool:
+        """A GET without headers or body: what every request was before methods (the compact default)."""
+        return self.method == "GET" and not self.headers and self.body is None
+
+
+def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` as a new dict of text names and values; ValueError for anything else."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ValueError(f"headers must be a mapping of names to values, not {type(headers).__name__}")
+    checked = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name.strip():
+            raise ValueError(f"header {name!r}: names and values must be text, not {value!r}")
+        checked[name] = value
+    return checked
+
+
+def _with_query(url: str, fields: str) -> str:
+    """``url`` with its query replaced by ``fields`` (what a browser does with a GET form), fragment dropped."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, fields, ""))
 
 
 class Page:

@@ -145,6 +145,7 @@ def crawl(
     from .connection import EmbeddedRedis, connect
     from .errors import ConfigError
     from .frontier import seed
+    from .seeding import seed_start
     from .settings import load_settings
     from .spidercheck import check_spider
     from .store import Store
@@ -166,8 +167,10 @@ def crawl(
         config = load_settings(database_url=database_url, state_dir=directory, sites_dir=directory, **overrides)
         try:
             with _installed(connection, config, SpiderSet({site: spider}, [])) as rt:
-                urls = list(start_urls) if start_urls is not None else [r.url for r in rt.spider(site).start_requests()]
-                seed(rt.frontier(site), urls)
+                if start_urls is not None:
+                    seed(rt.frontier(site), list(start_urls))
+                else:  # the spider's start requests, as ``crawler seed SITE`` queues them (POSTs too)
+                    seed_start(rt.frontier(site), rt.spider(site))
                 _run_workers(connection, site, downloaders, timeout)
             store = Store(database_url)
             try:

@@ -1,0 +1,285 @@
+"""Requests that are not plain GETs: methods, headers and bodies, through a real crawl.
+
+A loopback app (``App``) logs every request that reaches it (time, method, path, headers,
+body); crawls run with ``crawler.testing.crawl`` (an embedded Redis, download and parse
+workers in threads, SQLite), so each request goes through the frontier, the gate and the
+download job as in production.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from crawler import keys
+from crawler.frontier import DownloadTask, Frontier, fingerprint, request_fingerprint
+from crawler.scheduler import encode_entry
+from crawler.spider import Page, Request, Spider
+from crawler.testing import crawl
+
+INTERVAL = 0.25
+
+
+@dataclass
+class Arrival:
+    time: float
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+#: A route's answer: status, headers, body.
+Answer = tuple[int, dict[str, str], bytes]
+
+
+class App:
+    """A loopback HTTP app: ``routes[(method, path)](arrival) -> (status, headers, body)``; every request logged."""
+
+    def __init__(self, routes: dict[tuple[str, str], Callable[[Arrival], Answer]]):
+        self.routes = routes
+        self.arrivals: list[Arrival] = []
+        app = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def handle_one(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                arrival = Arrival(
+                    time.monotonic(),
+                    self.command,
+                    self.path,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    self.rfile.read(length) if length else b"",
+                )
+                app.arrivals.append(arrival)
+                route = app.routes.get((self.command, self.path.split("?")[0]))
+                status, headers, body = route(arrival) if route else (404, {}, b"not here")
+                self.send_response(status)
+                for name, value in {"content-type": "text/html", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = handle_one
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def to(self, method: str, path: str) -> list[Arrival]:
+        return [a for a in self.arrivals if a.method == method and a.path == path]
+
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive arrivals (every request the crawl made, robots.txt included)."""
+        times = sorted(a.time for a in self.arrivals)
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def html(text: str) -> Answer:
+    return 200, {}, f"<html><body>{text}</body></html>".encode()
+
+
+def robots(_: Arrival) -> Answer:
+    return 200, {"content-type": "text/plain"}, b"User-agent: *\nAllow: /\n"
+
+
+# -- step 1: methods, headers, bodies --------------------------------------------------------
+
+
+def search_app() -> App:
+    """POST /search with a JSON body {"page": N} and the header X-Token: t0k answers a page of
+    two results and, below page 3, a pointer to the next page; /see-other and /keep answer
+    303 and 307 to a POST; /flaky answers 503 to its first POST."""
+    flaky: list[int] = []
+
+    def search(arrival: Arrival) -> Answer:
+        if arrival.headers.get("x-token") != "t0k" or arrival.headers.get("content-type") != "application/json":
+            return 403, {}, b"no token"
+        n = int(json.loads(arrival.body)["page"])
+        more = f'<div id="next" data-page="{n + 1}"></div>' if n < 3 else ""
+        return html(f'<li class="item">p{n}-a</li><li class="item">p{n}-b</li>{more}')
+
+    def flaky_once(arrival: Arrival) -> Answer:
+        flaky.append(1)
+        if len(flaky) == 1:
+            return 503, {}, b"busy"
+        return html(f'<li class="item">flaky {arrival.body.decode()}</li>')
+
+    routes = {
+        ("GET", "/robots.txt"): robots,
+        ("GET", "/start"): lambda _: html("start"),
+        ("POST", "/search"): search,
+        ("POST", "/see-other"): lambda _: (303, {"location": "/result"}, b""),
+        ("GET", "/result"): lambda _: html('<li class="item">result</li>'),
+        ("POST", "/keep"): lambda _: (307, {"location": "/kept"}, b""),
+        ("POST", "/kept"): lambda a: html(f'<li class="item">kept {a.body.decode()}</li>'),
+        ("POST", "/flaky"): flaky_once,
+    }
+    return App(routes)
+
+
+@pytest.fixture
+def app() -> Iterator[App]:
+    served = search_app()
+    yield served
+    served.close()
+
+
+class SearchSpider(Spider):
+    name = "search"
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        for n in (1, 1, 2):  # page 1 twice: one fetch
+            yield self.search(page, n)
+        yield Request(page.urljoin("/see-other"), "parse_items", method="POST", form={"q": "x"})
+        yield Request(page.urljoin("/keep"), "parse_items", method="POST", body="kept-body")
+        yield Request(page.urljoin("/flaky"), "parse_items", method="POST", body=b"try")
+
+    def search(self, page: Page, n: int) -> Request:
+        return Request(
+            page.urljoin("/search"), "parse_items", method="POST", json={"page": n}, headers={"X-Token": "t0k"}
+        )
+
+    def parse_items(self, page: Page) -> Iterator[Any]:
+        for li in page.css("li.item"):
+            yield {"name": li.text()}
+        more = page.css_first("#next")
+        if more is not None:
+            yield self.search(page, int(more.attributes["data-page"] or 0))
+
+
+def test_posts_with_different_bodies_are_fetched_once_each_with_their_headers_and_their_items_all_stored(
+    app: App,
+) -> None:
+    result = crawl(SearchSpider, [app.url + "/start"], interval=INTERVAL)
+    searches = app.to("POST", "/search")
+    # Pages 1, 2, 3 once each: the same URL with another body is another request, the same body is not.
+    assert sorted(json.loads(a.body)["page"] for a in searches) == [1, 2, 3]
+    assert {a.headers["x-token"] for a in searches} == {"t0k"}
+    names = sorted(item["name"] for item in result.items)
+    assert [n for n in names if n.startswith("p")] == ["p1-a", "p1-b", "p2-a", "p2-b", "p3-a", "p3-b"]
+    assert not result.failed
+
+
+def test_a_303_turns_a_post_into_a_get_without_body_and_a_307_keeps_method_and_body(app: App) -> None:
+    result = crawl(SearchSpider, [app.url + "/start"], interval=INTERVAL)
+    (see_other,) = app.to("POST", "/see-other")
+    assert see_other.body == b"q=x" and see_other.headers["content-type"] == "application/x-www-form-urlencoded"
+    (result_get,) = app.to("GET", "/result")
+    assert result_get.body == b"" and "content-type" not in result_get.headers
+    (kept,) = app.to("POST", "/kept")
+    assert kept.body == b"kept-body"
+    names = {item["name"] for item in result.items}
+    assert {"result", "kept kept-body"} <= names
+
+
+def test_a_post_answered_503_is_sent_again_with_its_body(app: App) -> None:
+    result = crawl(SearchSpider, [app.url + "/start"], interval=INTERVAL, settings={"backoff": 0.1})
+    assert [a.body for a in app.to("POST", "/flaky")] == [b"try", b"try"]
+    assert "flaky try" in {item["name"] for item in result.items}
+
+
+def test_posts_keep_the_site_interval_at_the_server(app: App) -> None:
+    crawl(SearchSpider, [app.url + "/start"], interval=INTERVAL, downloaders=3)
+    assert len(app.arrivals) >= 10
+    assert min(app.gaps()) >= INTERVAL, f"two requests {min(app.gaps()):.3f}s apart"
+
+
+# -- fingerprints and frontier entries ----------------------------------------------------------
+
+
+def test_a_get_keeps_the_fingerprint_the_seen_sets_of_running_crawls_hold(redis_conn: Redis) -> None:
+    url = "https://shop.example/product/1?color=red"
+    # The old code's bytes: blake2b of the canonical URL, 8 bytes.
+    old = hashlib.blake2b(url.encode(), digest_size=8).digest()
+    assert old.hex() == "7df504230d63c5ed"
+    assert fingerprint(url) == old
+    assert request_fingerprint(url) == request_fingerprint(url, "GET", None) == old
+    assert DownloadTask("s", url).fingerprint == old
+    front = Frontier(redis_conn, "fp", ["shop.example"], 60, 60)
+    front.add([Request(url), Request(url, method="POST", body="a")])
+    assert redis_conn.sismember(keys.seen("fp"), old)
+    assert redis_conn.scard(keys.seen("fp")) == 2
+
+
+def test_requests_differ_by_method_and_body_not_by_headers(redis_conn: Redis) -> None:
+    front = Frontier(redis_conn, "dedup", ["shop.example"], 60, 60)
+    url = "https://shop.example/api"
+    result = front.add(
+        [
+            Request(url),
+            Request(url, method="POST"),
+            Request(url, method="POST", json={"page": 1}),
+            Request(url, method="POST", json={"page": 2}),
+            Request(url, method="POST", json={"page": 2}, headers={"X-Other": "1"}),  # a duplicate
+            Request(url, method="PUT", json={"page": 2}),
+            Request(url, method="POST", body='{"page":1}'),  # the same bytes as json={"page": 1}
+        ]
+    )
+    assert len(result.enqueued) == 5 and result.duplicates == 2
+
+
+def test_old_frontier_entries_still_read_and_new_ones_carry_method_headers_and_body(redis_conn: Redis) -> None:
+    old = encode_entry("https://shop.example/a", "parse_item", 2, 0, 1, {"k": 1})
+    assert old == '["https://shop.example/a","parse_item",2,0,1,{"k":1}]'  # what is queued today
+    task = DownloadTask.from_entry("s", old, 5)
+    assert (task.method, task.headers, task.body, task.depth) == ("GET", {}, None, 2)
+    post = DownloadTask("s", "https://shop.example/a", method="POST", headers={"X": "1"}, body=b"\xff\x00 raw")
+    again = DownloadTask.from_entry("s", post.to_entry())
+    assert (again.method, again.headers, again.body) == ("POST", {"X": "1"}, b"\xff\x00 raw")
+    assert DownloadTask.from_json(post.to_json()) == post
+    front = Frontier(redis_conn, "entries", ["shop.example"], 60, 60)
+    front.add([Request("https://shop.example/b", method="POST", json=[1, "é"])])
+    (waiting,) = front.waiting()
+    assert (waiting.method, waiting.body) == ("POST", '[1,"é"]'.encode())
+    assert waiting.headers == {"Content-Type": "application/json"}
+
+
+def test_a_request_body_over_the_cap_is_refused_with_the_reason(redis_conn: Redis) -> None:
+    front = Frontier(redis_conn, "cap", ["shop.example"], 60, 60, max_request_body_bytes=100)
+    result = front.add(
+        [
+            Request("https://shop.example/up", method="POST", body=b"x" * 101),
+            Request("https://shop.example/up", method="POST", body=b"x" * 100),
+        ]
+    )
+    assert len(result.enqueued) == 1
+    assert result.refused is not None
+    ((_, reason),) = result.refused
+    assert reason == "request body longer than 100 bytes (101): POST https://shop.example/up"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"method": "BREW"}, "unknown HTTP method 'BREW'"),
+        ({"json": {}, "body": b"x"}, "a request has one body"),
+        ({"headers": {"X": 1}}, "header 'X': names and values must be text"),
+    ],
+)
+def test_a_request_that_cannot_be_sent_raises_a_one_line_value_error(kwargs: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Request("https://shop.example/", **kwargs)
+
+
+def test_a_get_form_goes_into_the_query() -> None:
+    request = Request("https://shop.example/find?old=1#top", form={"q": "a b", "n": [1, 2]})
+    assert (request.url, request.body, request.headers) == ("https://shop.example/find?q=a+b&n=1&n=2", None, {})
