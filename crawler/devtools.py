@@ -19,7 +19,7 @@ from .errors import ConfigError, RefusedURL
 from .fetch import Response
 from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
 from .items import Pipelines
-from .spider import Page, Request, Spider, SpiderSet
+from .spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
 
 #: Where a request a callback yields would go.
 QUEUED, REFUSED, SEEN = "queued", "refused", "already seen"
@@ -139,8 +139,8 @@ def fetch_as_worker(rt: Any, site: str, url: str) -> Response:
     return rt.fetcher.get(canonical, user_agent=spider.user_agent, on_sent=gate.rearm)
 
 
-def verdict(response: Response) -> str:
-    """What a download worker does with ``response``, in a few words."""
+def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES) -> str:
+    """What a download worker does with ``response`` for a spider with ``content_types``, in a few words."""
     status = response.status
     if 300 <= status < 400:
         where = response.location
@@ -149,18 +149,19 @@ def verdict(response: Response) -> str:
         return "retried later with backoff"
     if status >= 400:
         return "recorded failed, not retried"
-    if not response.is_html:
-        return f"not HTML ({response.content_type}): recorded skipped, no callback"
+    if not accepts(content_types, response.content_type):
+        skipped = "not HTML" if tuple(content_types) == HTML_TYPES else "not in content_types"
+        return f"{skipped} ({response.content_type}): recorded skipped, no callback"
     return "handed to the callback"
 
 
-def page_of(response: Response, meta: dict[str, Any] | None = None) -> Page:
-    """The ``Page`` a parse worker would build from ``response``.
+def page_of(response: Response, meta: dict[str, Any] | None = None, content_types: Iterable[str] = HTML_TYPES) -> Page:
+    """The ``Page`` a parse worker would build from ``response`` for a spider with ``content_types``.
 
     Raises ConfigError when a worker would not hand the response to a callback.
     """
-    if not (200 <= response.status < 300) or not response.is_html:
-        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response)}")
+    if not (200 <= response.status < 300) or not accepts(content_types, response.content_type):
+        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response, content_types)}")
     return Page(
         response.url,
         response.body,

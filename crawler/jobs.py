@@ -49,7 +49,7 @@ from .items import Pipelines, failure_text
 from .pacing import throttle_pause
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
-from .spider import Page, Request
+from .spider import HTML_TYPES, Page, Request, SentRequest, accepts
 from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
 
 log = logging.getLogger("crawler.jobs")
@@ -64,8 +64,12 @@ MAX_ERROR_PAUSE = 300.0
 #: written at once, after what was held: the errors-in-a-row rule reads what came before.
 HELD_OUTCOMES = frozenset({OK, UNCHANGED, REDIRECT, SKIPPED, REFUSED})
 
-#: Response headers handed on to the parse step.
+#: Response headers handed on to the parse step first (``page.headers``); the others follow
+#: within HANDED_HEADER_BYTES, but for Set-Cookie (a secret, of no use to a callback).
 KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
+#: Bytes of names and values of the response headers a page carries to its callback: enough for a
+#: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
+HANDED_HEADER_BYTES = 8 * 1024
 
 #: Bytes a held link costs beyond twice its URL (as requested, and canonical): its ``Request``
 #: and the tuples and dict around it. Measured: 339 bytes a link of 22 characters (tracemalloc).
@@ -289,8 +293,9 @@ def _download_one(
         _follow_redirect(rt, task, response, record)
     elif 300 <= response.status < 400:
         record(FAILED, response=response, error="redirect without Location")
-    elif not response.is_html and sink is None:  # a sitemap is XML, gzip or robots.txt: its parse job reads it
-        record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+    elif sink is None and not accepts(spider.content_types, response.content_type):
+        # (A sitemap is XML, gzip or robots.txt: its parse job reads it.)
+        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
         validators = validators_of(response.headers)
     else:
         # The page goes to the parse workers in the pipeline of its record, after the record is
@@ -300,6 +305,13 @@ def _download_one(
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
+
+
+def _not_handled(content_types: tuple[str, ...], content_type: str) -> str:
+    """Why a response of ``content_type`` is skipped (``Spider.content_types``)."""
+    if tuple(content_types) == HTML_TYPES:
+        return f"not HTML ({content_type})"
+    return f"not in content_types ({content_type})"
 
 
 def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:
@@ -508,6 +520,21 @@ def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT)
     return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)
 
 
+def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The response headers a page's callback sees: ``KEPT_HEADERS``, then the others in their order
+    while their names and values add up to ``HANDED_HEADER_BYTES`` (never Set-Cookie)."""
+    handed = {k: headers[k] for k in KEPT_HEADERS if k in headers}
+    room = HANDED_HEADER_BYTES - sum(len(k) + len(v) for k, v in handed.items())
+    for name, value in headers.items():
+        if name in handed or name == "set-cookie":
+            continue
+        room -= len(name) + len(value)
+        if room < 0:
+            break
+        handed[name] = value
+    return handed
+
+
 def _hand_to_parser(
     pipe: Any,
     task: DownloadTask,
@@ -523,7 +550,7 @@ def _hand_to_parser(
         "site": task.site,
         "url": task.url,
         "status": response.status,
-        "headers": {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers},
+        "headers": handed_headers(response.headers),
         "encoding": response.encoding,
         "callback": task.callback,
         "meta": task.meta or {},
@@ -791,6 +818,7 @@ def _run_callback(
     half a million held requests. The stored body is inflated within ``max_body`` bytes
     (BodyTooLarge past it): a body written into Redis by someone else may be a zlib bomb.
     """
+    sent = payload.get("request") or {}
     page = Page(
         url,
         inflate_capped(raw, max_body),
@@ -798,6 +826,7 @@ def _run_callback(
         headers=payload.get("headers") or {},
         meta=payload.get("meta") or {},
         encoding=payload.get("encoding"),
+        request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
     )
     name = str(payload.get("callback") or "parse")
     out = pipelines.sort(spider.callback(name)(page), page, name, max_links)

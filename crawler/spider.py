@@ -12,6 +12,7 @@ import importlib.util
 import json as jsonlib
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import cached_property
@@ -37,6 +38,19 @@ _PLAIN_ABSOLUTE_HREF = re.compile(
 )
 
 Callback = Callable[["Page"], Iterable[Any]] | str | None
+
+#: Content types of HTML: the responses a spider's callbacks get by default (``Spider.content_types``).
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def accepts(content_types: Iterable[str], content_type: str) -> bool:
+    """Whether a response of ``content_type`` (lower case, no parameters) goes to a callback of a
+    spider with these ``content_types``: one equal to it, or ``major/*`` of its family. An empty one
+    (no Content-Type header) counts as HTML."""
+    if not content_type:
+        return any(accepts(content_types, html) for html in HTML_TYPES)
+    family = content_type.split("/", 1)[0] + "/*"
+    return any(accepted in (content_type, family, "*/*") for accepted in content_types)
 
 
 def callback_name(callback: Callback) -> str:
@@ -147,12 +161,40 @@ def _with_query(url: str, fields: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, fields, ""))
 
 
+@dataclass(frozen=True)
+class SentRequest:
+    """The request a page answers (``page.request``): its method, URL and the headers it was sent
+    with beyond the fetcher's own (User-Agent, Accept, Accept-Encoding): the spider's ``headers``
+    and the request's."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class PageText(str):
+    """The page's body as text (``page.text``, Scrapy's ``response.text``), which may also be called:
+    ``page.text("h1")`` is the stripped text of a selector's first match (``Page.text_of``)."""
+
+    #: The page, weakly: a strong reference would make a cycle (the page caches its text), and a
+    #: page in a cycle, its DOM with it, waits for the garbage collector instead of going at once.
+    _page: weakref.ref[Page]
+
+    def __call__(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
+        page = self._page()
+        if page is None:
+            raise ReferenceError("the page of this text is gone")
+        return page.text_of(selector, strip, default)
+
+
 class Page:
-    """A downloaded HTML page: its URL, status, headers and a selectolax DOM.
+    """A downloaded page: its URL, status, headers, body, the request it answers, and (for HTML)
+    a selectolax DOM.
 
     ``url`` and ``body`` are read once: the DOM, the base URL and resolved links are
     computed on first use and kept for the page's life, so that a page with N links
-    costs O(N), not a document search per link.
+    costs O(N), not a document search per link. A page that is not HTML (JSON) is never
+    parsed as HTML unless ``css`` and the like are asked for.
     """
 
     def __init__(
@@ -163,12 +205,15 @@ class Page:
         headers: Mapping[str, str] | None = None,
         meta: dict[str, Any] | None = None,
         encoding: str | None = None,
+        request: SentRequest | None = None,
     ):
         self.url = url
         self.body = body
         self.status = status
         self.headers = {k.lower(): v for k, v in (headers or {}).items()}
         self.meta = meta or {}
+        #: The request this page answers (method, URL, headers sent).
+        self.request = request if request is not None else SentRequest("GET", url)
         self._encoding = encoding
         self._tree: LexborHTMLParser | None = None
         self._base_url: str | None = None
@@ -194,6 +239,17 @@ class Page:
         except LookupError:  # an unknown charset name
             return self.body.decode("utf-8", errors="replace")
 
+    @cached_property
+    def text(self) -> PageText:
+        """The body as text (``text_content``); ``page.text("h1")`` is still the text of a selector (``text_of``)."""
+        text = PageText(self.text_content)
+        text._page = weakref.ref(self)
+        return text
+
+    def json(self) -> Any:
+        """The body parsed as JSON (whatever its content type); ValueError if it is not JSON."""
+        return jsonlib.loads(self.text)
+
     def css(self, selector: str) -> list[LexborNode]:
         """Every node matching a CSS selector."""
         return list(self.tree.css(selector))
@@ -202,8 +258,8 @@ class Page:
         """The first node matching a CSS selector, or ``default``."""
         return self.tree.css_first(selector, default=default)
 
-    def text(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
-        """Text of the first match of ``selector`` (of the whole body when None)."""
+    def text_of(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
+        """Text of the first match of ``selector`` (of the whole body when None): ``page.text(selector)``."""
         node = self.tree.body if selector is None else self.tree.css_first(selector)
         if node is None:
             return default
@@ -309,6 +365,9 @@ class Spider:
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
+    #: Content types (``"text/html"``, or ``"application/*"`` for a whole family) of the responses
+    #: handed to callbacks; others are recorded skipped. A response without a content type counts as HTML.
+    content_types: tuple[str, ...] = HTML_TYPES
     #: Reach private, loopback or link-local addresses through host names (DNS) and redirects from
     #: public hosts (refused by default; a URL naming an IP address or localhost is always allowed).
     allow_private_addresses: bool = False

@@ -209,6 +209,19 @@ def _process_item(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (item, page) -> item, got {value!r:.80}"
 
 
+#: A content type as ``Spider.content_types`` names it: ``type/subtype`` in lower case, or ``type/*``.
+_CONTENT_TYPE = re.compile(r"^(\*/\*|[a-z0-9][a-z0-9.+_-]*/(\*|[a-z0-9][a-z0-9.+_-]*))$")
+
+
+def _content_types(cls: type, value: Any) -> str | None:
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value:
+        return f"must be a non-empty tuple of content types like 'text/html', got {value!r:.80}"
+    for item in value:
+        if not isinstance(item, str) or not _CONTENT_TYPE.match(item):
+            return f"must hold lower-case content types like 'application/json' or 'text/*', got {item!r:.80}"
+    return None
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -222,6 +235,7 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("item_key", _optional_text),
     ("obey_robots", _flag),
     ("user_agent", _optional_text),
+    ("content_types", _content_types),
     ("allow_private_addresses", _flag),
     ("refresh", _refresh),
     ("refresh_priority", _priority),

@@ -69,7 +69,7 @@ def run_page(
     Needs neither Redis nor a database. The callback's exceptions propagate.
     """
     if body is None:
-        page = _download(url, meta)
+        page = _download(url, meta, _instance(spider).content_types)
     else:
         if isinstance(body, os.PathLike):
             body = Path(body).read_bytes()
@@ -85,14 +85,14 @@ def run_page(
     return run_callback(_instance(spider), page, callback)
 
 
-def _download(url: str, meta: Mapping[str, Any] | None) -> Page:
+def _download(url: str, meta: Mapping[str, Any] | None, content_types: tuple[str, ...]) -> Page:
     from .fetch import Fetcher
     from .settings import Settings
 
     defaults = Settings()
     fetcher = Fetcher(defaults.timeout, defaults.max_body_bytes, defaults.user_agent)
     try:
-        return page_of(fetcher.get(url), dict(meta or {}))
+        return page_of(fetcher.get(url), dict(meta or {}), content_types)
     finally:
         fetcher.close()
 

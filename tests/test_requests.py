@@ -283,3 +283,129 @@ def test_a_request_that_cannot_be_sent_raises_a_one_line_value_error(kwargs: dic
 def test_a_get_form_goes_into_the_query() -> None:
     request = Request("https://shop.example/find?old=1#top", form={"q": "a b", "n": [1, 2]})
     assert (request.url, request.body, request.headers) == ("https://shop.example/find?q=a+b&n=1&n=2", None, {})
+
+
+# -- step 2: responses of other types, page.json(), page.request ---------------------------------
+
+
+def json_api() -> App:
+    """POST /api/items with {"page": N} and X-Api-Key: k answers three items and the next page (up
+    to 3) as JSON, with an X-Total-Count header; /report.pdf is a PDF; /page is HTML."""
+
+    def items(arrival: Arrival) -> Answer:
+        if arrival.headers.get("x-api-key") != "k":
+            return 401, {"content-type": "application/json"}, b'{"error": "no key"}'
+        n = int(json.loads(arrival.body)["page"])
+        data = {"items": [{"id": f"{n}-{i}"} for i in range(3)], "next": n + 1 if n < 3 else None}
+        return 200, {"content-type": "application/json; charset=utf-8", "x-total-count": "9"}, json.dumps(data).encode()
+
+    routes = {
+        ("GET", "/robots.txt"): robots,
+        ("POST", "/api/items"): items,
+        ("GET", "/report.pdf"): lambda _: (200, {"content-type": "application/pdf"}, b"%PDF-1.4 not html"),
+        ("GET", "/page"): lambda _: html('<p class="x">html too</p>'),
+    }
+    return App(routes)
+
+
+@pytest.fixture
+def api() -> Iterator[App]:
+    served = json_api()
+    yield served
+    served.close()
+
+
+class JsonApiSpider(Spider):
+    name = "jsonapi"
+    allowed_domains = ["127.0.0.1"]
+    content_types = ("text/html", "application/json")
+    base = ""
+
+    def start_requests(self) -> Iterator[Request]:
+        yield self.items_request(1)
+        yield self.items_request(1)  # the same body: one fetch
+        yield Request(self.base + "/report.pdf")
+        yield Request(self.base + "/page", "parse_html")
+
+    def items_request(self, n: int) -> Request:
+        return Request(
+            self.base + "/api/items", "parse_items", method="POST", json={"page": n}, headers={"X-Api-Key": "k"}
+        )
+
+    def parse_items(self, page: Page) -> Iterator[Any]:
+        data = page.json()
+        assert page.text.startswith("{") and page.body.startswith(b"{")
+        for item in data["items"]:
+            yield {
+                **item,
+                "status": page.status,
+                "total": page.headers["x-total-count"],
+                "sent": [page.request.method, page.request.url, page.request.headers["X-Api-Key"]],
+            }
+        if data["next"]:
+            yield self.items_request(data["next"])
+            yield self.items_request(data["next"])  # found twice: fetched once
+
+    def parse_html(self, page: Page) -> Iterator[Any]:
+        yield {"id": "html", "text": page.text("p.x"), "method": page.request.method}
+
+
+def test_a_json_api_paged_by_post_reaches_its_callback_and_every_page_s_items_are_stored(api: App) -> None:
+    spider = type("Api", (JsonApiSpider,), {"base": api.url})
+    result = crawl(spider, interval=0.1)
+    assert sorted(json.loads(a.body)["page"] for a in api.to("POST", "/api/items")) == [1, 2, 3]
+    ids = sorted(item["id"] for item in result.items)
+    assert ids == sorted([f"{n}-{i}" for n in (1, 2, 3) for i in range(3)] + ["html"])
+    one = next(item for item in result.items if item["id"] == "2-1")
+    assert one["status"] == 200 and one["total"] == "9"
+    assert one["sent"] == ["POST", api.url + "/api/items", "k"]
+    assert {"id": "html", "text": "html too", "method": "GET"} in result.items
+    assert not result.failed
+
+
+def test_a_type_outside_content_types_is_still_recorded_skipped(api: App) -> None:
+    spider = type("Api", (JsonApiSpider,), {"base": api.url})
+    result = crawl(spider, interval=0.1)
+    (pdf,) = [r for r in result.fetches if r["url"].endswith("/report.pdf")]
+    assert (pdf["outcome"], pdf["error"]) == ("skipped", "not in content_types (application/pdf)")
+
+
+def test_json_is_skipped_by_a_spider_that_keeps_the_default_html_only(api: App) -> None:
+    spider = type("Api", (JsonApiSpider,), {"base": api.url, "content_types": ("text/html",)})
+    result = crawl(spider, interval=0.1)
+    (first,) = [r for r in result.fetches if r["url"].endswith("/api/items") and r["kind"] == "download"]
+    assert (first["outcome"], first["error"]) == ("skipped", "not in content_types (application/json)")
+    assert [item["id"] for item in result.items] == ["html"]
+
+
+def test_a_json_page_is_never_parsed_as_html_unless_css_is_asked_for() -> None:
+    page = Page("https://api.example/x", b'{"a": [1, 2]}', headers={"content-type": "application/json"})
+    assert page.json() == {"a": [1, 2]}
+    assert page.text == '{"a": [1, 2]}' and page.body == b'{"a": [1, 2]}'
+    assert page._tree is None
+    assert page.request.method == "GET" and page.request.url == "https://api.example/x"
+    assert page.text("p") == ""  # the DOM, on demand
+    assert page._tree is not None
+
+
+def test_content_type_families_and_a_missing_type_count_as_asked() -> None:
+    from crawler.spider import HTML_TYPES, accepts
+
+    assert accepts(HTML_TYPES, "") and accepts(HTML_TYPES, "text/html") and not accepts(HTML_TYPES, "text/plain")
+    assert accepts(("application/*",), "application/ld+json") and not accepts(("application/*",), "text/html")
+    assert accepts(("*/*",), "image/png")
+
+
+def test_a_page_whose_text_was_read_is_freed_at_once_not_left_to_the_garbage_collector() -> None:
+    import gc
+    import weakref
+
+    page = Page("https://shop.example/", b"<h1>Title</h1>")
+    assert page.text("h1") == "Title" and page.text == "<h1>Title</h1>"
+    gone = weakref.ref(page)
+    gc.disable()
+    try:
+        del page
+        assert gone() is None  # no reference cycle between the page and its text
+    finally:
+        gc.enable()
