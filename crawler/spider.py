@@ -334,8 +334,93 @@ class Page:
             if href and href.strip():
                 yield self.follow(href, callback=callback, **kwargs)
 
+    def form(
+        self,
+        selector: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        callback: Callback = None,
+        **kwargs: Any,
+    ) -> Request:
+        """The Request that submits a form of this page, as a browser would (Scrapy's
+        ``FormRequest.from_response``).
+
+        The form is the first match of ``selector`` (a CSS selector of the form, or of a node
+        inside it), else the page's first form; ValueError if there is none. Its fields go as
+        a browser sends them: hidden inputs (CSRF tokens) included, checked checkboxes and
+        radios, each select's selected options (else its first), textareas; not disabled
+        fields nor those without a name. The first submit button with a name adds its
+        name and value. ``data`` sets fields (replacing every value a field had, or adding
+        it; a list value repeats the field; None drops it). The method and action are the
+        form's (GET and the page's URL by default); a GET sends the fields as the action's
+        query, a POST as a urlencoded body. ``kwargs`` go to ``Request`` (``meta``, ``headers``...).
+        """
+        form = self._form_node(selector)
+        fields = list(_form_fields(form))
+        if data:
+            fields = [(name, value) for name, value in fields if name not in data]
+            for name, value in data.items():
+                for one in value if isinstance(value, list | tuple) else [value]:
+                    if one is not None:
+                        fields.append((name, str(one)))
+        method = (form.attributes.get("method") or "GET").strip().upper()
+        action = (form.attributes.get("action") or "").strip()
+        url = self.urljoin(action) if action else self.url
+        return Request(url, callback, method="POST" if method == "POST" else "GET", form=fields, **kwargs)
+
+    def _form_node(self, selector: str | None) -> LexborNode:
+        node = self.css_first(selector) if selector else self.css_first("form")
+        while node is not None and node.tag != "form":
+            node = node.parent
+        if node is None:
+            where = f"matching {selector!r}" if selector else "on the page"
+            raise ValueError(f"no form {where}: {self.url}")
+        return node
+
     def __repr__(self) -> str:
         return f"<Page {self.status} {self.url}>"
+
+
+#: Inputs that are buttons: never sent as fields (a submit button's name and value are sent apart).
+_BUTTON_TYPES = frozenset({"submit", "image", "reset", "button", "file"})
+
+
+def _form_fields(form: LexborNode) -> Iterator[tuple[str, str]]:
+    """The (name, value) pairs a browser submits for ``form``, in document order, with the first
+    named submit button's pair; not disabled fields, nor those without a name."""
+    clicked = False
+    for node in form.css("input, select, textarea, button"):
+        attrs = node.attributes
+        name = attrs.get("name")
+        if not name or "disabled" in attrs:
+            continue
+        kind = (attrs.get("type") or ("submit" if node.tag == "button" else "text")).lower()
+        if node.tag == "select":
+            yield from ((name, value) for value in _selected(node))
+        elif node.tag == "textarea":
+            yield name, node.text(deep=True, strip=False)
+        elif kind in ("submit", "image") and (node.tag == "button" or node.tag == "input"):
+            if not clicked:
+                clicked = True
+                yield name, attrs.get("value") or ""
+        elif kind in ("checkbox", "radio"):
+            if "checked" in attrs:
+                yield name, attrs.get("value") or "on"
+        elif kind not in _BUTTON_TYPES and node.tag == "input":
+            yield name, attrs.get("value") or ""
+
+
+def _selected(select: LexborNode) -> list[str]:
+    """The values a select sends: its selected options, else (a single select) its first option."""
+    options = select.css("option")
+    chosen = [o for o in options if "selected" in o.attributes and "disabled" not in o.attributes]
+    if not chosen and options and "multiple" not in select.attributes:
+        chosen = options[:1]
+    return [_option_value(option) for option in chosen]
+
+
+def _option_value(option: LexborNode) -> str:
+    value = option.attributes.get("value")
+    return value if value is not None else str(option.text(strip=True))
 
 
 class Spider:

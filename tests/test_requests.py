@@ -409,3 +409,93 @@ def test_a_page_whose_text_was_read_is_freed_at_once_not_left_to_the_garbage_col
         assert gone() is None  # no reference cycle between the page and its text
     finally:
         gc.enable()
+
+
+# -- step 3: page.form ------------------------------------------------------------------------------
+
+
+def login_app() -> App:
+    """GET /login renders a login form with a new CSRF token each time; POST /session accepts a
+    token once, with user alice and password pw, and welcomes her; GET /find answers its query."""
+    issued: list[str] = []
+
+    def login(_: Arrival) -> Answer:
+        token = f"tok{len(issued)}-{time.monotonic_ns()}"
+        issued.append(token)
+        return html(
+            '<form class="search" action="/find"><input name="q" value="old"><input name="page" value="1"></form>'
+            '<form id="login" method="post" action="/session">'
+            f'<input type="hidden" name="csrf" value="{token}">'
+            '<input type="hidden" name="next" value="/account">'
+            '<input name="user"><input type="password" name="password">'
+            '<input type="checkbox" name="remember" value="1" checked>'
+            '<select name="lang"><option value="en">English<option value="fr" selected>French</select>'
+            '<button type="submit" name="action" value="login">Log in</button>'
+            "</form>"
+        )
+
+    def session(arrival: Arrival) -> Answer:
+        from urllib.parse import parse_qs
+
+        form = {k: v[0] for k, v in parse_qs(arrival.body.decode()).items()}
+        token_ok = form.get("csrf") in issued
+        if token_ok:
+            issued.remove(form["csrf"])  # once only
+        if not token_ok or (form.get("user"), form.get("password")) != ("alice", "pw"):
+            return 403, {}, b"bad token or password"
+        return html(f'<p id="welcome">Welcome {form["user"]}</p>')
+
+    routes = {
+        ("GET", "/robots.txt"): robots,
+        ("GET", "/login"): login,
+        ("POST", "/session"): session,
+        ("GET", "/find"): lambda a: html(f'<p id="found">{a.path}</p>'),
+    }
+    return App(routes)
+
+
+class LoginSpider(Spider):
+    name = "login"
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield page.form("#login", data={"user": "alice", "password": "pw"}, callback=self.after_login)
+        yield page.form("form.search", data={"q": "lamp"}, callback="found")
+
+    def after_login(self, page: Page) -> Iterator[Any]:
+        yield {"welcome": page.text("#welcome")}
+
+    def found(self, page: Page) -> Iterator[Any]:
+        yield {"found": page.text("#found")}
+
+
+def test_a_login_form_is_submitted_with_its_per_render_csrf_token_and_hidden_fields() -> None:
+    app = login_app()
+    try:
+        result = crawl(LoginSpider, [app.url + "/login"], interval=0.1)
+        (sent,) = app.to("POST", "/session")
+    finally:
+        app.close()
+    assert {item.get("welcome") for item in result.items} >= {"Welcome alice"}
+    fields = sent.body.decode()
+    assert fields.startswith("csrf=tok0-") and "&next=%2Faccount&remember=1&lang=fr&action=login&" in fields
+    assert fields.endswith("&user=alice&password=pw")
+    assert {"found": "/find?page=1&q=lamp"} in result.items  # a GET form: its fields are the (canonical) query
+    assert not result.failed
+
+
+def test_form_picks_the_form_of_a_node_and_data_replaces_adds_and_drops_fields() -> None:
+    page = Page(
+        "https://shop.example/cart/",
+        b'<base href="https://shop.example/"><form method="get"><input name="a" value="1"><input name="b" value="2">'
+        b'<input name="off" value="x" disabled><input type="submit" value="no name">'
+        b'<select name="many" multiple><option>x</select><textarea name="t">line\n</textarea>'
+        b'<input type="image" name="go"><p id="inside"></p></form>',
+    )
+    request = page.form("#inside", data={"b": None, "c": ["3", "4"]}, meta={"m": 1})
+    assert request.method == "GET" and request.meta == {"m": 1} and request.body is None
+    assert request.url == "https://shop.example/cart/?a=1&t=line%0A&go=&c=3&c=4"
+    with pytest.raises(ValueError, match="no form matching '#nope'"):
+        page.form("#nope")
+    with pytest.raises(ValueError, match="no form on the page"):
+        Page("https://shop.example/", b"<p>none</p>").form()
