@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, RefusedURL
-from .fetch import Response
+from .fetch import Response, user_agent_of
 from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
 from .items import Pipelines
 from .spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
@@ -132,11 +132,12 @@ def fetch_as_worker(rt: Any, site: str, url: str) -> Response:
     canonical = canonicalize(url)
     if not host_allowed(canonical, spider.domains()):
         raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(spider.domains())})")
-    user_agent = spider.user_agent or rt.settings.user_agent
+    headers = dict(getattr(spider, "headers", None) or {})
+    user_agent = user_agent_of(headers, spider.user_agent or rt.settings.user_agent)
     if rt.policy(site).obey_robots and not rt.robots.allowed(site, canonical, user_agent, lambda: rt.take_gate(site)):
         raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
     gate = rt.take_gate(site)
-    return rt.fetcher.get(canonical, user_agent=spider.user_agent, on_sent=gate.rearm)
+    return rt.fetcher.get(canonical, user_agent=spider.user_agent, on_sent=gate.rearm, headers=headers)
 
 
 def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES) -> str:

@@ -324,6 +324,19 @@ class Fetcher:
             transport.close()
 
 
+def merge_headers(under: Mapping[str, str], over: Mapping[str, str]) -> dict[str, str]:
+    """``under`` with ``over`` on top, header names compared without case."""
+    if not under:
+        return dict(over)
+    overridden = {name.lower() for name in over}
+    return {**{k: v for k, v in under.items() if k.lower() not in overridden}, **over}
+
+
+def user_agent_of(headers: Mapping[str, str], default: str) -> str:
+    """The User-Agent ``headers`` name (any case), else ``default``: what robots.txt is read for."""
+    return next((v for k, v in headers.items() if k.lower() == "user-agent"), default)
+
+
 def names_its_address(url: str) -> bool:
     """Whether ``url``'s host is an IP address or ``localhost``: named outright, so trusted to be reached."""
     host = (urlsplit(url).hostname or "").rstrip(".")

@@ -42,7 +42,7 @@ from .errors import (
     TransientError,
 )
 from .events import Done, HeldRecords, job_done, jobs_done
-from .fetch import DecodeError, Response, inflate_capped
+from .fetch import DecodeError, Response, inflate_capped, merge_headers, user_agent_of
 from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
 from .items import Pipelines, failure_text
@@ -146,7 +146,7 @@ def _download_one(
         )
         return True
     policy = rt.policy(task.site)
-    user_agent = spider.user_agent or rt.settings.user_agent
+    user_agent = user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
     started = utcnow()
     gate_wait: float | None = None
 
@@ -343,8 +343,9 @@ def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -
 
 def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
     """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
-    Accept-Encoding, which these override): the request's own."""
-    return dict(task.headers)
+    Accept-Encoding, which these override): the spider's ``headers`` under the request's own
+    (a name in both, in any case, is the request's)."""
+    return merge_headers(getattr(spider, "headers", None) or {}, task.headers)
 
 
 def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:

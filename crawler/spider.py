@@ -450,6 +450,9 @@ class Spider:
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
+    #: Headers sent with every request of the site, under each request's own (a name in both is the
+    #: request's); a User-Agent here wins over ``user_agent`` and the setting.
+    headers: Mapping[str, str] = {}
     #: Content types (``"text/html"``, or ``"application/*"`` for a whole family) of the responses
     #: handed to callbacks; others are recorded skipped. A response without a content type counts as HTML.
     content_types: tuple[str, ...] = HTML_TYPES

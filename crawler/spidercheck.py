@@ -222,6 +222,21 @@ def _content_types(cls: type, value: Any) -> str | None:
     return None
 
 
+#: A header name: an HTTP token (RFC 9110).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _headers(cls: type, value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return f"must be a dict of header names to values, got {type(value).__name__} {value!r:.80}"
+    for name, text in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            return f"has a header name that is not an HTTP token: {name!r:.80}"
+        if not isinstance(text, str) or not text.isascii() or not text.isprintable():
+            return f"[{name!r}] must be printable ASCII text, got {text!r:.80}"
+    return None
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -236,6 +251,7 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("obey_robots", _flag),
     ("user_agent", _optional_text),
     ("content_types", _content_types),
+    ("headers", _headers),
     ("allow_private_addresses", _flag),
     ("refresh", _refresh),
     ("refresh_priority", _priority),

@@ -499,3 +499,36 @@ def test_form_picks_the_form_of_a_node_and_data_replaces_adds_and_drops_fields()
         page.form("#nope")
     with pytest.raises(ValueError, match="no form on the page"):
         Page("https://shop.example/", b"<p>none</p>").form()
+
+
+# -- step 4: the spider's headers ------------------------------------------------------------------
+
+
+class HeadersSpider(Spider):
+    name = "headers"
+    allowed_domains = ["127.0.0.1"]
+    headers = {"X-Site": "s", "Accept": "application/json"}
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield {"path": "/start", "sent": dict(page.request.headers)}
+        yield Request(page.urljoin("/result"), "parse_own", headers={"accept": "text/csv", "User-Agent": "custom/1"})
+
+    def parse_own(self, page: Page) -> Iterator[Any]:
+        yield {"path": "/result", "sent": dict(page.request.headers)}
+
+
+def test_the_spider_s_headers_go_with_every_request_under_the_request_s_own(app: App) -> None:
+    from crawler.settings import DEFAULT_USER_AGENT
+
+    result = crawl(HeadersSpider, [app.url + "/start"], interval=0.1)
+    (start,) = app.to("GET", "/start")
+    (own,) = app.to("GET", "/result")
+    assert (start.headers["x-site"], start.headers["accept"], start.headers["user-agent"]) == (
+        "s",
+        "application/json",
+        DEFAULT_USER_AGENT,
+    )
+    assert (own.headers["x-site"], own.headers["accept"], own.headers["user-agent"]) == ("s", "text/csv", "custom/1")
+    sent = {item["path"]: item["sent"] for item in result.items}
+    assert sent["/start"] == {"X-Site": "s", "Accept": "application/json"}
+    assert sent["/result"] == {"X-Site": "s", "accept": "text/csv", "User-Agent": "custom/1"}
