@@ -454,6 +454,8 @@ class AddResult:
     enqueued: list[str]
     duplicates: int = 0
     refused: list[tuple[str, str]] | None = None  # (url, reason)
+    #: New requests not queued: the site's ``max_pages`` were admitted already.
+    over_max_pages: int = 0
 
 
 def download_queue(connection: Redis, site: str) -> Queue:
@@ -495,6 +497,7 @@ class Frontier:
         batch: int = 1,
         max_url_length: int = DEFAULT_MAX_URL_LENGTH,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        max_pages: int | None = None,
     ):
         """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
 
@@ -509,6 +512,9 @@ class Frontier:
 
         ``max_request_body_bytes``: bytes of the largest request body admitted; a request
         with a larger one is refused (its body would sit in Redis while it waits).
+
+        ``max_pages``: new pages admitted to the site's frontier, fleet-wide, after which
+        new requests are dropped (``Spider.max_pages``); None: no limit.
         """
         if revisit_after is not None and not revisit_after > 0:
             raise ValueError(f"revisit_after must be a positive number of seconds, not {revisit_after!r}")
@@ -522,6 +528,7 @@ class Frontier:
         self.batch = max(1, min(int(batch), MAX_BATCH))
         self.max_url_length = max_url_length
         self.max_request_body_bytes = max_request_body_bytes
+        self.max_pages = max_pages
         self.queue = download_queue(connection, site)
 
     @cached_property
@@ -585,12 +592,18 @@ class Frontier:
         if not flat:
             return results
         fresh = self._mark_seen([_seen_key(url, request) for url, request, _, _ in flat])
+        taken = [is_new or request.dont_filter for (_, request, _, _), is_new in zip(flat, fresh, strict=True)]
+        room = self._admit(sum(taken)) if self.max_pages is not None else len(flat)
         by_priority: dict[int, list[str]] = {}
         encoders: dict[tuple[Any, ...], Callable[[str], str]] = {}
-        for (url, request, depth, result), is_new in zip(flat, fresh, strict=True):
-            if not (is_new or request.dont_filter):
+        for (url, request, depth, result), take in zip(flat, taken, strict=True):
+            if not take:
                 result.duplicates += 1
                 continue
+            if room <= 0:
+                result.over_max_pages += 1
+                continue
+            room -= 1
             every = request.refresh if request.refresh is not None or not self.refresh else self.refresh(request)
             # The link's entry but for its URL is the same for all links of a page: encoded once.
             plain = request.is_plain
@@ -611,6 +624,19 @@ class Frontier:
             result.enqueued.append(url)
         self._push_entries(by_priority)
         return results
+
+    def _admit(self, pages: int) -> int:
+        """How many of ``pages`` new pages fit under ``max_pages``, counted fleet-wide (one atomic
+        INCRBY of the site's admitted counter: two workers admitting at once never pass the limit)."""
+        assert self.max_pages is not None
+        if not pages:
+            return 0
+        total = int(self.connection.incrby(keys.admitted(self.site), pages))
+        return max(0, min(pages, self.max_pages - (total - pages)))
+
+    def pages_admitted(self) -> int:
+        """New pages admitted to the site's frontier so far (counted only for a spider with ``max_pages``)."""
+        return int(self.connection.get(keys.admitted(self.site)) or 0)
 
     def _mark_seen(self, urls: list[SeenKey]) -> list[bool]:
         """Add the requests' fingerprints to the seen set; per request, whether it was new (in order).

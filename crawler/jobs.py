@@ -621,8 +621,12 @@ def parse(
     except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
         parse_failed(payload, failure_text(exc), worker, done, started, held)
         return
+    depth = int(payload.get("depth", 0)) + 1
+    spider = rt.spider(site)
+    beyond_depth = len(requests) if spider.depth_limit is not None and depth > spider.depth_limit else 0
+    if beyond_depth:
+        requests = []
     try:
-        depth = int(payload.get("depth", 0)) + 1
         if held is None:
             rt.store.upsert_items(site, items, seen=_fetched_at(payload))
             refused = rt.frontier(site).add(requests, depth=depth).refused
@@ -642,6 +646,10 @@ def parse(
         )
         return
     notes = [_refusals(refused)] if refused else []
+    if beyond_depth:
+        notes.append(f"{beyond_depth:,} links beyond depth_limit ({spider.depth_limit}): not queued")
+    if requests and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
+        notes.append(f"max_pages ({spider.max_pages:,}) reached: new links not queued")
     if links_dropped:
         notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
     counts = {"parsed": 1, "items": len(items)}

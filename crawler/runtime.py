@@ -215,6 +215,7 @@ class Runtime:
                 revisit_after=spider.revisit_after,
                 max_url_length=self.settings.max_url_length,
                 max_request_body_bytes=self.settings.max_request_body_bytes,
+                max_pages=spider.max_pages,
             )
         frontier.batch = self.batch_size(site)
         return frontier

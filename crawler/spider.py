@@ -450,6 +450,14 @@ class Spider:
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
+    #: Links followed from the start pages, at most: a start request is at depth 0, a request its
+    #: page yields at 1, and so on; one beyond this is not queued (counted in its page's parse record).
+    #: None: no limit. Redirects keep their request's depth.
+    depth_limit: int | None = None
+    #: New pages admitted to the site's frontier, fleet-wide (start requests, links, redirect
+    #: targets: each page once, its retries and refreshes free); past it new requests are dropped,
+    #: so the crawl drains. None: no limit.
+    max_pages: int | None = None
     #: Headers sent with every request of the site, under each request's own (a name in both is the
     #: request's); a User-Agent here wins over ``user_agent`` and the setting.
     headers: Mapping[str, str] = {}

@@ -237,6 +237,14 @@ def _headers(cls: type, value: Any) -> str | None:
     return None
 
 
+def _positive_count_or_none(cls: type, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"must be a whole number of at least 1, or None for no limit, got {value!r}"
+    return None
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -252,6 +260,8 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("user_agent", _optional_text),
     ("content_types", _content_types),
     ("headers", _headers),
+    ("depth_limit", _positive_count_or_none),
+    ("max_pages", _positive_count_or_none),
     ("allow_private_addresses", _flag),
     ("refresh", _refresh),
     ("refresh_priority", _priority),

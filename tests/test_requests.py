@@ -532,3 +532,71 @@ def test_the_spider_s_headers_go_with_every_request_under_the_request_s_own(app:
     sent = {item["path"]: item["sent"] for item in result.items}
     assert sent["/start"] == {"X-Site": "s", "Accept": "application/json"}
     assert sent["/result"] == {"X-Site": "s", "accept": "text/csv", "User-Agent": "custom/1"}
+
+
+# -- step 5: depth_limit and max_pages ----------------------------------------------------------------
+
+
+def tree_app() -> App:
+    """/n/K links to /n/(2K+1) and /n/(2K+2): a binary tree of pages, K up to 126 (depth 6)."""
+
+    def node(k: int) -> Callable[[Arrival], Answer]:
+        links = "".join(f'<a href="/n/{c}">{c}</a>' for c in (2 * k + 1, 2 * k + 2) if c < 127)
+        return lambda _: html(f'<p class="k">{k}</p>{links}')
+
+    routes: dict[tuple[str, str], Callable[[Arrival], Answer]] = {("GET", "/robots.txt"): robots}
+    routes.update({("GET", f"/n/{k}"): node(k) for k in range(127)})
+    return App(routes)
+
+
+@pytest.fixture
+def tree() -> Iterator[App]:
+    served = tree_app()
+    yield served
+    served.close()
+
+
+class TreeSpider(Spider):
+    name = "tree"
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        yield {"k": page.text("p.k")}
+        yield from page.follow_all("a")
+
+
+def pages_fetched(app: App) -> list[str]:
+    return sorted((a.path for a in app.arrivals if a.path != "/robots.txt"), key=lambda p: int(p.split("/")[-1]))
+
+
+def test_depth_limit_stops_at_that_many_links_from_the_start_and_the_parse_record_says_so(tree: App) -> None:
+    result = crawl(TreeSpider, [tree.url + "/n/0"], interval=0.02, depth_limit=2)
+    assert pages_fetched(tree) == [f"/n/{k}" for k in range(7)]  # depths 0, 1 and 2
+    notes = {r["url"].rsplit("/", 1)[1]: r["error"] for r in result.fetches if r["kind"] == "parse"}
+    assert notes["3"] == "2 links beyond depth_limit (2): not queued"
+    assert notes["2"] is None
+
+
+def test_max_pages_admits_that_many_pages_across_every_worker_and_the_crawl_drains(tree: App) -> None:
+    result = crawl(TreeSpider, [tree.url + "/n/0"], interval=0.02, downloaders=3, max_pages=10)
+    assert len(pages_fetched(tree)) == 10
+    assert len(result.items) == 10
+    assert any("max_pages (10) reached" in (r["error"] or "") for r in result.fetches if r["kind"] == "parse")
+
+
+def test_max_pages_is_counted_once_for_two_frontiers_adding_at_once(redis_conn: Redis) -> None:
+    fronts = [Frontier(redis_conn, "cap5", ["shop.example"], 60, 60, max_pages=5) for _ in range(2)]
+    results: list[Any] = []
+
+    def add(front: Frontier, offset: int) -> None:
+        results.append(front.add([Request(f"https://shop.example/{offset + i}") for i in range(4)]))
+
+    threads = [threading.Thread(target=add, args=(front, 10 * i)) for i, front in enumerate(fronts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(len(r.enqueued) for r in results) == 5
+    assert sum(r.over_max_pages for r in results) == 3
+    assert fronts[0].add([Request("https://shop.example/0")]).duplicates == 1  # seen: not counted again
+    assert fronts[0].pages_admitted() == 8
