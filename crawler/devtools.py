@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ConfigError, RefusedURL
 from .fetch import Response, user_agent_of
-from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
+from .frontier import canonicalize, check_priority, check_refresh, host_allowed, request_fingerprint
 from .items import Pipelines
 from .spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
 
@@ -72,12 +72,12 @@ class Routed:
 def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> list[Routed]:
     """Where each request would go, as the frontier would decide, queueing nothing.
 
-    ``seen(canonical_url) -> bool`` tells whether the site has seen a URL (its seen set
-    in Redis); None: nothing seen yet. A URL met twice in ``requests`` is seen the
-    second time, as the frontier would see it.
+    ``seen(fingerprint) -> bool`` tells whether the site has seen a request (its seen set
+    in Redis, ``request_fingerprint``); None: nothing seen yet. A request met twice in
+    ``requests`` (URL, method and body) is seen the second time, as the frontier would see it.
     """
     routed = []
-    here: set[str] = set()
+    here: set[bytes] = set()
     for request in requests:
         callback = str(request.callback)
         try:
@@ -87,21 +87,22 @@ def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> 
         except (RefusedURL, ValueError) as exc:
             routed.append(Routed(request.url, callback, REFUSED, str(exc)))
             continue
+        member = request_fingerprint(url, request.method, request.body)
         if not host_allowed(url, domains):
             routed.append(Routed(url, callback, REFUSED, f"outside the allowed domains ({', '.join(domains)})"))
-        elif not request.dont_filter and (url in here or (seen is not None and seen(url))):
+        elif not request.dont_filter and (member in here or (seen is not None and seen(member))):
             routed.append(Routed(url, callback, SEEN))
         else:
             routed.append(Routed(url, callback, QUEUED))
-        here.add(url)
+        here.add(member)
     return routed
 
 
 def seen_in(connection: Any, site: str) -> Any:
-    """``seen(url)`` for ``route``: whether ``site``'s seen set in Redis has the canonical URL."""
+    """``seen(fingerprint)`` for ``route``: whether ``site``'s seen set in Redis has the request."""
     from . import keys
 
-    return lambda url: bool(connection.sismember(keys.seen(site), fingerprint(url)))
+    return lambda member: bool(connection.sismember(keys.seen(site), member))
 
 
 def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:

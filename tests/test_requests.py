@@ -600,3 +600,70 @@ def test_max_pages_is_counted_once_for_two_frontiers_adding_at_once(redis_conn: 
     assert sum(r.over_max_pages for r in results) == 3
     assert fronts[0].add([Request("https://shop.example/0")]).duplicates == 1  # seen: not counted again
     assert fronts[0].pages_admitted() == 8
+    from crawler.reset import reset_site
+
+    reset_site(redis_conn, "cap5")  # a reset crawl starts counting again
+    assert fronts[0].pages_admitted() == 0
+
+
+# -- politeness across processes -----------------------------------------------------------------------
+
+POSTS_SPIDER = """
+from crawler import Request, Spider
+
+
+class Posts(Spider):
+    name = "posts"
+    allowed_domains = ["127.0.0.1"]
+    interval = {interval}
+
+    def parse(self, page):
+        for n in range(1, 21):
+            yield Request(
+                page.urljoin("/search"), "parse_items", method="POST", json={{"page": n}}, headers={{"X-Token": "t0k"}}
+            )
+
+    def parse_items(self, page):
+        for li in page.css("li.item"):
+            yield {{"name": li.text()}}
+"""
+
+
+def test_posts_from_two_worker_processes_keep_the_interval_at_the_server(
+    app: App, redis_url: str, redis_conn: Redis, settings: Any
+) -> None:
+    from pathlib import Path
+
+    from crawler.frontier import seed
+    from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+    from crawler.runtime import Runtime
+    from crawler.store import Store
+
+    interval = 0.1
+    Path(settings.sites_dir, "posts.py").write_text(POSTS_SPIDER.format(interval=interval))
+    rt = Runtime(redis_conn, settings)
+    try:
+        seed(rt.frontier("posts"), [app.url + "/start"])
+    finally:
+        rt.close()
+    specs = [WorkerSpec("download", ("posts",), threads=2, burst=True)] * 2
+    specs += [WorkerSpec("parse", ("posts",), threads=1, burst=True)]
+    processes = start_workers(specs, settings, redis_url)
+    timer = threading.Timer(90, stop_workers, args=(processes,), kwargs={"timeout": 10})
+    timer.start()
+    try:
+        assert wait_for(processes) == 0
+    finally:
+        timer.cancel()
+    searches = app.to("POST", "/search")
+    assert sorted(json.loads(a.body)["page"] for a in searches) == list(range(1, 21))
+    print(f"POSTs from two worker processes: {len(app.arrivals)} requests, min gap {min(app.gaps()) * 1000:.1f} ms")
+    assert min(app.gaps()) >= interval, f"two requests {min(app.gaps()) * 1000:.1f} ms apart"
+    store = Store(settings.database_url)
+    try:
+        workers = {r["worker"] for r in store.fetch_rows("posts") if r["kind"] == "download"}
+        items = store.item_rows("posts")
+    finally:
+        store.close()
+    assert len(workers) >= 2, "the downloads were not shared between workers"
+    assert len(items) == 40  # two a page, none overwritten by another body's
