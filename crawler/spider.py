@@ -107,7 +107,16 @@ class Request:
 
     def __post_init__(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
         self.callback = callback_name(self.callback)
-        self.meta = self.meta if self.meta is not None else {}
+        if self.meta is None:
+            self.meta = {}
+        if self.method != "GET" or self.headers or self.body is not None or json is not None or form is not None:
+            self._prepare(json, form)
+        elif self.headers is None:
+            self.headers = {}
+        # else the plain GET of nearly every link: nothing to check (a page may yield 100,000)
+
+    def _prepare(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
+        """Check method and headers, and make the body of ``body``, ``json`` or ``form``."""
         self.method = str(self.method).upper()
         if self.method not in METHODS:
             raise ValueError(f"unknown HTTP method {self.method!r} (one of {', '.join(sorted(METHODS))})")
