@@ -667,3 +667,23 @@ def test_posts_from_two_worker_processes_keep_the_interval_at_the_server(
         store.close()
     assert len(workers) >= 2, "the downloads were not shared between workers"
     assert len(items) == 40  # two a page, none overwritten by another body's
+
+
+class TwicePosted(Spider):
+    name = "twice"
+    allowed_domains = ["127.0.0.1"]
+
+    def parse(self, page: Page) -> Iterator[Any]:
+        for _ in range(2):
+            yield Request(page.urljoin("/kept"), "parse_kept", method="POST", body="again", dont_filter=True)
+        yield Request(page.urljoin("/result"), "parse_kept")
+        yield Request(page.urljoin("/result"), "parse_kept", dont_filter=True)
+
+    def parse_kept(self, page: Page) -> Iterator[Any]:
+        return iter(())
+
+
+def test_the_development_cache_replays_gets_but_sends_every_post(app: App) -> None:
+    crawl(TwicePosted, [app.url + "/start"], interval=0.05, settings={"http_cache": True})
+    assert [a.body for a in app.to("POST", "/kept")] == [b"again", b"again"]
+    assert len(app.to("GET", "/result")) == 1  # the second GET came from the cache
