@@ -246,6 +246,9 @@ def test_old_frontier_entries_still_read_and_new_ones_carry_method_headers_and_b
     again = DownloadTask.from_entry("s", post.to_entry())
     assert (again.method, again.headers, again.body) == ("POST", {"X": "1"}, b"\xff\x00 raw")
     assert DownloadTask.from_json(post.to_json()) == post
+    for bad in ('{"url": "x"}', '{"method": 5}', '{"headers": {"a": 1}}', '{"body64": "@@"}', "[1]"):
+        with pytest.raises(ValueError):  # a hand-written entry: quarantined by the refill, never fetched
+            DownloadTask.from_entry("s", f'["https://shop.example/a","parse",0,0,1,{{}},null,null,{bad}]')
     front = Frontier(redis_conn, "entries", ["shop.example"], 60, 60)
     front.add([Request("https://shop.example/b", method="POST", json=[1, "é"])])
     (waiting,) = front.waiting()
@@ -297,7 +300,8 @@ def json_api() -> App:
             return 401, {"content-type": "application/json"}, b'{"error": "no key"}'
         n = int(json.loads(arrival.body)["page"])
         data = {"items": [{"id": f"{n}-{i}"} for i in range(3)], "next": n + 1 if n < 3 else None}
-        return 200, {"content-type": "application/json; charset=utf-8", "x-total-count": "9"}, json.dumps(data).encode()
+        headers = {"content-type": "application/json; charset=utf-8", "x-total-count": "9", "set-cookie": "sid=s3cret"}
+        return 200, headers, json.dumps(data).encode()
 
     routes = {
         ("GET", "/robots.txt"): robots,
@@ -340,6 +344,7 @@ class JsonApiSpider(Spider):
                 **item,
                 "status": page.status,
                 "total": page.headers["x-total-count"],
+                "cookie": page.headers.get("set-cookie"),
                 "sent": [page.request.method, page.request.url, page.request.headers["X-Api-Key"]],
             }
         if data["next"]:
@@ -357,7 +362,7 @@ def test_a_json_api_paged_by_post_reaches_its_callback_and_every_page_s_items_ar
     ids = sorted(item["id"] for item in result.items)
     assert ids == sorted([f"{n}-{i}" for n in (1, 2, 3) for i in range(3)] + ["html"])
     one = next(item for item in result.items if item["id"] == "2-1")
-    assert one["status"] == 200 and one["total"] == "9"
+    assert one["status"] == 200 and one["total"] == "9" and one["cookie"] is None  # a secret: not handed on
     assert one["sent"] == ["POST", api.url + "/api/items", "k"]
     assert {"id": "html", "text": "html too", "method": "GET"} in result.items
     assert not result.failed
