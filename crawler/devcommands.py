@@ -35,7 +35,7 @@ def fetch_(
     """Download URL as a worker would (robots.txt, the site's gate, the caps): status, headers, body."""
     site = site_for(obj.spider_set, url, site_name)
     response = fetch_as_worker(obj.runtime, site, url, render_meta(render, render_wait))
-    head = _head(response, site)
+    head = _head(response, site, obj.spider_set.get(site).content_types)
     if headers_only:
         click.echo(head)
         return
@@ -50,10 +50,10 @@ def render_meta(render: bool, render_wait: str | None) -> dict[str, Any]:
     return {"render": True, **({"render_wait": render_wait} if render_wait else {})} if render else {}
 
 
-def _head(response: Response, site: str) -> str:
+def _head(response: Response, site: str, content_types: tuple[str, ...]) -> str:
     lines = [
         f"HTTP {response.status} {response.url} (site {site}, {len(response.body)} bytes in "
-        f"{response.elapsed:.3f}s): {worker_verdict(response)}"
+        f"{response.elapsed:.3f}s): {worker_verdict(response, content_types)}"
     ]
     lines += [f"{name}: {value}" for name, value in response.headers.items()]
     return "\n".join(lines)
@@ -86,7 +86,7 @@ def parse_(
         with open(body_file, "rb") as f:
             page = Page(url, f.read(), meta=meta)
     else:
-        page = page_of(fetch_as_worker(obj.runtime, site, url), meta)
+        page = page_of(fetch_as_worker(obj.runtime, site, url), meta, spider.content_types)
     try:
         outputs = run_callback(spider, page, callback)
     except Exception as exc:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError, RefusedURL
-from .fetch import Response
-from .frontier import canonicalize, check_priority, check_refresh, fingerprint, host_allowed
+from .fetch import Response, user_agent_of
+from .frontier import canonicalize, check_priority, check_refresh, host_allowed, request_fingerprint
 from .items import Pipelines
 from .render import Visit, rendering
-from .spider import Page, Request, Spider, SpiderSet
+from .spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
 
 #: Where a request a callback yields would go.
 QUEUED, REFUSED, SEEN = "queued", "refused", "already seen"
@@ -73,12 +73,12 @@ class Routed:
 def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> list[Routed]:
     """Where each request would go, as the frontier would decide, queueing nothing.
 
-    ``seen(canonical_url) -> bool`` tells whether the site has seen a URL (its seen set
-    in Redis); None: nothing seen yet. A URL met twice in ``requests`` is seen the
-    second time, as the frontier would see it.
+    ``seen(fingerprint) -> bool`` tells whether the site has seen a request (its seen set
+    in Redis, ``request_fingerprint``); None: nothing seen yet. A request met twice in
+    ``requests`` (URL, method and body) is seen the second time, as the frontier would see it.
     """
     routed = []
-    here: set[str] = set()
+    here: set[bytes] = set()
     for request in requests:
         callback = str(request.callback)
         try:
@@ -88,21 +88,22 @@ def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> 
         except (RefusedURL, ValueError) as exc:
             routed.append(Routed(request.url, callback, REFUSED, str(exc)))
             continue
+        member = request_fingerprint(url, request.method, request.body)
         if not host_allowed(url, domains):
             routed.append(Routed(url, callback, REFUSED, f"outside the allowed domains ({', '.join(domains)})"))
-        elif not request.dont_filter and (url in here or (seen is not None and seen(url))):
+        elif not request.dont_filter and (member in here or (seen is not None and seen(member))):
             routed.append(Routed(url, callback, SEEN))
         else:
             routed.append(Routed(url, callback, QUEUED))
-        here.add(url)
+        here.add(member)
     return routed
 
 
 def seen_in(connection: Any, site: str) -> Any:
-    """``seen(url)`` for ``route``: whether ``site``'s seen set in Redis has the canonical URL."""
+    """``seen(fingerprint)`` for ``route``: whether ``site``'s seen set in Redis has the request."""
     from . import keys
 
-    return lambda url: bool(connection.sismember(keys.seen(site), fingerprint(url)))
+    return lambda member: bool(connection.sismember(keys.seen(site), member))
 
 
 def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:
@@ -135,19 +136,20 @@ def fetch_as_worker(rt: Any, site: str, url: str, meta: dict[str, Any] | None = 
     canonical = canonicalize(url)
     if not host_allowed(canonical, spider.domains()):
         raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(spider.domains())})")
-    user_agent = spider.user_agent or rt.settings.user_agent
+    site_headers = dict(getattr(spider, "headers", None) or {})
+    user_agent = user_agent_of(site_headers, spider.user_agent or rt.settings.user_agent)
     if rt.policy(site).obey_robots and not rt.robots.allowed(site, canonical, user_agent, lambda: rt.take_gate(site)):
         raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
     render, wait_for = rendering(spider, meta or {})
     if render:
         visit = Visit(
-            fetch=lambda u, headers, wait, is_page: _gated_get(rt, site, spider, u, headers),
+            fetch=lambda u, headers, wait, is_page: _gated_get(rt, site, spider, u, {**site_headers, **headers}),
             domains=spider.domains(),
             block=frozenset(spider.render_block),
             user_agent=user_agent,
         )
         return rt.renderer.render(canonical, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
-    return _gated_get(rt, site, spider, canonical)
+    return _gated_get(rt, site, spider, canonical, site_headers)
 
 
 def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, str] | None = None) -> Response:
@@ -161,8 +163,8 @@ def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, 
     )
 
 
-def verdict(response: Response) -> str:
-    """What a download worker does with ``response``, in a few words."""
+def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES) -> str:
+    """What a download worker does with ``response`` for a spider with ``content_types``, in a few words."""
     status = response.status
     if 300 <= status < 400:
         where = response.location
@@ -171,18 +173,19 @@ def verdict(response: Response) -> str:
         return "retried later with backoff"
     if status >= 400:
         return "recorded failed, not retried"
-    if not response.is_html:
-        return f"not HTML ({response.content_type}): recorded skipped, no callback"
+    if not accepts(content_types, response.content_type):
+        skipped = "not HTML" if tuple(content_types) == HTML_TYPES else "not in content_types"
+        return f"{skipped} ({response.content_type}): recorded skipped, no callback"
     return "handed to the callback"
 
 
-def page_of(response: Response, meta: dict[str, Any] | None = None) -> Page:
-    """The ``Page`` a parse worker would build from ``response``.
+def page_of(response: Response, meta: dict[str, Any] | None = None, content_types: Iterable[str] = HTML_TYPES) -> Page:
+    """The ``Page`` a parse worker would build from ``response`` for a spider with ``content_types``.
 
     Raises ConfigError when a worker would not hand the response to a callback.
     """
-    if not (200 <= response.status < 300) or not response.is_html:
-        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response)}")
+    if not (200 <= response.status < 300) or not accepts(content_types, response.content_type):
+        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response, content_types)}")
     return Page(
         response.url,
         response.body,

@@ -189,8 +189,11 @@ class Fetcher:
         max_bytes: int | None = None,
         sink: Callable[[bytes], Any] | None = None,
         proxy: str | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
     ) -> Response:
-        """GET ``url`` within ``timeout`` seconds for the whole request, and the body cap.
+        """GET ``url`` (or send it ``method`` with ``body``) within ``timeout`` seconds for the whole
+        request, and the body cap.
 
         Raises TransientError (timeout, connection) or PermanentError: BodyTooLarge,
         BadResponse (malformed or oversized headers, undecodable body, unknown
@@ -210,8 +213,11 @@ class Fetcher:
         a large body is never held whole. ``proxy`` (a URL, credentials allowed) sends the
         request through that proxy; a proxy that cannot be reached or refuses the request
         raises ProxyError, whose message shows the proxy without its credentials.
+        A ``user-agent`` among ``headers`` wins over ``user_agent``.
         """
         sent = self.headers
+        if headers and user_agent and any(name.lower() == "user-agent" for name in headers):
+            user_agent = None
         if headers or user_agent:
             sent = self.headers.copy()
             sent.update({**(headers or {}), **({"user-agent": user_agent} if user_agent else {})})
@@ -226,16 +232,20 @@ class Fetcher:
         try:
             try:
                 with guard.active():
-                    response = transport.handle_request(httpx.Request("GET", url, headers=sent, extensions=extensions))
+                    response = transport.handle_request(
+                        httpx.Request(method, url, headers=sent, content=body, extensions=extensions)
+                    )
                     try:
-                        body, truncated, sunk = self._read_body(response, guard.deadline, truncate_at, max_bytes, sink)
+                        content, truncated, sunk = self._read_body(
+                            response, guard.deadline, truncate_at, max_bytes, sink
+                        )
                     finally:
                         response.close()
                     return Response(
                         url=url,
                         status=response.status_code,
                         headers={k.lower(): v for k, v in response.headers.items()},
-                        body=body,
+                        body=content,
                         started=started,
                         elapsed=time.monotonic() - clock,
                         encoding=response.charset_encoding,
@@ -312,6 +322,19 @@ class Fetcher:
         self.transport.close()
         for transport in self._proxied.values():
             transport.close()
+
+
+def merge_headers(under: Mapping[str, str], over: Mapping[str, str]) -> dict[str, str]:
+    """``under`` with ``over`` on top, header names compared without case."""
+    if not under:
+        return dict(over)
+    overridden = {name.lower() for name in over}
+    return {**{k: v for k, v in under.items() if k.lower() not in overridden}, **over}
+
+
+def user_agent_of(headers: Mapping[str, str], default: str) -> str:
+    """The User-Agent ``headers`` name (any case), else ``default``: what robots.txt is read for."""
+    return next((v for k, v in headers.items() if k.lower() == "user-agent"), default)
 
 
 def names_its_address(url: str) -> bool:

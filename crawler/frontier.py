@@ -10,12 +10,13 @@ same door, so no page is downloaded twice and no URL is longer than the cap.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -33,7 +34,7 @@ from .errors import RefusedURL
 from .gate import Gate
 from .replies import text
 from .scheduler import JOBS_AHEAD, Scheduler, decode_entry, encode_entry, entry_encoder, is_priority
-from .settings import DEFAULT_MAX_URL_LENGTH
+from .settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
 from .spider import Request
 from .vetting import MAX_BATCH, CrawlerJob
 
@@ -154,8 +155,21 @@ FINGERPRINT_BYTES = 8
 
 
 def fingerprint(canonical_url: str) -> bytes:
-    """8-byte digest of a canonical URL: the member stored in the seen set."""
+    """8-byte digest of a canonical URL: the member stored in the seen set for a GET without a body."""
     return hashlib.blake2b(canonical_url.encode(), digest_size=FINGERPRINT_BYTES).digest()
+
+
+def request_fingerprint(canonical_url: str, method: str = "GET", body: bytes | None = None) -> bytes:
+    """The seen-set member of a request: ``fingerprint(canonical_url)`` for a GET without a body (so
+    the seen sets of crawls begun before requests had methods stay valid), else an 8-byte digest
+    of method, URL and body (Scrapy's fingerprint: headers do not count), personalized so that
+    it is never a URL's digest."""
+    if method == "GET" and not body:
+        return fingerprint(canonical_url)
+    digest = hashlib.blake2b(digest_size=FINGERPRINT_BYTES, person=b"crawler.request")
+    digest.update(f"{method} {canonical_url}\n".encode())
+    digest.update(body or b"")
+    return digest.digest()
 
 
 def host_allowed(url: str, domains: Iterable[str]) -> bool:
@@ -221,6 +235,19 @@ class DownloadTask:
     refresh: float | None = None
     #: (ETag, Last-Modified epoch seconds) of the page's last fetch, on a scheduled refresh (``conditional``).
     validators: Validators | None = None
+    #: The request's HTTP method, own headers (the spider's are added when it is sent) and body.
+    method: str = "GET"
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+
+    @property
+    def fingerprint(self) -> bytes:
+        """The request's seen-set member (``request_fingerprint``)."""
+        return request_fingerprint(self.url, self.method, self.body)
+
+    def extra(self) -> dict[str, Any]:
+        """The request's method, headers and body as plain JSON data, each left out at its default."""
+        return request_data(self.method, self.headers, self.body)
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -237,12 +264,21 @@ class DownloadTask:
             data["refresh"] = self.refresh
         if self.validators is not None:
             data["validators"] = list(self.validators)
+        data.update(self.extra())
         return data
 
     def to_entry(self) -> str:
         """The compact frontier entry for this task (site and priority are implied by the list)."""
         return encode_entry(
-            self.url, self.callback, self.depth, self.hops, self.attempt, self.meta, self.refresh, self.validators
+            self.url,
+            self.callback,
+            self.depth,
+            self.hops,
+            self.attempt,
+            self.meta,
+            self.refresh,
+            self.validators,
+            self.extra(),
         )
 
     @classmethod
@@ -264,6 +300,7 @@ class DownloadTask:
             validators = check_validators(data.get("validators"))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad download task counters: {data!r:.200}") from exc
+        method, headers, body = read_request_data(data)
         return cls(
             site=data["site"],
             url=data["url"],
@@ -271,8 +308,48 @@ class DownloadTask:
             meta=meta,
             refresh=refresh,
             validators=validators,
+            method=method,
+            headers=headers,
+            body=body,
             **counters,
         )
+
+
+def request_data(method: str, headers: Mapping[str, str], body: bytes | None) -> dict[str, Any]:
+    """A request's method, headers and body as plain JSON data, defaults left out: ``body`` as text
+    when it is UTF-8, else ``body64`` in base64."""
+    data: dict[str, Any] = {}
+    if method != "GET":
+        data["method"] = method
+    if headers:
+        data["headers"] = dict(headers)
+    if body:
+        try:
+            data["body"] = body.decode()
+        except UnicodeDecodeError:
+            data["body64"] = base64.b64encode(body).decode()
+    return data
+
+
+def read_request_data(data: Mapping[str, Any]) -> tuple[str, dict[str, str], bytes | None]:
+    """``request_data``'s method, headers and body back; ValueError unless they have its shape."""
+    method = data.get("method", "GET")
+    headers = data.get("headers") or {}
+    if not isinstance(method, str) or not method.isalpha():
+        raise ValueError(f"bad download task method: {method!r:.100}")
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in [*headers, *headers.values()]):
+        raise ValueError(f"bad download task headers: {headers!r:.200}")
+    body: bytes | None = None
+    if isinstance(data.get("body"), str):
+        body = data["body"].encode()
+    elif isinstance(data.get("body64"), str):
+        try:
+            body = base64.b64decode(data["body64"], validate=True)
+        except ValueError as exc:
+            raise ValueError(f"bad download task body64: {exc}") from None
+    elif data.get("body", data.get("body64")) is not None:
+        raise ValueError(f"bad download task body: {data.get('body', data.get('body64'))!r:.100}")
+    return method.upper(), headers, body or None
 
 
 def check_priority(value: Any) -> int:
@@ -360,6 +437,15 @@ class _BatchChecker:
 #: A request ``Frontier.vet`` let through, with its canonical URL.
 Candidate = tuple[str, Request]
 
+#: What tells requests apart in the seen set: the canonical URL of a GET without a body, else (method, URL, body).
+SeenKey = str | tuple[str, str, bytes | None]
+
+
+def _seen_key(canonical_url: str, request: Request) -> SeenKey:
+    if request.method == "GET" and not request.body:
+        return canonical_url
+    return (request.method, canonical_url, request.body)
+
 
 @dataclass
 class AddResult:
@@ -368,6 +454,8 @@ class AddResult:
     enqueued: list[str]
     duplicates: int = 0
     refused: list[tuple[str, str]] | None = None  # (url, reason)
+    #: New requests not queued: the site's ``max_pages`` were admitted already.
+    over_max_pages: int = 0
 
 
 def download_queue(connection: Redis, site: str) -> Queue:
@@ -408,6 +496,8 @@ class Frontier:
         revisit_after: float | None = None,
         batch: int = 1,
         max_url_length: int = DEFAULT_MAX_URL_LENGTH,
+        max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        max_pages: int | None = None,
     ):
         """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
 
@@ -419,6 +509,12 @@ class Frontier:
 
         ``max_url_length``: bytes of the longest URL admitted (``canonicalize_within``);
         a longer one is refused like an off-domain one.
+
+        ``max_request_body_bytes``: bytes of the largest request body admitted; a request
+        with a larger one is refused (its body would sit in Redis while it waits).
+
+        ``max_pages``: new pages admitted to the site's frontier, fleet-wide, after which
+        new requests are dropped (``Spider.max_pages``); None: no limit.
         """
         if revisit_after is not None and not revisit_after > 0:
             raise ValueError(f"revisit_after must be a positive number of seconds, not {revisit_after!r}")
@@ -431,6 +527,8 @@ class Frontier:
         self.job_timeout = job_timeout
         self.batch = max(1, min(int(batch), MAX_BATCH))
         self.max_url_length = max_url_length
+        self.max_request_body_bytes = max_request_body_bytes
+        self.max_pages = max_pages
         self.queue = download_queue(connection, site)
 
     @cached_property
@@ -466,6 +564,11 @@ class Frontier:
             try:
                 check_priority(request.priority)
                 check_refresh(request.refresh)
+                if request.body is not None and len(request.body) > self.max_request_body_bytes:
+                    raise RefusedURL(
+                        f"request body longer than {self.max_request_body_bytes:,} bytes "
+                        f"({len(request.body):,}): {request.method} {request.url[:QUOTED]}"
+                    )
                 candidates.append((check(request.url), request))
             except (RefusedURL, ValueError) as exc:
                 refused.append((request.url, str(exc)))
@@ -488,34 +591,66 @@ class Frontier:
         flat = [(url, request, depth, result) for (page, depth), result in zip(pages, results) for url, request in page]
         if not flat:
             return results
-        fresh = self._mark_seen([url for url, _, _, _ in flat])
+        fresh = self._mark_seen([_seen_key(url, request) for url, request, _, _ in flat])
+        taken = [is_new or request.dont_filter for (_, request, _, _), is_new in zip(flat, fresh, strict=True)]
+        room = self._admit(sum(taken)) if self.max_pages is not None else len(flat)
         by_priority: dict[int, list[str]] = {}
         encoders: dict[tuple[Any, ...], Callable[[str], str]] = {}
-        for (url, request, depth, result), is_new in zip(flat, fresh, strict=True):
-            if not (is_new or request.dont_filter):
+        for (url, request, depth, result), take in zip(flat, taken, strict=True):
+            if not take:
                 result.duplicates += 1
                 continue
+            if room <= 0:
+                result.over_max_pages += 1
+                continue
+            room -= 1
             every = request.refresh if request.refresh is not None or not self.refresh else self.refresh(request)
             # The link's entry but for its URL is the same for all links of a page: encoded once.
-            shape = (str(request.callback), id(request.meta) if request.meta else None, every, depth)
+            plain = request.is_plain
+            shape = (
+                str(request.callback),
+                id(request.meta) if request.meta else None,
+                every,
+                depth,
+                plain or id(request),
+            )
             encode = encoders.get(shape)
             if encode is None:
-                encode = encoders[shape] = entry_encoder(str(request.callback), depth, hops, 1, request.meta, every)
+                extra = None if plain else request_data(request.method, request.headers, request.body)
+                encode = encoders[shape] = entry_encoder(
+                    str(request.callback), depth, hops, 1, request.meta, every, extra
+                )
             by_priority.setdefault(request.priority, []).append(encode(url))
             result.enqueued.append(url)
         self._push_entries(by_priority)
         return results
 
-    def _mark_seen(self, urls: list[str]) -> list[bool]:
-        """Add the URLs' fingerprints to the seen set; per URL, whether it was new (in order).
+    def _admit(self, pages: int) -> int:
+        """How many of ``pages`` new pages fit under ``max_pages``, counted fleet-wide (one atomic
+        INCRBY of the site's admitted counter: two workers admitting at once never pass the limit)."""
+        assert self.max_pages is not None
+        if not pages:
+            return 0
+        total = int(self.connection.incrby(keys.admitted(self.site), pages))
+        return max(0, min(pages, self.max_pages - (total - pages)))
 
-        A URL repeated in ``urls`` is new at most once, as with one SADD each, but only
+    def pages_admitted(self) -> int:
+        """New pages admitted to the site's frontier so far (counted only for a spider with ``max_pages``)."""
+        return int(self.connection.get(keys.admitted(self.site)) or 0)
+
+    def _mark_seen(self, urls: list[SeenKey]) -> list[bool]:
+        """Add the requests' fingerprints to the seen set; per request, whether it was new (in order).
+
+        ``urls``: canonical URLs of GETs without a body, (method, URL, body) of the others
+        (``_seen_key``). One repeated is new at most once, as with one SADD each, but only
         its first occurrence is sent.
         """
-        first: dict[str, int] = {}
+        first: dict[SeenKey, int] = {}
         for index, url in enumerate(urls):
             first.setdefault(url, index)
-        members = [fingerprint(url) for url in first]
+        members = [
+            fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
+        ]
         # One call (one round trip) for a page of up to SEEN_CHUNK links; not in a pipeline,
         # where redis-py would first ask whether the script is loaded, a round trip more.
         added = b""
@@ -738,9 +873,10 @@ class Frontier:
                 tasks.append(DownloadTask.from_entry(self.site, entry, priority))
         return tasks
 
-    def forget(self, url: str) -> None:
-        """Drop ``url`` from the seen set (or sets), so it may be enqueued again."""
-        member = fingerprint(canonicalize(url))
+    def forget(self, url: str, method: str = "GET", body: bytes | None = None) -> None:
+        """Drop the request for ``url`` (a GET without a body by default) from the seen set (or sets),
+        so it may be enqueued again."""
+        member = request_fingerprint(canonicalize(url), method, body)
         with self.connection.pipeline(transaction=False) as pipe:
             for key in self.seen_keys():
                 pipe.srem(key, member)

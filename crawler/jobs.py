@@ -44,7 +44,7 @@ from .errors import (
     TransientError,
 )
 from .events import Done, HeldRecords, job_done, jobs_done
-from .fetch import DecodeError, Response, inflate_capped
+from .fetch import DecodeError, Response, inflate_capped, merge_headers, user_agent_of
 from .frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
 from .gate import Gate
 from .items import Pipelines, failure_text
@@ -52,7 +52,7 @@ from .pacing import throttle_pause
 from .render import DEFAULT_BLOCK, Visit, rendering
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
-from .spider import Page, Request
+from .spider import HTML_TYPES, Page, Request, SentRequest, accepts
 from .store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
 
 log = logging.getLogger("crawler.jobs")
@@ -67,8 +67,12 @@ MAX_ERROR_PAUSE = 300.0
 #: written at once, after what was held: the errors-in-a-row rule reads what came before.
 HELD_OUTCOMES = frozenset({OK, UNCHANGED, REDIRECT, SKIPPED, REFUSED})
 
-#: Response headers handed on to the parse step.
+#: Response headers handed on to the parse step first (``page.headers``); the others follow
+#: within HANDED_HEADER_BYTES, but for Set-Cookie (a secret, of no use to a callback).
 KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
+#: Bytes of names and values of the response headers a page carries to its callback: enough for a
+#: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
+HANDED_HEADER_BYTES = 8 * 1024
 
 #: Bytes a held link costs beyond twice its URL (as requested, and canonical): its ``Request``
 #: and the tuples and dict around it. Measured: 339 bytes a link of 22 characters (tracemalloc).
@@ -145,7 +149,7 @@ def _download_one(
         )
         return True
     policy = rt.policy(task.site)
-    user_agent = spider.user_agent or rt.settings.user_agent
+    user_agent = user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
     started = utcnow()
     gate_wait: float | None = None
 
@@ -240,7 +244,8 @@ def _download_one(
         _download_rendered(rt, task, spider, wait_for, record, held)
         return True
     conditional = _conditional_headers(rt, task, spider)
-    unbuildable = request_problem(user_agent, conditional)
+    headers = {**sent_headers(spider, task), **conditional}
+    unbuildable = request_problem(user_agent, headers)
     if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
         record(FAILED, error=f"request cannot be built: {unbuildable}")
         _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
@@ -264,7 +269,9 @@ def _download_one(
                 user_agent=spider.user_agent,
                 on_sent=lambda: _rearm(gate, task),
                 before_send=gate.before_send,
-                headers=conditional,
+                headers=headers,
+                method=task.method,
+                body=task.body,
                 allow_private=spider.allow_private_addresses,
                 max_bytes=SITEMAP_MAX_BYTES if sink else None,
                 sink=sink.feed if sink else None,
@@ -293,14 +300,15 @@ def _download_one(
         _follow_redirect(rt, task, response, record)
     elif 300 <= response.status < 400:
         record(FAILED, response=response, error="redirect without Location")
-    elif not response.is_html and sink is None:  # a sitemap is XML, gzip or robots.txt: its parse job reads it
-        record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+    elif sink is None and not accepts(spider.content_types, response.content_type):
+        # (A sitemap is XML, gzip or robots.txt: its parse job reads it.)
+        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
         validators = validators_of(response.headers)
     else:
         # The page goes to the parse workers in the pipeline of its record, after the record is
         # written: a parse record (a callback that failed) is then always the page's latest.
         compressed = sink.finish() if sink else None
-        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed))
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed, headers))
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
@@ -340,8 +348,8 @@ def _download_rendered(
         _follow_redirect(rt, task, response, record)
     elif 300 <= response.status < 400:
         record(FAILED, response=response, error="redirect without Location")
-    elif not response.is_html:
-        record(SKIPPED, response=response, error=f"not HTML ({response.content_type})")
+    elif not accepts(spider.content_types, response.content_type):
+        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
     else:
         record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response))
     _schedule_refresh(rt, task, None)  # a rendered page is asked for whole: its scripts may have changed it
@@ -381,6 +389,13 @@ def _browser_fetch(
     return fetch
 
 
+def _not_handled(content_types: tuple[str, ...], content_type: str) -> str:
+    """Why a response of ``content_type`` is skipped (``Spider.content_types``)."""
+    if tuple(content_types) == HTML_TYPES:
+        return f"not HTML ({content_type})"
+    return f"not in content_types ({content_type})"
+
+
 def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:
     """Record the page failed: its robots.txt has failed 1 + ``max_retries`` times in a row.
 
@@ -401,15 +416,22 @@ def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -
     None for a page whose last parse failed (``keys.parse_failed``): its body is needed
     again, whatever the server would say about it.
     """
-    if task.validators is None or not getattr(spider, "conditional_refresh", True):
+    if task.validators is None or task.method != "GET" or not getattr(spider, "conditional_refresh", True):
         return {}
     if rt.connection.sismember(keys.parse_failed(task.site), fingerprint(task.url)):  # type: ignore[arg-type]
         return {}
     return request_headers(task.validators)
 
 
+def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
+    """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
+    Accept-Encoding, which these override): the spider's ``headers`` under the request's own
+    (a name in both, in any case, is the request's)."""
+    return merge_headers(getattr(spider, "headers", None) or {}, task.headers)
+
+
 def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
-    """Why a GET with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
+    """Why a request with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
     ASCII, say), or None when it can.
 
     Asked before the gate is taken: raised from the fetch, such an error left the job
@@ -536,7 +558,11 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
         return
     frontier: Frontier = rt.frontier(task.site)
-    request = Request(target, callback=task.callback, meta=task.meta or {}, priority=task.priority)
+    method, headers, body = redirected_request(response.status, task.method, task.headers, task.body)
+    request = Request(
+        target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
+        priority=task.priority,
+    )  # fmt: skip
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
     if result.refused:
         record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")
@@ -544,6 +570,18 @@ def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response
         record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
     else:
         record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
+
+
+def redirected_request(
+    status: int, method: str, headers: Mapping[str, str], body: bytes | None
+) -> tuple[str, dict[str, str], bytes | None]:
+    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
+    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
+    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        dropped = ("content-type", "content-length", "content-encoding")
+        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
+    return method, dict(headers), body
 
 
 def is_private_host(host: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
@@ -565,19 +603,50 @@ def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT)
     return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)
 
 
-def _hand_to_parser(pipe: Any, task: DownloadTask, response: Response, compressed: bytes | None = None) -> None:
-    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``."""
+def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The response headers a page's callback sees: ``KEPT_HEADERS``, then the others in their order
+    while their names and values add up to ``HANDED_HEADER_BYTES`` (never Set-Cookie)."""
+    handed = {k: headers[k] for k in KEPT_HEADERS if k in headers}
+    room = HANDED_HEADER_BYTES - sum(len(k) + len(v) for k, v in handed.items())
+    for name, value in headers.items():
+        if name in handed or name == "set-cookie":
+            continue
+        room -= len(name) + len(value)
+        if room < 0:
+            break
+        handed[name] = value
+    return handed
+
+
+def _hand_to_parser(
+    pipe: Any,
+    task: DownloadTask,
+    response: Response,
+    compressed: bytes | None = None,
+    sent: dict[str, str] | None = None,
+) -> None:
+    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``.
+
+    ``sent``: the request's headers beyond the fetcher's own (``sent_headers``), for ``page.request``."""
+    sent = sent or {}
     payload = {
         "site": task.site,
         "url": task.url,
         "status": response.status,
-        "headers": {k: response.headers[k] for k in KEPT_HEADERS if k in response.headers},
+        "headers": handed_headers(response.headers),
         "encoding": response.encoding,
         "callback": task.callback,
         "meta": task.meta or {},
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
+    if not (task.method == "GET" and task.body is None and not sent):
+        # page.request; and, for a request that is not a plain GET, what tells its items from
+        # those of another request for the same URL (another body).
+        sent_request: dict[str, Any] = {"method": task.method, "headers": sent}
+        if task.method != "GET" or task.body is not None:
+            sent_request["variant"] = task.fingerprint.hex()
+        payload["request"] = sent_request
     if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``_parse_done``)
         payload["refresh"] = task.refresh
     body = compressed if compressed is not None else zlib.compress(response.body, 6)
@@ -634,8 +703,12 @@ def parse(
     except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
         parse_failed(payload, failure_text(exc), worker, done, started, held)
         return
+    depth = int(payload.get("depth", 0)) + 1
+    spider = rt.spider(site)
+    beyond_depth = len(requests) if spider.depth_limit is not None and depth > spider.depth_limit else 0
+    if beyond_depth:
+        requests = []
     try:
-        depth = int(payload.get("depth", 0)) + 1
         if held is None:
             rt.store.upsert_items(site, items, seen=_fetched_at(payload))
             refused = rt.frontier(site).add(requests, depth=depth).refused
@@ -655,6 +728,10 @@ def parse(
         )
         return
     notes = [_refusals(refused)] if refused else []
+    if beyond_depth:
+        notes.append(f"{beyond_depth:,} links beyond depth_limit ({spider.depth_limit}): not queued")
+    if requests and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
+        notes.append(f"max_pages ({spider.max_pages:,}) reached: new links not queued")
     if links_dropped:
         notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
     counts = {"parsed": 1, "items": len(items)}
@@ -872,6 +949,7 @@ def _run_callback(
     half a million held requests. The stored body is inflated within ``max_body`` bytes
     (BodyTooLarge past it): a body written into Redis by someone else may be a zlib bomb.
     """
+    sent = payload.get("request") or {}
     page = Page(
         url,
         inflate_capped(raw, max_body),
@@ -879,10 +957,13 @@ def _run_callback(
         headers=payload.get("headers") or {},
         meta=payload.get("meta") or {},
         encoding=payload.get("encoding"),
+        request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
     )
     name = str(payload.get("callback") or "parse")
     out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
-    items = [Item(_item_key(spider.item_key, data, url, position), url, data) for position, data in out.items]
+    variant = (payload.get("request") or {}).get("variant")
+    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
+    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
     return items, out.requests, len(out.dropped), out.links_dropped
 
 

@@ -116,6 +116,11 @@ def stats(site: str) -> str:
     return f"{PREFIX}stats:{_tag(site)}"
 
 
+def admitted(site: str) -> str:
+    """Count of new pages admitted to ``site``'s frontier, for its ``max_pages`` (``Frontier.enqueue``)."""
+    return f"{PREFIX}admitted:{_tag(site)}"
+
+
 def resets(site: str) -> str:
     """How many times ``site``'s counters were reset: counts made before a reset are not written (``counters``)."""
     return f"{PREFIX}resets:{_tag(site)}"

@@ -54,6 +54,7 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
     with connection.pipeline(transaction=True) as pipe:
         pipe.delete(
             keys.seen(site),
+            keys.admitted(site),
             *buckets,
             keys.errors(site),
             keys.levels(site),

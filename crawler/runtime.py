@@ -220,6 +220,8 @@ class Runtime:
                 refresh=spider.refresh_for,
                 revisit_after=spider.revisit_after,
                 max_url_length=self.settings.max_url_length,
+                max_request_body_bytes=self.settings.max_request_body_bytes,
+                max_pages=spider.max_pages,
             )
         frontier.batch = self.batch_size(site)
         return frontier

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,14 @@ def encode_entry(
     meta: dict[str, Any] | None = None,
     refresh: float | None = None,
     validators: Sequence[Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> str:
     """A frontier entry: a JSON array with trailing default fields left out.
 
     ``validators`` ([etag, last_modified]) ride in a scheduled refresh's entry (``conditional``).
+    ``extra``, the ninth field, is an object of the task's optional fields (a request's
+    ``method``, ``headers``, ``body``: ``DownloadTask.extra``), left out when empty, so a plain
+    GET's entry is what it was before requests had methods, and entries queued then still read.
     """
     fields: list[Any] = [
         url,
@@ -90,8 +94,9 @@ def encode_entry(
         meta or {},
         refresh,
         list(validators) if validators is not None else None,
+        dict(extra) if extra else None,
     ]
-    defaults: list[Any] = [None, "parse", 0, 0, 1, {}, None, None]
+    defaults: list[Any] = [None, "parse", 0, 0, 1, {}, None, None, None]
     while len(fields) > 1 and fields[-1] == defaults[len(fields) - 1]:
         fields.pop()
     return json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
@@ -104,27 +109,36 @@ def entry_encoder(
     attempt: int = 1,
     meta: dict[str, Any] | None = None,
     refresh: float | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Callable[[str], str]:
     """``encode_entry`` with every field but the URL fixed: for many URLs that share them (a page's links).
 
     The JSON of a list is its items' JSON joined, so only the URL is encoded per call.
     """
-    tail = encode_entry("", callback, depth, hops, attempt, meta, refresh)[len('[""') :]
+    tail = encode_entry("", callback, depth, hops, attempt, meta, refresh, None, extra)[len('[""') :]
     return lambda url: "[" + _json_string(url) + tail
 
 
 #: A str as JSON, exactly as ``encode_entry``'s ``json.dumps(..., ensure_ascii=False)`` writes it.
 _json_string = json.JSONEncoder(ensure_ascii=False).encode
 
+#: The fields of a frontier entry, in order.
+ENTRY_FIELDS = ("url", "callback", "depth", "hops", "attempt", "meta", "refresh", "validators")
+
 
 def decode_entry(entry: str | bytes) -> dict[str, Any]:
-    """The fields of a frontier entry, defaults filled in (``validators`` only if present); ValueError if malformed."""
+    """The fields of a frontier entry, defaults filled in (``validators`` only if present), and those of its
+    ``extra`` object (none of them a field's name); ValueError if malformed."""
     fields = json.loads(entry)
-    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 8:
+    if not isinstance(fields, list) or not fields or not isinstance(fields[0], str) or len(fields) > 9:
         raise ValueError(f"malformed frontier entry: {entry!r:.200}")
-    names = ("url", "callback", "depth", "hops", "attempt", "meta", "refresh", "validators")
     values: dict[str, Any] = {"callback": "parse", "depth": 0, "hops": 0, "attempt": 1, "meta": {}, "refresh": None}
-    values.update(zip(names, fields, strict=False))
+    values.update(zip(ENTRY_FIELDS, fields, strict=False))
+    if len(fields) == 9 and fields[8] is not None:
+        extra = fields[8]
+        if not isinstance(extra, dict) or set(extra) & {*ENTRY_FIELDS, "site", "priority"}:
+            raise ValueError(f"malformed frontier entry (its ninth field): {entry!r:.200}")
+        values.update(extra)
     return values
 
 

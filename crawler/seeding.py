@@ -162,7 +162,12 @@ def seed_lines(
 def _add(frontier: Frontier, batch: list[tuple[int, str]], like: Request, report: SeedReport) -> None:
     """Add the batch's URLs as requests like ``like`` (its callback, priority, dont_filter); count what happened."""
     meta: dict[str, object] = {}  # one dict for the batch: the frontier encodes an entry shape once per meta
-    result = frontier.add([Request(url, like.callback, meta, like.priority, like.dont_filter) for _, url in batch])
+    result = frontier.add(
+        [
+            Request(url, like.callback, meta=meta, priority=like.priority, dont_filter=like.dont_filter)
+            for _, url in batch
+        ]
+    )
     report.urls += len(batch)
     report.enqueued += len(result.enqueued)
     report.duplicates += result.duplicates

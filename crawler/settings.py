@@ -38,6 +38,12 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_MAX_URL_LENGTH = 8192
 """Longest URL let into the frontier, in bytes of its canonical form (the common browser and server limit)."""
 
+DEFAULT_MAX_REQUEST_BODY_BYTES = 64 * 1024
+"""Largest request body (POST data, JSON) a request may carry; a request with a larger one is refused.
+Every queued request holds its body in Redis (its frontier entry, then its job): forms and JSON
+queries take a few kilobytes, so 64 KiB leaves room while a page of a thousand such requests
+still costs Redis megabytes, not a gigabyte."""
+
 DEFAULT_MAX_LINKS_PER_PAGE = 10_000
 """Requests taken from one page's callback; the rest are dropped, and the page's parse record says so."""
 
@@ -103,6 +109,7 @@ class Settings:
     max_redirects: int = DEFAULT_MAX_REDIRECTS
     max_url_length: int = DEFAULT_MAX_URL_LENGTH
     max_links_per_page: int = DEFAULT_MAX_LINKS_PER_PAGE
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_retries: int = DEFAULT_MAX_RETRIES
     backoff: float = DEFAULT_BACKOFF
     max_retry_after: float = DEFAULT_MAX_RETRY_AFTER
@@ -128,7 +135,7 @@ class Settings:
         _require(self.job_lease >= 3, "job_lease", "must be at least 3 seconds (heartbeats come every second)")
         for name in ("max_body_bytes", "failure_ttl"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
-        for name in ("max_url_length", "max_links_per_page"):
+        for name in ("max_url_length", "max_links_per_page", "max_request_body_bytes"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")

@@ -9,14 +9,16 @@ through Redis as plain data.
 from __future__ import annotations
 
 import importlib.util
+import json as jsonlib
 import re
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
@@ -37,6 +39,19 @@ _PLAIN_ABSOLUTE_HREF = re.compile(
 
 Callback = Callable[["Page"], Iterable[Any]] | str | None
 
+#: Content types of HTML: the responses a spider's callbacks get by default (``Spider.content_types``).
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+def accepts(content_types: Iterable[str], content_type: str) -> bool:
+    """Whether a response of ``content_type`` (lower case, no parameters) goes to a callback of a
+    spider with these ``content_types``: one equal to it, or ``major/*`` of its family. An empty one
+    (no Content-Type header) counts as HTML."""
+    if not content_type:
+        return any(accepts(content_types, html) for html in HTML_TYPES)
+    family = content_type.split("/", 1)[0] + "/*"
+    return any(accepted in (content_type, family, "*/*") for accepted in content_types)
+
 
 def callback_name(callback: Callback) -> str:
     """The method name a callback is stored under (``parse`` when none is given)."""
@@ -50,10 +65,24 @@ def callback_name(callback: Callback) -> str:
     return str(name)
 
 
+#: HTTP methods a request may name (what a crawler has use for; CONNECT and TRACE are not requests for pages).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+#: Content types ``json=`` and ``form=`` send, unless the request's headers name one.
+JSON_TYPE = "application/json"
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+
 @dataclass
 class Request:
-    """A URL to download and the spider method that will parse it.
+    """A URL to download, how (method, headers, body), and the spider method that will parse it.
 
+    ``method``: an HTTP method (GET by default). ``headers`` are sent with the request, over
+    the spider's ``headers``. The body is given one way at most: ``body`` (bytes, or text sent
+    as UTF-8), ``json=`` (any JSON value, sent as ``application/json``), or ``form=`` (a mapping
+    of fields, or (field, value) pairs, sent as ``application/x-www-form-urlencoded``; with GET
+    the fields go into the URL's query instead, as a browser sends a GET form). Deduplication
+    tells requests apart by method and body as well as URL (headers do not count, as in
+    Scrapy's fingerprint); a GET without a body is fingerprinted by its URL alone.
     ``meta`` is plain JSON data handed to the callback as ``page.meta``.
     ``priority``: of a site's queued requests, the highest is fetched first (seeds 10,
     links 0, scheduled refreshes -10 by default; -1000 to 1000).
@@ -63,10 +92,17 @@ class Request:
     ``render`` / ``render_wait``: render the page in a browser, and the CSS selector waited
     for (override the spider's ``render`` / ``render_wait``); carried in ``meta`` under
     those names, so retries, redirects and refreshes of the request keep them.
+    Raises ValueError for an unknown method, headers that are not text, or two bodies.
     """
 
     url: str
     callback: Callback = None
+    _: KW_ONLY
+    method: str = "GET"
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    json: InitVar[Any] = None
+    form: InitVar[Mapping[str, Any] | Iterable[tuple[str, Any]] | None] = None
     meta: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     dont_filter: bool = False
@@ -74,19 +110,108 @@ class Request:
     render: bool | None = None
     render_wait: str | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
         self.callback = callback_name(self.callback)
+        if self.meta is None:
+            self.meta = {}
         if self.render is not None or self.render_wait is not None:
             rendering = {"render": self.render, "render_wait": self.render_wait}
             self.meta = {**self.meta, **{k: v for k, v in rendering.items() if v is not None}}
+        if self.method != "GET" or self.headers or self.body is not None or json is not None or form is not None:
+            self._prepare(json, form)
+        elif self.headers is None:
+            self.headers = {}
+        # else the plain GET of nearly every link: nothing to check (a page may yield 100,000)
+
+    def _prepare(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
+        """Check method and headers, and make the body of ``body``, ``json`` or ``form``."""
+        self.method = str(self.method).upper()
+        if self.method not in METHODS:
+            raise ValueError(f"unknown HTTP method {self.method!r} (one of {', '.join(sorted(METHODS))})")
+        self.headers = _checked_headers(self.headers)
+        if sum(given is not None for given in (self.body, json, form)) > 1:
+            raise ValueError("a request has one body: give body=, json= or form=, not two")
+        if isinstance(self.body, str):
+            self.body = self.body.encode()
+        elif self.body is not None and not isinstance(self.body, bytes):
+            raise ValueError(f"body must be bytes or text, not {type(self.body).__name__}")
+        if json is not None:
+            self.body = jsonlib.dumps(json, ensure_ascii=False, separators=(",", ":")).encode()
+            self._default_header("Content-Type", JSON_TYPE)
+        elif form is not None:
+            fields = urlencode(list(form.items()) if isinstance(form, Mapping) else list(form), doseq=True)
+            if self.method == "GET":
+                self.url = _with_query(self.url, fields)
+            else:
+                self.body = fields.encode()
+                self._default_header("Content-Type", FORM_TYPE)
+        if self.body == b"":
+            self.body = None  # no body and an empty one are one request (and one fingerprint)
+
+    def _default_header(self, name: str, value: str) -> None:
+        if not any(key.lower() == name.lower() for key in self.headers):
+            self.headers[name] = value
+
+    @property
+    def is_plain(self) -> bool:
+        """A GET without headers or body: what every request was before methods (the compact default)."""
+        return self.method == "GET" and not self.headers and self.body is None
+
+
+def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """``headers`` as a new dict of text names and values; ValueError for anything else."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise ValueError(f"headers must be a mapping of names to values, not {type(headers).__name__}")
+    checked = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name.strip():
+            raise ValueError(f"header {name!r}: names and values must be text, not {value!r}")
+        checked[name] = value
+    return checked
+
+
+def _with_query(url: str, fields: str) -> str:
+    """``url`` with its query replaced by ``fields`` (what a browser does with a GET form), fragment dropped."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, fields, ""))
+
+
+@dataclass(frozen=True)
+class SentRequest:
+    """The request a page answers (``page.request``): its method, URL and the headers it was sent
+    with beyond the fetcher's own (User-Agent, Accept, Accept-Encoding): the spider's ``headers``
+    and the request's."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+class PageText(str):
+    """The page's body as text (``page.text``, Scrapy's ``response.text``), which may also be called:
+    ``page.text("h1")`` is the stripped text of a selector's first match (``Page.text_of``)."""
+
+    #: The page, weakly: a strong reference would make a cycle (the page caches its text), and a
+    #: page in a cycle, its DOM with it, waits for the garbage collector instead of going at once.
+    _page: weakref.ref[Page]
+
+    def __call__(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
+        page = self._page()
+        if page is None:
+            raise ReferenceError("the page of this text is gone")
+        return page.text_of(selector, strip, default)
 
 
 class Page:
-    """A downloaded HTML page: its URL, status, headers and a selectolax DOM.
+    """A downloaded page: its URL, status, headers, body, the request it answers, and (for HTML)
+    a selectolax DOM.
 
     ``url`` and ``body`` are read once: the DOM, the base URL and resolved links are
     computed on first use and kept for the page's life, so that a page with N links
-    costs O(N), not a document search per link.
+    costs O(N), not a document search per link. A page that is not HTML (JSON) is never
+    parsed as HTML unless ``css`` and the like are asked for.
     """
 
     def __init__(
@@ -97,12 +222,15 @@ class Page:
         headers: Mapping[str, str] | None = None,
         meta: dict[str, Any] | None = None,
         encoding: str | None = None,
+        request: SentRequest | None = None,
     ):
         self.url = url
         self.body = body
         self.status = status
         self.headers = {k.lower(): v for k, v in (headers or {}).items()}
         self.meta = meta or {}
+        #: The request this page answers (method, URL, headers sent).
+        self.request = request if request is not None else SentRequest("GET", url)
         self._encoding = encoding
         self._tree: LexborHTMLParser | None = None
         self._base_url: str | None = None
@@ -128,6 +256,17 @@ class Page:
         except LookupError:  # an unknown charset name
             return self.body.decode("utf-8", errors="replace")
 
+    @cached_property
+    def text(self) -> PageText:
+        """The body as text (``text_content``); ``page.text("h1")`` is still the text of a selector (``text_of``)."""
+        text = PageText(self.text_content)
+        text._page = weakref.ref(self)
+        return text
+
+    def json(self) -> Any:
+        """The body parsed as JSON (whatever its content type); ValueError if it is not JSON."""
+        return jsonlib.loads(self.text)
+
     def css(self, selector: str) -> list[LexborNode]:
         """Every node matching a CSS selector."""
         return list(self.tree.css(selector))
@@ -136,8 +275,8 @@ class Page:
         """The first node matching a CSS selector, or ``default``."""
         return self.tree.css_first(selector, default=default)
 
-    def text(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
-        """Text of the first match of ``selector`` (of the whole body when None)."""
+    def text_of(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
+        """Text of the first match of ``selector`` (of the whole body when None): ``page.text(selector)``."""
         node = self.tree.body if selector is None else self.tree.css_first(selector)
         if node is None:
             return default
@@ -212,8 +351,93 @@ class Page:
             if href and href.strip():
                 yield self.follow(href, callback=callback, **kwargs)
 
+    def form(
+        self,
+        selector: str | None = None,
+        data: Mapping[str, Any] | None = None,
+        callback: Callback = None,
+        **kwargs: Any,
+    ) -> Request:
+        """The Request that submits a form of this page, as a browser would (Scrapy's
+        ``FormRequest.from_response``).
+
+        The form is the first match of ``selector`` (a CSS selector of the form, or of a node
+        inside it), else the page's first form; ValueError if there is none. Its fields go as
+        a browser sends them: hidden inputs (CSRF tokens) included, checked checkboxes and
+        radios, each select's selected options (else its first), textareas; not disabled
+        fields nor those without a name. The first submit button with a name adds its
+        name and value. ``data`` sets fields (replacing every value a field had, or adding
+        it; a list value repeats the field; None drops it). The method and action are the
+        form's (GET and the page's URL by default); a GET sends the fields as the action's
+        query, a POST as a urlencoded body. ``kwargs`` go to ``Request`` (``meta``, ``headers``...).
+        """
+        form = self._form_node(selector)
+        fields = list(_form_fields(form))
+        if data:
+            fields = [(name, value) for name, value in fields if name not in data]
+            for name, value in data.items():
+                for one in value if isinstance(value, list | tuple) else [value]:
+                    if one is not None:
+                        fields.append((name, str(one)))
+        method = (form.attributes.get("method") or "GET").strip().upper()
+        action = (form.attributes.get("action") or "").strip()
+        url = self.urljoin(action) if action else self.url
+        return Request(url, callback, method="POST" if method == "POST" else "GET", form=fields, **kwargs)
+
+    def _form_node(self, selector: str | None) -> LexborNode:
+        node = self.css_first(selector) if selector else self.css_first("form")
+        while node is not None and node.tag != "form":
+            node = node.parent
+        if node is None:
+            where = f"matching {selector!r}" if selector else "on the page"
+            raise ValueError(f"no form {where}: {self.url}")
+        return node
+
     def __repr__(self) -> str:
         return f"<Page {self.status} {self.url}>"
+
+
+#: Inputs that are buttons: never sent as fields (a submit button's name and value are sent apart).
+_BUTTON_TYPES = frozenset({"submit", "image", "reset", "button", "file"})
+
+
+def _form_fields(form: LexborNode) -> Iterator[tuple[str, str]]:
+    """The (name, value) pairs a browser submits for ``form``, in document order, with the first
+    named submit button's pair; not disabled fields, nor those without a name."""
+    clicked = False
+    for node in form.css("input, select, textarea, button"):
+        attrs = node.attributes
+        name = attrs.get("name")
+        if not name or "disabled" in attrs:
+            continue
+        kind = (attrs.get("type") or ("submit" if node.tag == "button" else "text")).lower()
+        if node.tag == "select":
+            yield from ((name, value) for value in _selected(node))
+        elif node.tag == "textarea":
+            yield name, node.text(deep=True, strip=False)
+        elif kind in ("submit", "image") and (node.tag == "button" or node.tag == "input"):
+            if not clicked:
+                clicked = True
+                yield name, attrs.get("value") or ""
+        elif kind in ("checkbox", "radio"):
+            if "checked" in attrs:
+                yield name, attrs.get("value") or "on"
+        elif kind not in _BUTTON_TYPES and node.tag == "input":
+            yield name, attrs.get("value") or ""
+
+
+def _selected(select: LexborNode) -> list[str]:
+    """The values a select sends: its selected options, else (a single select) its first option."""
+    options = select.css("option")
+    chosen = [o for o in options if "selected" in o.attributes and "disabled" not in o.attributes]
+    if not chosen and options and "multiple" not in select.attributes:
+        chosen = options[:1]
+    return [_option_value(option) for option in chosen]
+
+
+def _option_value(option: LexborNode) -> str:
+    value = option.attributes.get("value")
+    return value if value is not None else str(option.text(strip=True))
 
 
 class Spider:
@@ -243,6 +467,20 @@ class Spider:
     obey_robots: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
+    #: Links followed from the start pages, at most: a start request is at depth 0, a request its
+    #: page yields at 1, and so on; one beyond this is not queued (counted in its page's parse record).
+    #: None: no limit. Redirects keep their request's depth.
+    depth_limit: int | None = None
+    #: New pages admitted to the site's frontier, fleet-wide (start requests, links, redirect
+    #: targets: each page once, its retries and refreshes free); past it new requests are dropped,
+    #: so the crawl drains. None: no limit.
+    max_pages: int | None = None
+    #: Headers sent with every request of the site, under each request's own (a name in both is the
+    #: request's); a User-Agent here wins over ``user_agent`` and the setting.
+    headers: Mapping[str, str] = {}
+    #: Content types (``"text/html"``, or ``"application/*"`` for a whole family) of the responses
+    #: handed to callbacks; others are recorded skipped. A response without a content type counts as HTML.
+    content_types: tuple[str, ...] = HTML_TYPES
     #: Reach private, loopback or link-local addresses through host names (DNS) and redirects from
     #: public hosts (refused by default; a URL naming an IP address or localhost is always allowed).
     allow_private_addresses: bool = False

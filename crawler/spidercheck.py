@@ -209,6 +209,42 @@ def _process_item(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (item, page) -> item, got {value!r:.80}"
 
 
+#: A content type as ``Spider.content_types`` names it: ``type/subtype`` in lower case, or ``type/*``.
+_CONTENT_TYPE = re.compile(r"^(\*/\*|[a-z0-9][a-z0-9.+_-]*/(\*|[a-z0-9][a-z0-9.+_-]*))$")
+
+
+def _content_types(cls: type, value: Any) -> str | None:
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value:
+        return f"must be a non-empty tuple of content types like 'text/html', got {value!r:.80}"
+    for item in value:
+        if not isinstance(item, str) or not _CONTENT_TYPE.match(item):
+            return f"must hold lower-case content types like 'application/json' or 'text/*', got {item!r:.80}"
+    return None
+
+
+#: A header name: an HTTP token (RFC 9110).
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _headers(cls: type, value: Any) -> str | None:
+    if not isinstance(value, Mapping):
+        return f"must be a dict of header names to values, got {type(value).__name__} {value!r:.80}"
+    for name, text in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            return f"has a header name that is not an HTTP token: {name!r:.80}"
+        if not isinstance(text, str) or not text.isascii() or not text.isprintable():
+            return f"[{name!r}] must be printable ASCII text, got {text!r:.80}"
+    return None
+
+
+def _positive_count_or_none(cls: type, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"must be a whole number of at least 1, or None for no limit, got {value!r}"
+    return None
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -222,6 +258,10 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("item_key", _optional_text),
     ("obey_robots", _flag),
     ("user_agent", _optional_text),
+    ("content_types", _content_types),
+    ("headers", _headers),
+    ("depth_limit", _positive_count_or_none),
+    ("max_pages", _positive_count_or_none),
     ("allow_private_addresses", _flag),
     ("refresh", _refresh),
     ("refresh_priority", _priority),

@@ -69,7 +69,7 @@ def run_page(
     Needs neither Redis nor a database. The callback's exceptions propagate.
     """
     if body is None:
-        page = _download(url, meta)
+        page = _download(url, meta, _instance(spider).content_types)
     else:
         if isinstance(body, os.PathLike):
             body = Path(body).read_bytes()
@@ -85,14 +85,14 @@ def run_page(
     return run_callback(_instance(spider), page, callback)
 
 
-def _download(url: str, meta: Mapping[str, Any] | None) -> Page:
+def _download(url: str, meta: Mapping[str, Any] | None, content_types: tuple[str, ...]) -> Page:
     from .fetch import Fetcher
     from .settings import Settings
 
     defaults = Settings()
     fetcher = Fetcher(defaults.timeout, defaults.max_body_bytes, defaults.user_agent)
     try:
-        return page_of(fetcher.get(url), dict(meta or {}))
+        return page_of(fetcher.get(url), dict(meta or {}), content_types)
     finally:
         fetcher.close()
 
@@ -145,6 +145,7 @@ def crawl(
     from .connection import EmbeddedRedis, connect
     from .errors import ConfigError
     from .frontier import seed
+    from .seeding import seed_start
     from .settings import load_settings
     from .spidercheck import check_spider
     from .store import Store
@@ -166,8 +167,10 @@ def crawl(
         config = load_settings(database_url=database_url, state_dir=directory, sites_dir=directory, **overrides)
         try:
             with _installed(connection, config, SpiderSet({site: spider}, [])) as rt:
-                urls = list(start_urls) if start_urls is not None else [r.url for r in rt.spider(site).start_requests()]
-                seed(rt.frontier(site), urls)
+                if start_urls is not None:
+                    seed(rt.frontier(site), list(start_urls))
+                else:  # the spider's start requests, as ``crawler seed SITE`` queues them (POSTs too)
+                    seed_start(rt.frontier(site), rt.spider(site))
                 _run_workers(connection, site, downloaders, timeout)
             store = Store(database_url)
             try:

@@ -224,10 +224,13 @@ def test_route_counts_a_url_twice_on_one_page_as_seen() -> None:
             Request("http://a.test/x#y"),
             Request("http://a.test/x", dont_filter=True),
             Request("http://a.test/p", priority=5000),
+            Request("http://a.test/x", method="POST", json={"q": 1}),
+            Request("http://a.test/x", method="POST", json={"q": 2}),
+            Request("http://a.test/x", method="POST", json={"q": 1}),
         ],
         ["a.test"],
     )
-    assert [r.outcome for r in routed] == [QUEUED, SEEN, QUEUED, REFUSED]
+    assert [r.outcome for r in routed] == [QUEUED, SEEN, QUEUED, REFUSED, QUEUED, QUEUED, SEEN]
     assert "priority" in str(routed[3].reason)
 
 

@@ -86,6 +86,14 @@ def line_of(path: Path, text: str) -> int:
         ("pipelines = ['json.Nope']", "Shop.pipelines[0] 'json.Nope' cannot be used: AttributeError: module 'json'"),
         ("pipelines = [dict]", "Shop.pipelines[0] 'builtins.dict' cannot be used: TypeError: dict has no process_item"),
         ("pipelines = [3]", "Shop.pipelines[0] must be a class or a dotted path, got int 3"),
+        ("content_types = 'application/json'", "Shop.content_types must be a non-empty tuple of content types"),
+        ("content_types = ()", "Shop.content_types must be a non-empty tuple of content types"),
+        ("depth_limit = 0", "Shop.depth_limit must be a whole number of at least 1, or None for no limit, got 0"),
+        ("max_pages = 2.5", "Shop.max_pages must be a whole number of at least 1, or None for no limit, got 2.5"),
+        ("headers = [('X-A', '1')]", "Shop.headers must be a dict of header names to values, got list"),
+        ("headers = {'X A': '1'}", "Shop.headers has a header name that is not an HTTP token: 'X A'"),
+        ("headers = {'X-A': 1}", "Shop.headers['X-A'] must be printable ASCII text, got 1"),
+        ("content_types = ('JSON',)", "Shop.content_types must hold lower-case content types like"),
     ],
     ids=lambda value: value if "=" in value else "",
 )
@@ -106,7 +114,9 @@ def test_a_valid_spider_with_every_attribute_set_loads(sites_dir: Path) -> None:
         sites_dir,
         "allowed_domains = ['shop.example', 'cdn.shop.example']\ninterval = 0.25\n"
         "concurrency = 2\nitem_key = 'sku'\nobey_robots = False\nuser_agent = 'me'\n"
-        "refresh = {'parse_product': 3600}\nrefresh_priority = -5\n",
+        "refresh = {'parse_product': 3600}\nrefresh_priority = -5\n"
+        "content_types = ('text/html', 'application/json', 'text/*')\nheaders = {'X-Api-Key': 'k'}\n"
+        "depth_limit = 3\nmax_pages = 1000\n",
     )
     found = load_spiders(sites_dir)
     assert found.errors == [] and set(found.spiders) == {"shop"}
