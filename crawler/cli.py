@@ -10,13 +10,13 @@ import ipaddress
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 import redis
@@ -26,7 +26,7 @@ from . import counters, keys, quarantine
 from .clitypes import FINITE_FLOAT
 from .connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from .errors import ConfigError, CrawlerError
-from .export import FORMATS, with_history, write_items
+from .export import BINARY_FORMATS, FORMATS, format_for, with_history, write_items
 from .failures import FailedPage, failed_pages, retry_pages
 from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
@@ -728,8 +728,16 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
 
 @cli.command()
 @click.argument("site")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write [stdout].")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="File to write; its suffix picks the format: .jsonl, .json, .csv, .parquet ['-': stdout, JSON lines].",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="The format, whatever the suffix.")
+@click.option(
+    "--fields", metavar="A,B,C", help="Only these fields; CSV/Parquet: these columns, in this order (one pass)."
+)
 @click.option(
     "--history", is_flag=True, help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601)."
 )
@@ -737,21 +745,50 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
     "--raw-csv", is_flag=True, help="CSV: keep cells starting with = + - @ as they are (default: a leading ')."
 )
 @pass_context
-def export(obj: Context, site: str, fmt: str, output: str | None, history: bool, raw_csv: bool) -> None:
-    """Write SITE's items as JSON lines or CSV.
+def export(
+    obj: Context, site: str, output: str | None, fmt: str | None, fields: str | None, history: bool, raw_csv: bool
+) -> None:
+    """Write SITE's items as JSON lines, a JSON array, CSV or Parquet, streamed in constant memory.
 
-    CSV cells a spreadsheet would run as formulas (starting with = + - @, tab or CR) get a
-    leading ' unless --raw-csv.
+    CSV and Parquet columns are every field seen (a first pass over the items) unless
+    --fields names them. CSV cells a spreadsheet would run as formulas (starting with
+    = + - @, tab or CR) get a leading ' unless --raw-csv.
     """
     obj.site(site)
+    chosen = format_for(output, fmt)
+    count = _export(obj, site, output, chosen, history=history, raw_csv=raw_csv, fields=_fields_option(fields))
+    click.echo(f"{site}: {count} items exported" + (f" to {output}" if output not in (None, "-") else ""), err=True)
+
+
+def _fields_option(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    fields = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    if not fields:
+        raise ConfigError("--fields: name at least one field")
+    return fields
+
+
+def _export(
+    obj: Context,
+    site: str,
+    output: str | None,
+    fmt: str,
+    history: bool = False,
+    raw_csv: bool = False,
+    fields: list[str] | None = None,
+) -> int:
+    """Write ``site``'s items to ``output`` (None or '-': stdout) in ``fmt``; the number written."""
     store = Store(obj.settings.database_url)
     try:
-        items = (with_history(row) for row in store.item_rows(site)) if history else store.items(site)
-        with _open_output(output) as out:
-            count = write_items(items, out, fmt, raw_csv=raw_csv)
+
+        def source() -> Iterable[dict[str, Any]]:  # a streaming query each time it is called
+            return (with_history(row) for row in store.stream_item_rows(site)) if history else store.items(site)
+
+        with _open_output(output, binary=fmt in BINARY_FORMATS) as out:
+            return write_items(source, out, fmt, raw_csv=raw_csv, fields=fields)
     finally:
         store.close()
-    click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)
 
 
 @cli.command()
@@ -1074,17 +1111,33 @@ def demo(obj: Context, products: int, processes: int) -> None:
 
 
 @contextmanager
-def _open_output(path: str | None) -> Iterator[TextIO]:
-    """``path`` open to write text (stdout for None, left open); ConfigError naming it when it cannot be."""
-    if path is None:
-        yield sys.stdout
+def _open_output(path: str | None, binary: bool = False) -> Iterator[IO[Any]]:
+    """``path`` open to write text, or bytes if ``binary`` (stdout for None or '-', left open).
+
+    ConfigError naming it when it cannot be.
+    """
+    if path is None or path == "-":
+        yield sys.stdout.buffer if binary else sys.stdout
         return
     try:
-        out = open(path, "w", newline="", encoding="utf-8")
+        out = open(path, "wb") if binary else open(path, "w", newline="", encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
     with out:
         yield out
+
+
+def _check_writable(path: str | None) -> None:
+    """ConfigError naming ``path`` now if it cannot be written (a crawl's ``-o``: before the crawl, not after)."""
+    if path is None or path == "-":
+        return
+    existed = Path(path).exists()
+    try:
+        open(path, "ab").close()
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    if not existed:
+        Path(path).unlink()
 
 
 def _replace(settings: Settings, **changes: Any) -> Settings:
