@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
@@ -147,6 +148,9 @@ def write_parquet(source: ItemSource, out: IO[bytes], fields: list[str] | None =
     first pass; a column of mixed or nested values (lists, dicts) holds them as JSON text.
     ConfigError when pyarrow is not installed (``pip install 'crawler[parquet]'``).
     """
+    # The system allocator, unless the user chose one: with pyarrow's default (mimalloc) an
+    # export's peak grew by some 13 MB from 20,000 items to 200,000 and started 35 MB higher.
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
