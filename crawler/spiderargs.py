@@ -59,10 +59,10 @@ def check_arg(cls: type[Spider], name: str, value: str) -> None:
     """ConfigError if ``name=value`` may not be an argument of spider ``cls`` (see ``parse_args``)."""
     if not name.isidentifier() or name.startswith("_"):
         raise ConfigError(f"-a {name}: a spider argument's name is an identifier not starting with _")
-    if hasattr(Spider, name):
-        raise ConfigError(f"-a {name}: {name} is a setting of every spider, not an argument")
     if callable(inspect.getattr_static(cls, name, None)):
         raise ConfigError(f"-a {name}: {cls.__name__}.{name} is a method")
+    if hasattr(Spider, name):
+        raise ConfigError(f"-a {name}: {name} is a setting of every spider, not an argument")
     if len(value) > MAX_VALUE_LENGTH:
         raise ConfigError(f"-a {name}: a value of {len(value)} characters (at most {MAX_VALUE_LENGTH})")
     convert(cls, name, value)
