@@ -15,7 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error, cli_reporting_peak_rss
+from redis import Redis
 
+from crawler import keys
 from crawler.cli import cli
 from crawler.store import Item, Store
 
@@ -174,3 +176,12 @@ def test_exporting_ten_times_the_items_takes_no_more_memory(
             assert next(reader) == ["sku", "name", "price", "tags", "late"]
             assert sum(1 for _ in reader) == 200_001
     print(f"{suffix}: peak {peaks}")
+
+
+def test_crawl_with_an_output_it_cannot_write_fails_in_one_line_before_crawling(
+    base: list[str], redis_url: str, tmp_path: Path
+) -> None:
+    result = invoke(base, "crawl", "stock", "-o", str(tmp_path / "missing" / "items.csv"))
+    assert_one_line_error(result, "cannot write", "No such file or directory")
+    assert not Redis.from_url(redis_url).exists(keys.seen("stock"))  # nothing seeded
+    assert_one_line_error(invoke(base, "crawl", "stock", "-o", str(tmp_path / "items.xlsx")), "cannot tell the format")

@@ -18,6 +18,7 @@ from crawling import assert_one_line_error
 from redis import Redis
 
 from crawler import keys
+from crawler.cli import cli
 from crawler.frontier import SEED_PRIORITY
 from crawler.runtime import Runtime
 from crawler.settings import Settings
@@ -89,7 +90,7 @@ def base(redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path) -> 
 
 
 def invoke(base: list[str], *args: str) -> Result:
-    return CliRunner().invoke(__import__("crawler.cli").cli.cli, [*base, *args])
+    return CliRunner().invoke(cli, [*base, *args])
 
 
 def test_crawl_arguments_reach_start_requests_init_and_callbacks_in_every_worker_process(
