@@ -67,6 +67,7 @@ class Runtime:
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
         self._pipelines: dict[str, Pipelines] = {}
+        self._retired_pipelines: list[Pipelines] = []
         self._pipelines_lock = threading.Lock()  # one opening at a time: a slow open(spider) holds up no spider look-up
 
     @cached_property
@@ -134,13 +135,20 @@ class Runtime:
             return spider
 
     def pipelines(self, site: str) -> Pipelines:
-        """``site``'s ``process_item`` and pipelines, opened on first use, once per process (closed by ``close``).
+        """``site``'s ``process_item`` and pipelines, opened on first use, once per process and spider instance.
+
+        A spider built again for new spider arguments gets its own, opened then; those of
+        the instance before are closed by ``close``, with the others.
 
         ItemError if one fails to open: nothing is kept, the next page tries again.
         """
         with self._pipelines_lock:
-            if site not in self._pipelines:
-                self._pipelines[site] = Pipelines.open(self.spider(site))
+            spider = self.spider(site)
+            held = self._pipelines.get(site)
+            if held is None or held.spider is not spider:  # first use, or new spider arguments
+                self._pipelines[site] = Pipelines.open(spider)
+                if held is not None:  # another thread may be using it: closed with the runtime
+                    self._retired_pipelines.append(held)
             return self._pipelines[site]
 
     def policy(self, site: str) -> SitePolicy:
@@ -333,7 +341,8 @@ class Runtime:
 
     def close(self) -> None:
         with self._pipelines_lock:
-            opened, self._pipelines = list(self._pipelines.values()), {}
+            opened, self._pipelines = [*self._retired_pipelines, *self._pipelines.values()], {}
+            self._retired_pipelines = []
         for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
             pipelines.close()
         self.counters.close()

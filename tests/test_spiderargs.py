@@ -152,11 +152,13 @@ def test_a_running_worker_builds_its_spider_again_when_the_arguments_change(
     try:
         before = runtime.spider("shelf")
         assert (before.category, before.label) == ("all", "all!")  # type: ignore[attr-defined]
+        assert runtime.pipelines("shelf").spider is before
         store_args(redis_conn, "shelf", {"category": "games", "pages": "4"})
         time.sleep(ARGS_REFRESH + 0.1)
         after = runtime.spider("shelf")
         assert (after.category, after.label, after.pages) == ("games", "games!", 4)  # type: ignore[attr-defined]
         assert runtime.spider("shelf") is after  # built once for these arguments
+        assert runtime.pipelines("shelf").spider is after  # its process_item is the new instance's
         redis_conn.hset(keys.spider_args("shelf"), "parse", "junk")  # written by hand: left out
         time.sleep(ARGS_REFRESH + 0.1)
         assert callable(runtime.spider("shelf").parse)
