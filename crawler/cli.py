@@ -454,6 +454,8 @@ def crawl(
 ) -> None:
     """Seed SITE and run workers until the crawl is drained, showing progress; -o: then export the items."""
     obj.site(site)
+    if fmt is not None and output is None:
+        raise ConfigError("--format is the format of -o FILE: give -o too")
     chosen = format_for(output, fmt) if output is not None else None
     _check_writable(output)  # now, not after an hour of crawling
     _refuse_old_keys(obj)

@@ -185,3 +185,4 @@ def test_crawl_with_an_output_it_cannot_write_fails_in_one_line_before_crawling(
     assert_one_line_error(result, "cannot write", "No such file or directory")
     assert not Redis.from_url(redis_url).exists(keys.seen("stock"))  # nothing seeded
     assert_one_line_error(invoke(base, "crawl", "stock", "-o", str(tmp_path / "items.xlsx")), "cannot tell the format")
+    assert_one_line_error(invoke(base, "crawl", "stock", "--format", "csv"), "give -o too")

@@ -119,6 +119,10 @@ def test_seed_arguments_are_seen_by_the_start_requests(base: list[str], redis_co
     assert result.stdout.strip() == "shelf: 2 enqueued, 0 already seen"
     queued = redis_conn.lrange(keys.frontier("shelf", SEED_PRIORITY), 0, -1)
     assert len(queued) == 2 and all(b"/music/" in entry for entry in queued), queued
+    again = invoke(base, "seed", "shelf")  # no -a: the crawl's arguments are kept, and named
+    assert again.exit_code == 0, again.output
+    assert "spider arguments kept from before: base=" in again.stderr and "category=music" in again.stderr
+    assert read_args(redis_conn, "shelf")["category"] == "music"
 
 
 @pytest.mark.parametrize(
