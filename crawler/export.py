@@ -11,6 +11,7 @@ the first pass.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,7 @@ SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv
 BINARY_FORMATS = ("parquet",)
 #: First characters that make a spreadsheet read a CSV cell as a formula (OWASP's "CSV injection" list).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+PARQUET_MISSING = "Parquet export needs pyarrow: pip install 'crawler[parquet]'"
 #: Rows in one Parquet row group: what an export holds in memory at once.
 PARQUET_BATCH = 10_000
 
@@ -40,19 +42,20 @@ ItemSource = Callable[[], Iterable[dict[str, Any]]]
 def format_for(path: str | None, fmt: str | None) -> str:
     """The format to write ``path`` in: ``fmt`` when given, else from the suffix (stdout: jsonl).
 
-    ConfigError for a file whose suffix names no format and no ``fmt``.
+    ConfigError for a file whose suffix names no format and no ``fmt``, and for Parquet
+    without pyarrow installed.
     """
-    if fmt is not None:
-        return fmt
-    if path is None or path == "-":
-        return "jsonl"
-    suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
-    if suffix not in SUFFIXES:
-        raise ConfigError(
-            f"cannot tell the format of {path!r} from its suffix: name it .jsonl, .json, .csv or .parquet, "
-            "or give --format"
-        )
-    return SUFFIXES[suffix]
+    if fmt is None and path not in (None, "-"):
+        suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+        if suffix not in SUFFIXES:
+            raise ConfigError(
+                f"cannot tell the format of {path!r} from its suffix: name it .jsonl, .json, .csv or .parquet, "
+                "or give --format"
+            )
+        fmt = SUFFIXES[suffix]
+    if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:  # now, before a file is opened
+        raise ConfigError(PARQUET_MISSING)
+    return fmt or "jsonl"
 
 
 def with_history(row: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +158,7 @@ def write_parquet(source: ItemSource, out: IO[bytes], fields: list[str] | None =
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("Parquet export needs pyarrow: pip install 'crawler[parquet]'") from None
+        raise ConfigError(PARQUET_MISSING) from None
     kinds = _column_kinds(source(), fields)
     types = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64()}
     schema = pa.schema([(name, types.get(kind, pa.string())) for name, kind in kinds.items()])

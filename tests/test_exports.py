@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,14 @@ def test_crawl_with_an_output_it_cannot_write_fails_in_one_line_before_crawling(
     assert not Redis.from_url(redis_url).exists(keys.seen("stock"))  # nothing seeded
     assert_one_line_error(invoke(base, "crawl", "stock", "-o", str(tmp_path / "items.xlsx")), "cannot tell the format")
     assert_one_line_error(invoke(base, "crawl", "stock", "--format", "csv"), "give -o too")
+
+
+def test_parquet_without_pyarrow_is_a_one_line_error_and_no_file(base: list[str], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
+    code = "import sys; sys.modules['pyarrow'] = None; from crawler.cli import main; main()"  # as if not installed
+    out = tmp_path / "items.parquet"
+    command = [sys.executable, "-c", code, *base, "export", "stock", "-o", str(out)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "Error: Parquet export needs pyarrow: pip install 'crawler[parquet]'"
+    assert not out.exists()
