@@ -10,13 +10,13 @@ import ipaddress
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import click
 import redis
@@ -26,7 +26,7 @@ from . import counters, keys, quarantine
 from .clitypes import FINITE_FLOAT
 from .connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from .errors import ConfigError, CrawlerError
-from .export import FORMATS, with_history, write_items
+from .export import BINARY_FORMATS, FORMATS, format_for, with_history, write_items
 from .failures import FailedPage, failed_pages, retry_pages
 from .frontier import PRIORITY_RANGE, SEED_PRIORITY
 from .frontier import seed as seed_urls
@@ -35,10 +35,12 @@ from .policy import read_live, reset_live, resolve_policy, set_live
 from .rekey import migrate_keys, old_sites, running_workers
 from .reset import ResetResult, reset_site
 from .runtime import BUNDLED_SPIDERS, Runtime
+from .scaffold import check_name, write_spider
 from .screens import state
 from .seeding import SeedReport, open_lines, seed_lines, seed_start
 from .settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, Settings, load_settings, redact_url, scrub, secrets_of
 from .spider import SpiderSet, load_spiders
+from .spiderargs import parse_args, read_args, store_args
 from .status import SiteStatus, known_sites, parse_backlog, politeness, site_status, this_run, workers_by_host
 from .store import Store
 from .workers import crawl_drained
@@ -224,6 +226,13 @@ def sites(obj: Context) -> None:
     help="Higher is fetched sooner (links found: 0, refreshes: -10).",
 )
 @click.option("--callback", default=None, metavar="NAME", help="Spider method to parse the seeded pages [parse].")
+@click.option(
+    "-a",
+    "spider_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a spider attribute (a string) for the crawl, in every worker (repeatable; replaces those set before).",
+)
 @pass_context
 def seed(
     obj: Context,
@@ -233,6 +242,7 @@ def seed(
     all_sites: bool = False,
     from_file: str | None = None,
     callback: str | None = None,
+    spider_args: tuple[str, ...] = (),
 ) -> None:
     """Enqueue start URLs: SITE's (the spider's own when none are given), or several sites' own.
 
@@ -243,8 +253,8 @@ def seed(
     sites, urls = _split_seed_targets(obj, targets, all_sites)
     _refuse_old_keys(obj)
     if len(sites) > 1:
-        if urls or from_file is not None or callback is not None:
-            raise ConfigError("URLs, --from and --callback apply to one site: name one")
+        if urls or from_file is not None or callback is not None or spider_args:
+            raise ConfigError("URLs, --from, --callback and -a apply to one site: name one")
         for site in sites:
             spider = obj.runtime.spider(site)
             if not (spider.start_urls or spider.sitemap_urls):
@@ -254,6 +264,7 @@ def seed(
             click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
         return
     (site,) = sites
+    _set_spider_args(obj, site, spider_args)
     spider = obj.runtime.spider(site)
     if callback is not None:
         try:
@@ -274,6 +285,17 @@ def seed(
     else:  # the spider's own start requests, sitemaps included, each with its callback
         result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _set_spider_args(obj: Context, site: str, pairs: tuple[str, ...]) -> None:
+    """Store ``-a`` pairs as ``site``'s spider arguments (none given: those stored are kept, and named)."""
+    if pairs:
+        store_args(obj.redis, site, parse_args(pairs, obj.spider_set.get(site)))
+        return
+    kept = read_args(obj.redis, site)
+    if kept:
+        shown = " ".join(f"{name}={value[:40]}" for name, value in sorted(kept.items()))
+        click.echo(f"{site}: spider arguments kept from before: {shown} (`crawler reset` clears them)", err=True)
 
 
 def _split_seed_targets(obj: Context, targets: tuple[str, ...], all_sites: bool) -> tuple[list[str], list[str]]:
@@ -402,6 +424,20 @@ def worker(
 @click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
 @click.option("--fresh", is_flag=True, help="Forget SITE's queued and seen URLs and counters first (crawler reset).")
 @click.option("--from", "from_file", metavar="FILE", help="Seed the URLs of FILE ('-': stdin), as seed --from does.")
+@click.option(
+    "-a",
+    "spider_args",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a spider attribute (a string) for the crawl, in every worker (repeatable; replaces those set before).",
+)
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="When the crawl is drained, export SITE's items to FILE (format from the suffix, as export does).",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="-o's format, whatever the suffix.")
 @pass_context
 def crawl(
     obj: Context,
@@ -412,21 +448,38 @@ def crawl(
     parsers: int,
     fresh: bool,
     from_file: str | None = None,
+    spider_args: tuple[str, ...] = (),
+    output: str | None = None,
+    fmt: str | None = None,
 ) -> None:
-    """Seed SITE and run workers until the crawl is drained, showing progress."""
+    """Seed SITE and run workers until the crawl is drained, showing progress; -o: then export the items."""
     obj.site(site)
+    if fmt is not None and output is None:
+        raise ConfigError("--format is the format of -o FILE: give -o too")
+    chosen = format_for(output, fmt) if output is not None else None
+    _check_writable(output)  # now, not after an hour of crawling
     _refuse_old_keys(obj)
     if fresh:
         _report_reset(site, reset_site(obj.redis, site))
     ctx = click.get_current_context()
-    ctx.invoke(seed, targets=(site, *urls), force=False, priority=SEED_PRIORITY, from_file=from_file)
+    ctx.invoke(
+        seed,
+        targets=(site, *urls),
+        force=False,
+        priority=SEED_PRIORITY,
+        from_file=from_file,
+        spider_args=spider_args,
+    )
     click.echo(f"Redis: {obj.redis_choice.describe()}", err=True)
-    (run,) = run_crawl(obj, [site], processes, threads, parsers)
+    (run,) = run_crawl(obj, [site], processes, threads, parsers, out=sys.stderr if output == "-" else None)
     if not run.done and not run.parsed:
         click.echo(
             f"{site}: nothing new to crawl: every URL seeded was seen before (`crawler crawl --fresh` starts over)",
             err=True,
         )
+    if chosen is not None:
+        count = _export(obj, site, output, chosen)
+        click.echo(f"{site}: {count} items exported" + (f" to {output}" if output != "-" else ""), err=True)
     if obj.redis_choice.embedded is not None:
         click.echo(
             "the embedded Redis server keeps running with the crawl's state (`crawler status` reads it; "
@@ -464,6 +517,19 @@ def reset(obj: Context, site: str, yes: bool) -> None:
         except click.Abort:
             raise ConfigError(f"{site} not reset (give --yes to skip the question)") from None
     _report_reset(site, reset_site(obj.redis, site))
+
+
+@cli.command()
+@click.argument("name")
+@click.argument("url")
+@pass_context
+def new(obj: Context, name: str, url: str) -> None:
+    """Write sites/NAME.py: a spider for the site at URL, ready to run and to edit (never overwrites)."""
+    check_name(name)
+    if name in obj.spider_set.spiders or name in obj.spider_set.by_name:
+        raise ConfigError(f"a spider named {name!r} exists already")
+    path = write_spider(obj.settings.sites_dir, name, url)
+    click.echo(f"wrote {path}: edit it, then `crawler crawl {name}`")
 
 
 @cli.command("migrate-keys")
@@ -728,8 +794,16 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
 
 @cli.command()
 @click.argument("site")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="jsonl", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="File to write [stdout].")
+@click.option(
+    "-o",
+    "--output",
+    metavar="FILE",
+    help="File to write; its suffix picks the format: .jsonl, .json, .csv, .parquet ['-': stdout, JSON lines].",
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="The format, whatever the suffix.")
+@click.option(
+    "--fields", metavar="A,B,C", help="Only these fields; CSV/Parquet: these columns, in this order (one pass)."
+)
 @click.option(
     "--history", is_flag=True, help="Add each item's _key, _url, _first_seen, _last_seen and _changed (UTC, ISO 8601)."
 )
@@ -737,21 +811,50 @@ def resume(obj: Context, site: str | None, all_sites: bool) -> None:
     "--raw-csv", is_flag=True, help="CSV: keep cells starting with = + - @ as they are (default: a leading ')."
 )
 @pass_context
-def export(obj: Context, site: str, fmt: str, output: str | None, history: bool, raw_csv: bool) -> None:
-    """Write SITE's items as JSON lines or CSV.
+def export(
+    obj: Context, site: str, output: str | None, fmt: str | None, fields: str | None, history: bool, raw_csv: bool
+) -> None:
+    """Write SITE's items as JSON lines, a JSON array, CSV or Parquet, streamed in constant memory.
 
-    CSV cells a spreadsheet would run as formulas (starting with = + - @, tab or CR) get a
-    leading ' unless --raw-csv.
+    CSV and Parquet columns are every field seen (a first pass over the items) unless
+    --fields names them. CSV cells a spreadsheet would run as formulas (starting with
+    = + - @, tab or CR) get a leading ' unless --raw-csv.
     """
     obj.site(site)
+    chosen = format_for(output, fmt)
+    count = _export(obj, site, output, chosen, history=history, raw_csv=raw_csv, fields=_fields_option(fields))
+    click.echo(f"{site}: {count} items exported" + (f" to {output}" if output not in (None, "-") else ""), err=True)
+
+
+def _fields_option(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    fields = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    if not fields:
+        raise ConfigError("--fields: name at least one field")
+    return fields
+
+
+def _export(
+    obj: Context,
+    site: str,
+    output: str | None,
+    fmt: str,
+    history: bool = False,
+    raw_csv: bool = False,
+    fields: list[str] | None = None,
+) -> int:
+    """Write ``site``'s items to ``output`` (None or '-': stdout) in ``fmt``; the number written."""
     store = Store(obj.settings.database_url)
     try:
-        items = (with_history(row) for row in store.item_rows(site)) if history else store.items(site)
-        with _open_output(output) as out:
-            count = write_items(items, out, fmt, raw_csv=raw_csv)
+
+        def source() -> Iterable[dict[str, Any]]:  # a streaming query each time it is called
+            return (with_history(row) for row in store.stream_item_rows(site)) if history else store.items(site)
+
+        with _open_output(output, binary=fmt in BINARY_FORMATS) as out:
+            return write_items(source, out, fmt, raw_csv=raw_csv, fields=fields)
     finally:
         store.close()
-    click.echo(f"{site}: {count} items exported" + (f" to {output}" if output else ""), err=True)
 
 
 @cli.command()
@@ -1074,17 +1177,33 @@ def demo(obj: Context, products: int, processes: int) -> None:
 
 
 @contextmanager
-def _open_output(path: str | None) -> Iterator[TextIO]:
-    """``path`` open to write text (stdout for None, left open); ConfigError naming it when it cannot be."""
-    if path is None:
-        yield sys.stdout
+def _open_output(path: str | None, binary: bool = False) -> Iterator[IO[Any]]:
+    """``path`` open to write text, or bytes if ``binary`` (stdout for None or '-', left open).
+
+    ConfigError naming it when it cannot be.
+    """
+    if path is None or path == "-":
+        yield sys.stdout.buffer if binary else sys.stdout
         return
     try:
-        out = open(path, "w", newline="", encoding="utf-8")
+        out = open(path, "wb") if binary else open(path, "w", newline="", encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
     with out:
         yield out
+
+
+def _check_writable(path: str | None) -> None:
+    """ConfigError naming ``path`` now if it cannot be written (a crawl's ``-o``: before the crawl, not after)."""
+    if path is None or path == "-":
+        return
+    existed = Path(path).exists()
+    try:
+        open(path, "ab").close()
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    if not existed:
+        Path(path).unlink()
 
 
 def _replace(settings: Settings, **changes: Any) -> Settings:

@@ -131,6 +131,11 @@ def live_settings(site: str) -> str:
     return f"{PREFIX}settings:{_tag(site)}"
 
 
+def spider_args(site: str) -> str:
+    """Hash of ``site``'s spider arguments (``crawl``/``seed -a``), read by every worker (``spiderargs``)."""
+    return f"{PREFIX}args:{_tag(site)}"
+
+
 def sites() -> str:
     """Set of every site name that was ever seeded on this Redis."""
     return f"{PREFIX}sites"

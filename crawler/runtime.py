@@ -30,6 +30,7 @@ from .robots import RobotsCache
 from .scheduler import PREPARE_AHEAD, Scheduler, publish_conf
 from .settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from .spider import Spider, SpiderSet, load_spiders
+from .spiderargs import ARGS_REFRESH, build_spider, read_args, usable_args
 from .store import Store
 from .vetting import MAX_BATCH
 
@@ -55,7 +56,7 @@ class Runtime:
         self.settings = settings
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
         self.policies = PolicyCache(connection, settings, self.spider_set.named())
-        self._spiders: dict[str, Spider] = {}
+        self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}
         self._conf_written: dict[str, tuple[float, tuple[object, ...]]] = {}  # site -> (when, what)
@@ -66,6 +67,7 @@ class Runtime:
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
         self._pipelines: dict[str, Pipelines] = {}
+        self._retired_pipelines: list[Pipelines] = []
         self._pipelines_lock = threading.Lock()  # one opening at a time: a slow open(spider) holds up no spider look-up
 
     @cached_property
@@ -111,20 +113,42 @@ class Runtime:
         return RobotsCache(self.connection, self.fetcher)
 
     def spider(self, site: str) -> Spider:
-        """The one instance of ``site``'s spider in this process."""
+        """The instance of ``site``'s spider in this process, built with the crawl's spider arguments.
+
+        The arguments are read from Redis at most once per ARGS_REFRESH seconds; when they
+        changed, a new instance is built with them (``spiderargs``), which later calls get.
+        """
+        now = time.monotonic()
         with self._lock:
-            if site not in self._spiders:
-                self._spiders[site] = self.spider_set.get(site)()
-            return self._spiders[site]
+            held = self._spiders.get(site)
+            if held is not None and now - held[0] < ARGS_REFRESH:
+                return held[2]
+        cls = self.spider_set.get(site)
+        args = usable_args(cls, read_args(self.connection, site))
+        with self._lock:
+            held = self._spiders.get(site)
+            if held is not None and held[1] == args:
+                self._spiders[site] = (now, args, held[2])
+                return held[2]
+            spider = build_spider(cls, args)
+            self._spiders[site] = (now, args, spider)
+            return spider
 
     def pipelines(self, site: str) -> Pipelines:
-        """``site``'s ``process_item`` and pipelines, opened on first use, once per process (closed by ``close``).
+        """``site``'s ``process_item`` and pipelines, opened on first use, once per process and spider instance.
+
+        A spider built again for new spider arguments gets its own, opened then; those of
+        the instance before are closed by ``close``, with the others.
 
         ItemError if one fails to open: nothing is kept, the next page tries again.
         """
         with self._pipelines_lock:
-            if site not in self._pipelines:
-                self._pipelines[site] = Pipelines.open(self.spider(site))
+            spider = self.spider(site)
+            held = self._pipelines.get(site)
+            if held is None or held.spider is not spider:  # first use, or new spider arguments
+                self._pipelines[site] = Pipelines.open(spider)
+                if held is not None:  # another thread may be using it: closed with the runtime
+                    self._retired_pipelines.append(held)
             return self._pipelines[site]
 
     def policy(self, site: str) -> SitePolicy:
@@ -319,7 +343,8 @@ class Runtime:
 
     def close(self) -> None:
         with self._pipelines_lock:
-            opened, self._pipelines = list(self._pipelines.values()), {}
+            opened, self._pipelines = [*self._retired_pipelines, *self._pipelines.values()], {}
+            self._retired_pipelines = []
         for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
             pipelines.close()
         self.counters.close()

@@ -191,6 +191,10 @@ def item_digest(data: dict[str, Any]) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
+#: Rows a streaming query (``items``, the exports) fetches at a time: a server-side cursor on PostgreSQL.
+STREAM_ROWS = 1000
+
+
 class Store:
     """Items and fetch records in one SQL database; creates the schema on first use."""
 
@@ -392,11 +396,18 @@ class Store:
         return fetches.insert()
 
     def items(self, site: str) -> Iterator[dict[str, Any]]:
-        """The site's item data, in key order."""
+        """The site's item data, in key order, streamed (``STREAM_ROWS`` rows held at a time)."""
         query = select(items.c.data).where(items.c.site == site).order_by(items.c.key)
         with self.engine.connect() as conn:
-            for (data,) in conn.execute(query):
+            for (data,) in conn.execution_options(yield_per=STREAM_ROWS).execute(query):
                 yield data
+
+    def stream_item_rows(self, site: str) -> Iterator[dict[str, Any]]:
+        """``item_rows``, streamed (``STREAM_ROWS`` rows held at a time)."""
+        query = select(*_shown(items)).where(items.c.site == site).order_by(items.c.key)
+        with self.engine.connect() as conn:
+            for row in conn.execution_options(yield_per=STREAM_ROWS).execute(query):
+                yield dict(row._mapping)
 
     def item_rows(self, site: str) -> list[dict[str, Any]]:
         """The site's items with key, url and history columns."""
