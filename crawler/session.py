@@ -145,8 +145,8 @@ class Jar:
         pipe.execute()
 
     def names(self) -> list[str]:
-        """The names of the cookies kept (never their values)."""
-        return sorted(_load(value).name for value in self.connection.hvals(self.key))
+        """The names of the cookies in force (never their values); expired ones are dropped."""
+        return sorted(cookie.name for cookie in self._read())
 
 
 class Session:
