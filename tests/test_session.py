@@ -32,6 +32,8 @@ from crawler.spidercheck import check_spider
 from crawler.store import Store
 
 PAGES = 24
+#: Seconds the app takes to answer a request sent with its ended session.
+EXPIRED_LATENCY = 1.0
 
 
 class App:
@@ -133,6 +135,10 @@ def _handler(app: App) -> type[WireStampedHandler]:
                     if sid == app.first_session and app.expire_first_after and served + 1 > app.expire_first_after:
                         del app.sessions[sid]  # the app ends the first session mid-crawl
                         served = None
+            if sid and sid == app.first_session and served is None:
+                # Slow to say so: the fleet's other requests of the old session come back logged out
+                # after the new login, and must not end the new session.
+                time.sleep(EXPIRED_LATENCY)
             if served is None:  # not logged in: the login page, as many sites answer (200)
                 self._login_page()
             elif path == "/":
@@ -287,7 +293,7 @@ def test_two_worker_processes_log_in_once_and_once_more_when_the_session_expires
         seeded = _run(_cli(redis_url, sqlite_url, sites, "seed", "members"))
         assert seeded.returncode == 0, seeded.stderr
         downloads = subprocess.Popen(
-            _cli(redis_url, sqlite_url, sites, "worker", "download", "-n", "2", "--burst", "-v"),
+            _cli(redis_url, sqlite_url, sites, "worker", "download", "-n", "2", "--threads", "2", "--burst", "-v"),
             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         parse = subprocess.Popen(
