@@ -26,6 +26,7 @@ from redis import Redis
 
 from crawler import keys
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
+from crawler.reset import reset_site
 from crawler.session import Jar, Session
 from crawler.spider import Page, Request, Spider
 from crawler.spidercheck import check_spider
@@ -352,3 +353,12 @@ def test_login_url_without_login_or_a_cookies_that_is_not_a_flag_is_refused_at_l
     assert "BadCookies.cookies must be True or False" in (check_spider(BadCookies) or "")
     assert "OutWithoutLogin.login_url must be set for logged_out" in (check_spider(OutWithoutLogin) or "")
     assert check_spider(Fine) is None
+
+
+def test_a_reset_forgets_the_site_s_jar_and_session(redis_conn: Redis) -> None:
+    Jar(redis_conn, "s").update("http://a.test/", ["sid=1; Path=/"])
+    session = Session(redis_conn, "s")
+    token = session.lead()
+    assert token is not None and session.logged_in(token) == 1
+    reset_site(redis_conn, "s")
+    assert Jar(redis_conn, "s").names() == [] and session.generation() is None
