@@ -347,7 +347,9 @@ def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, 
         session.let_go(token)
         _retry_or_fail(rt, task, LoginFailed(f"login failed: {failure_text(exc).splitlines()[-1]}"), record, None, held)
         return None
-    return session.logged_in(token)
+    generation = session.logged_in(token)
+    log.info("%s: logged in (session %d)", task.site, generation)
+    return generation
 
 
 class LoginFailed(TransientError):
