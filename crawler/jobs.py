@@ -358,7 +358,8 @@ class LoginFailed(TransientError):
 
 def _log_in(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> None:
     """Fetch the spider's ``login_url`` and send the Request its ``login(page)`` returns, each through the
-    gate with the site's cookies, the jar updated from both responses; raises if either fails.
+    gate with the site's cookies, the jar updated from both responses; raises if either fails, or if
+    the spider's ``logged_out`` says the answer to the login is still logged out.
 
     Only a GET can be sent by this fetcher: a Request with another method raises ConfigError.
     """
@@ -366,7 +367,8 @@ def _log_in(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> None:
     submit = spider.login(page)
     if not isinstance(submit, Request):
         raise ConfigError(f"{type(spider).__name__}.login must return a Request, got {submit!r:.80}")
-    _session_get(rt, task, spider, submit)
+    if _is_logged_out(spider, _session_get(rt, task, spider, submit)):  # refused credentials, an expired token
+        raise LoginFailed("login failed: the answer to the login request is still logged out (logged_out)")
 
 
 def _session_get(rt: runtime.Runtime, task: DownloadTask, spider: Any, request: Request) -> Response:

@@ -21,13 +21,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from crawling import items_by_key
+from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
 from crawler import keys
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
+from crawler.frontier import seed
 from crawler.reset import reset_site
 from crawler.session import Jar, Session
+from crawler.settings import Settings
 from crawler.spider import Page, Request, Spider
 from crawler.spidercheck import check_spider
 from crawler.store import Store
@@ -114,8 +116,16 @@ def _handler(app: App) -> type[WireStampedHandler]:
             if path == "/do-login":
                 token = query.get("token", [""])[0]
                 with app.lock:
+                    if token in app.csrf and query.get("user") != ["alice"]:  # refused: the form again
+                        app.csrf.discard(token)
+                        refused = True
+                    else:
+                        refused = False
                     valid = token in app.csrf and query.get("user") == ["alice"]
                     app.csrf.discard(token)
+                if refused:
+                    self._login_page()
+                    return
                     if valid:
                         app.logins += 1
                         sid = secrets.token_hex(16)
@@ -270,7 +280,7 @@ LOGIN_SPIDER = """
 
         def login(self, page):
             token = page.css_first("form#login input[name=token]").attributes["value"]
-            return Request(page.urljoin(f"/do-login?user=alice&token={{token}}"))
+            return Request(page.urljoin(f"/do-login?user={user}&token={{token}}"))
 
         def logged_out(self, page):
             return page.css_first("form#login") is not None
@@ -290,7 +300,7 @@ def test_two_worker_processes_log_in_once_and_once_more_when_the_session_expires
     sites = tmp_path / "sites"
     app = App(expire_first_session_after=8)
     with serving(app) as url:
-        _write_spider(sites, LOGIN_SPIDER.format(url=url, interval=interval))
+        _write_spider(sites, LOGIN_SPIDER.format(url=url, interval=interval, user="alice"))
         seeded = _run(_cli(redis_url, sqlite_url, sites, "seed", "members"))
         assert seeded.returncode == 0, seeded.stderr
         downloads = subprocess.Popen(
@@ -362,3 +372,24 @@ def test_a_reset_forgets_the_site_s_jar_and_session(redis_conn: Redis) -> None:
     assert token is not None and session.logged_in(token) == 1
     reset_site(redis_conn, "s")
     assert Jar(redis_conn, "s").names() == [] and session.generation() is None
+
+
+def test_a_refused_login_fails_the_page_after_its_retries_and_the_crawl_drains(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    app = App()
+    with serving(app) as url:
+        _write_spider(Path(settings.sites_dir), LOGIN_SPIDER.format(url=url, interval=0.01, user="mallory"))
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("members"), [f"{url}/"])
+            run_in_threads(redis_conn, sites=("members",))
+    store = Store(settings.database_url)
+    try:
+        rows = [row for row in store.fetch_rows("members") if row["url"] == f"{url}/"]
+    finally:
+        store.close()
+    assert [row["outcome"] for row in rows] == ["retry"] * settings.max_retries + ["failed"]
+    assert "login failed: the answer to the login request is still logged out" in rows[-1]["error"]
+    assert app.paths.count("/do-login") == settings.max_retries + 1  # one login per attempt, none after
+    assert "/" not in app.paths  # the page itself was never asked for without a session
+    assert app.logins == 0 and Session(redis_conn, "members").generation() is None
