@@ -116,16 +116,9 @@ def _handler(app: App) -> type[WireStampedHandler]:
             if path == "/do-login":
                 token = query.get("token", [""])[0]
                 with app.lock:
-                    if token in app.csrf and query.get("user") != ["alice"]:  # refused: the form again
-                        app.csrf.discard(token)
-                        refused = True
-                    else:
-                        refused = False
-                    valid = token in app.csrf and query.get("user") == ["alice"]
+                    known = token in app.csrf
                     app.csrf.discard(token)
-                if refused:
-                    self._login_page()
-                    return
+                    valid = known and query.get("user") == ["alice"]
                     if valid:
                         app.logins += 1
                         sid = secrets.token_hex(16)
@@ -133,6 +126,9 @@ def _handler(app: App) -> type[WireStampedHandler]:
                         app.secrets_given.append(sid)
                         if app.first_session is None:
                             app.first_session = sid
+                if known and not valid:  # credentials refused: the login form again, as many sites answer
+                    self._login_page()
+                    return
                 if not valid:
                     self._send("bad token", status=403)
                     return
