@@ -389,3 +389,21 @@ def test_a_refused_login_fails_the_page_after_its_retries_and_the_crawl_drains(
     assert app.paths.count("/do-login") == settings.max_retries + 1  # one login per attempt, none after
     assert "/" not in app.paths  # the page itself was never asked for without a session
     assert app.logins == 0 and Session(redis_conn, "members").generation() is None
+
+
+def test_pages_wait_for_a_login_under_way_and_a_dead_worker_s_lease_runs_out(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    app = App()
+    with serving(app) as url:
+        _write_spider(Path(settings.sites_dir), LOGIN_SPIDER.format(url=url, interval=0.01, user="alice"))
+        # A worker took the lease to log in and died: nothing renews it.
+        redis_conn.set(keys.login_lease("members"), "dead-worker", px=1500)
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("members"), [f"{url}/"])
+            started = time.time()
+            run_in_threads(redis_conn, sites=("members",))
+    assert set(items_by_key(settings.database_url, "members")) == {f"M-{i}" for i in range(1, PAGES + 1)}
+    assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]  # nothing asked before the login
+    assert min(app.arrivals) - started >= 1.4  # the lease ran out first
+    assert Session(redis_conn, "members").generation() == 1
