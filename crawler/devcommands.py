@@ -19,6 +19,7 @@ from .devtools import verdict as worker_verdict
 from .errors import ConfigError
 from .fetch import Response
 from .items import ItemError
+from .session import redacted_set_cookie
 from .spider import Page
 
 
@@ -56,6 +57,7 @@ def _head(response: Response, site: str, content_types: tuple[str, ...]) -> str:
         f"{response.elapsed:.3f}s): {worker_verdict(response, content_types)}"
     ]
     lines += [f"{name}: {value}" for name, value in response.headers.items()]
+    lines += [f"set-cookie: {redacted_set_cookie(value)}" for value in response.set_cookies]  # values are secrets
     return "\n".join(lines)
 
 

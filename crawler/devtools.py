@@ -20,6 +20,7 @@ from .fetch import Response, user_agent_of
 from .frontier import canonicalize, check_priority, check_refresh, host_allowed, request_fingerprint
 from .items import Pipelines
 from .render import Visit, rendering
+from .session import Jar, uses_cookies
 from .spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
 
 #: Where a request a callback yields would go.
@@ -153,6 +154,9 @@ def fetch_as_worker(rt: Any, site: str, url: str, meta: dict[str, Any] | None = 
 
 
 def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, str] | None = None) -> Response:
+    """One gated GET; with the site's cookie jar, its cookies are sent (the jar is not changed: nothing stored)."""
+    if uses_cookies(spider):
+        headers = {**(headers or {}), **Jar(rt.connection, site).header(url)}
     gate = rt.take_gate(site)
     return rt.fetcher.get(
         url,

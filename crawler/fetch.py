@@ -101,6 +101,9 @@ class Response:
     truncated: bool = False
     #: Decoded bytes handed to the request's ``sink`` instead of ``body``.
     sunk: int = 0
+    #: The raw ``Set-Cookie`` values, one per header, for the site's cookie jar (``session``);
+    #: never in ``headers``, which are shown and handed on: cookie values are secrets.
+    set_cookies: list[str] = field(default_factory=list, repr=False)
 
     @property
     def content_type(self) -> str:
@@ -142,7 +145,10 @@ class Fetcher:
     Requests go to the transport directly, not through an ``httpx.Client``: the client's
     redirect, auth and cookie handling have no use here (redirects are requests of their
     own, through the gate), and cost some 0.15 ms of CPU a request. So no cookie is kept
-    or sent: a crawl's requests do not depend on which worker process made the earlier ones.
+    here: a site's jar is shared by the fleet in Redis (``session.Jar``), its ``Cookie``
+    header passed in ``headers`` and the response's ``Set-Cookie`` given back in
+    ``Response.set_cookies``, so a crawl's requests do not depend on which worker process
+    made the earlier ones.
     """
 
     def __init__(self, timeout: float, max_body_bytes: int, user_agent: str):
@@ -244,13 +250,14 @@ class Fetcher:
                     return Response(
                         url=url,
                         status=response.status_code,
-                        headers={k.lower(): v for k, v in response.headers.items()},
+                        headers={k.lower(): v for k, v in response.headers.items() if k.lower() != "set-cookie"},
                         body=content,
                         started=started,
                         elapsed=time.monotonic() - clock,
                         encoding=response.charset_encoding,
                         truncated=truncated,
                         sunk=sunk,
+                        set_cookies=response.headers.get_list("set-cookie"),
                     )
             except httpx.TransportError as exc:
                 if proxy is not None and _proxy_failed(exc):

@@ -50,6 +50,7 @@ from .gate import Gate
 from .items import Pipelines, failure_text
 from .pacing import throttle_pause
 from .render import DEFAULT_BLOCK, Visit, rendering
+from .session import LOGIN_WAIT, Jar, Session, logs_in, uses_cookies
 from .settings import DEFAULT_PARSE_TIMEOUT
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
 from .spider import HTML_TYPES, Page, Request, SentRequest, accepts
@@ -243,8 +244,15 @@ def _download_one(
     if render:
         _download_rendered(rt, task, spider, wait_for, record, held)
         return True
+    generation: int | None = None  # the login session the request is sent with
+    if logs_in(spider):
+        generation = _session(rt, task, spider, record, held)
+        if generation is None:  # the page waits for another worker's login, or the login failed (recorded)
+            return True
     conditional = _conditional_headers(rt, task, spider)
     headers = {**sent_headers(spider, task), **conditional}
+    if uses_cookies(spider):
+        headers = {**headers, **Jar(rt.connection, task.site).header(task.url)}
     unbuildable = request_problem(user_agent, headers)
     if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
         record(FAILED, error=f"request cannot be built: {unbuildable}")
@@ -279,6 +287,12 @@ def _download_one(
             )
         finally:
             gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
+        if uses_cookies(spider):
+            Jar(rt.connection, task.site).update(task.url, response.set_cookies)
+        if generation is not None and _is_logged_out(spider, response):
+            _observe(rt, task, gate, response)
+            _logged_out(rt, task, generation, response, record)
+            return True
         _raise_for_status(response)
     except TransientError as exc:
         _observe(rt, task, gate, response, exc)
@@ -312,6 +326,131 @@ def _download_one(
         validators = validators_of(response.headers)
     _schedule_refresh(rt, task, validators)
     return True
+
+
+def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, held: HeldRecords | None) -> int | None:
+    """The generation of the site's login session to send the page with, logging the fleet in first
+    if no worker has (``session``); None when the page has been dealt with instead.
+
+    While another worker logs in, the page goes back to the delayed set for ``LOGIN_WAIT``
+    (its attempts unchanged), holding neither the gate nor this thread. A login that fails
+    (an error status, a refused URL, ``login`` raising or returning no Request) gives its
+    lease back and counts as the page's failed attempt: retried with backoff, then failed.
+    """
+    session = Session(rt.connection, task.site)
+    generation = session.generation()
+    if generation is not None:
+        return generation
+    token = session.lead()
+    if token is None:
+        rt.scheduler.schedule(task.site, task.to_entry(), LOGIN_WAIT, task.priority)
+        return None
+    try:
+        _log_in(rt, task, spider)
+    except TransientError as exc:
+        session.let_go(token)
+        _retry_or_fail(rt, task, exc, record, None, held)
+        return None
+    except Exception as exc:  # the spider's login() or a permanent error: the page fails, the login is tried again
+        session.let_go(token)
+        _retry_or_fail(rt, task, LoginFailed(f"login failed: {failure_text(exc).splitlines()[-1]}"), record, None, held)
+        return None
+    generation = session.logged_in(token)
+    log.info("%s: logged in (session %d)", task.site, generation)
+    return generation
+
+
+class LoginFailed(TransientError):
+    """The fleet could not log in to the site (the page waits for a later login)."""
+
+
+def _log_in(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> None:
+    """Fetch the spider's ``login_url`` and send the Request its ``login(page)`` returns, each through the
+    gate with the site's cookies, the jar updated from both responses; raises if either fails, or if
+    the spider's ``logged_out`` says the answer to the login is still logged out.
+
+    Only a GET can be sent by this fetcher: a Request with another method raises ConfigError.
+    """
+    page = _page_of(_session_get(rt, task, spider, Request(str(spider.login_url))))
+    submit = spider.login(page)
+    if not isinstance(submit, Request):
+        raise ConfigError(f"{type(spider).__name__}.login must return a Request, got {submit!r:.80}")
+    if _is_logged_out(spider, _session_get(rt, task, spider, submit)):  # refused credentials, an expired token
+        raise LoginFailed("login failed: the answer to the login request is still logged out (logged_out)")
+
+
+def _session_get(rt: runtime.Runtime, task: DownloadTask, spider: Any, request: Request) -> Response:
+    """One request of a login (its method, headers and body: a login form's POST), as a download
+    sends a page (gate, the site's headers, cookies, caps); recorded, and raised on an error status."""
+    url = request.url
+    check_url(url, spider.domains())
+    jar = Jar(rt.connection, task.site)
+    gate = rt.take_gate(task.site, url)
+    try:
+        response = rt.fetcher.get(
+            url,
+            user_agent=spider.user_agent,
+            on_sent=lambda: _rearm(gate, task),
+            before_send=gate.before_send,
+            headers={**(getattr(spider, "headers", None) or {}), **request.headers, **jar.header(url)},
+            allow_private=spider.allow_private_addresses,
+            proxy=rt.proxy(task.site),
+            method=request.method,
+            body=request.body,
+        )
+    finally:
+        gate.let_go()
+    jar.update(url, response.set_cookies)
+    _observe(rt, task, gate, response)
+    outcome = OK if response.status < 400 else FAILED
+    jobs_done(rt, [_login_done(task, url, outcome, response)])
+    _raise_for_status(response)
+    return response
+
+
+def _login_done(task: DownloadTask, url: str, outcome: str, response: Response) -> Done:
+    """The fetch record of one request of a login (no page counts: it is not one of the crawl's pages)."""
+    return Done(
+        FetchRecord(
+            site=task.site,
+            url=url,
+            outcome=outcome,
+            started=response.started,
+            finished=utcnow(),
+            status=response.status,
+            bytes=len(response.body),
+            elapsed=response.elapsed,
+            worker=_worker_name(),
+            attempt=1,
+            error="login" if outcome == OK else f"login: HTTP {response.status}",
+        ),
+        None,
+        stats={},
+    )
+
+
+def _page_of(response: Response) -> Page:
+    return Page(
+        response.url, response.body, status=response.status, headers=response.headers, encoding=response.encoding
+    )
+
+
+def _is_logged_out(spider: Any, response: Response) -> bool:
+    """What the spider's ``logged_out(page)`` says of ``response`` (False when it has none)."""
+    check = getattr(spider, "logged_out", None)
+    return bool(check(_page_of(response))) if callable(check) else False
+
+
+def _logged_out(rt: runtime.Runtime, task: DownloadTask, generation: int, response: Response, record: Any) -> None:
+    """A page the spider says is logged out: end its session (the fleet logs in again, once) and fetch
+    the page again, never parse it; after 1 + ``max_retries`` such answers in a row it fails."""
+    ended = Session(rt.connection, task.site).end(generation)
+    if task.attempt > rt.settings.max_retries:
+        record(FAILED, response=response, error=f"logged out after {task.attempt} logins")
+        return
+    why = "ended it" if ended else "already ended"
+    record(RETRY, response=response, error=f"logged out (session {generation}, {why}): fetched again after login")
+    rt.scheduler.schedule(task.site, dataclasses.replace(task, attempt=task.attempt + 1).to_entry(), 0, task.priority)
 
 
 def _download_rendered(

@@ -192,6 +192,21 @@ def errors(site: str) -> str:
     return f"{PREFIX}errors:{_tag(site)}"
 
 
+def cookies(site: str) -> str:
+    """``site``'s cookie jar (``cookies = True``): a hash, field ``[domain, path, name]`` (JSON) → the cookie (JSON)."""
+    return f"{PREFIX}cookies:{_tag(site)}"
+
+
+def session(site: str) -> str:
+    """``site``'s login session (``login_url``): a hash of ``state`` (``ok`` or absent) and ``generation``."""
+    return f"{PREFIX}session:{_tag(site)}"
+
+
+def login_lease(site: str) -> str:
+    """The lease of the one worker logging ``site`` in (``SET NX PX``; expires if that worker dies)."""
+    return f"{PREFIX}login:{_tag(site)}"
+
+
 def group(sites: list[str]) -> str:
     """Set of the sites a group of workers serves (``--sites``), named by its sorted members."""
     import hashlib

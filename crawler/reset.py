@@ -1,8 +1,9 @@
 """Forgetting a site's crawl so it can start over: ``crawler reset`` and ``crawl --fresh``.
 
 A reset drops what Redis holds about the site's progress: queued URLs (the compact
-frontier, its RQ jobs, retries and refreshes waiting), the seen set, the counters and
-the spider arguments (``crawl -a``).
+frontier, its RQ jobs, retries and refreshes waiting), the seen set, the counters, the
+spider arguments (``crawl -a``), and the site's cookie jar and login session (the fresh
+crawl logs in again).
 It keeps what was crawled and how the site is crawled: items and fetch records in the
 database, robots.txt, the live settings and the pause. Jobs a worker already holds
 finish, and pages already downloaded (in the pages stream) are parsed; their links then
@@ -62,6 +63,8 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
             keys.queued(site),
             keys.spider_args(site),
             *(keys.frontier(site, p) for p in {0, *levels}),
+            keys.cookies(site),  # a fresh crawl starts with an empty jar, and logs in again
+            keys.session(site),
         )
         counters.forget(pipe, site)  # and counts a worker made before, not yet written, never will be
         pipe.zrem(keys.ready(), site)

@@ -522,6 +522,13 @@ class Spider:
     #: Resource types a rendered page may not fetch (Playwright's names: image, font, media,
     #: stylesheet, script, xhr, fetch, ...).
     render_block: tuple[str, ...] = ("image", "font", "media", "stylesheet")
+    #: One cookie jar for the site, shared by every worker (in Redis): updated from every
+    #: response's Set-Cookie, sent with every request. A ``login_url`` turns it on too.
+    cookies: bool = False
+    #: Where the fleet logs in, once, before the site's other requests: the page fetched here
+    #: goes to ``login(page)``, which returns the Request that submits the login. Define
+    #: ``logged_out(page) -> bool`` to have the fleet log in again (once) when a page says so.
+    login_url: str | None = None
 
     def process_item(self, item: Any, page: Page) -> Any:
         """Every item the callbacks yield, before the pipelines: return it (maybe changed, or another item)

@@ -245,6 +245,22 @@ def _positive_count_or_none(cls: type, value: Any) -> str | None:
     return None
 
 
+def _login_url(cls: type, value: Any) -> str | None:
+    if value is None:
+        if callable(getattr(cls, "logged_out", None)):
+            return "must be set for logged_out to be used (the fleet logs in again there), got None"
+        return None
+    if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).netloc:
+        return f"must be an absolute http(s) URL or None, got {value!r:.80}"
+    if not callable(getattr(cls, "login", None)):
+        return "needs a login(self, page) method returning the Request that submits the login"
+    return None
+
+
+def _logged_out(cls: type, value: Any) -> str | None:
+    return None if value is None or callable(value) else f"must be a method (page) -> bool, got {value!r:.80}"
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -269,6 +285,9 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("gate", _optional_text),
     ("revisit_after", _positive_seconds_or_none),
     ("parse", _parse),
+    ("cookies", _flag),
+    ("login_url", _login_url),
+    ("logged_out", _logged_out),
     ("pipelines", _pipelines),
     ("process_item", _process_item),
 )

@@ -1,0 +1,418 @@
+"""Sessions across the fleet: one cookie jar per site in Redis, one login for every worker.
+
+Loopback apps written here with http.server need each feature: a consent cookie the later
+pages require; a login form with a per-render CSRF token and a session cookie; a session
+that the app ends after some pages, while two download worker processes crawl.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from crawling import installed_runtime, items_by_key, run_in_threads
+from redis import Redis
+
+from crawler import keys
+from crawler.demo.wire import WireStampedHandler, WireStampedServer
+from crawler.frontier import seed
+from crawler.reset import reset_site
+from crawler.session import Jar, Session
+from crawler.settings import Settings
+from crawler.spider import Page, Request, Spider
+from crawler.spidercheck import check_spider
+from crawler.store import Store
+
+PAGES = 24
+#: Seconds the app takes to answer a request sent with its ended session.
+EXPIRED_LATENCY = 1.0
+
+
+class App:
+    """A loopback site: its state, shared by its handler threads, and every request's wire arrival."""
+
+    def __init__(self, expire_first_session_after: int | None = None):
+        self.lock = threading.Lock()
+        self.consent = "consent-" + secrets.token_hex(12)  # cookie values the output must never show
+        self.sessions: dict[str, int] = {}  # session cookie value -> pages served under it
+        self.csrf: set[str] = set()
+        self.logins = 0
+        self.arrivals: list[float] = []
+        self.paths: list[str] = []
+        self.expire_first_after = expire_first_session_after
+        self.first_session: str | None = None
+        self.secrets_given: list[str] = [self.consent]
+
+    def gaps(self) -> list[float]:
+        stamps = sorted(self.arrivals)
+        return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
+def _handler(app: App) -> type[WireStampedHandler]:
+    class Handler(WireStampedHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _cookies(self) -> dict[str, str]:
+            jar = SimpleCookie(self.headers.get("cookie", ""))
+            return {name: morsel.value for name, morsel in jar.items()}
+
+        def _send(self, body: str, status: int = 200, cookie: str | None = None) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("content-type", "text/html; charset=utf-8")
+            self.send_header("content-length", str(len(data)))
+            if cookie:
+                self.send_header("set-cookie", cookie)
+            self.send_header("set-cookie", "tracker=1; Path=/; Max-Age=0")  # a second Set-Cookie, deleting
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            arrival = self.arrival()
+            parts = urlsplit(self.path)
+            with app.lock:
+                app.arrivals.append(arrival)
+                app.paths.append(parts.path)
+            if parts.path.startswith("/consent"):
+                self._consent(parts.path)
+            else:
+                self._members(parts.path, parse_qs(parts.query))
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            arrival = self.arrival()
+            parts = urlsplit(self.path)
+            form = self.rfile.read(int(self.headers.get("content-length") or 0)).decode()
+            with app.lock:
+                app.arrivals.append(arrival)
+                app.paths.append(parts.path)
+            self._members(parts.path, parse_qs(form))
+
+        def _consent(self, path: str) -> None:
+            if path == "/consent/":
+                links = "".join(f'<a href="/consent/p/{i}">{i}</a>' for i in range(1, 11))
+                self._send(f"<html><body>{links}</body></html>", cookie=f"consent={app.consent}; Path=/consent")
+            elif self._cookies().get("consent") == app.consent:
+                self._send(f'<html><body><h1 class="sku">C-{path.rsplit("/", 1)[1]}</h1></body></html>')
+            else:
+                self._send("<html><body><p>Accept our cookies first.</p></body></html>")
+
+        def _login_page(self) -> None:
+            token = secrets.token_hex(8)
+            with app.lock:
+                app.csrf.add(token)
+            form = (
+                '<form id="login" method="post" action="/do-login"><input type="hidden" name="token" '
+                f'value="{token}"><input name="user"></form>'
+            )
+            self._send(f"<html><body>{form}</body></html>")
+
+        def _members(self, path: str, query: dict[str, list[str]]) -> None:
+            if path == "/login":
+                self._login_page()
+                return
+            if path == "/do-login":
+                token = query.get("token", [""])[0]
+                with app.lock:
+                    known = token in app.csrf
+                    app.csrf.discard(token)
+                    valid = known and query.get("user") == ["alice"]
+                    if valid:
+                        app.logins += 1
+                        sid = secrets.token_hex(16)
+                        app.sessions[sid] = 0
+                        app.secrets_given.append(sid)
+                        if app.first_session is None:
+                            app.first_session = sid
+                if known and not valid:  # credentials refused: the login form again, as many sites answer
+                    self._login_page()
+                    return
+                if not valid:
+                    self._send("bad token", status=403)
+                    return
+                self._send("<html><body>welcome</body></html>", cookie=f"sid={sid}; Path=/; HttpOnly")
+                return
+            sid = self._cookies().get("sid", "")
+            with app.lock:
+                served = app.sessions.get(sid)
+                if served is not None:
+                    app.sessions[sid] = served + 1
+                    if sid == app.first_session and app.expire_first_after and served + 1 > app.expire_first_after:
+                        del app.sessions[sid]  # the app ends the first session mid-crawl
+                        served = None
+            if sid and sid == app.first_session and served is None:
+                # Slow to say so: the fleet's other requests of the old session come back logged out
+                # after the new login, and must not end the new session.
+                time.sleep(EXPIRED_LATENCY)
+            if served is None:  # not logged in: the login page, as many sites answer (200)
+                self._login_page()
+            elif path == "/":
+                links = "".join(f'<a href="/p/{i}">{i}</a>' for i in range(1, PAGES + 1))
+                self._send(f"<html><body>{links}</body></html>")
+            else:
+                self._send(f'<html><body><h1 class="sku">M-{path.rsplit("/", 1)[1]}</h1></body></html>')
+
+    return Handler
+
+
+@contextmanager
+def serving(app: App) -> Iterator[str]:
+    server = WireStampedServer(("127.0.0.1", 0), _handler(app))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _cli(redis_url: str, sqlite_url: str, sites: Path, *args: str) -> list[str]:
+    return [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+            "--database-url", sqlite_url, "--sites", str(sites), *args]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_") and k != "REDIS_URL"}
+
+
+def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _write_spider(sites: Path, source: str) -> None:
+    sites.mkdir(exist_ok=True)
+    (sites / "site.py").write_text(textwrap.dedent(source))
+
+
+CONSENT_SPIDER = """
+    from crawler import Spider
+
+    class Consent(Spider):
+        name = "consent"
+        start_urls = ["{url}/consent/"]
+        interval = 0.05
+        obey_robots = False
+        item_key = "sku"
+        cookies = {cookies}
+
+        def parse(self, page):
+            yield from page.follow_all("a", callback=self.parse_page)
+
+        def parse_page(self, page):
+            node = page.css_first("h1.sku")
+            if node is not None:
+                yield {{"sku": node.text()}}
+"""
+
+
+def test_a_consent_cookie_is_kept_and_sent_with_cookies_on_and_never_shown_by_fetch(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    sites = tmp_path / "sites"
+    app = App()
+    with serving(app) as url:
+        _write_spider(sites, CONSENT_SPIDER.format(url=url, cookies=False))
+        without = _run(_cli(redis_url, sqlite_url, sites, "crawl", "consent", "-n", "1"))
+        assert without.returncode == 0, without.stderr[-2000:]
+        assert items_by_key(sqlite_url, "consent") == {}  # no cookie: every page is the consent wall
+
+        _write_spider(sites, CONSENT_SPIDER.format(url=url, cookies=True))
+        crawled = _run(_cli(redis_url, sqlite_url, sites, "crawl", "consent", "--fresh", "-n", "1"))
+        assert crawled.returncode == 0, crawled.stderr[-2000:]
+        assert set(items_by_key(sqlite_url, "consent")) == {f"C-{i}" for i in range(1, 11)}
+        assert Jar(redis_conn, "consent").names() == ["consent"]  # the deleting Set-Cookie left nothing
+        assert redis_conn.exists(keys.cookies("consent"))
+
+        fetched = _run(_cli(redis_url, sqlite_url, sites, "fetch", f"{url}/consent/", "--headers"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert "set-cookie: consent=(redacted); Path=/consent" in fetched.stdout
+    for output in (without, crawled, fetched):
+        assert app.consent not in output.stdout + output.stderr
+
+
+def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(redis_conn: Redis) -> None:
+    one, two = Jar(redis_conn, "s"), Jar(redis_conn, "s")  # two workers' views of one jar
+    one.update("http://a.test/x/page", ["a=1; Path=/x", "gone=1; Max-Age=1"])
+    two.update("http://a.test/other", ["b=2; Path=/", "safe=3; Secure", "far=4; Domain=elsewhere.test"])
+    sent = one.header("http://a.test/x/y")["cookie"].split("; ")
+    assert sorted(sent) == ["a=1", "b=2", "gone=1"]  # path-matched; Secure only over https
+    assert sorted(one.header("https://a.test/other")["cookie"].split("; ")) == ["b=2", "safe=3"]  # not /x's
+    assert one.header("http://elsewhere.test/") == {}  # a domain the response could not set
+    one.update("http://a.test/", ["b=; Path=/; Expires=Thu, 01 Jan 1970 00:00:00 GMT"])  # deleted by the server
+    time.sleep(1.1)  # gone=1 expires
+    assert Jar(redis_conn, "s").names() == ["a", "safe"]
+    assert sorted(redis_conn.hkeys(keys.cookies("s"))) == sorted(  # expired ones dropped from Redis too
+        [b'["a.test", "/x", "a"]', b'["a.test", "/", "safe"]']
+    )
+
+
+def test_only_the_first_worker_to_see_a_session_logged_out_ends_it(redis_conn: Redis) -> None:
+    session = Session(redis_conn, "s")
+    token = session.lead()
+    assert token is not None and session.lead() is None  # one worker logs in
+    assert session.logged_in(token) == 1 and session.generation() == 1
+    assert session.lead() is not None  # the lease was given back
+    redis_conn.delete(keys.login_lease("s"))
+    assert session.end(1) and not session.end(1)  # the second worker's logged-out page: already ended
+    token = session.lead()
+    assert token is not None and session.logged_in(token) == 2
+    assert not session.end(1)  # a page sent with the old session says nothing of the new one
+    assert session.generation() == 2
+
+
+LOGIN_SPIDER = """
+    from crawler import Request, Spider
+
+    class Members(Spider):
+        name = "members"
+        start_urls = ["{url}/"]
+        interval = {interval}
+        obey_robots = False
+        item_key = "sku"
+        login_url = "{url}/login"
+
+        def login(self, page):
+            # The form's POST, its per-render token (a hidden input) kept: page.form
+            return page.form("form#login", data={{"user": "{user}"}})
+
+        def logged_out(self, page):
+            return page.css_first("form#login") is not None
+
+        def parse(self, page):
+            yield from page.follow_all("a", callback=self.parse_page)
+
+        def parse_page(self, page):
+            yield {{"sku": page.css_first("h1.sku").text()}}
+"""
+
+
+def test_two_worker_processes_log_in_once_and_once_more_when_the_session_expires_politely(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    interval = 0.1
+    sites = tmp_path / "sites"
+    app = App(expire_first_session_after=8)
+    with serving(app) as url:
+        _write_spider(sites, LOGIN_SPIDER.format(url=url, interval=interval, user="alice"))
+        seeded = _run(_cli(redis_url, sqlite_url, sites, "seed", "members"))
+        assert seeded.returncode == 0, seeded.stderr
+        downloads = subprocess.Popen(
+            _cli(redis_url, sqlite_url, sites, "worker", "download", "-n", "2", "--threads", "2", "--burst", "-v"),
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        parse = subprocess.Popen(
+            _cli(redis_url, sqlite_url, sites, "worker", "parse", "--burst", "-v"),
+            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            download_log = downloads.communicate(timeout=120)[0]
+            parse_log = parse.communicate(timeout=60)[0]
+        finally:
+            for process in (downloads, parse):
+                if process.poll() is None:
+                    process.kill()
+        assert downloads.returncode == 0 and parse.returncode == 0, download_log[-3000:] + parse_log[-3000:]
+        fetched = _run(_cli(redis_url, sqlite_url, sites, "fetch", f"{url}/p/1"))
+
+    assert set(items_by_key(sqlite_url, "members")) == {f"M-{i}" for i in range(1, PAGES + 1)}
+    assert app.logins == 2, f"{app.logins} logins: {app.paths}"  # once, and once more after the expiry
+    assert app.paths.count("/login") == 2
+    assert min(app.gaps()) >= interval, f"two requests {min(app.gaps()) * 1000:.1f} ms apart"
+    store = Store(sqlite_url)
+    try:
+        workers = {row["worker"] for row in store.fetch_rows("members") if row["kind"] == "download"}
+    finally:
+        store.close()
+    assert len(workers) >= 2, "the downloads were not shared between the two processes"
+    assert "logged out (session 1" in download_log  # the expired session was seen, the page fetched again
+    assert fetched.returncode == 0 and "M-1" in fetched.stdout  # fetch sends the fleet's session
+    for secret in app.secrets_given:
+        assert secret not in download_log + parse_log + fetched.stdout + fetched.stderr
+
+
+def test_login_url_without_login_or_a_cookies_that_is_not_a_flag_is_refused_at_load() -> None:
+    class NoLogin(Spider):
+        name = "x"
+        login_url = "http://a.test/login"
+
+    class BadCookies(Spider):
+        name = "y"
+        cookies = "yes"  # type: ignore[assignment]
+
+    class OutWithoutLogin(Spider):
+        name = "z"
+
+        def logged_out(self, page: Page) -> bool:
+            return True
+
+    class Fine(Spider):
+        name = "w"
+        login_url = "http://a.test/login"
+
+        def login(self, page: Page) -> Request:
+            return Request("http://a.test/do-login")
+
+    assert "NoLogin.login_url needs a login(self, page) method" in (check_spider(NoLogin) or "")
+    assert "BadCookies.cookies must be True or False" in (check_spider(BadCookies) or "")
+    assert "OutWithoutLogin.login_url must be set for logged_out" in (check_spider(OutWithoutLogin) or "")
+    assert check_spider(Fine) is None
+
+
+def test_a_reset_forgets_the_site_s_jar_and_session(redis_conn: Redis) -> None:
+    Jar(redis_conn, "s").update("http://a.test/", ["sid=1; Path=/"])
+    session = Session(redis_conn, "s")
+    token = session.lead()
+    assert token is not None and session.logged_in(token) == 1
+    reset_site(redis_conn, "s")
+    assert Jar(redis_conn, "s").names() == [] and session.generation() is None
+
+
+def test_a_refused_login_fails_the_page_after_its_retries_and_the_crawl_drains(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    app = App()
+    with serving(app) as url:
+        _write_spider(Path(settings.sites_dir), LOGIN_SPIDER.format(url=url, interval=0.01, user="mallory"))
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("members"), [f"{url}/"])
+            run_in_threads(redis_conn, sites=("members",))
+    store = Store(settings.database_url)
+    try:
+        rows = [row for row in store.fetch_rows("members") if row["url"] == f"{url}/"]
+    finally:
+        store.close()
+    assert [row["outcome"] for row in rows] == ["retry"] * settings.max_retries + ["failed"]
+    assert "login failed: the answer to the login request is still logged out" in rows[-1]["error"]
+    assert app.paths.count("/do-login") == settings.max_retries + 1  # one login per attempt, none after
+    assert "/" not in app.paths  # the page itself was never asked for without a session
+    assert app.logins == 0 and Session(redis_conn, "members").generation() is None
+
+
+def test_pages_wait_for_a_login_under_way_and_a_dead_worker_s_lease_runs_out(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    app = App()
+    with serving(app) as url:
+        _write_spider(Path(settings.sites_dir), LOGIN_SPIDER.format(url=url, interval=0.01, user="alice"))
+        # A worker took the lease to log in and died: nothing renews it.
+        redis_conn.set(keys.login_lease("members"), "dead-worker", px=1500)
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("members"), [f"{url}/"])
+            started = time.time()
+            run_in_threads(redis_conn, sites=("members",))
+    assert set(items_by_key(settings.database_url, "members")) == {f"M-{i}" for i in range(1, PAGES + 1)}
+    assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]  # nothing asked before the login
+    assert min(app.arrivals) - started >= 1.4  # the lease ran out first
+    assert Session(redis_conn, "members").generation() == 1
