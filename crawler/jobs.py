@@ -240,15 +240,15 @@ def _download_one(
             record(REFUSED, error="disallowed by robots.txt")
             return True
 
-    render, wait_for = rendering(spider, task.meta)
-    if render:
-        _download_rendered(rt, task, spider, wait_for, record, held)
-        return True
     generation: int | None = None  # the login session the request is sent with
     if logs_in(spider):
         generation = _session(rt, task, spider, record, held)
         if generation is None:  # the page waits for another worker's login, or the login failed (recorded)
             return True
+    render, wait_for = rendering(spider, task.meta)
+    if render:  # the browser's requests carry the site's session too (``_browser_fetch``)
+        _download_rendered(rt, task, spider, wait_for, record, held)
+        return True
     conditional = _conditional_headers(rt, task, spider)
     headers = {**sent_headers(spider, task), **conditional}
     if uses_cookies(spider):
@@ -498,8 +498,11 @@ def _browser_fetch(
     rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any
 ) -> Callable[[str, Mapping[str, str], float, bool], Response]:
     """``Visit.fetch`` for a download: each request through the site's gate, as ``_download_one``
-    sends one, and a record for each but the page's own (the download job writes that one)."""
+    sends one, with the site's headers and, for a site with cookies, its jar (updated from each
+    answer); a record for each but the page's own (the download job writes that one)."""
     proxy = rt.proxy(task.site)
+    site_headers = dict(getattr(spider, "headers", None) or {})
+    jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
 
     def fetch(url: str, headers: Mapping[str, str], wait: float, is_page: bool) -> Response:
         gate = rt.take_gate_within(task.site, url, wait)
@@ -511,7 +514,7 @@ def _browser_fetch(
                 user_agent=spider.user_agent,
                 on_sent=lambda: _rearm(gate, task),
                 before_send=gate.before_send,
-                headers=headers,
+                headers={**site_headers, **headers, **(jar.header(url) if jar is not None else {})},
                 allow_private=spider.allow_private_addresses,
                 proxy=proxy,
             )
@@ -521,6 +524,8 @@ def _browser_fetch(
             raise
         finally:
             gate.let_go()
+        if jar is not None:
+            jar.update(url, response.set_cookies)
         if not is_page:
             record(OK if response.status < 400 else FAILED, url=url, response=response)
         return response

@@ -142,6 +142,21 @@ def test_a_single_page_app_is_crawled_rendered_politely_and_without_blocked_requ
     assert set(paths) == recorded | {"/robots.txt"}, (sorted(paths), sorted(recorded))
 
 
+def test_a_rendered_site_with_cookies_carries_its_jar_in_the_browsers_requests(
+    redis_url: str, redis_conn: Redis, settings: Settings, browser: str
+) -> None:
+    """The shell sets a consent cookie that the app's XHRs need: the browser's requests, made by
+    the fetcher, send the site's jar and update it (``cookies = True``)."""
+    settings = dataclasses.replace(settings, browser_path=browser, sites={"spa": {"interval": 0.05}})
+    with SpaSite(products=3, consent=True) as site:
+        spider = SPIDER.format(url=site.url, render=True).replace(
+            "    render = True\n", "    render = True\n    cookies = True\n"
+        )
+        (Path(settings.sites_dir) / "spa.py").write_text(spider)
+        crawl_in_processes(settings, redis_url, redis_conn, site.url + "/")
+        assert items_by_key(settings.database_url, "spa") == site.expected_items()
+
+
 def test_a_crawl_without_rendering_never_starts_a_browser(
     redis_url: str, redis_conn: Redis, settings: Settings, counted_browser: tuple[str, Path]
 ) -> None:

@@ -7,6 +7,9 @@ the shell. ``/ssr/...`` serves the same pages written by the server, for plain f
 Every request is logged with its arrival time, the tracker's apart: the time the kernel
 received its request line (``wire``), where a server thread's own clock reading would
 come late by however long it waited for a CPU (tens of ms beside a busy browser).
+
+With ``consent=True`` the shell sets a ``consent`` cookie and the JSON API answers 403
+to a request without it (a site whose session a rendering crawl must carry).
 """
 
 from __future__ import annotations
@@ -73,8 +76,10 @@ class SpaSite:
         tracker_host: str = "127.0.0.2",
         hang: str | None = None,
         port: int = 0,
+        consent: bool = False,
     ):
         self.products = products
+        self.consent = consent
         self.port = port
         self.host = host
         self.tracker_host = tracker_host
@@ -174,8 +179,13 @@ class SpaSite:
                     status, kind, body = 404, "text/plain", b"not found"
                 else:
                     status, kind, body = site.answer(self.path)
+                consented = "consent=yes" in self.headers.get("cookie", "")
+                if site.consent and self.path.startswith("/api/") and not consented:
+                    status, kind, body = 403, "text/plain", b"accept our cookies first"
                 self.send_response(status)
                 self.send_header("Location" if 300 <= status < 400 else "Content-Type", kind)
+                if site.consent and self.path == "/":
+                    self.send_header("Set-Cookie", "consent=yes; Path=/")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
