@@ -178,7 +178,7 @@ def check_site_interval(name: str, value: Any) -> Any:
     (``{min: 0.5, max: 30}``, ``factor`` and ``ease`` optional) for an adaptive one."""
     if not isinstance(value, Mapping):
         return check_interval(name, value)
-    from .pacing import Auto
+    from .coord.pacing import Auto
 
     unknown = sorted(set(value) - {"min", "max", "factor", "ease"})
     if unknown:
@@ -230,7 +230,7 @@ def check_bool(name: str, value: Any) -> bool:
 
 def check_proxy(name: str, value: Any) -> Any:
     """Proxy URL(s): one, a comma-separated string, or a list; the error hides credentials."""
-    from .proxies import parse_proxies  # proxies imports this module
+    from .http.proxies import parse_proxies  # proxies imports this module
 
     parse_proxies(value, name)
     return value

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler.gate import NAMESPACE, SEND_GRACE, Gate, Turn, site_gate
-from crawler.runtime import Runtime
+from crawler.coord.gate import NAMESPACE, SEND_GRACE, Gate, Turn, site_gate
+from crawler.work.runtime import Runtime
 
 INTERVAL = 0.05
 RUN_FOR = 1.0
@@ -52,7 +52,7 @@ def hammer(connection: Redis, name: str, until: float, out: list[float | None]) 
 
 def process_hammer(url: str, name: str, ready: Any, until: Any, threads: int, results: Any) -> None:
     """One process: ``threads`` threads, each with its own connection, once all are ready."""
-    from crawler.connection import connect
+    from crawler.coord.connection import connect
 
     out: list[float | None] = []
     connections = [connect(url) for _ in range(threads)]
@@ -84,7 +84,7 @@ def gate_factory(redis_conn: Redis) -> Callable[..., Gate]:
 
 
 def test_eight_threads_never_acquire_closer_than_interval(redis_url: str, redis_conn: Redis) -> None:
-    from crawler.connection import connect
+    from crawler.coord.connection import connect
 
     samples: list[float | None] = []
     connections = [connect(redis_url) for _ in range(8)]

@@ -1,6 +1,6 @@
 """The job functions, called directly (no worker) on single URLs of a real loopback shop.
 
-Each test pins one outcome of ``crawler.jobs.download`` / ``crawler.jobs.parse``: what
+Each test pins one outcome of ``crawler.work.jobs.download`` / ``crawler.work.jobs.parse``: what
 is recorded in the database and what is left in Redis (pages to parse, retries).
 """
 
@@ -23,16 +23,17 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import jobs, keys, pages, quarantine
+from crawler.coord import keys, pages, quarantine
+from crawler.coord.frontier import DownloadTask, Frontier, fingerprint
+from crawler.coord.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.demo import ShopSite
-from crawler.fetch import Fetcher
-from crawler.frontier import DownloadTask, Frontier, fingerprint
-from crawler.robots import origin_of
-from crawler.runtime import Runtime, current
-from crawler.spider import Request
-from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.vetting import DOWNLOAD_FUNC, page_entry
-from crawler.workers import DownloadWorker
+from crawler.http.fetch import Fetcher
+from crawler.spiders.spider import Request
+from crawler.store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED
+from crawler.work import jobs
+from crawler.work.download_worker import DownloadWorker
+from crawler.work.robots import origin_of
+from crawler.work.runtime import Runtime, current
 
 SITE = "demo"
 

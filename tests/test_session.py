@@ -24,15 +24,15 @@ from urllib.parse import parse_qs, urlsplit
 from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import seed
+from crawler.coord.session import Jar, Session
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
-from crawler.frontier import seed
-from crawler.reset import reset_site
-from crawler.session import Jar, Session
+from crawler.ops.reset import reset_site
 from crawler.settings import Settings
-from crawler.spider import Page, Request, Spider
-from crawler.spidercheck import check_spider
-from crawler.store import Store
+from crawler.spiders.check import check_spider
+from crawler.spiders.spider import Page, Request, Spider
+from crawler.store.database import Store
 
 PAGES = 24
 #: Seconds the app takes to answer a request sent with its ended session.
@@ -179,7 +179,7 @@ def serving(app: App) -> Iterator[str]:
 
 
 def _cli(redis_url: str, sqlite_url: str, sites: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+    return [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url,
             "--database-url", sqlite_url, "--sites", str(sites), *args]  # fmt: skip
 
 
