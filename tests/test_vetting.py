@@ -237,6 +237,28 @@ def test_rq_maintenance_meeting_a_hostile_job_quarantines_it_instead_of_dying(
     assert not redis_conn.exists(evil.key) and redis_conn.llen(downloads.intermediate_queue_key) == 0
 
 
+def test_a_job_queued_under_the_download_job_name_of_before_the_move_still_runs(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
+    """A job queued before the modules moved names ``crawler.jobs.download``: it is vetted and runs, not refused."""
+    from crawler.work.download_worker import DownloadWorker
+
+    downloads = _queue(redis_conn, keys.download_queue(SITE))
+    queued = downloads.enqueue("crawler.jobs.download", DownloadTask(SITE, shop.url + "/product/1").to_json())
+    publish_conf(redis_conn, SITE, 0.0, 0.0)
+    redis_conn.sadd(keys.sites(), SITE)
+    redis_conn.zadd(keys.ready(), {SITE: 0})
+    worker = DownloadWorker(redis_conn, [SITE])
+    found, _ = worker.next_job()
+
+    assert found is not None and found[0].id == queued.id
+    job = found[0]
+    assert job.func_name == DOWNLOAD_FUNC and job.func.__module__ == "crawler.work.jobs"
+    job.perform()
+    assert quarantine.entries(redis_conn) == []
+    assert (shop.url + "/product/1", 200) in [(r["url"], r["status"]) for r in runtime.store.fetch_rows(SITE)]
+
+
 def test_a_job_handed_out_after_many_hostile_ones_is_served_not_left_behind(
     runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,7 +5,8 @@ callbacks it names, and posts to its webhooks. A crawler shares its Redis with o
 programs, so a job is checked the moment it is read (``CrawlerJob.restore``, which
 every fetch of a job goes through) and refused before anything is imported:
 
-- its function is the crawler's own ``download``, on a ``download:SITE`` queue, with
+- its function is the crawler's own ``download`` (under its name of today or of before,
+  ``OLD_DOWNLOAD_FUNCS``), on a ``download:SITE`` queue, with
   one to ``MAX_BATCH`` plain JSON objects as its arguments;
 - it names no callback, webhook, dependency, group or repeat;
 - each argument has the shape of a download task whose site is the site of the queue
@@ -34,6 +35,8 @@ from . import keys, quarantine
 
 #: Dotted path of the only function a crawler job may name.
 DOWNLOAD_FUNC = "crawler.work.jobs.download"
+#: The names it had before: a job queued under one runs as ``DOWNLOAD_FUNC`` (the module moved, issue 20).
+OLD_DOWNLOAD_FUNCS = ("crawler.jobs.download",)
 
 #: Most URLs (arguments) one download job carries: a batch, for a fast site (``Runtime.batch_size``).
 MAX_BATCH = 16
@@ -97,6 +100,8 @@ def vet(job: Job, raw: Any = None) -> None:
     except Exception as exc:  # RQ's DeserializationError: data that is not the serializer's JSON
         raise RefusedJob(f"job data is not a JSON job: {exc.__cause__ or exc}", job.id) from None
     origin = job.origin or ""
+    if func_name in OLD_DOWNLOAD_FUNCS:
+        job.func_name = func_name = DOWNLOAD_FUNC  # RQ's setter: the job imports the function where it is now
     if func_name != DOWNLOAD_FUNC:
         raise RefusedJob(f"job calls {str(func_name)[:200]!r}, not a crawler job function", job.id)
     queue_site = keys.site_of_queue(origin)
