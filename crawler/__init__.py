@@ -3,7 +3,7 @@
 Spider authors need only the names below; everything else is internal.
 """
 
-from .coord.pacing import Auto
+from .settings import Auto
 from .spiders.items import DropItem
 from .spiders.spider import Page, Request, Spider
 

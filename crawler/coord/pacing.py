@@ -32,43 +32,11 @@ from typing import Any
 
 from redis import Redis
 
+from ..settings import Auto
 from . import lua
 
-#: Pace multiplier of a response's elapsed time (Heritrix's default ``delayFactor``).
-DEFAULT_FACTOR = 5.0
-#: Fraction by which the pace eases down after each healthy, fast answer.
-DEFAULT_EASE = 0.1
 #: Statuses that say "too much" (or "too slow"): the pace doubles.
 THROTTLE_STATUSES = (429, 503, 504)
-
-
-@dataclass(frozen=True)
-class Auto:
-    """An interval that follows the site: ``factor`` × the last response time, within [min, max] seconds.
-
-    It doubles on 429/503/504 and timeouts, and eases down by ``ease`` (a fraction)
-    per healthy answer faster than that. One value per site, in Redis, for the fleet.
-    """
-
-    min: float = 0.5
-    max: float = 30.0
-    factor: float = DEFAULT_FACTOR
-    ease: float = DEFAULT_EASE
-
-    def __post_init__(self) -> None:
-        for name in ("min", "max", "factor", "ease"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"Auto {name} must be a number, got {value!r}")
-        if not 0 < self.min <= self.max:
-            raise ValueError(f"Auto needs 0 < min <= max, got min={self.min!r} max={self.max!r}")
-        if self.factor <= 0:
-            raise ValueError(f"Auto factor must be greater than 0, got {self.factor!r}")
-        if not 0 <= self.ease < 1:
-            raise ValueError(f"Auto ease must be at least 0 and below 1, got {self.ease!r}")
-
-    def __str__(self) -> str:
-        return f"auto {self.min:g}-{self.max:g}s"
 
 
 def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:

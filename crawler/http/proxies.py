@@ -25,39 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
-from ..errors import ConfigError
-from ..settings import redact_url
+from ..settings import parse_proxies, redact_url
 
 log = logging.getLogger("crawler.proxies")
 
 #: Seconds a proxy that failed is left out of the rotation (per process).
 BENCH_SECONDS = 60.0
-
-
-def parse_proxies(value: Any, where: str) -> list[str]:
-    """``value`` (a URL, a comma-separated string of them, or a list) as proxy URLs; ConfigError if one is bad.
-
-    The error names ``where`` and the proxy without its credentials.
-    """
-    if value is None:
-        return []
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
-        raise ConfigError(f"config: {where} must be a proxy URL or a list of them")
-    proxies = [item.strip() for item in items if item.strip()]
-    for proxy in proxies:
-        try:
-            parts = urlsplit(proxy)
-            port = parts.port
-        except ValueError:
-            raise ConfigError(f"config: {where}: malformed proxy URL {redact_url(proxy)}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-            raise ConfigError(
-                f"config: {where}: a proxy is http(s)://[user:password@]host:port, got {redact_url(proxy)}"
-            )
-    return proxies
 
 
 def site_proxies(spider: Any, settings: Any) -> list[str]:

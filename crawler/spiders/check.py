@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..settings import Auto
 from .items import pipeline_problem
 
 #: What a site name may look like: it names Redis keys, RQ queues and files.
@@ -142,8 +143,6 @@ def _domains(cls: type, value: Any) -> str | None:
 
 
 def _interval(cls: type, value: Any) -> str | None:
-    from ..coord.pacing import Auto  # checked in its own constructor
-
     if isinstance(value, Auto):
         return None
     if not _is_number(value) or not value > 0:

@@ -22,8 +22,8 @@ from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from ..coord.pacing import Auto
 from ..errors import SpiderLoadError
+from ..settings import Auto
 
 #: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
 #: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
