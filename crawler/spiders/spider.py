@@ -22,8 +22,9 @@ from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
 
-from ..errors import SpiderLoadError
+from ..errors import ConfigError, SpiderLoadError
 from ..settings import Auto
+from .check import check_spider, import_failure
 
 #: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
 #: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
@@ -552,8 +553,6 @@ class Spider:
         """Requests seeded when no URL is given on the command line: the start URLs, then the sitemaps."""
         for url in self.start_urls:
             yield Request(url)
-        from ..work.sitemaps import sitemap_requests  # sitemaps imports this module
-
         yield from sitemap_requests(self)
 
     def callback(self, name: str) -> Callable[[Page], Iterable[Any]]:
@@ -570,6 +569,68 @@ class Spider:
         return sorted({(urlsplit(u).hostname or "").lower() for u in [*self.start_urls, *self.sitemap_urls]} - {""})
 
 
+#: The callback name of sitemap downloads. Spider methods cannot be called so (a leading
+#: "_" is refused), so it never shadows one.
+SITEMAP_CALLBACK = "_sitemap"
+
+
+def sitemap_requests(spider: Spider) -> Iterator[Request]:
+    """The requests that start reading a spider's sitemaps (``Spider.start_requests`` yields them).
+
+    Its ``sitemap_urls``, then, with ``sitemap_follow_robots``, the robots.txt of each origin
+    of its start URLs and sitemaps (their ``Sitemap:`` lines are read). Re-read every
+    ``sitemap_refresh`` seconds when the spider sets it. ConfigError for bad rules.
+    """
+    urls = list(getattr(spider, "sitemap_urls", []) or [])
+    if urls or getattr(spider, "sitemap_follow_robots", False):
+        SitemapRules(spider)  # a bad rule is a one-line error when seeding, not a failed job later
+    if getattr(spider, "sitemap_follow_robots", False):
+        origins = dict.fromkeys(_origin(url) for url in [*spider.start_urls, *urls])
+        urls += [f"{origin}/robots.txt" for origin in origins if origin]
+    refresh = getattr(spider, "sitemap_refresh", None)
+    for url in dict.fromkeys(urls):
+        yield Request(url, callback=SITEMAP_CALLBACK, refresh=refresh)
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
+
+
+class SitemapRules:
+    """A spider's sitemap rules and follow patterns, compiled once; ConfigError naming a bad one."""
+
+    def __init__(self, spider: Spider):
+        rules = getattr(spider, "sitemap_rules", None) or [("", "parse")]
+        follow = getattr(spider, "sitemap_follow", None) or [""]
+        where = type(spider).__name__
+        if isinstance(rules, str | bytes) or not all(isinstance(r, list | tuple) and len(r) == 2 for r in rules):
+            raise ConfigError(f"{where}.sitemap_rules must be a list of (regex, callback name) pairs")
+        for _, callback in rules:
+            try:
+                spider.callback(callback)
+            except (AttributeError, TypeError):
+                raise ConfigError(
+                    f"{where}.sitemap_rules names {callback!r}, which is not a callback of the spider"
+                ) from None
+        if isinstance(follow, str | bytes):
+            raise ConfigError(f"{where}.sitemap_follow must be a list of regexes")
+        try:
+            self.rules = [(re.compile(pattern), str(callback)) for pattern, callback in rules]
+            self.follow = [re.compile(pattern) for pattern in follow]
+        except (re.error, TypeError) as exc:
+            raise ConfigError(f"{where}: a sitemap regex does not compile: {exc}") from None
+
+    def callback(self, url: str) -> str | None:
+        for pattern, callback in self.rules:
+            if pattern.search(url):
+                return callback
+        return None
+
+    def follows(self, url: str) -> bool:
+        return any(pattern.search(url) for pattern in self.follow)
+
+
 @dataclass
 class SpiderSet:
     """Spiders found in a directory, the modules that failed to load, and spiders known by name only."""
@@ -582,8 +643,6 @@ class SpiderSet:
 
     def get(self, name: str) -> type[Spider]:
         """The spider class named ``name``; ConfigError naming the known ones if none."""
-        from ..errors import ConfigError
-
         if name in self.spiders:
             return self.spiders[name]
         for error in self.errors:
@@ -606,8 +665,6 @@ def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> S
     so is a spider whose attributes are wrong (``spidercheck``); the others load.
     ``extra`` spiders (the bundled demo) are found by name only (``SpiderSet.by_name``).
     """
-    from .check import check_spider, import_failure
-
     spiders: dict[str, type[Spider]] = {}
     errors: list[SpiderLoadError] = []
     path = Path(directory)

@@ -27,7 +27,6 @@ followed up to ``MAX_SITEMAP_DEPTH`` levels.
 from __future__ import annotations
 
 import os
-import re
 import zlib
 from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
@@ -42,13 +41,10 @@ from redis import Redis
 
 from ..coord import keys, lua
 from ..coord.frontier import Frontier, fingerprint
-from ..errors import BadResponse, BodyTooLarge, ConfigError, RefusedURL
+from ..errors import BadResponse, BodyTooLarge, RefusedURL
 from ..http.fetch import DECODE_STEP, ContentDecoder, DecodeError
-from ..spiders.spider import Request, Spider
+from ..spiders.spider import SITEMAP_CALLBACK, Request, SitemapRules, Spider
 
-#: The callback name of sitemap downloads. Spider methods cannot be called so (a leading
-#: "_" is refused), so it never shadows one.
-SITEMAP_CALLBACK = "_sitemap"
 #: Largest sitemap read, decoded (gunzipped) bytes: the sitemaps protocol's limit.
 SITEMAP_MAX_BYTES = 50 * 1024 * 1024
 #: Sitemap indexes followed into sitemap indexes at most this deep (a loop ends there).
@@ -59,29 +55,6 @@ BATCH = 1000
 MAX_ENTRIES = 50_000
 
 _GZIP_MAGIC = b"\x1f\x8b"
-
-
-def sitemap_requests(spider: Spider) -> Iterator[Request]:
-    """The requests that start reading a spider's sitemaps (``Spider.start_requests`` yields them).
-
-    Its ``sitemap_urls``, then, with ``sitemap_follow_robots``, the robots.txt of each origin
-    of its start URLs and sitemaps (their ``Sitemap:`` lines are read). Re-read every
-    ``sitemap_refresh`` seconds when the spider sets it. ConfigError for bad rules.
-    """
-    urls = list(getattr(spider, "sitemap_urls", []) or [])
-    if urls or getattr(spider, "sitemap_follow_robots", False):
-        _Rules(spider)  # a bad rule is a one-line error when seeding, not a failed job later
-    if getattr(spider, "sitemap_follow_robots", False):
-        origins = dict.fromkeys(_origin(url) for url in [*spider.start_urls, *urls])
-        urls += [f"{origin}/robots.txt" for origin in origins if origin]
-    refresh = getattr(spider, "sitemap_refresh", None)
-    for url in dict.fromkeys(urls):
-        yield Request(url, callback=SITEMAP_CALLBACK, refresh=refresh)
-
-
-def _origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
 
 
 class SitemapSink:
@@ -278,40 +251,6 @@ class SitemapReport:
         )
 
 
-class _Rules:
-    """A spider's sitemap rules and follow patterns, compiled once; ConfigError naming a bad one."""
-
-    def __init__(self, spider: Spider):
-        rules = getattr(spider, "sitemap_rules", None) or [("", "parse")]
-        follow = getattr(spider, "sitemap_follow", None) or [""]
-        where = type(spider).__name__
-        if isinstance(rules, str | bytes) or not all(isinstance(r, list | tuple) and len(r) == 2 for r in rules):
-            raise ConfigError(f"{where}.sitemap_rules must be a list of (regex, callback name) pairs")
-        for _, callback in rules:
-            try:
-                spider.callback(callback)
-            except (AttributeError, TypeError):
-                raise ConfigError(
-                    f"{where}.sitemap_rules names {callback!r}, which is not a callback of the spider"
-                ) from None
-        if isinstance(follow, str | bytes):
-            raise ConfigError(f"{where}.sitemap_follow must be a list of regexes")
-        try:
-            self.rules = [(re.compile(pattern), str(callback)) for pattern, callback in rules]
-            self.follow = [re.compile(pattern) for pattern in follow]
-        except (re.error, TypeError) as exc:
-            raise ConfigError(f"{where}: a sitemap regex does not compile: {exc}") from None
-
-    def callback(self, url: str) -> str | None:
-        for pattern, callback in self.rules:
-            if pattern.search(url):
-                return callback
-        return None
-
-    def follows(self, url: str) -> bool:
-        return any(pattern.search(url) for pattern in self.follow)
-
-
 class SitemapReader:
     """Turns a downloaded sitemap (or robots.txt) of one site into queued requests.
 
@@ -326,7 +265,7 @@ class SitemapReader:
         self.frontier = frontier
         self.spider = spider
         self.depth = depth
-        self.rules = _Rules(spider)
+        self.rules = SitemapRules(spider)
         self.report = SitemapReport()
         self._newer = lua.script(connection, "newer_lastmod")
         #: The set of the fingerprints of the dated URLs this read queued (the seen set has the others).
