@@ -24,11 +24,12 @@ from redis import Redis
 
 from ..coord import counters, keys, quarantine
 from ..coord.connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
-from ..coord.frontier import PRIORITY_RANGE, SEED_PRIORITY
+from ..coord.frontier import SEED_PRIORITY
 from ..coord.frontier import seed as seed_urls
 from ..coord.policy import read_live, reset_live, resolve_policy, set_live
 from ..coord.seeding import SeedReport, open_lines, seed_lines, seed_start
 from ..coord.spiderargs import parse_args, read_args, store_args
+from ..coord.task import PRIORITY_RANGE
 from ..errors import ConfigError, CrawlerError
 from ..ops.failures import FailedPage, failed_pages, retry_pages
 from ..ops.rekey import migrate_keys, old_sites, running_workers

@@ -32,6 +32,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
 from . import keys, quarantine
+from .task import DownloadTask
 
 #: Dotted path of the only function a crawler job may name.
 DOWNLOAD_FUNC = "crawler.work.jobs.download"
@@ -116,8 +117,6 @@ def vet(job: Job, raw: Any = None) -> None:
 
 
 def _vet_download(payload: dict[str, Any], queue_site: str, job_id: str) -> None:
-    from .frontier import DownloadTask  # frontier imports this module
-
     try:
         task = DownloadTask.from_json(payload)
     except ValueError as exc:

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..coord.frontier import canonicalize, check_priority, check_refresh, host_allowed, request_fingerprint
+from ..coord.frontier import canonicalize, host_allowed, request_fingerprint
 from ..coord.session import Jar, uses_cookies
+from ..coord.task import check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response, user_agent_of
 from ..spiders.items import Pipelines

@@ -23,7 +23,7 @@ from .items import pipeline_problem
 #: What a site name may look like: it names Redis keys, RQ queues and files.
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
-#: Priorities a refresh may have (as ``frontier.PRIORITY_RANGE``; not imported, to keep loading light).
+#: Priorities a refresh may have (as ``task.PRIORITY_RANGE``; not imported, to keep loading light).
 _PRIORITY_RANGE = (-1000, 1000)
 
 

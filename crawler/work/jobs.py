@@ -26,10 +26,11 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from ..coord import joblife, keys, pages, quarantine
-from ..coord.frontier import Candidate, DownloadTask, Frontier, check_url, fingerprint
+from ..coord.frontier import Candidate, Frontier, check_url, fingerprint
 from ..coord.gate import Gate
 from ..coord.pacing import throttle_pause
 from ..coord.session import LOGIN_WAIT, Jar, Session, logs_in, uses_cookies
+from ..coord.task import DownloadTask
 from ..errors import (
     ClientStatus,
     ConfigError,
