@@ -36,9 +36,10 @@ from crawler.coord.counters import Counters
 from crawler.coord.frontier import DownloadTask, seed
 from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
-from crawler.ops.metrics import DURATION_BUCKETS, MetricsCollector, job_fields, serve
+from crawler.ops.metrics import MetricsCollector, serve
 from crawler.ops.status import site_status
 from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, FetchRecord, utcnow
+from crawler.work.events import DURATION_BUCKETS, job_fields
 from crawler.work.runtime import Runtime
 
 SITE = "shop"

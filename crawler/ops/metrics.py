@@ -1,6 +1,6 @@
 """Fleet-wide metrics kept in Redis and served in the Prometheus text format.
 
-Counting: every finished download and parse job adds a few fields (``job_fields``) to
+Counting: every finished download and parse job adds a few fields (``events.job_fields``) to
 its site's hash ``crawler:metrics:SITE``, through its process's ``counters.Counters``
 (summed in memory, written about once a second), so the numbers are the whole fleet's,
 whichever host did the work. Fields of that hash:
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,53 +36,17 @@ from ..coord.replies import text, text_map
 from ..errors import ConfigError
 from ..settings import Settings, check_live
 from ..spiders.spider import Spider
-from ..store.database import FetchRecord
+from ..work.events import DURATION_BUCKETS, GATE_WAIT_BUCKETS
 from .status import SiteStatus, known_sites, parse_backlog, site_status, workers_by_host
 
 log = logging.getLogger("crawler.metrics")
 
-#: Upper bounds (seconds) of the download and parse duration histogram buckets.
-DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, math.inf)
-#: Upper bounds (seconds) of the gate-wait histogram buckets (Retry-After and error pauses reach minutes).
-GATE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, math.inf)
 #: Default port of the metrics endpoint (next to the node exporter's 9100 family of ports).
 DEFAULT_PORT = 9108
 #: Default address the endpoint listens on: loopback, so exposing it is a decision.
 DEFAULT_HOST = "127.0.0.1"
 #: Seconds a scrape waits for Redis before it reports ``crawler_redis_up 0``.
 SCRAPE_TIMEOUT = 10.0
-
-
-# -- counting (on every job) ------------------------------------------------------------
-
-
-def job_fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, int | float]:
-    """The increments of ``keys.metrics(record.site)`` that count one finished job.
-
-    The job (1 field), its bytes (when it has a body), its duration (when it has one:
-    bucket and sum) and its gate wait (downloads that took the gate): at most 6 fields
-    for a download, 3 for a parse. Sums are floats, counts ints.
-    """
-    status = "none" if record.status is None else str(record.status)
-    fields: dict[str, int | float] = {f"req:{record.kind}:{record.outcome}:{status}": 1}
-    if record.bytes is not None:
-        fields[f"bytes:{record.kind}"] = record.bytes
-    if record.elapsed is not None:
-        _observe(fields, f"dur:{record.kind}", DURATION_BUCKETS, record.elapsed)
-    if gate_wait is not None:
-        _observe(fields, "gate", GATE_WAIT_BUCKETS, gate_wait)
-    return fields
-
-
-def _observe(fields: dict[str, int | float], prefix: str, bounds: tuple[float, ...], value: float) -> None:
-    value = max(0.0, float(value))
-    bound = bounds[bisect.bisect_left(bounds, value)]  # the first bucket whose bound is >= value
-    fields[f"{prefix}:{_bound_name(bound)}"] = 1
-    fields[f"{prefix}:sum"] = value
-
-
-def _bound_name(bound: float) -> str:
-    return "+Inf" if math.isinf(bound) else f"{bound:g}"
 
 
 # -- exporting (on every scrape) -----------------------------------------------------------

@@ -1,7 +1,8 @@
 """What happens when a job is done: one fetch record, its counts, one log line.
 
 Every download and parse ends in ``job_done``: the record goes to the ``fetches``
-table, the job's stats and metrics (``metrics.job_fields``) to its process's counters
+table, the job's stats and metrics (``job_fields``: the fields of
+``crawler:metrics:SITE`` that ``ops.metrics`` serves) to its process's counters
 (``counters``: written to Redis about once a second), and one line to the
 ``crawler.job`` logger, a JSON object per line when the worker runs with
 ``--log-format json``, so logs can be shipped elsewhere as they are.
@@ -9,18 +10,53 @@ table, the job's stats and metrics (``metrics.job_fields``) to its process's cou
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops import metrics
 from ..store import outbox
 from ..store.database import FetchRecord
 
 log = logging.getLogger("crawler.job")
+
+#: Upper bounds (seconds) of the download and parse duration histogram buckets.
+DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, math.inf)
+#: Upper bounds (seconds) of the gate-wait histogram buckets (Retry-After and error pauses reach minutes).
+GATE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, math.inf)
+
+
+def job_fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, int | float]:
+    """The increments of ``keys.metrics(record.site)`` that count one finished job.
+
+    The job (1 field), its bytes (when it has a body), its duration (when it has one:
+    bucket and sum) and its gate wait (downloads that took the gate): at most 6 fields
+    for a download, 3 for a parse. Sums are floats, counts ints.
+    """
+    status = "none" if record.status is None else str(record.status)
+    fields: dict[str, int | float] = {f"req:{record.kind}:{record.outcome}:{status}": 1}
+    if record.bytes is not None:
+        fields[f"bytes:{record.kind}"] = record.bytes
+    if record.elapsed is not None:
+        _observe(fields, f"dur:{record.kind}", DURATION_BUCKETS, record.elapsed)
+    if gate_wait is not None:
+        _observe(fields, "gate", GATE_WAIT_BUCKETS, gate_wait)
+    return fields
+
+
+def _observe(fields: dict[str, int | float], prefix: str, bounds: tuple[float, ...], value: float) -> None:
+    value = max(0.0, float(value))
+    bound = bounds[bisect.bisect_left(bounds, value)]  # the first bucket whose bound is >= value
+    fields[f"{prefix}:{bound_name(bound)}"] = 1
+    fields[f"{prefix}:sum"] = value
+
+
+def bound_name(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else f"{bound:g}"
 
 
 def job_done(
@@ -67,7 +103,7 @@ def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
             outbox.park(pipe, entry)
         pipe.execute()  # no round trip when empty
     for d in done:
-        rt.counters.add(d.record.site, d.stats, metrics.job_fields(d.record, d.gate_wait))
+        rt.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
         if log.isEnabledFor(logging.INFO):
             log.info(summary(d.record, d.gate_wait), extra={"job": fields(d.record, d.gate_wait)})
 
