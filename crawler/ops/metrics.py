@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
