@@ -23,7 +23,8 @@ from crawling import assert_one_line_error
 from redis import Redis
 from rq import Queue
 
-from crawler.cli.app import cli, format_eta
+from crawler.cli.app import cli
+from crawler.cli.crawl import format_eta
 from crawler.coord import keys
 from crawler.coord.frontier import SEED_PRIORITY, Frontier
 from crawler.coord.frontier import seed as seed_urls
@@ -584,7 +585,7 @@ def test_status_shows_pending_refreshes_and_the_observed_rate(
 def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(
     redis_conn: Redis, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crawler.cli import app as cli_module
+    from crawler.cli import crawl as cli_module
 
     seed_urls(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
     monkeypatch.setattr(cli_module, "PROGRESS_LOG_EVERY", 0.0)

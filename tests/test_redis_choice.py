@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler.cli import app as cli_module
+from crawler.cli import context as cli_module
 from crawler.cli import redis_servers
 from crawler.cli.app import cli
 from crawler.coord import connection

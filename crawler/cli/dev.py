@@ -20,10 +20,10 @@ from ..ops.devtools import fetch_as_worker, page_of, parse_meta, route, run_call
 from ..ops.devtools import verdict as worker_verdict
 from ..spiders.items import ItemError
 from ..spiders.spider import Page
-from .app import Context, cli, pass_context
+from .context import Context, pass_context
 
 
-@cli.command("fetch")
+@click.command("fetch")
 @click.argument("url")
 @click.option("--site", "site_name", help="The site whose gate and robots.txt apply [the one whose domains allow URL].")
 @click.option("--headers", "headers_only", is_flag=True, help="Print the status and headers only, on stdout.")
@@ -61,7 +61,7 @@ def _head(response: Response, site: str, content_types: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-@cli.command("parse")
+@click.command("parse")
 @click.argument("site")
 @click.argument("url")
 @click.option("--callback", default="parse", show_default=True, help="The spider method to run on the page.")
@@ -112,7 +112,7 @@ def parse_(
         click.echo(line)
 
 
-@cli.command("shell")
+@click.command("shell")
 @click.argument("site")
 @click.argument("url", required=False)
 @click.option("--plain", is_flag=True, help="Python's own console even if IPython is installed.")
@@ -130,3 +130,7 @@ def shell_(obj: Context, site: str, url: str | None, plain: bool, render: bool, 
     if not sys.stdin.isatty() and not plain:
         plain = True  # IPython wants a terminal; piped commands go to the plain console
     shell.interact(plain=plain)
+
+
+#: The commands this module adds to ``crawler`` (``app`` registers them).
+COMMANDS = [fetch_, parse_, shell_]

@@ -9,10 +9,10 @@ import click
 
 from ..coord.connection import LOCALHOST_URL, EmbeddedRedis, answers
 from ..settings import REDIS_EMBEDDED, redact_url
-from .app import Context, cli, pass_context
+from .context import Context, pass_context
 
 
-@cli.group("redis")
+@click.group("redis")
 def redis_group() -> None:
     """List, start and stop the Redis servers commands here use."""
 
@@ -76,3 +76,7 @@ def stop(obj: Context) -> None:
         click.echo(f"no embedded Redis server is running in {server.state_dir}")
         return
     click.echo(f"stopped the embedded Redis server (pid {pid or '?'}); its data stays in {server.data_file}")
+
+
+#: The commands this module adds to ``crawler`` (``app`` registers them).
+COMMANDS = [redis_group]
