@@ -1,4 +1,7 @@
-"""Host names to the IP address a gate is keyed by (``gate_by = "ip"``), cached per process.
+"""Addresses: the one a host name's gate is keyed by (``gate_by = "ip"``), and which are private.
+
+The private ones are those not globally routable unicast (``is_public_address``): the
+fetcher's address cap, robots.txt redirects and page redirects all ask it.
 
 Names are resolved with the system resolver (``getaddrinfo``), the one the connection
 itself uses, so ``/etc/hosts``, nsswitch and search domains give the gate and the
@@ -31,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 #: Seconds a resolved address is reused before the name is resolved again.
 ADDRESS_TTL = 60.0
@@ -185,3 +189,41 @@ class AddressCache:
         with self._lock:
             self._answers[host] = (now + (self.ttl if answer else self.failure_ttl), answer)
         return answer
+
+
+# -- which addresses are private: the one definition the fetcher, robots.txt and redirects use --
+
+
+def names_its_address(url: str) -> bool:
+    """Whether ``url``'s host is an IP address or ``localhost``: named outright, so trusted to be reached."""
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_public_address(address: str) -> bool:
+    """Whether ``address`` (IPv4 or IPv6) is globally routable unicast: not private, loopback,
+    link-local, reserved, shared, multicast or unspecified."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+def is_private_host(host: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
+    """Whether ``host`` (a name or an address) resolves to an address that is not public
+    (``is_public_address``); the lookup is waited for ``timeout`` seconds at most (``system_addresses``)."""
+    # unresolvable: the fetch itself will fail and be recorded
+    return any(not is_public_address(text) for text in system_addresses(host, timeout))
+
+
+def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
+    """Whether a redirect leads from a public host to a private or loopback one (SSRF); each
+    host's lookup is waited for ``timeout`` seconds at most."""
+    source_host, target_host = urlsplit(source).hostname or "", urlsplit(target).hostname or ""
+    return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)

@@ -36,7 +36,6 @@ for the request itself).
 from __future__ import annotations
 
 import email.utils
-import ipaddress
 import threading
 import time
 import zlib
@@ -45,7 +44,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import httpcore
 import httpx
@@ -61,7 +59,7 @@ from ..errors import (
     UnsupportedScheme,
 )
 from ..settings import redact_url, scrub, url_secrets
-from .addresses import ResolveTimeout, resolve_within
+from .addresses import ResolveTimeout, is_public_address, names_its_address, resolve_within
 
 try:  # brotli ≥ 1.2 can bound its output; an older one cannot, so br is then not accepted
     import brotli
@@ -342,27 +340,6 @@ def merge_headers(under: Mapping[str, str], over: Mapping[str, str]) -> dict[str
 def user_agent_of(headers: Mapping[str, str], default: str) -> str:
     """The User-Agent ``headers`` name (any case), else ``default``: what robots.txt is read for."""
     return next((v for k, v in headers.items() if k.lower() == "user-agent"), default)
-
-
-def names_its_address(url: str) -> bool:
-    """Whether ``url``'s host is an IP address or ``localhost``: named outright, so trusted to be reached."""
-    host = (urlsplit(url).hostname or "").rstrip(".")
-    if host == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def is_public_address(address: str) -> bool:
-    """Whether ``address`` (IPv4 or IPv6) is globally routable unicast: not private, loopback,
-    link-local, reserved, shared, multicast or unspecified."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
 
 
 def _proxy_failed(exc: httpx.TransportError) -> bool:

@@ -11,7 +11,6 @@ frontier → record, with the worker's acknowledgement of the page in the same p
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import time
 import traceback
@@ -19,7 +18,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import httpx
 from rq import get_current_job
@@ -46,7 +45,7 @@ from ..errors import (
     TooManyRedirects,
     TransientError,
 )
-from ..http.addresses import RESOLVE_TIMEOUT, system_addresses
+from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
 from ..http.fetch import DecodeError, Response, inflate_capped, merge_headers, user_agent_of
 from ..settings import DEFAULT_PARSE_TIMEOUT
@@ -728,25 +727,6 @@ def redirected_request(
         dropped = ("content-type", "content-length", "content-encoding")
         return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
     return method, dict(headers), body
-
-
-def is_private_host(host: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
-    """Whether ``host`` (a name or an address) resolves to a private, loopback or link-local address.
-
-    The lookup is waited for ``timeout`` seconds at most (``addresses.system_addresses``).
-    """
-    for text in system_addresses(host, timeout):  # unresolvable: the fetch itself will fail and be recorded
-        address = ipaddress.ip_address(text)
-        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
-            return True
-    return False
-
-
-def redirects_inward(source: str, target: str, timeout: float = RESOLVE_TIMEOUT) -> bool:
-    """Whether a redirect leads from a public host to a private or loopback one (SSRF); each
-    host's lookup is waited for ``timeout`` seconds at most."""
-    source_host, target_host = urlsplit(source).hostname or "", urlsplit(target).hostname or ""
-    return not is_private_host(source_host, timeout) and is_private_host(target_host, timeout)
 
 
 def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:

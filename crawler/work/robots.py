@@ -42,7 +42,8 @@ from ..coord import keys
 from ..coord.gate import Gate
 from ..coord.replies import text_map
 from ..errors import CrawlerError, ProxyError, RefusedURL, RobotsUnavailable
-from ..http.fetch import Fetcher, is_public_address, names_its_address
+from ..http.addresses import is_private_host, names_its_address
+from ..http.fetch import Fetcher
 
 TakeTurn = Callable[[], Gate]
 OnFetch = Callable[[str, int | None, str | None], None]
@@ -321,8 +322,5 @@ def _unfollowable(source: str, target: str, allow_private: bool) -> str | None:
 
 
 def _names_private_address(url: str) -> bool:
-    """Whether ``url``'s host is a non-public IP address or localhost, named outright."""
-    if not names_its_address(url):
-        return False
-    host = (urlsplit(url).hostname or "").rstrip(".")
-    return host == "localhost" or not is_public_address(host)
+    """Whether ``url``'s host is a non-public IP address or localhost, named outright (no DNS asked)."""
+    return names_its_address(url) and is_private_host((urlsplit(url).hostname or "").rstrip("."))
