@@ -91,7 +91,8 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     from crawler.coord.frontier import DownloadTask
     from crawler.coord.vetting import page_entry
     from crawler.settings import Settings
-    from crawler.spiders.spider import Spider, SpiderSet
+    from crawler.spiders.loading import SpiderSet
+    from crawler.spiders.spider import Spider
     from crawler.work import jobs
     from crawler.work.runtime import Runtime, install
     from crawler.work.sitemaps import SITEMAP_CALLBACK

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from .ops.devtools import Outputs, page_of, run_callback
-from .spiders.spider import Page, Spider, SpiderSet
+from .spiders.loading import SpiderSet
+from .spiders.spider import Page, Spider
 
 __all__ = ["CrawlResult", "Outputs", "crawl", "run_page"]
 

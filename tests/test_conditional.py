@@ -23,7 +23,8 @@ from crawler.demo.spider import DemoShop
 from crawler.http.conditional import check_validators, request_headers, validators_of
 from crawler.ops.failures import failed_pages
 from crawler.settings import Settings
-from crawler.spiders.spider import Page, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page
 from crawler.store.database import FAILED, OK, UNCHANGED, Store
 from crawler.work import jobs
 

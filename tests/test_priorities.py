@@ -18,7 +18,8 @@ from crawler.coord.scheduler import JOBS_AHEAD, Scheduler, publish_conf
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.settings import Settings
-from crawler.spiders.spider import Page, Request, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page, Request
 
 SITE = "prio"
 

@@ -28,7 +28,7 @@ from crawler.errors import ConfigError
 from crawler.http.fetch import _on_sent_tracer
 from crawler.http.proxies import BENCH_SECONDS, ProxyPool, parse_proxies, site_proxies
 from crawler.settings import Settings, load_settings
-from crawler.spiders.spider import SpiderSet
+from crawler.spiders.loading import SpiderSet
 from crawler.store.database import FAILED, Store
 
 PASSWORD = "s3cret-Pw"

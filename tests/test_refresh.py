@@ -15,7 +15,8 @@ from crawler.coord.scheduler import Scheduler
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.settings import Settings
-from crawler.spiders.spider import Request, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Request
 from crawler.store.database import Store
 from crawler.work import jobs
 from crawler.work.download_worker import crawl_drained

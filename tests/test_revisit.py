@@ -13,7 +13,8 @@ from crawler.coord.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.settings import Settings
-from crawler.spiders.spider import Request, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Request
 from crawler.store.database import Store
 
 URL = "http://example.com/a"

@@ -16,7 +16,7 @@ from crawling import assert_one_line_error
 
 from crawler.cli.app import cli
 from crawler.spiders.check import check_spider
-from crawler.spiders.spider import load_spiders
+from crawler.spiders.loading import load_spiders
 from crawler.store.database import Store
 
 #: A three-page site: the home page links to two pages, which link to each other and home.

@@ -25,7 +25,8 @@ from crawler.coord.frontier import Frontier, fingerprint
 from crawler.coord.seeding import seed_start
 from crawler.errors import BadResponse, BodyTooLarge
 from crawler.settings import Settings
-from crawler.spiders.spider import Page, Spider, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page, Spider
 from crawler.store.database import FAILED, OK, Store
 from crawler.work.sitemaps import (
     MAX_ENTRIES,

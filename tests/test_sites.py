@@ -30,7 +30,8 @@ from sitecopies import (
 from crawler import testing
 from crawler.coord.frontier import seed
 from crawler.settings import Settings
-from crawler.spiders.spider import Request, Spider, SpiderSet, load_spiders
+from crawler.spiders.loading import SpiderSet, load_spiders
+from crawler.spiders.spider import Request, Spider
 from crawler.store.database import OK, Store
 from crawler.testing import run_page
 

@@ -14,7 +14,8 @@ from selectolax.lexbor import LexborHTMLParser
 
 import crawler
 from crawler.errors import ConfigError, SpiderLoadError
-from crawler.spiders.spider import Page, Request, Spider, SpiderSet, callback_name, load_spiders
+from crawler.spiders.loading import SpiderSet, load_spiders
+from crawler.spiders.spider import Page, Request, Spider, callback_name
 
 HTML = b"""<!doctype html>
 <html><head><title>Catalogue</title></head>

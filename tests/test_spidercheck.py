@@ -15,7 +15,8 @@ from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.errors import SpiderLoadError
 from crawler.spiders.check import check_spider
-from crawler.spiders.spider import Spider, load_spiders
+from crawler.spiders.loading import load_spiders
+from crawler.spiders.spider import Spider
 
 SPIDER = """
 from crawler import Spider

@@ -20,7 +20,7 @@ from redis import Redis
 from ..coord.connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
 from ..errors import ConfigError, CrawlerError
 from ..settings import Settings, scrub, secrets_of
-from ..spiders.spider import SpiderSet, load_spiders
+from ..spiders.loading import SpiderSet, load_spiders
 from ..store.database import Store
 from ..store.export import BINARY_FORMATS, with_history, write_items
 from ..work.runtime import BUNDLED_SPIDERS, Runtime

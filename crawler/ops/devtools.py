@@ -21,7 +21,8 @@ from ..coord.task import check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response, user_agent_of
 from ..spiders.items import Pipelines
-from ..spiders.spider import HTML_TYPES, Page, Request, Spider, SpiderSet, accepts
+from ..spiders.loading import SpiderSet
+from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
 from ..work.render import Visit, rendering
 
 #: Where a request a callback yields would go.

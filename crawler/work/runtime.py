@@ -29,7 +29,8 @@ from ..http.fetch import Fetcher
 from ..http.proxies import ProxyPool, site_proxies
 from ..settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
 from ..spiders.items import Pipelines
-from ..spiders.spider import Spider, SpiderSet, load_spiders
+from ..spiders.loading import SpiderSet, load_spiders
+from ..spiders.spider import Spider
 from ..store.database import Store
 from .render import Renderer
 from .robots import RobotsCache
