@@ -230,6 +230,31 @@ def test_architecture_shows_the_import_contract_the_tests_enforce() -> None:
     )
 
 
+#: Modules that may spell a key: the one that builds them, and the one that renames keys of before.
+KEY_BUILDERS = {"crawler.coord.keys", "crawler.ops.rekey"}
+
+
+def hand_built_keys(source: str) -> list[int]:
+    """Lines of ``source`` with a string that starts a crawler key, or that builds one from ``keys.PREFIX``."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("crawler:"):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and node.attr == "PREFIX":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_redis_key_is_built_in_keys() -> None:
+    found = {
+        name: hand_built_keys(path.read_text())
+        for name, path in modules().items()
+        if name not in KEY_BUILDERS and hand_built_keys(path.read_text())
+    }
+    assert not found, f"Redis keys built by hand (build them in crawler/coord/keys.py): {found}"
+    assert hand_built_keys('NAMESPACE = "crawler:gate"\nGate(c, "x", 1, namespace=keys.PREFIX + "lock")') == [1, 2]
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     """The checks themselves: a cycle and an import of a higher layer are found."""
     made = [

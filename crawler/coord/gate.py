@@ -32,9 +32,6 @@ R = TypeVar("R")
 #: Longest sleep of a blocked acquirer of an auto-release mutex (its holder may release early).
 RELEASE_POLL = 0.05
 
-#: Default key namespace of a ``Gate``: its key is ``NAMESPACE:name`` unless given whole (``key=``).
-NAMESPACE = "crawler:gate"
-
 
 class GateTimeout(Exception):
     """``acquire`` with a timeout could not take the gate in time."""
@@ -55,7 +52,7 @@ class Gate:
     ``pace_ms`` + ``pace_margin``, a take (or retake) that plus the send grace (``expire -
     rearm_expire``). A site's adaptive interval is kept there (see ``pacing``).
 
-    The lock's key is ``namespace:name``, or ``key`` when given (a site's gate, ``keys.gate``).
+    The lock's key is ``keys.gate(name)``, or ``key`` when given (a short lock: ``keys.lock``).
     """
 
     def __init__(
@@ -65,7 +62,6 @@ class Gate:
         expire: float,
         *,
         auto_release: bool = False,
-        namespace: str = NAMESPACE,
         rearm_expire: float | None = None,
         pace_key: str | None = None,
         pace_margin: float = 0.0,
@@ -75,7 +71,7 @@ class Gate:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
         self.connection = connection
         self.name = name
-        self.key = key or f"{namespace}:{name}"
+        self.key = key or keys.gate(name)
         self.expire = expire
         self.rearm_expire = expire if rearm_expire is None else rearm_expire
         self.auto_release = auto_release

@@ -95,7 +95,7 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
     that are due into their queues. Returns whether this call did the pass.
     """
-    lock = Gate(connection, "reaper", expire=REAP_EVERY, namespace=keys.PREFIX + "lock")
+    lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
         return False
     for name in queue_names(connection) if names is None else names:

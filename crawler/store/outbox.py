@@ -117,7 +117,7 @@ def flush(rt: Any) -> int:
     """
     if not rt.connection.llen(keys.outbox()):
         return 0
-    lock = Gate(rt.connection, "outbox", expire=60, auto_release=True, namespace=keys.PREFIX + "lock")
+    lock = Gate(rt.connection, "outbox", expire=60, auto_release=True, key=keys.lock("outbox"))
     if not lock.acquire(blocking=False):
         return 0
     written = 0

@@ -250,7 +250,7 @@ class ParseWorker:
             outbox.flush(runtime.current())
         if now - self._last_forget >= FORGET_EVERY:
             self._last_forget = now
-            lock = Gate(self.connection, "consumers", expire=FORGET_EVERY, namespace=keys.PREFIX + "lock")
+            lock = Gate(self.connection, "consumers", expire=FORGET_EVERY, key=keys.lock("consumers"))
             if lock.acquire(blocking=False):
                 pages.forget(self._client, pages.FORGET_IDLE * 1000)
 
