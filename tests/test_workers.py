@@ -33,6 +33,8 @@ from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
 from crawler.settings import Settings
 from crawler.store.database import FAILED, SKIPPED, Store
+from crawler.work import runtime as runtime_module
+from crawler.work.download_worker import DownloadWorker
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.parse_worker import ParseWorker
 from crawler.work.runtime import Runtime
@@ -142,6 +144,29 @@ class FlakyShop(DemoShop):
             raise ValueError("flaky spider cannot parse this product")
         yield from super().parse_product(page)
 '''
+
+
+def test_workers_given_their_runtime_crawl_the_shop_with_no_runtime_installed(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The download and parse paths use the runtime their worker is given (its Redis, store, fetcher,
+    policy): none is looked up, so with none installed in the process the crawl still completes."""
+    monkeypatch.setattr(runtime_module, "_current", None)
+    rt = Runtime(redis_conn, settings)
+    try:
+        seed(rt.frontier("demo"), [shop.url + "/"])
+        stop = threading.Event()
+        workers = [DownloadWorker(redis_conn, ["demo"], stop_event=stop, rt=rt) for _ in range(2)]
+        workers += [ParseWorker(redis_conn, ["demo"], stop_event=stop, rt=rt)]
+        threads = [threading.Thread(target=w.work, kwargs={"burst": True}, daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        join_all(threads, stop)
+        assert runtime_module._current is None
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        assert {r["outcome"] for r in rt.store.fetch_rows("demo") if r["kind"] == "parse"} == {"ok"}
+    finally:
+        rt.close()
 
 
 def test_callback_that_raises_fails_that_page_with_traceback_and_crawl_goes_on(

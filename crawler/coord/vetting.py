@@ -24,6 +24,7 @@ parse worker runs anything on it, and raises ``RefusedEntry`` otherwise.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -64,7 +65,18 @@ class RefusedJob(NoSuchJobError):
 
 
 class CrawlerJob(Job):
-    """An RQ job that refuses to load unless it is one of the crawler's own (see the module docstring)."""
+    """An RQ job that refuses to load unless it is one of the crawler's own (see the module docstring).
+
+    ``bound``: keyword arguments the worker running the job gives its function besides the
+    job's own (the download job's runtime); never stored, so never read from Redis.
+    """
+
+    bound: dict[str, Any] = {}
+
+    @property
+    def func(self) -> Any:
+        func = super().func
+        return functools.partial(func, **self.bound) if self.bound and func is not None else func
 
     def restore(self, raw_data: Any) -> Any:
         try:

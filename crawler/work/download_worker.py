@@ -261,9 +261,13 @@ class CrawlWorker(SimpleWorker):
         connection: Redis,
         sites: Sequence[str],
         stop_event: threading.Event | None = None,
+        rt: runtime.Runtime | None = None,
         **kwargs: Any,
     ):
         super().__init__(queues, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob, **kwargs)
+        #: What this worker's jobs run against (Redis, settings, spiders, HTTP pool, database); it gives
+        #: it to each job it runs. Without one, the runtime installed in this process.
+        self.runtime = rt if rt is not None else runtime.current()
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self._burst = False
@@ -306,7 +310,7 @@ class CrawlWorker(SimpleWorker):
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._lease.close()
-            runtime.current().counters.flush()  # a burst's totals are exact once its workers are done
+            self.runtime.counters.flush()  # a burst's totals are exact once its workers are done
             try:
                 self.teardown()
             except redis.RedisError:
@@ -429,6 +433,8 @@ class CrawlWorker(SimpleWorker):
         try:
             job.started_at = now()
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
+            if isinstance(job, CrawlerJob):
+                job.bound = {"rt": self.runtime}  # the job runs against this worker's runtime, given, not looked up
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 job.perform()
         except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
@@ -455,7 +461,7 @@ class CrawlWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         # A short lease renewed by the lease keeper while the job runs: a killed worker's job is
         # noticed within job_lease + REAP_EVERY seconds, not RQ's minutes.
-        return runtime.current().settings.job_lease
+        return self.runtime.settings.job_lease
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         # RQ beats before and after every job (3 commands each); the worker's key lives
@@ -477,13 +483,13 @@ class CrawlWorker(SimpleWorker):
         now = time.monotonic()
         if now - self._last_promote >= PROMOTE_EVERY:
             self._last_promote = now
-            runtime.current().scheduler.promote_due()
+            self.runtime.scheduler.promote_due()
         if now - self._last_reap >= REAP_EVERY:
             self._last_reap = now
             reap(self.connection)
         if now - self._last_flush >= FLUSH_EVERY:
             self._last_flush = now
-            outbox.flush(runtime.current())
+            outbox.flush(self.runtime)
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """A job to run now, else how long until one may be ready (None: no work)."""
@@ -527,7 +533,7 @@ class DownloadWorker(CrawlWorker):
         self._last_repair = 0.0
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
-        rt = runtime.current()
+        rt = self.runtime
         scheduler = self.site_scheduler
         refilled: str | None = None
         for _ in range(MAX_REFILLS):
@@ -561,7 +567,7 @@ class DownloadWorker(CrawlWorker):
         The process's counts are written too once it has stopped counting, so a crawl at
         rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
-        runtime.current().counters.flush_if_quiet()
+        self.runtime.counters.flush_if_quiet()
         now = time.monotonic()
         if now - self._last_repair < REPAIR_EVERY:
             return
@@ -608,6 +614,6 @@ class DownloadWorker(CrawlWorker):
         site, self._refill = self._refill, None
         if site is not None:
             try:
-                runtime.current().frontier(site).refill(JOBS_AHEAD)
+                self.runtime.frontier(site).refill(JOBS_AHEAD)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._redis_down(exc)  # the site's next NEXT_JOB asks for the refill again

@@ -89,7 +89,7 @@ def _worker_name() -> str | None:
     return job.worker_name if job is not None else None
 
 
-def download(*payloads: dict[str, Any]) -> None:
+def download(*payloads: dict[str, Any], rt: runtime.Runtime | None = None) -> None:
     """Download the job's URLs, all of one site, in turn: one URL, or a batch for a fast site.
 
     Each URL goes through the gate and on as a job of its own would (see the module
@@ -104,7 +104,8 @@ def download(*payloads: dict[str, Any]) -> None:
     (``joblife.BATCH_DONE``), so a batch retried (its worker died, or it raised) skips
     what is written and fetches again what was not.
     """
-    rt = runtime.current()
+    if rt is None:  # called directly (a test, a benchmark), not by a download worker, which gives its own
+        rt = runtime.current()
     job = get_current_job()
     if len(payloads) == 1:
         _download_one(rt, payloads[0], None)
@@ -785,6 +786,7 @@ def parse(
     worker: str | None = None,
     done: Callable[[Any], None] | None = None,
     held: HeldParses | None = None,
+    rt: runtime.Runtime | None = None,
 ) -> None:
     """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
 
@@ -798,7 +800,8 @@ def parse(
     record wait there, written with the rest of the parse worker's batch
     (``HeldParses.flush``).
     """
-    rt = runtime.current()
+    if rt is None:  # called directly (a test, a benchmark), not by a parse worker
+        rt = runtime.current()
     if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
         raise ValueError(f"not a parse task: {payload!r:.200}")
     site, url = payload["site"], str(payload["url"])
@@ -818,6 +821,7 @@ def parse(
         )
     except JobTimeoutException:
         parse_failed(
+            rt,
             payload,
             f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
             worker,
@@ -827,7 +831,7 @@ def parse(
         )
         return
     except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
-        parse_failed(payload, failure_text(exc), worker, done, started, held)
+        parse_failed(rt, payload, failure_text(exc), worker, done, started, held)
         return
     depth = int(payload.get("depth", 0)) + 1
     spider = rt.spider(site)
@@ -844,6 +848,7 @@ def parse(
             held.links.append((site, candidates, depth))
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
         parse_failed(
+            rt,
             payload,
             f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
             f"and {len(requests)} links\n" + traceback.format_exc(limit=20),
@@ -863,7 +868,7 @@ def parse(
     counts = {"parsed": 1, "items": len(items)}
     if dropped:  # by process_item or a pipeline (DropItem)
         counts["dropped"] = dropped
-    _parse_done(payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
+    _parse_done(rt, payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
 
 
 class HeldParses:
@@ -940,7 +945,7 @@ class HeldParses:
             except RefusedRecord as exc:
                 payload, worker, done, started = page
                 log.warning("the database refused the items or record of %s: %s", payload.get("url"), exc)
-                parse_failed(payload, f"{exc} (this page's items or parse record)", worker, done, started)
+                parse_failed(self.rt, payload, f"{exc} (this page's items or parse record)", worker, done, started)
             del self.done[0], self.pages[0]
             self.items_of = {i - 1: j for i, j in self.items_of.items() if i > 0}
 
@@ -950,7 +955,7 @@ class HeldParses:
         written, self.items_of, self._written = self._written, {}, []
         jobs_done(self.rt, written, written=True)  # pages written one at a time before the timeout
         for payload, worker, done, started in pages_:
-            parse_failed(payload, reason, worker, done, started)
+            parse_failed(self.rt, payload, reason, worker, done, started)
 
     def full(self) -> bool:
         """Whether the links held pass ``HELD_LINK_BYTES`` (estimated): time to write the batch.
@@ -964,6 +969,7 @@ class HeldParses:
 
 
 def parse_failed(
+    rt: runtime.Runtime,
     payload: dict[str, Any],
     error: str,
     worker: str | None = None,
@@ -972,10 +978,11 @@ def parse_failed(
     held: HeldParses | None = None,
 ) -> None:
     """Record the page failed with ``error`` (the page alone fails: ``crawler retry`` requeues it)."""
-    _parse_done(payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1}, held)
+    _parse_done(rt, payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1}, held)
 
 
 def _parse_done(
+    rt: runtime.Runtime,
     payload: dict[str, Any],
     outcome: str,
     error: str | None,
@@ -985,7 +992,6 @@ def _parse_done(
     counts: dict[str, int],
     held: HeldParses | None = None,
 ) -> None:
-    rt = runtime.current()
     site = str(payload["site"])
 
     def also(pipe: Any) -> None:
@@ -1036,12 +1042,13 @@ def _read_sitemap(
     try:
         reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
     except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
-        parse_failed(payload, str(exc), worker, done, started, held)
+        parse_failed(rt, payload, str(exc), worker, done, started, held)
         return
     try:
         report = reader.read(url, body)
     except JobTimeoutException:  # what was queued stays queued; the retry adds only the rest (seen set)
         parse_failed(
+            rt,
             payload,
             f"sitemap read timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
             worker,
@@ -1052,6 +1059,7 @@ def _read_sitemap(
         return
     except (PermanentError, DecodeError) as exc:  # not XML, over the cap, a corrupt gzip
         parse_failed(
+            rt,
             payload,
             f"sitemap unreadable after {reader.report.urls} URLs: {type(exc).__name__}: {exc}",
             worker,
@@ -1060,7 +1068,7 @@ def _read_sitemap(
             held,
         )
         return
-    _parse_done(payload, OK, report.summary(), worker, done, started, {"parsed": 1}, held)
+    _parse_done(rt, payload, OK, report.summary(), worker, done, started, {"parsed": 1}, held)
 
 
 def _run_callback(

@@ -30,7 +30,7 @@ from ..settings import Settings, scrub, secrets_of, url_secrets
 from .download_worker import DownloadWorker
 from .events import JSONFormatter
 from .parse_worker import ParseWorker
-from .runtime import Runtime, install
+from .runtime import Runtime
 
 KINDS = ("download", "parse")
 
@@ -85,12 +85,11 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
     connection = connect(redis_url)
     rt = Runtime(connection, settings)
-    install(rt)
     stop = threading.Event()
     workers: list[DownloadWorker | ParseWorker] = [
-        DownloadWorker(connection, spec.sites, stop_event=stop)
+        DownloadWorker(connection, spec.sites, stop_event=stop, rt=rt)
         if spec.kind == "download"
-        else ParseWorker(connection, spec.sites, stop_event=stop)
+        else ParseWorker(connection, spec.sites, stop_event=stop, rt=rt)
         for _ in range(spec.threads)
     ]
     threads = [

@@ -147,8 +147,16 @@ class EntryLease:
 class ParseWorker:
     """One consumer of the pages stream (see the module docstring); ``work`` runs it in this thread."""
 
-    def __init__(self, connection: Redis, sites: Sequence[str], stop_event: threading.Event | None = None):
+    def __init__(
+        self,
+        connection: Redis,
+        sites: Sequence[str],
+        stop_event: threading.Event | None = None,
+        rt: runtime.Runtime | None = None,
+    ):
         self.connection = connection
+        #: What the pages are parsed against; without one, the runtime installed in this process.
+        self.runtime = rt if rt is not None else runtime.current()
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self.name = pages.consumer_name()
@@ -180,7 +188,7 @@ class ParseWorker:
         finally:
             self._lease.close()
             self._leave()
-            runtime.current().counters.flush()  # a burst's totals are exact once its workers are done
+            self.runtime.counters.flush()  # a burst's totals are exact once its workers are done
             for signum, handler in previous.items():
                 if handler is not None:  # None: not set from Python, nothing to put back
                     signal.signal(signum, handler)
@@ -230,7 +238,7 @@ class ParseWorker:
         now = time.monotonic()
         if now - self._last_reclaim >= RECLAIM_EVERY:
             self._last_reclaim = now
-            entries = pages.reclaim(self._client, self.name, runtime.current().settings.job_lease * 1000, READ_COUNT)
+            entries = pages.reclaim(self._client, self.name, self.runtime.settings.job_lease * 1000, READ_COUNT)
         if not entries:
             entries = pages.read(self._client, self.name, READ_COUNT, int(READ_BLOCK * 1000))
         if entries:
@@ -239,7 +247,7 @@ class ParseWorker:
             elif len(entries) < READ_COUNT:
                 self.stop_event.wait(READ_PAUSE)
             return True
-        runtime.current().counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
+        self.runtime.counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
         return not (burst and crawl_drained(self.connection, self.sites))
 
     def _periodic(self) -> None:
@@ -247,7 +255,7 @@ class ParseWorker:
         now = time.monotonic()
         if now - self._last_flush >= FLUSH_EVERY:
             self._last_flush = now
-            outbox.flush(runtime.current())
+            outbox.flush(self.runtime)
         if now - self._last_forget >= FORGET_EVERY:
             self._last_forget = now
             lock = Gate(self.connection, "consumers", expire=FORGET_EVERY, key=keys.lock("consumers"))
@@ -265,7 +273,7 @@ class ParseWorker:
         other page's deliveries with it.
         """
         ran = False
-        held = jobs.HeldParses(runtime.current()) if all(entry[2] == 1 for entry in entries) else None
+        held = jobs.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None
         in_held: list[pages.Entry] = []  # the entries whose pages ``held`` holds
         self._lease.hold([entry_id for entry_id, _, _ in entries])
         try:
@@ -320,7 +328,7 @@ class ParseWorker:
             pages.refuse(self._client, entry_id, fields, str(exc))
             return True
         site = task["site"]
-        if site not in runtime.current().spider_set.named():
+        if site not in self.runtime.spider_set.named():
             if site not in self._warned:
                 self._warned.add(site)
                 log.warning("no spider for site %r here: leaving its pages to other parse workers", site[:100])
@@ -329,7 +337,11 @@ class ParseWorker:
         done = partial(pages.ack, entry_id=entry_id)
         if deliveries > pages.MAX_DELIVERIES:
             jobs.parse_failed(
-                task, f"parse worker died {deliveries - 1} times on this page: not parsed again", self.name, done
+                self.runtime,
+                task,
+                f"parse worker died {deliveries - 1} times on this page: not parsed again",
+                self.name,
+                done,
             )
             return True
         self._parse(entry, task, body, done, held)
@@ -347,11 +359,11 @@ class ParseWorker:
         while True:
             try:
                 with WatchdogDeathPenalty(jobs.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entry[0]):
-                    jobs.parse(task, body, self.name, done, held)
+                    jobs.parse(task, body, self.name, done, held, rt=self.runtime)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise
             except RefusedRecord as exc:  # the database will never take this page's items: it fails alone
-                jobs.parse_failed(task, f"{exc} (this page's items)", self.name, done, held=held)
+                jobs.parse_failed(self.runtime, task, f"{exc} (this page's items)", self.name, done, held=held)
             except (SQLAlchemyError, ConfigError) as exc:
                 if self.stop_event.wait(self._db_down(exc)):
                     pages.hand_back(self._client, [entry])
@@ -359,7 +371,7 @@ class ParseWorker:
                 continue
             except Exception:  # not the callback's (jobs.parse records those): ours, or a late timeout
                 log.exception("parse of %s failed outside its callback", task.get("url"))
-                jobs.parse_failed(task, traceback.format_exc(limit=20), self.name, done, held=held)
+                jobs.parse_failed(self.runtime, task, traceback.format_exc(limit=20), self.name, done, held=held)
             self._db_wait = 0.0
             return
 

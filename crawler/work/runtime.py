@@ -1,8 +1,11 @@
 """The per-process state jobs run against: Redis, settings, spiders, HTTP pool, database.
 
-A worker process builds one ``Runtime`` at start and installs it; job functions,
-which RQ calls with plain-data arguments only, look it up with ``current()``.
-Everything in it is safe to share between a process's worker threads.
+A worker process builds one ``Runtime`` at start and gives it to its workers, which
+give it to the jobs they run: the download job, which RQ calls with plain-data
+arguments, receives it as ``rt`` (``CrawlerJob.bound``), the parse job from its parse
+worker. ``install``/``current`` remain for callers outside a worker (tests, benchmarks,
+``crawler.testing``), which run jobs directly. Everything in it is safe to share
+between a process's worker threads.
 """
 
 from __future__ import annotations
@@ -361,7 +364,7 @@ _current: Runtime | None = None
 
 
 def install(runtime: Runtime) -> None:
-    """Make ``runtime`` the one jobs in this process use."""
+    """Make ``runtime`` the one jobs and workers called without one use in this process."""
     global _current
     _current = runtime
 
