@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..coord import keys
 from ..coord.frontier import canonicalize, host_allowed, request_fingerprint
 from ..coord.session import Jar, uses_cookies
 from ..coord.task import check_priority, check_refresh
@@ -104,8 +105,6 @@ def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> 
 
 def seen_in(connection: Any, site: str) -> Any:
     """``seen(fingerprint)`` for ``route``: whether ``site``'s seen set in Redis has the request."""
-    from ..coord import keys
-
     return lambda member: bool(connection.sismember(keys.seen(site), member))
 
 

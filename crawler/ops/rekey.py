@@ -34,8 +34,10 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from ..coord import joblife, keys, quarantine
+from ..coord import joblife, keys, pages, quarantine
+from ..coord.frontier import entries_by_priority, push_to_front
 from ..coord.replies import text
+from ..coord.task import DownloadTask
 
 #: The kinds of per-site key before hash tags: ``crawler:KIND:SITE`` and, for some, ``:MORE`` after it.
 OLD_SITE_KINDS = (
@@ -94,8 +96,6 @@ def old_sites(connection: Redis) -> list[str]:
 
 def running_workers(connection: Redis) -> int:
     """Download workers registered with RQ, and parse workers alive, on this Redis."""
-    from ..coord import pages
-
     return len(Worker.all(connection=connection, serializer=JSONSerializer)) + len(pages.live_consumers(connection))
 
 
@@ -152,8 +152,6 @@ def _old_queue_sites(connection: Redis) -> list[str]:
 
 def _hand_back_jobs(connection: Redis, site: str, report: MigrationReport) -> None:
     """The old queue's unfinished jobs back to the front of the site's frontier; the queue and its registries gone."""
-    from ..coord.frontier import DownloadTask, entries_by_priority, push_to_front
-
     queue = Queue(f"{OLD_QUEUE}{site}", connection=connection, serializer=JSONSerializer)
     unfinished = [
         *queue.get_job_ids(),
