@@ -64,7 +64,7 @@ WATCHED = (
     ("  PICK_SITE, NEXT_JOB / scheduler", "next (crawler/coord/scheduler.py"),
     ("  Job.fetch", "fetch (rq/job.py"),
     ("  refill", "refill (crawler/coord/frontier.py"),
-    ("  drain check", "crawl_drained (crawler/work/download_worker.py"),
+    ("  drain check", "crawl_drained (crawler/work/drain.py"),
     ("  promote / reap", "_periodic (crawler/work/download_worker.py"),
     ("worker heartbeat", "heartbeat (crawler/work/download_worker.py"),
     ("redis-py: send + read (all callers)", "execute_command (redis/client.py"),

@@ -29,7 +29,7 @@ from ..ops.status import SiteStatus, parse_backlog, site_status, this_run
 from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
-from ..work.download_worker import crawl_drained
+from ..work.drain import crawl_drained
 from ..work.launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
 from .context import Context, _export, pass_context, replace
 from .control import report_reset

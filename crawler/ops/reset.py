@@ -21,7 +21,7 @@ from redis import Redis
 from ..coord import counters, keys
 from ..coord.replies import text
 from ..coord.scheduler import frontier_sizes, is_priority
-from ..work.download_worker import queues_for
+from ..work.drain import queues_for
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ..coord.pacing import read_pace
 from ..coord.policy import SitePolicy, effective_interval
 from ..coord.replies import text, text_map
 from ..coord.scheduler import frontier_sizes
-from ..work.download_worker import queues_for
+from ..work.drain import queues_for
 
 
 @dataclass

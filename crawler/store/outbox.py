@@ -34,6 +34,9 @@ from .database import FAILED, FetchRecord
 
 log = logging.getLogger("crawler.outbox")
 
+#: Seconds between two looks, by an idle worker, for fetch records waiting for the database.
+FLUSH_EVERY = 2.0
+
 #: Records written to the database in one go when the outbox is flushed.
 FLUSH_BATCH = 500
 

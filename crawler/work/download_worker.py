@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -32,17 +32,19 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended
-from rq.timeouts import JobTimeoutException, TimerDeathPenalty
+from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.worker import WorkerStatus
 
 from ..coord import joblife, keys
 from ..coord.joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from ..coord.replies import text
-from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler, frontier_sizes
+from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
 from . import runtime
+from .drain import crawl_drained, queues_for
+from .watchdog import WatchdogDeathPenalty
 
 log = logging.getLogger("crawler.workers")
 
@@ -54,137 +56,8 @@ PROMOTE_EVERY = 0.2
 REPAIR_EVERY = 1.0
 #: Seconds between two looks for ``rq suspend``.
 SUSPENSION_CHECK_EVERY = 1.0
-#: Seconds between two looks for fetch records waiting for the database.
-FLUSH_EVERY = 2.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
 MAX_REFILLS = 8
-
-
-def queues_for(connection: Redis, names: Iterable[str]) -> list[Queue]:
-    return [Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob) for name in names]
-
-
-def _count_jobs(pipe: Any, queues: Iterable[Queue]) -> None:
-    """Queue, in ``pipe``, the counts of jobs queued, being moved, started or scheduled on ``queues``."""
-    for queue in queues:
-        pipe.llen(queue.key)
-        pipe.llen(queue.intermediate_queue_key)
-        pipe.zcard(queue.started_job_registry.key)
-        pipe.zcard(queue.scheduled_job_registry.key)
-
-
-def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
-    """Jobs queued, being moved, started or scheduled on the named queues."""
-    with connection.pipeline(transaction=False) as pipe:
-        _count_jobs(pipe, queues_for(connection, queue_names))
-        return sum(int(n) for n in pipe.execute())
-
-
-def pending_work(connection: Redis, sites: Iterable[str]) -> int:
-    """Whether anything is left for ``sites``: how much, or 0.
-
-    Delayed retries, RQ jobs, every page to parse and records waiting for the database
-    are counted in one round trip; the compact frontiers (their levels, then a script a
-    site: two more) only when those come to nothing. So the answer is exact when it is
-    0, and a lower bound otherwise: an idle worker asks this often while a crawl runs.
-    """
-    sites = list(sites)
-    with connection.pipeline(transaction=False) as pipe:
-        for site in sites:
-            pipe.hget(keys.stats(site), "delayed")
-        outbox.count_waiting(pipe)  # records waiting for the database
-        pipe.xlen(keys.pages())  # pages unread or being parsed: deleted once done with
-        _count_jobs(pipe, queues_for(connection, [keys.download_queue(site) for site in sites]))
-        waiting = sum(int(n or 0) for n in pipe.execute())
-    return waiting or sum(frontier_sizes(connection, sites))
-
-
-def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
-    """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
-
-    Checked twice a moment apart, so work passing between two lists is not missed.
-    """
-    sites = list(sites)
-    if pending_work(connection, sites):
-        return False
-    time.sleep(0.05)
-    return pending_work(connection, sites) == 0
-
-
-class _Watchdog:
-    """One thread per process that raises jobs' timeouts in their worker threads.
-
-    Deadlines are armed and disarmed under one lock, and fired under it, so a timeout
-    never fires after its job's ``with`` block has disarmed it.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._armed: dict[int, tuple[float, Callable[[], Any]]] = {}
-        self._tokens = 0
-        self._thread: threading.Thread | None = None
-        #: When the watchdog thread wakes up next on its own (inf: it waits for an arm).
-        self._wakes_at = float("inf")
-
-    def arm(self, seconds: float, fire: Callable[[], Any]) -> int:
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="job-timeouts", daemon=True)
-                self._thread.start()
-            self._tokens += 1
-            due = time.monotonic() + seconds
-            self._armed[self._tokens] = (due, fire)
-            # Woken only for a deadline earlier than the one it waits for: a job's deadline is
-            # nearly always later, and a wake-up per job cost a thread switch per job.
-            if due < self._wakes_at:
-                self._cond.notify()
-            return self._tokens
-
-    def disarm(self, token: int) -> None:
-        with self._cond:
-            self._armed.pop(token, None)
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                if not self._armed:
-                    self._wakes_at = float("inf")
-                    self._cond.wait()
-                    continue
-                token, (due, fire) = min(self._armed.items(), key=lambda kv: kv[1][0])
-                left = due - time.monotonic()
-                if left > 0:  # a deadline disarmed meanwhile only costs a wake-up to look again
-                    self._wakes_at = due
-                    self._cond.wait(left)
-                    continue
-                del self._armed[token]
-                try:
-                    fire()
-                except (ValueError, SystemError):  # the thread is gone: nothing left to stop
-                    log.warning("job timeout could not be raised in its thread", exc_info=True)
-
-
-_WATCHDOG = _Watchdog()
-
-
-class WatchdogDeathPenalty(TimerDeathPenalty):
-    """RQ's thread-safe job timeout, with one watchdog thread per process, not a timer thread per job.
-
-    Same effect as ``TimerDeathPenalty`` (the job's thread gets ``JobTimeoutException``
-    when the job overruns), without starting and cancelling a thread for every job
-    (about 0.1 ms of CPU each, measured).
-    """
-
-    _token: int | None = None
-
-    def setup_death_penalty(self) -> None:
-        if self._timeout > 0:
-            self._token = _WATCHDOG.arm(self._timeout, self.handle_death_penalty)
-
-    def cancel_death_penalty(self) -> None:
-        if self._token is not None:
-            _WATCHDOG.disarm(self._token)
-            self._token = None
 
 
 class LeaseKeeper:
@@ -487,7 +360,7 @@ class CrawlWorker(SimpleWorker):
         if now - self._last_reap >= REAP_EVERY:
             self._last_reap = now
             reap(self.connection)
-        if now - self._last_flush >= FLUSH_EVERY:
+        if now - self._last_flush >= outbox.FLUSH_EVERY:
             self._last_flush = now
             outbox.flush(self.runtime)
 

@@ -20,7 +20,7 @@ cannot hold, not an outage) is recorded failed with the reason, and the worker g
 instead), as it does RQ's download workers.
 SIGTERM (or the launcher's stop event) stops it after the current page;
 the rest of its batch goes back to the stream. ``--burst``: it exits when the crawl is
-drained (``workers.crawl_drained``).
+drained (``drain.crawl_drained``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ from ..coord.vetting import RefusedEntry, page_entry
 from ..errors import ConfigError, RefusedRecord
 from ..store import outbox
 from . import jobs, runtime
-from .download_worker import FLUSH_EVERY, SUSPENSION_CHECK_EVERY, WatchdogDeathPenalty, crawl_drained
+from .drain import crawl_drained
+from .watchdog import WatchdogDeathPenalty
 
 log = logging.getLogger("crawler.parsing")
 
@@ -65,6 +66,8 @@ RECLAIM_EVERY = 1.0
 FORGET_EVERY = 60.0
 #: Seconds a worker waits after handing back pages of sites it has no spider for.
 HAND_BACK_WAIT = 1.0
+#: Seconds between two looks for ``rq suspend`` (one EXISTS), before a batch is read.
+SUSPENSION_CHECK_EVERY = 1.0
 
 
 class EntryLease:
@@ -253,7 +256,7 @@ class ParseWorker:
     def _periodic(self) -> None:
         """Fetch records waiting for the database (every 2 s); long-gone consumers out of the group."""
         now = time.monotonic()
-        if now - self._last_flush >= FLUSH_EVERY:
+        if now - self._last_flush >= outbox.FLUSH_EVERY:
             self._last_flush = now
             outbox.flush(self.runtime)
         if now - self._last_forget >= FORGET_EVERY:
