@@ -3,7 +3,7 @@
 With no NAME every benchmark runs, in the order below; ``--quick`` runs each in a
 smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
 ``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``. Each
-benchmark runs on its own private Redis (``crawler.connection.EmbeddedRedis``) unless
+benchmark runs on its own private Redis (``crawler.coord.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``). Scrapy, for the throughput
 comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
 /tmp/benchvenv (install with ``pip install -r bench/requirements.txt``).

@@ -2,7 +2,7 @@
 
 Redis: ``BENCH_REDIS_URL`` if set (the benchmarks then never flush it: they use site
 names unique to the run and delete only keys carrying that run's tag), else a private
-``redis-server`` started with ``crawler.connection.EmbeddedRedis`` on a unix socket
+``redis-server`` started with ``crawler.coord.connection.EmbeddedRedis`` on a unix socket
 in a temporary directory, stopped afterwards.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from redis import Redis
 
-from crawler.connection import EmbeddedRedis, connect
+from crawler.coord.connection import EmbeddedRedis, connect
 
 #: Environment variable naming a Redis the benchmarks may use instead of a private one.
 REDIS_URL_ENV = "BENCH_REDIS_URL"
@@ -394,7 +394,7 @@ def crawl_settings(
     settings = Settings(**values)
     # Create the schema once before any worker starts, as ``crawler crawl`` does: worker
     # processes creating it at the same moment race ("table items already exists").
-    from crawler.store import Store
+    from crawler.store.database import Store
 
     Store(settings.database_url).close()
     return settings
@@ -413,7 +413,7 @@ def write_config(path: Path, settings: Any) -> Path:
 
 def crawler_command(config: Path) -> list[str]:
     """The ``crawler`` command of this Python, reading ``config``."""
-    return [sys.executable, "-c", "from crawler.cli import main; main()", "--config", str(config)]
+    return [sys.executable, "-c", "from crawler.cli.app import main; main()", "--config", str(config)]
 
 
 def run_until_exit(processes: Sequence[Any], timeout: float) -> tuple[float, bool]:
@@ -421,7 +421,7 @@ def run_until_exit(processes: Sequence[Any], timeout: float) -> tuple[float, boo
 
     Returns the seconds waited and whether they all exited on their own.
     """
-    from crawler.launcher import stop_workers
+    from crawler.work.launcher import stop_workers
 
     started = time.monotonic()
     deadline = started + timeout
@@ -436,7 +436,7 @@ def run_until_exit(processes: Sequence[Any], timeout: float) -> tuple[float, boo
 
 def stored_items(database_url: str, site: str) -> int:
     """How many items ``site`` has in the database."""
-    from crawler.store import Store
+    from crawler.store.database import Store
 
     store = Store(database_url)
     try:

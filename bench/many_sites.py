@@ -37,11 +37,11 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from crawler import keys
-from crawler.frontier import DownloadTask, Frontier
-from crawler.scheduler import JOBS_AHEAD, Scheduler, publish_conf
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier
+from crawler.coord.scheduler import JOBS_AHEAD, Scheduler, publish_conf
+from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
-from crawler.vetting import DOWNLOAD_FUNC
 
 from .common import BenchRedis, BenchResult, Check, command_delta, command_stats, counting_client
 

@@ -5,7 +5,7 @@ memory``, before and after, divided by the count):
 
 - **queued URL**: N download tasks for ~86-character URLs appended to one site's compact
   frontier with ``Frontier.push`` (pipelined batches), as the parse step queues them;
-- **seen URL**: N fingerprints (``crawler.frontier.fingerprint``) added to the site's
+- **seen URL**: N fingerprints (``crawler.coord.frontier.fingerprint``) added to the site's
   seen set (SADD in pipelined batches), as dedup keeps them;
 - **seen URL as the crawler adds it**: the same N URLs through ``Frontier._mark_seen``
   (the ``ADD_SEEN`` script);
@@ -17,7 +17,7 @@ memory``, before and after, divided by the count):
   JSON serializer, ``description=url`` and the crawler's job options
   (``Queue.prepare_data`` + ``enqueue_many``), as every queued URL used to cost;
 - **worker RSS**: a download worker process and a parse worker process (one worker
-  thread each, ``crawler.launcher.start_workers``) crawl a demo shop of a few hundred
+  thread each, ``crawler.work.launcher.start_workers``) crawl a demo shop of a few hundred
   products; their RSS (and USS) is sampled every ``RSS_EVERY`` seconds with psutil, and
   the last sample before they exit (burst, crawl drained) and the peak are reported.
 
@@ -34,13 +34,13 @@ from typing import Any
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, seed
+from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.demo import ShopSite
-from crawler.frontier import DownloadTask, Frontier, fingerprint, seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.runtime import Runtime
 from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
-from crawler.vetting import DOWNLOAD_FUNC
+from crawler.work.launcher import WorkerSpec, start_workers
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, stored_items
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from crawler.frontier import Frontier
-from crawler.spider import Page, Request, Spider
+from crawler.coord.frontier import Frontier
+from crawler.spiders.spider import Page, Request, Spider
 
 from .common import BenchRedis, BenchResult, Check
 

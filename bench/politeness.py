@@ -3,7 +3,7 @@
 What is measured: one demo shop (``ShopSite``, no faults) per configuration, crawled end
 to end (robots.txt, home, listing pages, every product, the PDF) by W download workers
 (threads) spread over P worker processes, plus one parse process, all burst workers
-started with ``crawler.launcher.start_workers``. Each configuration has its own site
+started with ``crawler.work.launcher.start_workers``. Each configuration has its own site
 name (a ``DemoShop`` subclass written into a temporary sites dir) and its own shop, so
 nothing carries over between runs. The site's interval comes from a config-style
 override (``Settings(sites={name: {"interval": ...}})``); ``gate_margin`` is left at
@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.runtime import Runtime
+from crawler.work.launcher import WorkerSpec, start_workers
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, gaps, run_until_exit, steady_rate, stored_items
 

@@ -20,10 +20,10 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.runtime import Runtime
+from crawler.work.launcher import WorkerSpec, start_workers
+from crawler.work.runtime import Runtime
 
 from . import throughput
 from .common import (
@@ -38,35 +38,35 @@ from .common import (
 
 #: Frames whose inclusive share is shown (a substring of py-spy's ``function (file:line)``).
 WATCHED = (
-    ("job function: download", "download (crawler/jobs.py"),
-    ("job function: parse", "parse (crawler/jobs.py"),
-    ("  robots check", "allowed (crawler/robots.py"),
-    ("  gate take", "take_gate (crawler/runtime.py"),
-    ("  HTTP GET (httpx)", "get (crawler/fetch.py"),
-    ("  hand to parser (zlib + enqueue)", "_hand_to_parser (crawler/jobs.py"),
+    ("job function: download", "download (crawler/work/jobs.py"),
+    ("job function: parse", "parse (crawler/work/jobs.py"),
+    ("  robots check", "allowed (crawler/work/robots.py"),
+    ("  gate take", "take_gate (crawler/work/runtime.py"),
+    ("  HTTP GET (httpx)", "get (crawler/http/fetch.py"),
+    ("  hand to parser (zlib + enqueue)", "_hand_to_parser (crawler/work/jobs.py"),
     ("  spider callback (selectolax)", "parse_product (crawler/demo/spider.py"),
     ("  spider callback, listing", "parse (crawler/demo/spider.py"),
-    ("  upsert items", "upsert_items (crawler/store.py"),
-    ("  frontier.add", "add (crawler/frontier.py"),
-    ("  job_done (fetch record + metrics)", "job_done (crawler/events.py"),
-    ("    record_fetches (SQLAlchemy)", "record_fetches (crawler/store.py"),
-    ("    metrics pipeline", "count_job (crawler/metrics.py"),
+    ("  upsert items", "upsert_items (crawler/store/database.py"),
+    ("  frontier.add", "add (crawler/coord/frontier.py"),
+    ("  job_done (fetch record + metrics)", "job_done (crawler/work/events.py"),
+    ("    record_fetches (SQLAlchemy)", "record_fetches (crawler/store/database.py"),
+    ("    metrics pipeline", "count_job (crawler/ops/metrics.py"),
     ("RQ perform_job (all of a job's life)", "perform_job (rq/worker/base.py"),
-    ("ours: perform_job (all of a job's life)", "perform_job (crawler/workers.py"),
-    ("  ours: one-step success (joblife.finish)", "finish (crawler/joblife.py"),
-    ("ours: claim (joblife.claim)", "claim (crawler/joblife.py"),
+    ("ours: perform_job (all of a job's life)", "perform_job (crawler/work/download_worker.py"),
+    ("  ours: one-step success (joblife.finish)", "finish (crawler/coord/joblife.py"),
+    ("ours: claim (joblife.claim)", "claim (crawler/coord/joblife.py"),
     ("  RQ prepare_job_execution", "prepare_job_execution (rq/worker/base.py"),
     ("  RQ _finalize_success", "_finalize_success (rq/worker/base.py"),
     ("    RQ handle_job_success", "handle_job_success (rq/worker/base.py"),
     ("RQ prepare_execution", "prepare_execution (rq/worker/base.py"),
     ("thread starts (per-job heartbeat, timers)", "start (threading.py"),
-    ("dequeue loop (next job)", "dequeue_job_and_maintain_ttl (crawler/workers.py"),
-    ("  PICK_SITE, NEXT_JOB / scheduler", "next (crawler/scheduler.py"),
+    ("dequeue loop (next job)", "dequeue_job_and_maintain_ttl (crawler/work/download_worker.py"),
+    ("  PICK_SITE, NEXT_JOB / scheduler", "next (crawler/coord/scheduler.py"),
     ("  Job.fetch", "fetch (rq/job.py"),
-    ("  refill", "refill (crawler/frontier.py"),
-    ("  drain check", "crawl_drained (crawler/workers.py"),
-    ("  promote / reap", "_periodic (crawler/workers.py"),
-    ("worker heartbeat", "heartbeat (crawler/workers.py"),
+    ("  refill", "refill (crawler/coord/frontier.py"),
+    ("  drain check", "crawl_drained (crawler/work/drain.py"),
+    ("  promote / reap", "_periodic (crawler/work/download_worker.py"),
+    ("worker heartbeat", "heartbeat (crawler/work/download_worker.py"),
     ("redis-py: send + read (all callers)", "execute_command (redis/client.py"),
     ("redis-py: pipelines (all callers)", "execute (redis/client.py"),
     ("SQLAlchemy execute (all callers)", "execute (sqlalchemy/engine/base.py"),
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         before = command_stats(redis.connection)
         # Forked, as ``crawler crawl`` starts them (this process runs the shop's threads, so
         # ``start_workers`` would spawn): no import in the samples, the work alone.
-        with mock.patch("crawler.launcher.start_method", return_value="fork"):
+        with mock.patch("crawler.work.launcher.start_method", return_value="fork"):
             procs = start_workers(specs, settings, redis.url)
         spies = []
         for spec, proc in zip(specs, procs, strict=True):

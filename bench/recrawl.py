@@ -26,13 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import seed
+from crawler.coord.scheduler import Scheduler
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.runtime import Runtime
-from crawler.scheduler import Scheduler
-from crawler.store import Store
+from crawler.store.database import Store
+from crawler.work.launcher import WorkerSpec, start_workers
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, run_until_exit
 

@@ -25,11 +25,11 @@ from typing import Any
 
 import psutil
 
+from crawler.coord.frontier import seed
 from crawler.demo.spa import SpaSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers
-from crawler.render import find_browser
-from crawler.runtime import Runtime
+from crawler.work.launcher import WorkerSpec, start_workers
+from crawler.work.render import find_browser
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, run_until_exit, stored_items
 

@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from crawler import keys
-from crawler.connection import connect
+from crawler.coord import keys
+from crawler.coord.connection import connect
+from crawler.coord.frontier import SEED_PRIORITY, seed
 from crawler.demo import ShopSite
-from crawler.frontier import SEED_PRIORITY, seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers
-from crawler.runtime import Runtime
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, fmt
 
@@ -118,7 +118,7 @@ def seed_command(settings: Any, site: str, path: Path) -> list[str]:
     return [
         sys.executable,
         "-c",
-        "from crawler.cli import main; main()",
+        "from crawler.cli.app import main; main()",
         "--redis-url",
         settings.redis_url,
         "--database-url",

@@ -86,14 +86,16 @@ def _rss_kib() -> int:
 
 def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     """In a child process: serve the sitemap, run its download and parse jobs, send the figures."""
-    from crawler import jobs, keys
-    from crawler.connection import connect
-    from crawler.frontier import DownloadTask
-    from crawler.runtime import Runtime, install
+    from crawler.coord import keys
+    from crawler.coord.connection import connect
+    from crawler.coord.frontier import DownloadTask
+    from crawler.coord.vetting import page_entry
     from crawler.settings import Settings
-    from crawler.sitemaps import SITEMAP_CALLBACK
-    from crawler.spider import Spider, SpiderSet
-    from crawler.vetting import page_entry
+    from crawler.spiders.loading import SpiderSet
+    from crawler.spiders.spider import Spider
+    from crawler.work import jobs
+    from crawler.work.runtime import Runtime, install
+    from crawler.work.sitemaps import SITEMAP_CALLBACK
 
     body, size = _document(count)
 

@@ -3,7 +3,7 @@
 What is measured: four demo shops, one slow (300 ms per response) and three fast
 (10 ms), each with its own interval, every product URL seeded up front (so each site has
 far more queued work than a run can use). Download workers run as burst workers over
-several processes (``crawler.launcher.start_workers``), one parse process beside them.
+several processes (``crawler.work.launcher.start_workers``), one parse process beside them.
 After a warm-up (process start, robots.txt, first refills) the requests arriving at
 each shop during a fixed window are counted: achieved rate = requests / window, and
 utilization = achieved total rate / sum of 1/interval (target >= 0.95). The ratio
@@ -24,8 +24,8 @@ Further configurations (full run only): 3 workers with ``gate_margin`` 2 ms inst
 of the default (what the margin costs), 4 workers, and 3 workers with a cold
 robots.txt cache.
 
-For contrast (``naive``): the same shops, gates (``crawler.gate.site_gate``, rearmed
-on send) and HTTP client (``crawler.fetch.Fetcher``), the same number of worker
+For contrast (``naive``): the same shops, gates (``crawler.coord.gate.site_gate``, rearmed
+on send) and HTTP client (``crawler.http.fetch.Fetcher``), the same number of worker
 threads, but each worker takes the next URL in round-robin order over the sites (as an
 RQ worker over per-site queues would) and waits on that site's gate.
 """
@@ -41,13 +41,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from crawler.coord.frontier import seed
+from crawler.coord.gate import site_gate
 from crawler.demo import ShopSite
-from crawler.fetch import Fetcher
-from crawler.frontier import seed
-from crawler.gate import site_gate
-from crawler.launcher import WorkerSpec, start_workers, stop_workers
-from crawler.runtime import Runtime
+from crawler.http.fetch import Fetcher
 from crawler.settings import DEFAULT_GATE_MARGIN
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, gaps
 

@@ -3,9 +3,9 @@
 Spider authors need only the names below; everything else is internal.
 """
 
-from .items import DropItem
-from .pacing import Auto
-from .spider import Page, Request, Spider
+from .settings import Auto
+from .spiders.items import DropItem
+from .spiders.spider import Page, Request, Spider
 
 __all__ = ["Auto", "DropItem", "Page", "Request", "Spider"]
 __version__ = "0.1.0"

@@ -22,8 +22,8 @@
         └── RefusedRecord    the database refused a record's data (not an outage): the page fails
 
 HTTP library exceptions are translated into this tree in one place
-(``crawler.fetch``), so retry rules depend only on these classes; database errors
-that refuse the data written (not the connection) become RefusedRecord in ``crawler.store``.
+(``crawler.http.fetch``), so retry rules depend only on these classes; database errors
+that refuse the data written (not the connection) become RefusedRecord in ``crawler.store.database``.
 """
 
 from __future__ import annotations

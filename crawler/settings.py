@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -173,13 +174,46 @@ def interval_problem(value: Any) -> str | None:
     return None
 
 
+#: Pace multiplier of a response's elapsed time (Heritrix's default ``delayFactor``).
+DEFAULT_FACTOR = 5.0
+#: Fraction by which the pace eases down after each healthy, fast answer.
+DEFAULT_EASE = 0.1
+
+
+@dataclass(frozen=True)
+class Auto:
+    """An interval that follows the site: ``factor`` × the last response time, within [min, max] seconds.
+
+    It doubles on 429/503/504 and timeouts, and eases down by ``ease`` (a fraction)
+    per healthy answer faster than that. One value per site, in Redis, for the fleet.
+    """
+
+    min: float = 0.5
+    max: float = 30.0
+    factor: float = DEFAULT_FACTOR
+    ease: float = DEFAULT_EASE
+
+    def __post_init__(self) -> None:
+        for name in ("min", "max", "factor", "ease"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"Auto {name} must be a number, got {value!r}")
+        if not 0 < self.min <= self.max:
+            raise ValueError(f"Auto needs 0 < min <= max, got min={self.min!r} max={self.max!r}")
+        if self.factor <= 0:
+            raise ValueError(f"Auto factor must be greater than 0, got {self.factor!r}")
+        if not 0 <= self.ease < 1:
+            raise ValueError(f"Auto ease must be at least 0 and below 1, got {self.ease!r}")
+
+    def __str__(self) -> str:
+        return f"auto {self.min:g}-{self.max:g}s"
+
+
 def check_site_interval(name: str, value: Any) -> Any:
     """A site's interval in the config file: seconds (> 0), or a mapping of ``Auto``'s fields
     (``{min: 0.5, max: 30}``, ``factor`` and ``ease`` optional) for an adaptive one."""
     if not isinstance(value, Mapping):
         return check_interval(name, value)
-    from .pacing import Auto
-
     unknown = sorted(set(value) - {"min", "max", "factor", "ease"})
     if unknown:
         raise ConfigError(
@@ -228,10 +262,32 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
+def parse_proxies(value: Any, where: str) -> list[str]:
+    """``value`` (a URL, a comma-separated string of them, or a list) as proxy URLs; ConfigError if one is bad.
+
+    The error names ``where`` and the proxy without its credentials.
+    """
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"config: {where} must be a proxy URL or a list of them")
+    proxies = [item.strip() for item in items if item.strip()]
+    for proxy in proxies:
+        try:
+            parts = urlsplit(proxy)
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"config: {where}: malformed proxy URL {redact_url(proxy)}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+            raise ConfigError(
+                f"config: {where}: a proxy is http(s)://[user:password@]host:port, got {redact_url(proxy)}"
+            )
+    return proxies
+
+
 def check_proxy(name: str, value: Any) -> Any:
     """Proxy URL(s): one, a comma-separated string, or a list; the error hides credentials."""
-    from .proxies import parse_proxies  # proxies imports this module
-
     parse_proxies(value, name)
     return value
 

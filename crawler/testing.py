@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .devtools import Outputs, page_of, run_callback
-from .spider import Page, Spider, SpiderSet
+from .ops.devtools import Outputs, page_of, run_callback
+from .spiders.loading import SpiderSet
+from .spiders.spider import Page, Spider
 
 __all__ = ["CrawlResult", "Outputs", "crawl", "run_page"]
 
@@ -60,7 +61,7 @@ def run_page(
 
     Items are what a crawl would store: past the spider's ``process_item`` and its
     pipelines (opened for this page and closed after it); ``dropped`` says why each
-    dropped item was. A failing step raises ``crawler.items.ItemError`` (its cause the
+    dropped item was. A failing step raises ``crawler.spiders.items.ItemError`` (its cause the
     original exception, e.g. pydantic's ValidationError).
 
     ``body``: the page as bytes, as text, or a path to a saved file; None downloads
@@ -86,7 +87,7 @@ def run_page(
 
 
 def _download(url: str, meta: Mapping[str, Any] | None, content_types: tuple[str, ...]) -> Page:
-    from .fetch import Fetcher
+    from .http.fetch import Fetcher
     from .settings import Settings
 
     defaults = Settings()
@@ -142,13 +143,13 @@ def crawl(
     (``{"max_retries": 0}``). Raises TimeoutError if the crawl has not drained within
     ``timeout`` seconds.
     """
-    from .connection import EmbeddedRedis, connect
+    from .coord.connection import EmbeddedRedis, connect
+    from .coord.frontier import seed
+    from .coord.seeding import seed_start
     from .errors import ConfigError
-    from .frontier import seed
-    from .seeding import seed_start
     from .settings import load_settings
-    from .spidercheck import check_spider
-    from .store import Store
+    from .spiders.check import check_spider
+    from .store.database import Store
 
     if attributes:
         spider = type(spider.__name__, (spider,), attributes)
@@ -187,19 +188,19 @@ class _installed:
     """A Runtime installed for in-thread jobs, and the one before it put back afterwards."""
 
     def __init__(self, connection: Any, settings: Any, spiders: SpiderSet):
-        from .runtime import Runtime
+        from .work.runtime import Runtime
 
         self.runtime = Runtime(connection, settings, spiders)
 
     def __enter__(self) -> Any:
-        from . import runtime
+        from .work import runtime
 
         self.previous = runtime._current
         runtime.install(self.runtime)
         return self.runtime
 
     def __exit__(self, *exc: object) -> None:
-        from . import runtime
+        from .work import runtime
 
         runtime._current = self.previous
         self.runtime.close()
@@ -212,8 +213,8 @@ def start_burst_workers(
 
     Returns the threads (started) and the event that stops them; ``join_burst_workers`` waits.
     """
-    from .parsing import ParseWorker
-    from .workers import DownloadWorker
+    from .work.download_worker import DownloadWorker
+    from .work.parse_worker import ParseWorker
 
     stop = threading.Event()
     workers: list[DownloadWorker | ParseWorker] = [

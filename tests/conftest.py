@@ -16,10 +16,10 @@ import pytest
 from crawling import postgres_server_url
 from redis import Redis
 
-from crawler.connection import EmbeddedRedis, connect
+from crawler.coord.connection import EmbeddedRedis, connect
 from crawler.demo import ShopSite
-from crawler.runtime import Runtime, install
 from crawler.settings import Settings, load_settings
+from crawler.work.runtime import Runtime, install
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +52,7 @@ def postgres_url() -> str:
     url = postgres_server_url()
     from sqlalchemy import create_engine
 
-    from crawler.store import metadata
+    from crawler.store.database import metadata
 
     engine = create_engine(url)
     metadata.drop_all(engine)

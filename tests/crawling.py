@@ -15,10 +15,10 @@ import pytest
 from click.testing import Result
 from redis import Redis
 
-from crawler.runtime import Runtime, install
 from crawler.settings import Settings
-from crawler.store import Store
+from crawler.store.database import Store
 from crawler.testing import join_burst_workers, start_burst_workers
+from crawler.work.runtime import Runtime, install
 
 #: Seconds an in-process crawl may take before the test fails.
 CRAWL_TIMEOUT = 60.0
@@ -145,7 +145,7 @@ def cli_reporting_peak_rss(report: Path) -> list[str]:
         f"    with open({str(report)!r}, 'w') as out:\n"
         "        out.write(peak)\n"
         "atexit.register(_report)\n"
-        "from crawler.cli import main\n"
+        "from crawler.cli.app import main\n"
         "main()\n"
     )
     return [sys.executable, "-c", code]

@@ -14,16 +14,17 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import joblife, jobs, keys
+from crawler.coord import joblife, keys
+from crawler.coord.frontier import DownloadTask, Frontier, seed
+from crawler.coord.policy import set_live
+from crawler.coord.scheduler import JOBS_AHEAD
+from crawler.coord.vetting import MAX_BATCH, CrawlerJob
 from crawler.demo import ShopSite
-from crawler.frontier import DownloadTask, Frontier, seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.policy import set_live
-from crawler.runtime import BATCH_BELOW, Runtime, install
-from crawler.scheduler import JOBS_AHEAD
 from crawler.settings import Settings
-from crawler.spider import Request
-from crawler.vetting import MAX_BATCH, CrawlerJob
+from crawler.spiders.spider import Request
+from crawler.work import jobs
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import BATCH_BELOW, Runtime, install
 
 SITE = "demo"
 #: An interval under BATCH_BELOW: the site gets batch jobs.

@@ -23,12 +23,13 @@ from crawling import assert_one_line_error
 from redis import Redis
 from rq import Queue
 
-from crawler import keys
-from crawler.cli import cli, format_eta
-from crawler.frontier import SEED_PRIORITY, Frontier
-from crawler.frontier import seed as seed_urls
-from crawler.scheduler import Scheduler
-from crawler.store import OK, FetchRecord, Item, Store
+from crawler.cli.app import cli
+from crawler.cli.crawl import format_eta
+from crawler.coord import keys
+from crawler.coord.frontier import SEED_PRIORITY, Frontier
+from crawler.coord.frontier import seed as seed_urls
+from crawler.coord.scheduler import Scheduler
+from crawler.store.database import OK, FetchRecord, Item, Store
 
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 UNREACHABLE_DATABASE = "postgresql+psycopg://u:secret@127.0.0.1:1/x"
@@ -86,7 +87,7 @@ def stderr_lines(result: Result) -> list[str]:
 
 def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("crawler")
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli import main; main()"]
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli.app import main; main()"]
     env = {
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
     }
@@ -349,7 +350,7 @@ def test_console_script_reports_unreachable_database_in_one_line(
 @pytest.fixture
 def password_redis(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """A private redis-server that requires a password: (its URL with the password in the query, the password)."""
-    from crawler.connection import redis_server_binary
+    from crawler.coord.connection import redis_server_binary
 
     password = "hunter2-" + os.urandom(4).hex()
     sock = tmp_path / "pw.sock"
@@ -513,7 +514,7 @@ def test_seed_all_seeds_every_spiders_start_requests_in_one_process(
 ) -> None:
     names = _write_spiders(sites_dir, 60)
     result = subprocess.run(
-        [sys.executable, "-c", "from crawler.cli import main; main()", *base_args, "seed", "--all"],
+        [sys.executable, "-c", "from crawler.cli.app import main; main()", *base_args, "seed", "--all"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -523,7 +524,7 @@ def test_seed_all_seeds_every_spiders_start_requests_in_one_process(
     for name in names:
         assert _queued(redis_conn, name) == 1
     again = subprocess.run(
-        [sys.executable, "-c", "from crawler.cli import main; main()", *base_args, "seed", "--all"],
+        [sys.executable, "-c", "from crawler.cli.app import main; main()", *base_args, "seed", "--all"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -584,7 +585,7 @@ def test_status_shows_pending_refreshes_and_the_observed_rate(
 def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(
     redis_conn: Redis, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crawler import cli as cli_module
+    from crawler.cli import crawl as cli_module
 
     seed_urls(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
     monkeypatch.setattr(cli_module, "PROGRESS_LOG_EVERY", 0.0)
@@ -608,7 +609,7 @@ def test_eta_formats() -> None:
 
 
 def test_status_shows_the_parse_backlog(invoke: Invoke, redis_conn: Redis) -> None:
-    from crawler import keys, pages
+    from crawler.coord import keys, pages
 
     assert json.loads(invoke("status", "--json").stdout)["parse"] == {"queued": 0, "in_flight": 0}
     for n in range(3):

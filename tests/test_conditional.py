@@ -15,16 +15,18 @@ from crawling import installed_runtime, run_in_threads
 from redis import Redis
 from sqlalchemy import inspect
 
-from crawler import jobs, keys
-from crawler.conditional import check_validators, request_headers, validators_of
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, seed
+from crawler.coord.scheduler import Scheduler, decode_entry
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
-from crawler.failures import failed_pages
-from crawler.frontier import DownloadTask, seed
-from crawler.scheduler import Scheduler, decode_entry
+from crawler.http.conditional import check_validators, request_headers, validators_of
+from crawler.ops.failures import failed_pages
 from crawler.settings import Settings
-from crawler.spider import Page, SpiderSet
-from crawler.store import FAILED, OK, UNCHANGED, Store
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page
+from crawler.store.database import FAILED, OK, UNCHANGED, Store
+from crawler.work import jobs
 
 PRODUCTS = 8
 REFRESH = 1.0

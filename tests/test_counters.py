@@ -15,16 +15,16 @@ import redis
 from crawling import join_all, start_in_threads
 from redis import Redis
 
-from crawler import counters, keys
-from crawler.counters import Counters
+from crawler.coord import counters, keys
+from crawler.coord.counters import Counters
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.parsing import ParseWorker
-from crawler.reset import reset_site
-from crawler.runtime import Runtime
-from crawler.status import site_status
-from crawler.store import OK
-from crawler.workers import DownloadWorker, crawl_drained
+from crawler.ops.reset import reset_site
+from crawler.ops.status import site_status
+from crawler.store.database import OK
+from crawler.work.download_worker import DownloadWorker, crawl_drained
+from crawler.work.parse_worker import ParseWorker
+from crawler.work.runtime import Runtime
 
 SITE = "shop"
 #: A write interval no test waits for: what is written comes from an explicit write.

@@ -20,12 +20,12 @@ from rq import Queue, Worker
 from rq.serializers import JSONSerializer
 from werkzeug.serving import make_server
 
-from crawler import keys
-from crawler.connection import redis_server_binary
-from crawler.dashboard import make_app
+from crawler.coord import keys
+from crawler.coord.connection import redis_server_binary
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.errors import ConfigError
-from crawler.frontier import seed
+from crawler.ops.dashboard import make_app
 from crawler.settings import Settings
 
 
@@ -114,7 +114,7 @@ def serving(app: Any) -> Iterator[str]:
 def eight_download_jobs(url: str) -> Queue:
     queue = Queue(keys.download_queue("demo"), connection=Redis.from_url(url), serializer=JSONSerializer)
     for n in range(8):
-        queue.enqueue("crawler.jobs.download", f"http://shop.example/{n}")
+        queue.enqueue("crawler.work.jobs.download", f"http://shop.example/{n}")
     return queue
 
 

@@ -15,7 +15,7 @@ from selectolax.lexbor import LexborHTMLParser
 
 from crawler.demo import DemoShop, ShopSite
 from crawler.demo import shop as shop_module
-from crawler.spider import Page, Request
+from crawler.spiders.spider import Page, Request
 
 PRODUCTS = 45
 PER_PAGE = 20

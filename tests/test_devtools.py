@@ -16,12 +16,12 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import Frontier
+from crawler.coord.frontier import seed as seed_urls
 from crawler.demo import ShopSite
-from crawler.devtools import QUEUED, REFUSED, SEEN, route
-from crawler.frontier import Frontier
-from crawler.frontier import seed as seed_urls
-from crawler.spider import Request
+from crawler.ops.devtools import QUEUED, REFUSED, SEEN, route
+from crawler.spiders.spider import Request
 
 Invoke = Callable[..., Result]
 
@@ -65,8 +65,8 @@ def invoke(redis_url: str, redis_conn: Redis, sqlite_url: str, sites_dir: Path) 
     return run
 
 
-def cli_group():  # imported late: crawler.cli registers these commands when it loads
-    from crawler.cli import cli
+def cli_group():  # imported late: crawler.cli.app registers these commands when it loads
+    from crawler.cli.app import cli
 
     return cli
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from crawler.cli import cli
+from crawler.cli.app import cli
 from crawler.settings import SITE_KEYS, Settings, read_environment
 
 REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "CONFIGURATION.md"

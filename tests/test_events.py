@@ -9,10 +9,10 @@ from pathlib import Path
 from redis import Redis
 from test_cli import run_console_script
 
+from crawler.coord.frontier import Frontier, seed
 from crawler.demo import ShopSite
-from crawler.events import JSONFormatter, fields, summary
-from crawler.frontier import Frontier, seed
-from crawler.store import FAILED, OK, FetchRecord, utcnow
+from crawler.store.database import FAILED, OK, FetchRecord, utcnow
+from crawler.work.events import JSONFormatter, fields, summary
 
 
 def record(**changes: object) -> FetchRecord:
@@ -63,7 +63,9 @@ def test_json_formatter_puts_job_fields_at_the_top_level() -> None:
     assert line["logger"] == "crawler.job" and line["level"] == "info"
     assert (line["outcome"], line["status"], line["url"]) == (OK, 200, "http://127.0.0.1:9/p")
     assert line["time"].endswith("Z") and "message" not in line
-    plain = logging.LogRecord("crawler.workers", logging.WARNING, __file__, 1, "Redis is %s", ("back",), None)
+    plain = logging.LogRecord(
+        "crawler.work.download_worker", logging.WARNING, __file__, 1, "Redis is %s", ("back",), None
+    )
     assert json.loads(formatter.format(plain))["message"] == "Redis is back"
 
 

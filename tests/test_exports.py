@@ -18,9 +18,9 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error, cli_reporting_peak_rss
 from redis import Redis
 
-from crawler import keys
-from crawler.cli import cli
-from crawler.store import Item, Store
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.store.database import Item, Store
 
 SPIDER = """
 from crawler import Spider
@@ -191,7 +191,7 @@ def test_crawl_with_an_output_it_cannot_write_fails_in_one_line_before_crawling(
 
 def test_parquet_without_pyarrow_is_a_one_line_error_and_no_file(base: list[str], tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
-    code = "import sys; sys.modules['pyarrow'] = None; from crawler.cli import main; main()"  # as if not installed
+    code = "import sys; sys.modules['pyarrow'] = None; from crawler.cli.app import main; main()"  # as if not installed
     out = tmp_path / "items.parquet"
     command = [sys.executable, "-c", code, *base, "export", "stock", "-o", str(out)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)

@@ -17,16 +17,16 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error, installed_runtime, run_in_threads
 from redis import Redis
 
-from crawler import keys
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, seed
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError
-from crawler.failures import FailedPage, failed_pages, retry_pages
-from crawler.frontier import DownloadTask, Frontier, fingerprint, seed
-from crawler.runtime import Runtime
+from crawler.ops.failures import FailedPage, failed_pages, retry_pages
 from crawler.settings import Settings
-from crawler.store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
+from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
+from crawler.work.runtime import Runtime
 
 SHOP = "http://127.0.0.1:9"
 TRACEBACK = (

@@ -21,7 +21,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from crawler.addresses import RESOLVER_THREADS
 from crawler.errors import (
     BadResponse,
     BodyTooLarge,
@@ -31,7 +30,8 @@ from crawler.errors import (
     PrivateAddress,
     UnsupportedScheme,
 )
-from crawler.fetch import Fetcher, Response, inflate_capped, is_public_address, parse_retry_after
+from crawler.http.addresses import RESOLVER_THREADS
+from crawler.http.fetch import Fetcher, Response, inflate_capped, is_public_address, parse_retry_after
 
 CAP = 100 * 1024
 TIMEOUT = 0.5
@@ -526,7 +526,7 @@ def test_stacked_bomb_is_refused_at_the_cap(server: str, fetcher: Fetcher, chain
 MEASURE_FETCH = """
 import json, re, sys
 from crawler.errors import CrawlerError
-from crawler.fetch import Fetcher
+from crawler.http.fetch import Fetcher
 
 def peak_kib():
     with open("/proc/self/status") as status:

@@ -19,15 +19,16 @@ from rq import Queue
 from rq.job import Job
 from w3lib.url import canonicalize_url
 
-from crawler import jobs, keys
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier, canonicalize, host_allowed, seed
+from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.errors import RefusedURL
-from crawler.frontier import DownloadTask, Frontier, canonicalize, host_allowed, seed
-from crawler.runtime import Runtime
 from crawler.settings import DEFAULT_MAX_URL_LENGTH
-from crawler.sitemaps import SitemapReader
-from crawler.spider import Request, Spider
-from crawler.store import FAILED
-from crawler.vetting import DOWNLOAD_FUNC
+from crawler.spiders.spider import Request, Spider
+from crawler.store.database import FAILED
+from crawler.work import jobs
+from crawler.work.runtime import Runtime
+from crawler.work.sitemaps import SitemapReader
 
 SITE = "shop"
 FAILURE_TTL = 3600
@@ -298,7 +299,7 @@ def test_adding_a_batch_does_what_adding_its_requests_one_by_one_does(
     redis_conn: Redis, chunk: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if chunk:  # the seen set asked in many calls, as for a page of more than SEEN_CHUNK links
-        monkeypatch.setattr("crawler.frontier.SEEN_CHUNK", chunk)
+        monkeypatch.setattr("crawler.coord.frontier.SEEN_CHUNK", chunk)
     rng = random.Random(3)
     urls = random_urls(300, seed=11) + [f"http://example.com/{p}" for p in ("a", "a#1", "a#2", "A", "b?y=1&x=2")]
     # Spellings that differ only after the page: a fragment that cannot be encoded, a space before "#".

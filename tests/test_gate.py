@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler.gate import NAMESPACE, SEND_GRACE, Gate, Turn, site_gate
-from crawler.runtime import Runtime
+from crawler.coord import keys
+from crawler.coord.gate import SEND_GRACE, Gate, Turn, site_gate
+from crawler.work.runtime import Runtime
 
 INTERVAL = 0.05
 RUN_FOR = 1.0
@@ -52,7 +53,7 @@ def hammer(connection: Redis, name: str, until: float, out: list[float | None]) 
 
 def process_hammer(url: str, name: str, ready: Any, until: Any, threads: int, results: Any) -> None:
     """One process: ``threads`` threads, each with its own connection, once all are ready."""
-    from crawler.connection import connect
+    from crawler.coord.connection import connect
 
     out: list[float | None] = []
     connections = [connect(url) for _ in range(threads)]
@@ -84,7 +85,7 @@ def gate_factory(redis_conn: Redis) -> Callable[..., Gate]:
 
 
 def test_eight_threads_never_acquire_closer_than_interval(redis_url: str, redis_conn: Redis) -> None:
-    from crawler.connection import connect
+    from crawler.coord.connection import connect
 
     samples: list[float | None] = []
     connections = [connect(redis_url) for _ in range(8)]
@@ -233,15 +234,13 @@ def test_synchronize_holds_the_gate_during_the_call(gate_factory: Callable[..., 
     assert kept.locked()
 
 
-def test_namespaces_keep_gates_apart(redis_conn: Redis) -> None:
-    a = Gate(redis_conn, "site", 5, namespace="one")
-    b = Gate(redis_conn, "site", 5, namespace="two")
+def test_a_gate_key_is_one_keys_builds_and_distinct_keys_keep_gates_apart(redis_conn: Redis) -> None:
     default = Gate(redis_conn, "site", 5)
-    assert a.acquire(blocking=False)
-    assert b.acquire(blocking=False)
+    lock = Gate(redis_conn, "site", 5, key=keys.lock("site"))
+    assert default.key == keys.gate("site") and lock.key == keys.lock("site")
     assert default.acquire(blocking=False)
-    assert {a.key, b.key, default.key} == {"one:site", "two:site", f"{NAMESPACE}:site"}
-    assert Gate(redis_conn, "site", 5, namespace="one").acquire(blocking=False) is False
+    assert lock.acquire(blocking=False)
+    assert Gate(redis_conn, "site", 5).acquire(blocking=False) is False
 
 
 @pytest.mark.parametrize("expire", [0, -1, -0.5])

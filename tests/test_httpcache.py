@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 from redis import Redis
 
-from crawler import keys
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys
 from crawler.demo import ShopSite
-from crawler.devtools import fetch_as_worker
-from crawler.httpcache import CACHE_FILE, CachingFetcher
-from crawler.runtime import Runtime
+from crawler.http.cache import CACHE_FILE, CachingFetcher
+from crawler.ops.devtools import fetch_as_worker
 from crawler.settings import Settings
+from crawler.work.runtime import Runtime
 
 
 @pytest.fixture(autouse=True)

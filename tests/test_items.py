@@ -1,4 +1,4 @@
-"""Items of any kind, ``process_item`` and pipelines (``crawler.items``), end to end.
+"""Items of any kind, ``process_item`` and pipelines (``crawler.spiders.items``), end to end.
 
 Real crawls of the loopback demo shop: with a parse worker in threads of this process
 (typed items, an invalid pydantic model, DropItem counted), and with real worker
@@ -23,12 +23,12 @@ from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
 from crawler import DropItem, Page, Spider
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.demo.shop import product_in_stock
-from crawler.frontier import seed
-from crawler.items import ItemError
 from crawler.settings import Settings
+from crawler.spiders.items import ItemError
 from crawler.testing import run_page
 
 Invoke = Callable[..., Result]
@@ -229,7 +229,7 @@ def test_pipelines_change_items_in_order_and_each_worker_process_opens_and_close
     env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_") and k != "REDIS_URL"}
     env["PYTHONPATH"] = str(lib)  # the dotted path's module, importable as a user's own package would be
     with ShopSite(products=20, faults=False) as shop:
-        command = [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+        command = [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url,
                    "--database-url", settings.database_url, "--sites", settings.sites_dir,
                    "crawl", "piped", shop.url + "/", "-n", "1", "--threads", "1", "--parsers", "2"]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)

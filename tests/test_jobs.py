@@ -1,6 +1,6 @@
 """The job functions, called directly (no worker) on single URLs of a real loopback shop.
 
-Each test pins one outcome of ``crawler.jobs.download`` / ``crawler.jobs.parse``: what
+Each test pins one outcome of ``crawler.work.jobs.download`` / ``crawler.work.jobs.parse``: what
 is recorded in the database and what is left in Redis (pages to parse, retries).
 """
 
@@ -17,22 +17,25 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import jobs, keys, pages, quarantine
+from crawler.coord import keys, pages, quarantine
+from crawler.coord.frontier import DownloadTask, Frontier, fingerprint
+from crawler.coord.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.demo import ShopSite
-from crawler.fetch import Fetcher
-from crawler.frontier import DownloadTask, Frontier, fingerprint
-from crawler.robots import origin_of
-from crawler.runtime import Runtime, current
-from crawler.spider import Request
-from crawler.store import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.vetting import DOWNLOAD_FUNC, page_entry
-from crawler.workers import DownloadWorker
+from crawler.http.addresses import is_public_address
+from crawler.http.fetch import Fetcher
+from crawler.spiders.spider import Request
+from crawler.store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED
+from crawler.work import jobs
+from crawler.work.download_worker import DownloadWorker
+from crawler.work.robots import origin_of
+from crawler.work.runtime import Runtime, current
 
 SITE = "demo"
 
@@ -467,6 +470,18 @@ def test_a_redirect_from_a_public_host_to_a_private_address_is_refused() -> None
     assert jobs.redirects_inward("http://93.184.216.34/a", "http://[::1]/")
     assert not jobs.redirects_inward("http://93.184.216.34/a", "http://93.184.216.35/b")
     assert not jobs.redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["http://100.64.0.1/", "http://224.0.0.1/", "http://[::ffff:127.0.0.1]/", "http://192.0.2.1/"],
+    ids=["shared (carrier NAT)", "multicast", "IPv4-mapped loopback", "documentation"],
+)
+def test_a_redirect_is_inward_by_the_one_definition_of_a_private_address_the_fetcher_uses(target: str) -> None:
+    """Redirects, robots.txt and the fetcher's address cap agree: not public (``is_public_address``) is private."""
+    host = urlsplit(target).hostname or ""
+    assert not is_public_address(host)
+    assert jobs.redirects_inward("http://93.184.216.34/a", target)
 
 
 def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(

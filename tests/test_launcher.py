@@ -12,7 +12,7 @@ from pathlib import Path
 
 from redis import Redis
 
-from crawler.launcher import start_method
+from crawler.work.launcher import start_method
 
 
 def test_a_launcher_running_other_threads_spawns_its_workers() -> None:
@@ -27,7 +27,7 @@ def test_a_launcher_running_other_threads_spawns_its_workers() -> None:
 
 
 def test_a_single_threaded_launcher_forks_its_workers() -> None:
-    code = "from crawler.launcher import start_method; print(start_method())"
+    code = "from crawler.work.launcher import start_method; print(start_method())"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "fork"
 
 
@@ -68,7 +68,7 @@ def test_workers_stop_when_their_launcher_is_killed(
     command = [
         sys.executable,
         "-c",
-        "from crawler.cli import main; main()",
+        "from crawler.cli.app import main; main()",
         "--redis-url",
         redis_url,
         "--database-url",

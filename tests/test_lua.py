@@ -17,12 +17,12 @@ from redis import Redis
 from redis.crc import key_slot
 from rq import Queue
 
-from crawler import keys, lua, pages
-from crawler.frontier import Frontier
-from crawler.gate import site_gate
-from crawler.pacing import Auto, Pacer
-from crawler.scheduler import Scheduler, frontier_sizes
-from crawler.spider import Request
+from crawler.coord import keys, lua, pages
+from crawler.coord.frontier import Frontier
+from crawler.coord.gate import site_gate
+from crawler.coord.pacing import Auto, Pacer
+from crawler.coord.scheduler import Scheduler, frontier_sizes
+from crawler.spiders.spider import Request
 
 LUA_DIR = Path(lua.__file__).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ def test_the_queue_name_gives_back_its_site() -> None:
 
 def test_the_scripts_are_package_data() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["tool"]["setuptools"]["package-data"]["crawler.lua"] == ["*.lua"]
+    assert pyproject["tool"]["setuptools"]["package-data"]["crawler.coord.lua"] == ["*.lua"]
 
 
 # -- what the scripts touch, seen by MONITOR --------------------------------------------------
@@ -324,8 +324,8 @@ def test_a_shared_gate_read_with_a_sites_adaptive_interval_spans_two_slots(redis
 
 def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, redis_url: str) -> None:
     """Each call of each script, cross-slot ones included, checked on its own: nothing is built inside."""
-    from crawler.frontier import DownloadTask
-    from crawler.scheduler import publish_conf
+    from crawler.coord.frontier import DownloadTask
+    from crawler.coord.scheduler import publish_conf
 
     front = Frontier(redis_conn, "shop", ["shop.example"], 60, 60)
     timed = Frontier(redis_conn, "timed", ["shop.example"], 60, 60, revisit_after=30.0)

@@ -30,16 +30,17 @@ from prometheus_client.samples import Sample
 from redis import Redis
 from rq import Worker
 
-from crawler import keys, pages
-from crawler.cli import cli
-from crawler.counters import Counters
+from crawler.cli.app import cli
+from crawler.coord import keys, pages
+from crawler.coord.counters import Counters
+from crawler.coord.frontier import DownloadTask, seed
+from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
-from crawler.frontier import DownloadTask, seed
-from crawler.metrics import DURATION_BUCKETS, MetricsCollector, job_fields, serve
-from crawler.policy import set_live
-from crawler.runtime import Runtime
-from crawler.status import site_status
-from crawler.store import FAILED, OK, REDIRECT, REFUSED, RETRY, FetchRecord, utcnow
+from crawler.ops.metrics import MetricsCollector, serve
+from crawler.ops.status import site_status
+from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, FetchRecord, utcnow
+from crawler.work.events import DURATION_BUCKETS, job_fields
+from crawler.work.runtime import Runtime
 
 SITE = "shop"
 #: Seconds a CLI subprocess may take to start serving or to stop.
@@ -146,7 +147,7 @@ def start_console_script(*args: str, cwd: Path) -> subprocess.Popen[str]:
     env = {
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
     }
-    command = [sys.executable, "-c", "from crawler.cli import main; main()", *args]
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", *args]
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

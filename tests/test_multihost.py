@@ -56,17 +56,17 @@ from rq import Worker
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import Engine, make_url
 
-from crawler import keys, pages
-from crawler.connection import connect, redis_server_binary
+from crawler.coord import keys, pages
+from crawler.coord.connection import connect, redis_server_binary
+from crawler.coord.frontier import seed
+from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers
-from crawler.migrations import PG_LOCK_KEY
-from crawler.policy import set_live
-from crawler.runtime import Runtime
+from crawler.ops.status import workers_by_host
 from crawler.settings import DEFAULT_GATE_MARGIN, load_settings
-from crawler.status import workers_by_host
-from crawler.store import SCHEMA_VERSION, Store, engine_url, items, schema_versions
+from crawler.store.database import SCHEMA_VERSION, Store, engine_url, items, schema_versions
+from crawler.store.migrations import PG_LOCK_KEY
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.work.runtime import Runtime
 
 SITE = "multihost"
 REDIS = Service("redis", "10.231.0.1", 6379)
@@ -322,7 +322,7 @@ def crawler_command() -> list[str]:
     script = Path(sys.executable).with_name("crawler")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from crawler.cli import main; main()"]
+    return [sys.executable, "-c", "from crawler.cli.app import main; main()"]
 
 
 def start_on_host(
@@ -533,7 +533,7 @@ PG_SPIDER = f"""
 import time
 
 from crawler.demo.spider import DemoShop
-from crawler.spider import Request
+from crawler.spiders.spider import Request
 
 
 class EveryProductTwice(DemoShop):

@@ -19,10 +19,10 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler.cli import cli
+from crawler.cli.app import cli
 from crawler.demo import ShopSite
-from crawler.export import write_csv
-from crawler.store import OK, FetchRecord, Item, Store
+from crawler.store.database import OK, FetchRecord, Item, Store
+from crawler.store.export import write_csv
 
 #: Cells a spreadsheet would run as formulas (OWASP's CSV injection starts), and harmless ones.
 HOSTILE = {

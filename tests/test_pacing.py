@@ -20,20 +20,21 @@ import pytest
 from click.testing import CliRunner
 from redis import Redis
 
-from crawler import Auto, keys
-from crawler.cli import cli
-from crawler.connection import connect
+from crawler import Auto
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.connection import connect
+from crawler.coord.frontier import seed
+from crawler.coord.gate import SEND_GRACE, site_gate
+from crawler.coord.pacing import Pace, Pacer, classify, throttle_pause
+from crawler.coord.policy import SitePolicy, effective_interval, resolve_policy
+from crawler.coord.scheduler import Scheduler, publish_conf
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.gate import SEND_GRACE, site_gate
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.pacing import Pace, Pacer, classify, throttle_pause
-from crawler.policy import SitePolicy, effective_interval, resolve_policy
-from crawler.runtime import Runtime
-from crawler.scheduler import Scheduler, publish_conf
+from crawler.ops.status import politeness
 from crawler.settings import Settings
-from crawler.spider import Spider
-from crawler.status import politeness
+from crawler.spiders.spider import Spider
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime
 
 AUTO = Auto(min=0.05, max=1.0)  # factor 5, ease 10%
 
@@ -162,8 +163,8 @@ def test_effective_interval_says_why() -> None:
 
 
 def test_scheduler_spaces_handouts_by_the_pace(redis_conn: Redis) -> None:
-    from crawler.frontier import Frontier
-    from crawler.spider import Request
+    from crawler.coord.frontier import Frontier
+    from crawler.spiders.spider import Request
 
     publish_conf(redis_conn, "a", 0.05, 0.01, auto=True)
     redis_conn.hset(keys.conf("a"), "pace_ms", 400)

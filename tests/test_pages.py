@@ -22,13 +22,14 @@ from crawling import installed_runtime, peak_rss_mib
 from redis import Redis
 from rq.suspension import resume, suspend
 
-from crawler import jobs, keys, pages, quarantine
-from crawler.launcher import WorkerSpec, start_workers, stop_workers
-from crawler.parsing import READ_BLOCK, ParseWorker
-from crawler.runtime import Runtime
+from crawler.coord import keys, pages, quarantine
+from crawler.coord.vetting import page_entry
 from crawler.settings import Settings
-from crawler.vetting import page_entry
-from crawler.workers import SUSPENSION_CHECK_EVERY
+from crawler.work import jobs
+from crawler.work.download_worker import SUSPENSION_CHECK_EVERY
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
+from crawler.work.parse_worker import READ_BLOCK, ParseWorker
+from crawler.work.runtime import Runtime
 
 SITE = "echo"
 
@@ -299,7 +300,7 @@ def test_a_parse_worker_given_pages_of_250000_links_each_stays_under_400_mib(
     count, links = 8, 250_000
     urls = [add_links_page(redis_conn, n, links_page(n, links)) for n in range(count)]
     settings = links_settings
-    command = [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url]
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url]
     command += ["--database-url", settings.database_url, "--sites", settings.sites_dir, "worker", "parse"]
     worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with installed_runtime(redis_conn, settings) as rt:

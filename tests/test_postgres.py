@@ -47,15 +47,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import make_url
 
-from crawler import migrations
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.runtime import Runtime
 from crawler.settings import Settings
-from crawler.store import (
+from crawler.store import migrations
+from crawler.store.database import (
     MIGRATIONS,
     SCHEMA_VERSION,
     FetchRecord,
@@ -67,6 +65,8 @@ from crawler.store import (
     schema_versions,
     utcnow,
 )
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime
 
 SITE = "shop"
 

@@ -11,14 +11,15 @@ from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 from rq.job import Job
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import SEED_PRIORITY, DownloadTask, Frontier, seed
+from crawler.coord.policy import set_live
+from crawler.coord.scheduler import JOBS_AHEAD, Scheduler, publish_conf
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
-from crawler.frontier import SEED_PRIORITY, DownloadTask, Frontier, seed
-from crawler.policy import set_live
-from crawler.scheduler import JOBS_AHEAD, Scheduler, publish_conf
 from crawler.settings import Settings
-from crawler.spider import Page, Request, SpiderSet
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page, Request
 
 SITE = "prio"
 

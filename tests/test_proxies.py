@@ -20,16 +20,16 @@ from click.testing import CliRunner
 from crawling import assert_one_line_error, installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.errors import ConfigError
-from crawler.fetch import _on_sent_tracer
-from crawler.frontier import seed
-from crawler.proxies import BENCH_SECONDS, ProxyPool, parse_proxies, site_proxies
+from crawler.http.fetch import _on_sent_tracer
+from crawler.http.proxies import BENCH_SECONDS, ProxyPool, parse_proxies, site_proxies
 from crawler.settings import Settings, load_settings
-from crawler.spider import SpiderSet
-from crawler.store import FAILED, Store
+from crawler.spiders.loading import SpiderSet
+from crawler.store.database import FAILED, Store
 
 PASSWORD = "s3cret-Pw"
 HOP_BY_HOP = {
@@ -346,7 +346,7 @@ def test_an_https_page_through_a_tunnel_fires_the_send_hooks_for_the_request_not
 ) -> None:
     import ssl
 
-    from crawler.fetch import Fetcher
+    from crawler.http.fetch import Fetcher
 
     cert, key = self_signed(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", cert)  # the fetcher's TLS context trusts the test certificate
@@ -405,7 +405,7 @@ def rebinding_dns(monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_through_a_proxy_the_address_check_applies_to_the_proxy(proxy: ForwardProxy, rebinding_dns: str) -> None:
     from crawler.errors import PrivateAddress
-    from crawler.fetch import Fetcher
+    from crawler.http.fetch import Fetcher
 
     fetcher = Fetcher(10, 1 << 20, "test")
     named = f"http://crawler:{PASSWORD}@{rebinding_dns}:{proxy.port}"
@@ -424,7 +424,7 @@ def test_through_a_proxy_the_address_check_applies_to_the_proxy(proxy: ForwardPr
 
 def test_a_proxy_that_never_answers_is_held_to_the_request_deadline() -> None:
     from crawler.errors import FetchTimeout
-    from crawler.fetch import Fetcher
+    from crawler.http.fetch import Fetcher
 
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never answers
     fetcher = Fetcher(1.0, 1 << 20, "test")

@@ -26,17 +26,17 @@ import pytest
 from crawling import items_by_key
 from redis import Redis
 
-from crawler import keys
-from crawler.connection import connect, redis_server_binary
+from crawler.coord import keys
+from crawler.coord.connection import connect, redis_server_binary
+from crawler.coord.frontier import seed
+from crawler.coord.gate import SEND_GRACE
+from crawler.coord.joblife import REAP_EVERY
+from crawler.coord.vetting import MAX_BATCH
 from crawler.demo import ShopSite
-from crawler.frontier import seed
-from crawler.gate import SEND_GRACE
-from crawler.joblife import REAP_EVERY
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.runtime import Runtime, install
 from crawler.settings import Settings
-from crawler.store import Store
-from crawler.vetting import MAX_BATCH
+from crawler.store.database import Store
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime, install
 
 INTERVAL = 0.05
 LEASE = 3  # seconds: a killed worker's page comes back within LEASE + reaper period
@@ -224,7 +224,7 @@ def test_a_page_that_kills_its_parse_worker_five_times_is_recorded_failed_and_dr
 ) -> None:
     import zlib
 
-    from crawler import pages
+    from crawler.coord import pages
 
     (Path(settings.sites_dir) / "killer.py").write_text(KILLER_SPIDER)
     settings = dataclasses.replace(settings, job_lease=LEASE)
@@ -276,7 +276,7 @@ def test_sigterm_finishes_the_current_page_and_leaves_the_rest_queued(
         finally:
             store.close()
         assert [r["outcome"] for r in fetched] == ["ok"], "the page in flight was not finished"
-        from crawler.status import site_status
+        from crawler.ops.status import site_status
 
         (status,) = site_status(redis_conn, ["demo"])
         assert status.in_flight == 0 and status.queued > 0  # the rest waits for the next worker
@@ -470,7 +470,7 @@ def test_a_database_outage_delays_items_but_loses_none_and_downloads_each_page_o
 def test_install_is_per_process() -> None:
     # Guard for the tests above: they rely on worker processes building their own runtime.
     with pytest.raises(RuntimeError):
-        from crawler import runtime as runtime_module
+        from crawler.work import runtime as runtime_module
 
         saved = runtime_module._current
         runtime_module._current = None
@@ -602,9 +602,9 @@ def test_a_page_the_database_refuses_fails_alone_and_the_crawl_ends(
 ) -> None:
     from click.testing import CliRunner
 
-    from crawler.cli import cli
+    from crawler.cli.app import cli
     from crawler.demo.shop import product_price, product_sku
-    from crawler.store import utcnow
+    from crawler.store.database import utcnow
 
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
     settings = dataclasses.replace(settings, database_url=url, job_lease=LEASE)
@@ -662,8 +662,9 @@ def test_a_page_the_database_refuses_fails_alone_and_the_crawl_ends(
 def test_a_poison_record_in_the_outbox_is_quarantined_and_the_records_behind_it_are_written(
     database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
 ) -> None:
-    from crawler import outbox, quarantine
-    from crawler.store import FetchRecord, utcnow
+    from crawler.coord import quarantine
+    from crawler.store import outbox
+    from crawler.store.database import FetchRecord, utcnow
 
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
     rt = Runtime(redis_conn, dataclasses.replace(settings, database_url=url))
@@ -696,8 +697,8 @@ def test_a_poison_record_in_the_outbox_is_quarantined_and_the_records_behind_it_
 def test_a_refused_record_in_a_batch_is_recorded_failed_and_the_others_written(
     database: str, request: pytest.FixtureRequest, redis_conn: Redis, settings: Settings
 ) -> None:
-    from crawler import outbox
-    from crawler.store import FetchRecord, utcnow
+    from crawler.store import outbox
+    from crawler.store.database import FetchRecord, utcnow
 
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
     rt = Runtime(redis_conn, dataclasses.replace(settings, database_url=url))
@@ -737,8 +738,8 @@ def test_a_redelivered_page_whose_items_are_refused_is_recorded_failed(
     """A page delivered again (its worker died) is parsed and written on its own: the path without a batch."""
     import zlib
 
-    from crawler import pages
-    from crawler.parsing import ParseWorker
+    from crawler.coord import pages
+    from crawler.work.parse_worker import ParseWorker
 
     url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "postgres_url")
     (Path(settings.sites_dir) / "refused.py").write_text(REFUSED_ITEM_SPIDER)

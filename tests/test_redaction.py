@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crawler.errors import ConfigError
-from crawler.proxies import parse_proxies
+from crawler.http.proxies import parse_proxies
 from crawler.settings import redact_url, url_error, url_secrets
 
 SECRET = "TOPSECRET"

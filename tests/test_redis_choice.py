@@ -17,10 +17,11 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler import cli as cli_module
-from crawler import connection, rediscommands
-from crawler.cli import cli
-from crawler.connection import EmbeddedRedis
+from crawler.cli import context as cli_module
+from crawler.cli import redis_servers
+from crawler.cli.app import cli
+from crawler.coord import connection
+from crawler.coord.connection import EmbeddedRedis
 
 NOWHERE = "redis://127.0.0.1:1/0"
 
@@ -35,7 +36,7 @@ def _hermetic_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def point_localhost_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
-    for module in (connection, cli_module, rediscommands):
+    for module in (connection, cli_module, redis_servers):
         monkeypatch.setattr(module, "LOCALHOST_URL", url)
 
 

@@ -9,15 +9,17 @@ import pytest
 from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
-from crawler import jobs, keys
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, seed
+from crawler.coord.scheduler import Scheduler
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
-from crawler.frontier import DownloadTask, seed
-from crawler.scheduler import Scheduler
 from crawler.settings import Settings
-from crawler.spider import Request, SpiderSet
-from crawler.store import Store
-from crawler.workers import crawl_drained
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Request
+from crawler.store.database import Store
+from crawler.work import jobs
+from crawler.work.download_worker import crawl_drained
 
 REFRESH = 1.0
 

@@ -13,11 +13,11 @@ from crawling import assert_one_line_error
 from redis import Redis
 from rq import Queue
 
-from crawler import keys
-from crawler.cli import cli
-from crawler.frontier import Frontier, seed
-from crawler.rekey import migrate_keys, new_name, old_sites
-from crawler.scheduler import Scheduler
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.frontier import Frontier, seed
+from crawler.coord.scheduler import Scheduler
+from crawler.ops.rekey import migrate_keys, new_name, old_sites
 
 
 @pytest.fixture(autouse=True)

@@ -24,16 +24,16 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error, installed_runtime, items_by_key, join_all, start_in_threads
 from redis import Redis
 
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord.frontier import seed
 from crawler.demo.spa import SpaSite
 from crawler.errors import BodyTooLarge
-from crawler.fetch import Fetcher
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.render import BrowserNotFound, Renderer, Visit, find_browser
-from crawler.runtime import Runtime
+from crawler.http.fetch import Fetcher
 from crawler.settings import Settings
-from crawler.store import FAILED, OK, REDIRECT, RETRY, Store
+from crawler.store.database import FAILED, OK, REDIRECT, RETRY, Store
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.render import BrowserNotFound, Renderer, Visit, find_browser
+from crawler.work.runtime import Runtime
 
 SPIDER = """
 from crawler import Spider

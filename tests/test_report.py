@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from crawling import assert_one_line_error
 from selectolax.lexbor import LexborHTMLParser
 
-from crawler.cli import cli
+from crawler.cli.app import cli
 from crawler.errors import ConfigError
-from crawler.report import (
+from crawler.ops.charts import (
     NEEDS_MATPLOTLIB,
     check_plot_path,
     nice_ticks,
@@ -29,8 +29,8 @@ from crawler.report import (
     time_ticks,
     write_report,
 )
-from crawler.stats import site_stats
-from crawler.store import FAILED, OK, REDIRECT, RETRY, FetchRecord, Store
+from crawler.ops.stats import site_stats
+from crawler.store.database import FAILED, OK, REDIRECT, RETRY, FetchRecord, Store
 
 START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 ODD_URL = "http://shop/?q=<b>bold</b>&x=1"

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from crawler import keys
-from crawler.frontier import DownloadTask, Frontier, fingerprint, request_fingerprint
-from crawler.scheduler import encode_entry
-from crawler.spider import Page, Request, Spider
+from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, request_fingerprint
+from crawler.coord.scheduler import encode_entry
+from crawler.spiders.spider import Page, Request, Spider
 from crawler.testing import crawl
 
 INTERVAL = 0.25
@@ -394,7 +394,7 @@ def test_a_json_page_is_never_parsed_as_html_unless_css_is_asked_for() -> None:
 
 
 def test_content_type_families_and_a_missing_type_count_as_asked() -> None:
-    from crawler.spider import HTML_TYPES, accepts
+    from crawler.spiders.spider import HTML_TYPES, accepts
 
     assert accepts(HTML_TYPES, "") and accepts(HTML_TYPES, "text/html") and not accepts(HTML_TYPES, "text/plain")
     assert accepts(("application/*",), "application/ld+json") and not accepts(("application/*",), "text/html")
@@ -605,7 +605,7 @@ def test_max_pages_is_counted_once_for_two_frontiers_adding_at_once(redis_conn: 
     assert sum(r.over_max_pages for r in results) == 3
     assert fronts[0].add([Request("https://shop.example/0")]).duplicates == 1  # seen: not counted again
     assert fronts[0].pages_admitted() == 8
-    from crawler.reset import reset_site
+    from crawler.ops.reset import reset_site
 
     reset_site(redis_conn, "cap5")  # a reset crawl starts counting again
     assert fronts[0].pages_admitted() == 0
@@ -639,10 +639,10 @@ def test_posts_from_two_worker_processes_keep_the_interval_at_the_server(
 ) -> None:
     from pathlib import Path
 
-    from crawler.frontier import seed
-    from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-    from crawler.runtime import Runtime
-    from crawler.store import Store
+    from crawler.coord.frontier import seed
+    from crawler.store.database import Store
+    from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+    from crawler.work.runtime import Runtime
 
     interval = 0.1
     Path(settings.sites_dir, "posts.py").write_text(POSTS_SPIDER.format(interval=interval))

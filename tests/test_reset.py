@@ -14,13 +14,13 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
-from crawler import keys
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.frontier import Frontier, seed
+from crawler.coord.scheduler import Scheduler
 from crawler.demo import ShopSite
-from crawler.frontier import Frontier, seed
-from crawler.reset import reset_site
-from crawler.scheduler import Scheduler
-from crawler.store import OK, FetchRecord, Item, Store, utcnow
+from crawler.ops.reset import reset_site
+from crawler.store.database import OK, FetchRecord, Item, Store, utcnow
 
 
 @pytest.fixture(autouse=True)

@@ -8,13 +8,14 @@ import pytest
 from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
-from crawler import keys, redisclock
+from crawler.coord import keys, redisclock
+from crawler.coord.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
-from crawler.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
 from crawler.settings import Settings
-from crawler.spider import Request, SpiderSet
-from crawler.store import Store
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Request
+from crawler.store.database import Store
 
 URL = "http://example.com/a"
 

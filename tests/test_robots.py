@@ -1,6 +1,6 @@
 """robots.txt per RFC 9309, against a real loopback server and a real Redis.
 
-Each test pins one rule of ``crawler.robots``: what a 2xx, 3xx, 4xx, 5xx or no answer
+Each test pins one rule of ``crawler.work.robots``: what a 2xx, 3xx, 4xx, 5xx or no answer
 means, how much is read, how an outage is shared, retried and, after 30 days, outlived.
 """
 
@@ -20,13 +20,15 @@ import pytest
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 
-from crawler import keys, robots
+from crawler.coord import keys
+from crawler.coord.frontier import seed
+from crawler.coord.gate import Gate
 from crawler.errors import RobotsUnavailable
-from crawler.failures import failed_pages, retry_pages
-from crawler.fetch import Fetcher
-from crawler.frontier import seed
-from crawler.gate import Gate
-from crawler.robots import (
+from crawler.http.fetch import Fetcher
+from crawler.ops.failures import failed_pages, retry_pages
+from crawler.settings import Settings
+from crawler.work import robots
+from crawler.work.robots import (
     ROBOTS_MAX_BYTES,
     ROBOTS_MAX_REDIRECTS,
     ROBOTS_OUTAGE_GRACE,
@@ -35,8 +37,7 @@ from crawler.robots import (
     RobotsCache,
     _unfollowable,
 )
-from crawler.runtime import Runtime
-from crawler.settings import Settings
+from crawler.work.runtime import Runtime
 
 SITE = "demo"
 AGENT = "test-agent"

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 
-from crawler.cli import cli
-from crawler.spider import load_spiders
-from crawler.spidercheck import check_spider
-from crawler.store import Store
+from crawler.cli.app import cli
+from crawler.spiders.check import check_spider
+from crawler.spiders.loading import load_spiders
+from crawler.store.database import Store
 
 #: A three-page site: the home page links to two pages, which link to each other and home.
 PAGES = {
@@ -72,7 +72,7 @@ def test_a_new_spider_loads_passes_the_checks_and_its_crawl_stores_items(
     assert spiders.errors == [] and check_spider(spiders.spiders["mysite"], module) is None
     assert spiders.spiders["mysite"].start_urls == [site]
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
-    command = [sys.executable, "-c", "from crawler.cli import main; main()", *base, "crawl", "mysite", "-n", "1"]
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", *base, "crawl", "mysite", "-n", "1"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     store = Store(sqlite_url)

@@ -9,9 +9,9 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from crawler import keys, lua
-from crawler.frontier import DownloadTask, Frontier
-from crawler.scheduler import (
+from crawler.coord import keys, lua
+from crawler.coord.frontier import DownloadTask, Frontier
+from crawler.coord.scheduler import (
     Next,
     Scheduler,
     decode_entry,
@@ -21,7 +21,7 @@ from crawler.scheduler import (
     parse_member,
     publish_conf,
 )
-from crawler.spider import Request
+from crawler.spiders.spider import Request
 
 
 def frontier(connection: Redis, site: str) -> Frontier:
@@ -224,7 +224,7 @@ def test_a_group_worker_walks_past_other_sites_to_its_own(redis_conn: Redis) -> 
 
 def test_a_job_is_handed_out_just_before_its_gate_opens_never_long_before(redis_conn: Redis) -> None:
     """PREPARE_AHEAD: handed out within that lead of the gate opening, never more, never a spin."""
-    from crawler.scheduler import PREPARE_AHEAD
+    from crawler.coord.scheduler import PREPARE_AHEAD
 
     fill(redis_conn, "a", 5, interval=0.001)  # an interval shorter than the lead
     scheduler = Scheduler(redis_conn)
@@ -329,7 +329,7 @@ def test_a_frontier_whose_priorities_keep_changing_counts_as_busy(
 ) -> None:
     frontier(redis_conn, "moving").add([Request("http://example.com/a")])
     # Every count finds other priorities than those just read (a push between each read and count).
-    monkeypatch.setattr("crawler.scheduler.text", lambda reply: "9")
+    monkeypatch.setattr("crawler.coord.scheduler.text", lambda reply: "9")
     assert frontier_sizes(redis_conn, ["moving"]) == [1]
 
 

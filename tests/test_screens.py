@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
-from crawler.failures import FailedPage
-from crawler.screens import FAILED_COLUMNS, STATUS_COLUMNS, print_failed, print_status
-from crawler.status import ParseBacklog, SiteStatus
+from crawler.ops.failures import FailedPage
+from crawler.ops.screens import FAILED_COLUMNS, STATUS_COLUMNS, print_failed, print_status
+from crawler.ops.status import ParseBacklog, SiteStatus
 
 LONG_URL = "http://books.example.com/catalogue/category/books/historical-fiction_4/a-very-long-title_998/index.html"
 TRACEBACK = (

@@ -17,12 +17,12 @@ from redis import Redis
 from rq import Queue
 from w3lib.url import canonicalize_url
 
-from crawler import keys
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
+from crawler.coord.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
 from crawler.errors import RefusedURL
-from crawler.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
-from crawler.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
-from crawler.store import FAILED, FetchRecord, Store
+from crawler.store.database import FAILED, FetchRecord, Store
 
 COUNT = 20_000
 DUPLICATES = 500
@@ -198,7 +198,7 @@ def test_only_the_first_bad_lines_are_kept_but_all_are_counted(redis_conn: Redis
 
 def test_one_add_of_many_urls_pushes_in_bounded_pieces(redis_conn: Redis) -> None:
     """The API path (``Frontier.add`` of a big batch) never sends one RPUSH of the whole batch."""
-    from crawler.spider import Request
+    from crawler.spiders.spider import Request
 
     frontier = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60)
     count = 2 * PUSH_CHUNK + 10
@@ -246,7 +246,7 @@ def test_crawl_from_a_file_seeds_it_and_crawls_to_the_end(
             [
                 sys.executable,
                 "-c",
-                "from crawler.cli import main; main()",
+                "from crawler.cli.app import main; main()",
                 "--redis-url",
                 redis_url,
                 "--database-url",

@@ -7,6 +7,7 @@ that the app ends after some pages, while two download worker processes crawl.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -24,15 +25,15 @@ from urllib.parse import parse_qs, urlsplit
 from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import seed
+from crawler.coord.session import Jar, Session
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
-from crawler.frontier import seed
-from crawler.reset import reset_site
-from crawler.session import Jar, Session
+from crawler.ops.reset import reset_site
 from crawler.settings import Settings
-from crawler.spider import Page, Request, Spider
-from crawler.spidercheck import check_spider
-from crawler.store import Store
+from crawler.spiders.check import check_spider
+from crawler.spiders.spider import Page, Request, Spider
+from crawler.store.database import Store
 
 PAGES = 24
 #: Seconds the app takes to answer a request sent with its ended session.
@@ -53,6 +54,8 @@ class App:
         self.expire_first_after = expire_first_session_after
         self.first_session: str | None = None
         self.secrets_given: list[str] = [self.consent]
+        self.api_key = "key-" + secrets.token_hex(8)
+        self.api_pages: list[int] = []  # the JSON API's pages served, in order
 
     def gaps(self) -> list[float]:
         stamps = sorted(self.arrivals)
@@ -97,7 +100,29 @@ def _handler(app: App) -> type[WireStampedHandler]:
             with app.lock:
                 app.arrivals.append(arrival)
                 app.paths.append(parts.path)
-            self._members(parts.path, parse_qs(form))
+            if parts.path == "/api/items":
+                self._api(form)
+            else:
+                self._members(parts.path, parse_qs(form))
+
+        def _api(self, body: str) -> None:
+            """A JSON API paged by POST: ``{"page": N}`` in, five items and the next page out; it needs
+            the session (its cookie) and the API key header."""
+            with app.lock:
+                logged_in = self._cookies().get("sid", "") in app.sessions
+            if not logged_in or self.headers.get("x-api-key") != app.api_key:
+                data, status = json.dumps({"error": "log in and give your key"}).encode(), 403
+            else:
+                number = int(json.loads(body)["page"])
+                with app.lock:
+                    app.api_pages.append(number)
+                items = [{"sku": f"A-{number}-{i}"} for i in range(5)]
+                data, status = json.dumps({"items": items, "next": number + 1 if number < 4 else None}).encode(), 200
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _consent(self, path: str) -> None:
             if path == "/consent/":
@@ -179,7 +204,7 @@ def serving(app: App) -> Iterator[str]:
 
 
 def _cli(redis_url: str, sqlite_url: str, sites: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+    return [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url,
             "--database-url", sqlite_url, "--sites", str(sites), *args]  # fmt: skip
 
 
@@ -416,3 +441,52 @@ def test_pages_wait_for_a_login_under_way_and_a_dead_worker_s_lease_runs_out(
     assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]  # nothing asked before the login
     assert min(app.arrivals) - started >= 1.4  # the lease ran out first
     assert Session(redis_conn, "members").generation() == 1
+
+
+API_SPIDER = """
+    from crawler import Request, Spider
+
+    class Members(Spider):
+        name = "members"
+        start_urls = ["{url}/"]
+        interval = {interval}
+        obey_robots = False
+        item_key = "sku"
+        login_url = "{url}/login"
+        content_types = ("text/html", "application/json")
+        headers = {{"X-Api-Key": "{key}"}}
+
+        def login(self, page):
+            return page.form("form#login", data={{"user": "alice"}})
+
+        def parse(self, page):
+            yield self.api_page(page, 1)
+
+        def api_page(self, page, number):
+            return Request(page.urljoin("/api/items"), method="POST", json={{"page": number}}, callback=self.parse_api)
+
+        def parse_api(self, page):
+            data = page.json()
+            yield from data["items"]
+            if data["next"]:
+                yield self.api_page(page, data["next"])
+"""
+
+
+def test_a_json_api_paged_by_post_is_crawled_within_the_fleets_session_politely(
+    redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The issue's API: paged by POST (a JSON body), needing the session's cookie and a header; the
+    login is the form's POST with its per-render CSRF token. Every request, the login's included,
+    is spaced by the interval at the server."""
+    interval = 0.05
+    sites = tmp_path / "sites"
+    app = App()
+    with serving(app) as url:
+        _write_spider(sites, API_SPIDER.format(url=url, interval=interval, key=app.api_key))
+        crawled = _run(_cli(redis_url, sqlite_url, sites, "crawl", "members"))
+    assert crawled.returncode == 0, crawled.stderr[-3000:]
+    assert set(items_by_key(sqlite_url, "members")) == {f"A-{n}-{i}" for n in range(1, 5) for i in range(5)}
+    assert app.api_pages == [1, 2, 3, 4]  # each page once: POSTs told apart by their bodies
+    assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]
+    assert min(app.gaps()) >= interval, f"two requests {min(app.gaps()) * 1000:.1f} ms apart"

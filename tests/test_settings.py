@@ -11,14 +11,12 @@ import pytest
 from crawling import items_by_key
 from redis import Redis
 
-from crawler import keys, quarantine
+from crawler.coord import keys, quarantine
+from crawler.coord.frontier import seed
+from crawler.coord.policy import PolicyCache, quarantine_live
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.errors import ConfigError
-from crawler.frontier import seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.policy import PolicyCache, quarantine_live
-from crawler.runtime import Runtime
 from crawler.settings import (
     DEFAULT_DATABASE_URL,
     DEFAULT_TIMEOUT,
@@ -29,6 +27,8 @@ from crawler.settings import (
     scrub,
     url_secrets,
 )
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime
 
 
 @pytest.fixture(autouse=True)

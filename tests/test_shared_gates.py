@@ -14,13 +14,13 @@ import pytest
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 
-from crawler import keys
-from crawler.addresses import AddressCache, lowest
+from crawler.coord import keys
+from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.errors import ConfigError
-from crawler.frontier import seed
-from crawler.runtime import Runtime
+from crawler.http.addresses import AddressCache, lowest
 from crawler.settings import Settings
+from crawler.work.runtime import Runtime
 
 INTERVAL = 0.05
 
@@ -56,7 +56,7 @@ class CountingResolver:
 def test_an_address_is_resolved_once_per_ttl_and_the_lowest_keys_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
     resolver = CountingResolver({"shop.test": ["2001:db8::1", "192.0.2.20", "192.0.2.3"]})
     clock = [100.0]
-    monkeypatch.setattr("crawler.addresses.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("crawler.http.addresses.time.monotonic", lambda: clock[0])
     cache = AddressCache(ttl=60, resolve=resolver)
     assert cache.address("Shop.Test.") == "192.0.2.3"  # IPv4 first, then numerically (not "192.0.2.20")
     clock[0] += 59

@@ -20,12 +20,15 @@ import pytest
 from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
-from crawler import keys
+from crawler.coord import keys
+from crawler.coord.frontier import Frontier, fingerprint
+from crawler.coord.seeding import seed_start
 from crawler.errors import BadResponse, BodyTooLarge
-from crawler.frontier import Frontier, fingerprint
-from crawler.seeding import seed_start
 from crawler.settings import Settings
-from crawler.sitemaps import (
+from crawler.spiders.loading import SpiderSet
+from crawler.spiders.spider import Page, Spider
+from crawler.store.database import FAILED, OK, Store
+from crawler.work.sitemaps import (
     MAX_ENTRIES,
     SITEMAP_CALLBACK,
     Entry,
@@ -35,8 +38,6 @@ from crawler.sitemaps import (
     parse_lastmod,
     robots_sitemaps,
 )
-from crawler.spider import Page, Spider, SpiderSet
-from crawler.store import FAILED, OK, Store
 
 PRODUCTS = 40
 NS = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
@@ -302,7 +303,7 @@ MEMORY_BOUND_MIB = 64
 #: process's size over across fork and exec, and hide the growth under it.)
 MEASURE = """
 import re, sys, zlib
-from crawler.sitemaps import entries, inflated
+from crawler.work.sitemaps import entries, inflated
 
 def peak_kib():
     with open("/proc/self/status") as status:

@@ -28,10 +28,11 @@ from sitecopies import (
 )
 
 from crawler import testing
-from crawler.frontier import seed
+from crawler.coord.frontier import seed
 from crawler.settings import Settings
-from crawler.spider import Request, Spider, SpiderSet, load_spiders
-from crawler.store import OK, Store
+from crawler.spiders.loading import SpiderSet, load_spiders
+from crawler.spiders.spider import Request, Spider
+from crawler.store.database import OK, Store
 from crawler.testing import run_page
 
 SITES_DIR = Path(__file__).resolve().parent.parent / "sites"

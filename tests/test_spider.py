@@ -14,7 +14,8 @@ from selectolax.lexbor import LexborHTMLParser
 
 import crawler
 from crawler.errors import ConfigError, SpiderLoadError
-from crawler.spider import Page, Request, Spider, SpiderSet, callback_name, load_spiders
+from crawler.spiders.loading import SpiderSet, load_spiders
+from crawler.spiders.spider import Page, Request, Spider, callback_name
 
 HTML = b"""<!doctype html>
 <html><head><title>Catalogue</title></head>
@@ -124,7 +125,7 @@ class CountingParser(LexborHTMLParser):
 
 @pytest.mark.parametrize("head", ["", '<base href="/b/">'])
 def test_base_is_looked_up_once_per_page_however_many_links(monkeypatch: pytest.MonkeyPatch, head: str) -> None:
-    monkeypatch.setattr("crawler.spider.LexborHTMLParser", CountingParser)
+    monkeypatch.setattr("crawler.spiders.spider.LexborHTMLParser", CountingParser)
     monkeypatch.setattr(CountingParser, "base_queries", 0)
     links = "".join(f'<a href="p/{i}">{i}</a><a href="#top">top</a>' for i in range(2_000))
     page = Page("http://shop.example/a/", f"<head>{head}</head><body>{links}</body>".encode())
@@ -337,7 +338,7 @@ def test_start_requests_follow_start_urls() -> None:
 
 GOOD = """
 from crawler import Spider, Page
-from crawler.spider import Spider as SameSpider
+from crawler.spiders.spider import Spider as SameSpider
 
 
 class Books(Spider):

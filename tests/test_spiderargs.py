@@ -17,12 +17,12 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler import keys
-from crawler.cli import cli
-from crawler.frontier import SEED_PRIORITY
-from crawler.runtime import Runtime
+from crawler.cli.app import cli
+from crawler.coord import keys
+from crawler.coord.frontier import SEED_PRIORITY
+from crawler.coord.spiderargs import ARGS_REFRESH, MAX_VALUE_LENGTH, read_args, store_args
 from crawler.settings import Settings
-from crawler.spiderargs import ARGS_REFRESH, MAX_VALUE_LENGTH, read_args, store_args
+from crawler.work.runtime import Runtime
 
 SHELF = """
 import os
@@ -98,7 +98,7 @@ def test_crawl_arguments_reach_start_requests_init_and_callbacks_in_every_worker
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
     out = tmp_path / "items.jsonl"
-    command = [sys.executable, "-c", "from crawler.cli import main; main()", *base, "crawl", "shelf",
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", *base, "crawl", "shelf",
                "-a", f"base={pages}", "-a", "category=books", "-a", "pages=3",
                "-n", "2", "--parsers", "2", "-o", str(out)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)

@@ -11,11 +11,12 @@ from click.testing import CliRunner
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler import keys
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys
 from crawler.errors import SpiderLoadError
-from crawler.spider import Spider, load_spiders
-from crawler.spidercheck import check_spider
+from crawler.spiders.check import check_spider
+from crawler.spiders.loading import load_spiders
+from crawler.spiders.spider import Spider
 
 SPIDER = """
 from crawler import Spider

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from crawler.cli import cli
-from crawler.stats import bucket_seconds, percentile, site_stats, sites_with_downloads, time_series
-from crawler.store import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
+from crawler.cli.app import cli
+from crawler.ops.stats import bucket_seconds, percentile, site_stats, sites_with_downloads, time_series
+from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
 
 START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 

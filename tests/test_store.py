@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import event
 
 from crawler.errors import ConfigError
-from crawler.store import FAILED, OK, RETRY, FetchRecord, Item, Store, engine_url, item_digest
+from crawler.store.database import FAILED, OK, RETRY, FetchRecord, Item, Store, engine_url, item_digest
 
 SITE = "shop"
 

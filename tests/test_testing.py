@@ -9,7 +9,7 @@ import pytest
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.errors import ConfigError
-from crawler.spider import Spider
+from crawler.spiders.spider import Spider
 from crawler.testing import crawl, run_page
 
 PRODUCT = b"""<html><body><h1>Product 7</h1><span class="price">12.50</span><span class="sku">SKU-7</span>

@@ -24,17 +24,17 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from crawler import keys, quarantine
-from crawler.cli import cli
+from crawler.cli.app import cli
+from crawler.coord import keys, quarantine
+from crawler.coord.frontier import DownloadTask, seed
+from crawler.coord.scheduler import Scheduler, publish_conf
+from crawler.coord.vetting import DOWNLOAD_FUNC, MAX_BATCH
 from crawler.demo import ShopSite
-from crawler.frontier import DownloadTask, seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.runtime import Runtime
-from crawler.scheduler import Scheduler, publish_conf
 from crawler.settings import Settings
-from crawler.vetting import DOWNLOAD_FUNC, MAX_BATCH
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime
 
-PARSE_FUNC = "crawler.jobs.parse"  # a job function no longer: pages reach parse workers through a stream
+PARSE_FUNC = "crawler.work.jobs.parse"  # a job function no longer: pages reach parse workers through a stream
 
 SITE = "demo"
 
@@ -148,7 +148,7 @@ def test_hostile_jobs_are_quarantined_and_real_workers_crawl_on(
     assert "failure_callback_name" in reasons["failure callback"]
     assert "webhooks" in reasons["webhook"]
     assert "on the queue of 'demo'" in reasons["other site"]
-    assert "'crawler.jobs.parse'" in reasons["parse on download"]
+    assert "'crawler.work.jobs.parse'" in reasons["parse on download"]
     assert "not a crawler job function" in reasons["parse on download"]
     expected = f"not 1 to {MAX_BATCH} JSON objects"
     assert expected in reasons["kwargs"] and expected in reasons["args not an object"]
@@ -223,7 +223,7 @@ def test_rq_maintenance_meeting_a_hostile_job_quarantines_it_instead_of_dying(
     runtime: Runtime, redis_conn: Redis
 ) -> None:
     """RQ's own registry and intermediate-list cleanup reads jobs too: a refused one is quarantined there."""
-    from crawler.workers import DownloadWorker
+    from crawler.work.download_worker import DownloadWorker
 
     downloads = _queue(redis_conn, keys.download_queue(SITE))
     evil = downloads.enqueue("os.system", "true")
@@ -237,14 +237,36 @@ def test_rq_maintenance_meeting_a_hostile_job_quarantines_it_instead_of_dying(
     assert not redis_conn.exists(evil.key) and redis_conn.llen(downloads.intermediate_queue_key) == 0
 
 
+def test_a_job_queued_under_the_download_job_name_of_before_the_move_still_runs(
+    runtime: Runtime, redis_conn: Redis, shop: ShopSite
+) -> None:
+    """A job queued before the modules moved names ``crawler.jobs.download``: it is vetted and runs, not refused."""
+    from crawler.work.download_worker import DownloadWorker
+
+    downloads = _queue(redis_conn, keys.download_queue(SITE))
+    queued = downloads.enqueue("crawler.jobs.download", DownloadTask(SITE, shop.url + "/product/1").to_json())
+    publish_conf(redis_conn, SITE, 0.0, 0.0)
+    redis_conn.sadd(keys.sites(), SITE)
+    redis_conn.zadd(keys.ready(), {SITE: 0})
+    worker = DownloadWorker(redis_conn, [SITE])
+    found, _ = worker.next_job()
+
+    assert found is not None and found[0].id == queued.id
+    job = found[0]
+    assert job.func_name == DOWNLOAD_FUNC and job.func.__module__ == "crawler.work.jobs"
+    job.perform()
+    assert quarantine.entries(redis_conn) == []
+    assert (shop.url + "/product/1", 200) in [(r["url"], r["status"]) for r in runtime.store.fetch_rows(SITE)]
+
+
 def test_a_job_handed_out_after_many_hostile_ones_is_served_not_left_behind(
     runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """More refused jobs than one look tries (MAX_REFILLS), then a real one: no look leaves a job it was handed."""
-    from crawler import workers
-    from crawler.workers import DownloadWorker
+    from crawler.work import download_worker
+    from crawler.work.download_worker import DownloadWorker
 
-    monkeypatch.setattr(workers, "MAX_REFILLS", 3)
+    monkeypatch.setattr(download_worker, "MAX_REFILLS", 3)
     downloads = _queue(redis_conn, keys.download_queue(SITE))
     for _ in range(7):
         downloads.enqueue("os.system", "true")

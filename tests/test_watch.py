@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 from redis import Redis
 
-from crawler.cli import cli
+from crawler.cli.app import cli
 from crawler.demo import ShopSite
-from crawler.status import ParseBacklog, SiteStatus
-from crawler.store import FAILED, OK, FetchRecord, Store, utcnow
-from crawler.watch import ErrorWatch, Progress, eta, exception_name
+from crawler.ops.progress import ErrorWatch, Progress, eta, exception_name
+from crawler.ops.status import ParseBacklog, SiteStatus
+from crawler.store.database import FAILED, OK, FetchRecord, Store, utcnow
 
 
 def status(queued: int = 0, in_flight: int = 0, fetched: int = 0, parsed: int = 0) -> SiteStatus:
@@ -49,7 +49,7 @@ def test_progress_rates_count_downloads_and_parses() -> None:
 
 def test_progress_rates_stay_steady_while_counts_arrive_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("crawler.watch.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("crawler.ops.progress.time.monotonic", lambda: clock[0])
     progress = Progress()
     rates = []
     for tick in range(40):  # 10 s, sampled 4 times a second; 100 pages written at each whole second

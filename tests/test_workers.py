@@ -25,17 +25,19 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from crawler import keys, pages
-from crawler.connection import EmbeddedRedis
+from crawler.coord import keys, pages
+from crawler.coord.connection import EmbeddedRedis
+from crawler.coord.frontier import SEED_PRIORITY, seed
+from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
-from crawler.frontier import SEED_PRIORITY, seed
-from crawler.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.parsing import ParseWorker
-from crawler.policy import set_live
-from crawler.runtime import Runtime
 from crawler.settings import Settings
-from crawler.store import FAILED, SKIPPED, Store
+from crawler.store.database import FAILED, SKIPPED, Store
+from crawler.work import runtime as runtime_module
+from crawler.work.download_worker import DownloadWorker
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.parse_worker import ParseWorker
+from crawler.work.runtime import Runtime
 
 #: Longest an in-process crawl of a small shop may take before the test gives up.
 
@@ -144,6 +146,29 @@ class FlakyShop(DemoShop):
 '''
 
 
+def test_workers_given_their_runtime_crawl_the_shop_with_no_runtime_installed(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The download and parse paths use the runtime their worker is given (its Redis, store, fetcher,
+    policy): none is looked up, so with none installed in the process the crawl still completes."""
+    monkeypatch.setattr(runtime_module, "_current", None)
+    rt = Runtime(redis_conn, settings)
+    try:
+        seed(rt.frontier("demo"), [shop.url + "/"])
+        stop = threading.Event()
+        workers = [DownloadWorker(redis_conn, ["demo"], stop_event=stop, rt=rt) for _ in range(2)]
+        workers += [ParseWorker(redis_conn, ["demo"], stop_event=stop, rt=rt)]
+        threads = [threading.Thread(target=w.work, kwargs={"burst": True}, daemon=True) for w in workers]
+        for thread in threads:
+            thread.start()
+        join_all(threads, stop)
+        assert runtime_module._current is None
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        assert {r["outcome"] for r in rt.store.fetch_rows("demo") if r["kind"] == "parse"} == {"ok"}
+    finally:
+        rt.close()
+
+
 def test_callback_that_raises_fails_that_page_with_traceback_and_crawl_goes_on(
     redis_conn: Redis, settings: Settings
 ) -> None:
@@ -190,8 +215,8 @@ class Slow(DemoShop):
 def test_a_parse_that_times_out_fails_that_page_visibly_and_it_can_be_retried(
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crawler import jobs
-    from crawler.failures import failed_pages
+    from crawler.ops.failures import failed_pages
+    from crawler.work import jobs
 
     monkeypatch.setattr(jobs, "DEFAULT_PARSE_TIMEOUT", 2)
     slow = 3
@@ -215,9 +240,9 @@ def test_a_site_s_policy_is_written_when_it_changes_not_every_second(
 ) -> None:
     runtime.publish("demo", force=True)
     written: list[tuple[object, ...]] = []
-    monkeypatch.setattr("crawler.runtime.publish_conf", lambda *args, **kwargs: written.append(args))
-    monkeypatch.setattr("crawler.runtime.LIVE_REFRESH", 0.0)  # every call looks, as one a second would
-    monkeypatch.setattr("crawler.policy.LIVE_REFRESH", 0.0)
+    monkeypatch.setattr("crawler.work.runtime.publish_conf", lambda *args, **kwargs: written.append(args))
+    monkeypatch.setattr("crawler.work.runtime.LIVE_REFRESH", 0.0)  # every call looks, as one a second would
+    monkeypatch.setattr("crawler.coord.policy.LIVE_REFRESH", 0.0)
     for _ in range(3):
         runtime.frontier("demo")  # each parse of the site's pages asks
     assert written == []
@@ -225,7 +250,7 @@ def test_a_site_s_policy_is_written_when_it_changes_not_every_second(
     runtime.frontier("demo")
     runtime.frontier("demo")
     assert len(written) == 1 and written[0][4] is True  # (connection, site, interval, margin, paused, …)
-    monkeypatch.setattr("crawler.runtime.REPUBLISH_EVERY", 0.0)
+    monkeypatch.setattr("crawler.work.runtime.REPUBLISH_EVERY", 0.0)
     runtime.frontier("demo")
     assert len(written) == 2  # unchanged, but written again now and then, in case it was lost
 
@@ -324,7 +349,7 @@ def test_demo_command_crawls_on_an_embedded_redis_and_stops_it(tmp_path: Path) -
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
     }
     crawler = Path(sys.executable).with_name("crawler")
-    command = [str(crawler)] if crawler.exists() else [sys.executable, "-c", "from crawler.cli import main; main()"]
+    command = [str(crawler)] if crawler.exists() else [sys.executable, "-c", "from crawler.cli.app import main; main()"]
     result = subprocess.run(
         [*command, "demo", "--products", "40"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180
     )
@@ -343,7 +368,7 @@ def test_demo_command_crawls_on_an_embedded_redis_and_stops_it(tmp_path: Path) -
 def test_status_counts_live_workers_per_host(runtime: Runtime, redis_conn: Redis) -> None:
     import socket
 
-    from crawler.status import workers_by_host
+    from crawler.ops.status import workers_by_host
 
     stop = threading.Event()
     worker = ParseWorker(redis_conn, ["demo"], stop_event=stop)
@@ -446,7 +471,7 @@ def test_a_site_whose_spider_failed_to_load_does_not_stall_workers_started_witho
 
 
 def crawler_command(redis_url: str, sqlite_url: str, sites_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-c", "from crawler.cli import main; main()", "--redis-url", redis_url,
+    return [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url,
             "--database-url", sqlite_url, "--sites", str(sites_dir), *args]  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..spider import Page, Request, Spider
+from ..spiders.spider import Page, Request, Spider
 
 #: Links to product pages (``/product/ID``, in any spelling, and old moved ones).
 PRODUCT_LINKS = "a[href*='product/']"

@@ -1,0 +1,722 @@
+"""The frontier: canonicalize URLs, keep to allowed domains, deduplicate, enqueue.
+
+Every URL that enters a site's queue passes ``Frontier.add``: it is
+canonicalized (w3lib; fragments dropped, query sorted, default port removed), refused
+unless http(s), within the spider's allowed domains and at most ``max_url_length``
+bytes long, and enqueued only if its fingerprint is new to the site's seen set in
+Redis. Links, redirect targets, sitemap entries, seeds and retries go through the
+same door, so no page is downloaded twice and no URL is longer than the cap.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import Redis
+from redis.exceptions import WatchError
+from rq import Queue
+from rq.serializers import JSONSerializer
+from w3lib.url import canonicalize_url
+
+from ..errors import RefusedURL
+from ..settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
+from ..spiders.spider import Request
+from . import joblife, keys, lua, quarantine, redisclock
+from .gate import Gate
+from .replies import text
+from .scheduler import JOBS_AHEAD, Scheduler, entry_encoder, is_priority
+from .task import DownloadTask, check_priority, check_refresh, fingerprint, request_data, request_fingerprint
+from .vetting import MAX_BATCH, CrawlerJob
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+#: Priority of start URLs and of pages a user asks for (``seed``, ``retry``).
+SEED_PRIORITY = 10
+#: Default priority of scheduled refreshes: after everything else (``Spider.refresh_priority``).
+REFRESH_PRIORITY = -10
+#: Tries of a refill whose frontier lists change while it reads them.
+REFILL_TRIES = 5
+
+
+def canonicalize(url: str) -> str:
+    """The one spelling of ``url`` used for dedup and requests.
+
+    Raises RefusedURL for anything but an absolute http(s) URL with a valid host.
+    """
+    url = url.strip()
+    plain = _CANONICAL.fullmatch(url)
+    if plain is not None and _is_plain(plain):
+        return plain["url"]  # what canonicalize_url would return, at a fraction of the cost
+    plain = _CANONICAL_QUERY.fullmatch(url)
+    if plain is not None and _is_plain(plain):
+        # Catalogue URLs carry simple queries (?page=2&sort=price): canonicalize_url only
+        # sorts their fields, for 20 us a URL; this does the same sort in about 1 us.
+        return f"{plain['url']}?{'&'.join(sorted(plain['query'].split('&'), key=_query_field_order))}"
+    scheme, port = _checked_origin(url)
+    try:
+        canonical = canonicalize_url(url, keep_fragments=False)
+    except (ValueError, UnicodeError) as exc:
+        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
+    if port == _DEFAULT_PORTS[scheme]:
+        parts = urlsplit(canonical)
+        netloc = parts.netloc.rsplit(":", 1)[0]
+        canonical = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    return canonical
+
+
+#: The origin and path of a URL that canonicalizes to itself: http(s), a lowercase host
+#: name or a dotted IPv4 address without leading zeros, maybe a port (group ``port``: no
+#: leading zero, checked to be in range and not the scheme's default), no user, and a
+#: path of unreserved characters and sub-delimiters but ";" (no escapes to normalize, no
+#: parameters). Dot segments are excluded separately ("/." nowhere).
+_PLAIN_URL = (
+    r"(?P<url>https?://(?:(?:[a-z0-9-]+\.)*[a-z][a-z0-9-]*"
+    r"|(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"
+    r"(?::(?P<port>[1-9]\d{0,4}))?/[\w.~!$&'()*+,=:@/-]*)"
+)
+#: Such URLs with no query and an ASCII fragment if any: their canonical form is group ``url``.
+_CANONICAL = re.compile(_PLAIN_URL + r"(?:#[\x00-\x7f]*)?", re.ASCII)
+
+
+def _is_plain(match: re.Match[str]) -> bool:
+    """Whether a ``_PLAIN_URL`` match is its own canonical form: no dot segment, a port that stays."""
+    if "/." in match["url"]:
+        return False
+    port = match["port"]
+    return port is None or (int(port) <= 65535 and int(port) != _DEFAULT_PORTS[match["url"].split(":", 1)[0]])
+
+
+#: The same URLs with a query of ``key=value`` fields (group ``query``) whose characters
+#: canonicalize_url leaves as they are (unreserved, and "+" for a space), none empty, none
+#: without "=".
+_CANONICAL_QUERY = re.compile(
+    _PLAIN_URL + r"\?(?P<query>[\w.~+-]+=[\w.~+-]*(?:&[\w.~+-]+=[\w.~+-]*)*)(?:#[\x00-\x7f]*)?", re.ASCII
+)
+
+
+def _query_field_order(field: str) -> tuple[str, str]:
+    """canonicalize_url's order of query fields: by key, then value, each with "+" read as a space."""
+    key, _, value = field.partition("=")
+    return key.replace("+", " "), value.replace("+", " ")
+
+
+def _check_origin(url: str) -> tuple[str, int | None]:
+    """The lowercased scheme and the port of a stripped ``url``; RefusedURL unless http(s) with a valid host."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise RefusedURL(f"not an http(s) URL: {url!r}")
+    host = (parts.hostname or "").lower()
+    if not host or any(c.isspace() for c in host) or "%" in host:
+        raise RefusedURL(f"URL has no valid host: {url!r}")
+    return scheme, port
+
+
+#: ``scheme://authority`` at the start of a URL, as ``urlsplit`` reads it when the URL has no tab or newline.
+_ORIGIN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)")
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_origin_once(scheme: str, netloc: str) -> tuple[str, int | None]:
+    return _check_origin(f"{scheme}://{netloc}")
+
+
+def _checked_origin(url: str) -> tuple[str, int | None]:
+    """``_check_origin(url)``, computed once per scheme and authority: a page's links share a few."""
+    origin = _ORIGIN.match(url)
+    # urlsplit drops tabs and newlines anywhere in a URL, which could move the authority's end.
+    if origin is None or "\t" in url or "\n" in url or "\r" in url:
+        return _check_origin(url)
+    try:
+        return _check_origin_once(origin[1], origin[2])
+    except RefusedURL:
+        return _check_origin(url)  # again, for the message naming the whole URL
+
+
+def host_allowed(url: str, domains: Iterable[str]) -> bool:
+    """Whether ``url``'s host is one of ``domains`` or a subdomain of one."""
+    host = (urlsplit(url).hostname or "").lower()
+    return any(host == d or host.endswith("." + d) for d in domains)
+
+
+#: Characters of a refused URL quoted in the refusal (the rest would only bloat records and logs).
+QUOTED = 100
+
+
+def _byte_length(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def canonicalize_within(url: str, max_length: int | None) -> str:
+    """``canonicalize(url)``; RefusedURL if it is longer than ``max_length`` bytes (None: no limit).
+
+    Both spellings count: the URL as written (surrounding whitespace and fragment aside),
+    checked before any work on it, so a megabyte URL costs no canonicalization (w3lib
+    takes seconds on a long query), and its canonical form, which percent-encoding may
+    make longer. The refusal quotes the URL's first ``QUOTED`` characters, not all of it.
+    """
+    if max_length is None:
+        return canonicalize(url)
+    written = url.strip().partition("#")[0]
+    length = _byte_length(written)
+    if length <= max_length:
+        canonical = canonicalize(url)
+        length = _byte_length(canonical)
+        if length <= max_length:
+            return canonical
+    raise _too_long(written, length, max_length)
+
+
+def _too_long(url: str, length: int, max_length: int) -> RefusedURL:
+    return RefusedURL(f"URL longer than {max_length:,} bytes ({length:,}): {url[:QUOTED]!r}...")
+
+
+def check_url(url: str, domains: list[str], max_length: int | None = None) -> str:
+    """The canonical ``url``, or RefusedURL unless it is a valid http(s) URL within ``domains``
+    and at most ``max_length`` bytes long (``canonicalize_within``; None: no limit)."""
+    canonical = canonicalize_within(url, max_length)
+    if not host_allowed(canonical, domains):
+        raise RefusedURL(f"{canonical} is outside the allowed domains ({', '.join(domains)})")
+    return canonical
+
+
+#: Fingerprints per ADD_SEEN call: a 100,000-link page blocks Redis in short steps, not one long one.
+SEEN_CHUNK = 5000
+#: Entries per RPUSH (and per transaction) when a batch is queued: bounded work per Redis command.
+PUSH_CHUNK = 5000
+
+#: Seen-set buckets per ``revisit_after``: a URL stays seen from revisit_after to 1 + 1/SEEN_BUCKETS of it.
+SEEN_BUCKETS = 4
+#: How far (ms) this process's estimate of the Redis clock may be off before naming seen-set
+#: buckets takes a second look at it (``redisclock``).
+CLOCK_SLACK_MS = 50
+
+
+class _BatchChecker:
+    """``Frontier.check`` for one batch of URLs, remembering outcomes: a page repeats its links.
+
+    A URL is canonicalized once per spelling, and spellings that differ only in an ASCII
+    fragment (``#sec-1``, ``#sec-2``) share one canonicalization, since it drops the
+    fragment. Allowed domains are checked once per authority.
+    """
+
+    def __init__(self, frontier: Frontier):
+        self.frontier = frontier
+        self.by_url: dict[str, str | RefusedURL] = {}  # url as given -> canonical URL or refusal
+        self.by_page: dict[str, str | RefusedURL] = {}  # stripped url without its fragment -> same
+        self.hosts: dict[str, bool] = {}  # scheme://authority of a canonical URL -> allowed
+
+    def check(self, url: str) -> str:
+        """``Frontier.check(url)``."""
+        outcome = self.by_url.get(url)
+        if outcome is None:
+            outcome = self.by_url[url] = self._outcome(url)
+        if isinstance(outcome, RefusedURL):
+            raise RefusedURL(str(outcome))
+        return outcome
+
+    def _outcome(self, url: str) -> str | RefusedURL:
+        page, _, fragment = url.strip().partition("#")
+        # An ASCII fragment never changes the outcome (it is dropped); any other might not encode.
+        shared = fragment.isascii()
+        outcome = self.by_page.get(page) if shared else None
+        if outcome is not None:
+            return outcome
+        try:
+            canonical = canonicalize_within(url, self.frontier.max_url_length)
+        except RefusedURL as exc:
+            return exc  # its message names the URL as given: not shared
+        outcome = canonical
+        if not self._allowed(canonical):
+            outcome = RefusedURL(f"{canonical} is outside the allowed domains ({', '.join(self.frontier.domains)})")
+        if shared:
+            self.by_page[page] = outcome
+        return outcome
+
+    def _allowed(self, canonical: str) -> bool:
+        origin = _ORIGIN.match(canonical)
+        if origin is None:  # not expected of a canonical URL, but then no shortcut
+            return host_allowed(canonical, self.frontier.domains)
+        allowed = self.hosts.get(origin[0])
+        if allowed is None:
+            allowed = self.hosts[origin[0]] = host_allowed(origin[0], self.frontier.domains)
+        return allowed
+
+
+#: A request ``Frontier.vet`` let through, with its canonical URL.
+Candidate = tuple[str, Request]
+
+#: What tells requests apart in the seen set: the canonical URL of a GET without a body, else (method, URL, body).
+SeenKey = str | tuple[str, str, bytes | None]
+
+
+def _seen_key(canonical_url: str, request: Request) -> SeenKey:
+    if request.method == "GET" and not request.body:
+        return canonical_url
+    return (request.method, canonical_url, request.body)
+
+
+@dataclass
+class AddResult:
+    """What ``Frontier.add`` did with a batch of requests."""
+
+    enqueued: list[str]
+    duplicates: int = 0
+    refused: list[tuple[str, str]] | None = None  # (url, reason)
+    #: New requests not queued: the site's ``max_pages`` were admitted already.
+    over_max_pages: int = 0
+
+
+def download_queue(connection: Redis, site: str) -> Queue:
+    """The RQ queue of ``site``'s download jobs (JSON payloads only)."""
+    return Queue(keys.download_queue(site), connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+
+
+def entries_by_priority(tasks: Iterable[DownloadTask]) -> dict[int, list[str]]:
+    """The tasks' frontier entries, by priority, in their order."""
+    by_priority: dict[int, list[str]] = {}
+    for task in tasks:
+        by_priority.setdefault(task.priority, []).append(task.to_entry())
+    return by_priority
+
+
+def push_to_front(pipe: Any, site: str, by_priority: dict[int, list[str]]) -> None:
+    """Put entries at the front of ``site``'s frontier lists (in ``pipe``), in their order, and name their levels."""
+    for priority, entries in by_priority.items():
+        pipe.lpush(keys.frontier(site, priority), *reversed(entries))
+        pipe.zadd(keys.levels(site), {str(priority): priority})
+
+
+class Frontier:
+    """Admits requests for one site, each URL once, and feeds its RQ queue just in time.
+
+    Admitted URLs wait in the site's compact frontier list (``scheduler``); ``refill``
+    turns a few of them at a time into RQ jobs on ``download:SITE``.
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        site: str,
+        domains: Iterable[str],
+        failure_ttl: int,
+        job_timeout: int,
+        refresh: Callable[[Request], float | None] | None = None,
+        revisit_after: float | None = None,
+        batch: int = 1,
+        max_url_length: int = DEFAULT_MAX_URL_LENGTH,
+        max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+        max_pages: int | None = None,
+    ):
+        """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
+
+        ``batch``: URLs (of one priority) a refill puts in one job, 1 to ``MAX_BATCH``
+        (``Runtime.batch_size``: more than one for a site fast enough).
+
+        ``revisit_after``: seconds a seen URL stays seen (at most a quarter more), after
+        which it may be queued again; None: seen for good (``Spider.revisit_after``).
+
+        ``max_url_length``: bytes of the longest URL admitted (``canonicalize_within``);
+        a longer one is refused like an off-domain one.
+
+        ``max_request_body_bytes``: bytes of the largest request body admitted; a request
+        with a larger one is refused (its body would sit in Redis while it waits).
+
+        ``max_pages``: new pages admitted to the site's frontier, fleet-wide, after which
+        new requests are dropped (``Spider.max_pages``); None: no limit.
+        """
+        if revisit_after is not None and not revisit_after > 0:
+            raise ValueError(f"revisit_after must be a positive number of seconds, not {revisit_after!r}")
+        self.revisit_after = revisit_after
+        self.connection = connection
+        self.refresh = refresh
+        self.site = site
+        self.domains = list(domains)
+        self.failure_ttl = failure_ttl
+        self.job_timeout = job_timeout
+        self.batch = max(1, min(int(batch), MAX_BATCH))
+        self.max_url_length = max_url_length
+        self.max_request_body_bytes = max_request_body_bytes
+        self.max_pages = max_pages
+        self.queue = download_queue(connection, site)
+
+    @cached_property
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.connection)
+
+    def check(self, url: str) -> str:
+        """The canonical URL, or RefusedURL if it is malformed, off-domain or too long."""
+        return check_url(url, self.domains, self.max_url_length)
+
+    def add(self, requests: Iterable[Request], depth: int = 0, hops: int = 0, checked: bool = False) -> AddResult:
+        """Queue the requests whose canonical URL is new to the site.
+
+        ``dont_filter`` requests skip the seen set. Refused URLs (and requests with a bad
+        priority or refresh) are returned, not raised. Linear in the number of requests:
+        each distinct URL is checked once, and the seen set is asked in one round trip.
+        ``checked``: the URLs are ``check``'s output already (canonical, allowed), taken as they are.
+        """
+        candidates, refused = self.vet(requests, checked)
+        (result,) = self.enqueue([(candidates, depth)], hops)
+        result.refused = refused
+        return result
+
+    def vet(self, requests: Iterable[Request], checked: bool = False) -> tuple[list[Candidate], list[tuple[str, str]]]:
+        """The requests ``add`` would queue if new, each with its canonical URL; and those refused, with why.
+
+        No Redis call: ``enqueue`` the candidates (several pages' at once, if need be) later.
+        """
+        refused: list[tuple[str, str]] = []
+        check = self._short_enough if checked else _BatchChecker(self).check
+        candidates: list[Candidate] = []
+        for request in requests:
+            try:
+                check_priority(request.priority)
+                check_refresh(request.refresh)
+                if request.body is not None and len(request.body) > self.max_request_body_bytes:
+                    raise RefusedURL(
+                        f"request body longer than {self.max_request_body_bytes:,} bytes "
+                        f"({len(request.body):,}): {request.method} {request.url[:QUOTED]}"
+                    )
+                candidates.append((check(request.url), request))
+            except (RefusedURL, ValueError) as exc:
+                refused.append((request.url, str(exc)))
+        return candidates, refused
+
+    def _short_enough(self, canonical: str) -> str:
+        """A URL ``check`` passed, still refused if too long: ``check`` may have been another frontier's."""
+        length = _byte_length(canonical)
+        if length > self.max_url_length:
+            raise _too_long(canonical, length, self.max_url_length)
+        return canonical
+
+    def enqueue(self, pages: Sequence[tuple[list[Candidate], int]], hops: int = 0) -> list[AddResult]:
+        """Queue the candidates (``vet``) new to the site, of several pages (candidates, depth) at once.
+
+        One seen-set call and one push for all of them; a URL on two of the pages is new
+        on the first one only, as with one ``add`` after the other. Per page, what was done.
+        """
+        results = [AddResult(enqueued=[]) for _ in pages]
+        flat = [(url, request, depth, result) for (page, depth), result in zip(pages, results) for url, request in page]
+        if not flat:
+            return results
+        fresh = self._mark_seen([_seen_key(url, request) for url, request, _, _ in flat])
+        taken = [is_new or request.dont_filter for (_, request, _, _), is_new in zip(flat, fresh, strict=True)]
+        room = self._admit(sum(taken)) if self.max_pages is not None else len(flat)
+        by_priority: dict[int, list[str]] = {}
+        encoders: dict[tuple[Any, ...], Callable[[str], str]] = {}
+        for (url, request, depth, result), take in zip(flat, taken, strict=True):
+            if not take:
+                result.duplicates += 1
+                continue
+            if room <= 0:
+                result.over_max_pages += 1
+                continue
+            room -= 1
+            every = request.refresh if request.refresh is not None or not self.refresh else self.refresh(request)
+            # The link's entry but for its URL is the same for all links of a page: encoded once.
+            plain = request.is_plain
+            shape = (
+                str(request.callback),
+                id(request.meta) if request.meta else None,
+                every,
+                depth,
+                plain or id(request),
+            )
+            encode = encoders.get(shape)
+            if encode is None:
+                extra = None if plain else request_data(request.method, request.headers, request.body)
+                encode = encoders[shape] = entry_encoder(
+                    str(request.callback), depth, hops, 1, request.meta, every, extra
+                )
+            by_priority.setdefault(request.priority, []).append(encode(url))
+            result.enqueued.append(url)
+        self._push_entries(by_priority)
+        return results
+
+    def _admit(self, pages: int) -> int:
+        """How many of ``pages`` new pages fit under ``max_pages``, counted fleet-wide (one atomic
+        INCRBY of the site's admitted counter: two workers admitting at once never pass the limit)."""
+        assert self.max_pages is not None
+        if not pages:
+            return 0
+        total = int(self.connection.incrby(keys.admitted(self.site), pages))
+        return max(0, min(pages, self.max_pages - (total - pages)))
+
+    def pages_admitted(self) -> int:
+        """New pages admitted to the site's frontier so far (counted only for a spider with ``max_pages``)."""
+        return int(self.connection.get(keys.admitted(self.site)) or 0)
+
+    def _mark_seen(self, urls: list[SeenKey]) -> list[bool]:
+        """Add the requests' fingerprints to the seen set; per request, whether it was new (in order).
+
+        ``urls``: canonical URLs of GETs without a body, (method, URL, body) of the others
+        (``_seen_key``). One repeated is new at most once, as with one SADD each, but only
+        its first occurrence is sent.
+        """
+        first: dict[SeenKey, int] = {}
+        for index, url in enumerate(urls):
+            first.setdefault(url, index)
+        members = [
+            fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
+        ]
+        # One call (one round trip) for a page of up to SEEN_CHUNK links; not in a pipeline,
+        # where redis-py would first ask whether the script is loaded, a round trip more.
+        added = b""
+        for start in range(0, len(members), SEEN_CHUNK):
+            chunk = b"".join(members[start : start + SEEN_CHUNK])
+            if self.revisit_after is None:
+                added += _bytes(self._add_seen(keys=[keys.seen(self.site)], args=[chunk]))
+            else:
+                added += self._add_seen_for_a_while(chunk)
+        new = {index for index, flag in zip(first.values(), added, strict=True) if flag == ord("1")}
+        return [index in new for index in range(len(urls))]
+
+    @cached_property
+    def _add_seen(self) -> Any:
+        return lua.script(self.connection, "add_seen")
+
+    def _add_seen_for_a_while(self, chunk: bytes) -> bytes:
+        """ADD_SEEN_FOR_A_WHILE of ``chunk``, its buckets named from the Redis clock as estimated here.
+
+        The buckets passed reach CLOCK_SLACK_MS (at least one bucket) beyond both ends of
+        those the script uses; when the estimate is off by more, the script adds nothing
+        and the clock is read again.
+        """
+        width = self._bucket_width_ms
+        slack = 1 + math.ceil(CLOCK_SLACK_MS / width)
+        for _ in range(3):
+            current = int(redisclock.now_ms(self.connection) // width)
+            first = current - SEEN_BUCKETS - slack
+            buckets = [keys.seen_bucket(self.site, index) for index in range(first, current + slack + 1)]
+            reply = self._add_seen_buckets(keys=buckets, args=[chunk, width, SEEN_BUCKETS, first])
+            if reply is not None:
+                return _bytes(reply)
+            redisclock.resync(self.connection)
+        raise RuntimeError("the Redis clock moved by more than a seen-set bucket at each of three reads")
+
+    @cached_property
+    def _add_seen_buckets(self) -> Any:
+        return lua.script(self.connection, "add_seen_for_a_while")
+
+    @property
+    def _bucket_width_ms(self) -> int:
+        assert self.revisit_after is not None
+        return max(1, round(self.revisit_after * 1000 / SEEN_BUCKETS))
+
+    def seen_keys(self) -> list[str]:
+        """The keys that say which URLs are seen now: the plain set, and the live buckets with ``revisit_after``."""
+        found = [keys.seen(self.site)]
+        if self.revisit_after is not None:
+            seconds, micros = self.connection.time()
+            current = (int(seconds) * 1000 + int(micros) // 1000) // self._bucket_width_ms
+            found += [keys.seen_bucket(self.site, current - i) for i in range(SEEN_BUCKETS + 1)]
+        return found
+
+    def push(self, tasks: list[DownloadTask]) -> None:
+        """Append tasks to the compact frontier by priority, without dedup, and mark the site ready.
+
+        Jobs already made from entries of a lower priority are handed back first (see
+        ``preempt``), so the new entries are next.
+        """
+        self._push_entries(entries_by_priority(tasks))
+
+    def hand_back(self, tasks: list[DownloadTask]) -> None:
+        """Put tasks taken from this site's frontier back at the front of their priority's list, in their order.
+
+        For the rest of a batch that could not go on (``jobs.download``); no dedup (they
+        were admitted once), and the site is marked ready.
+        """
+        with self.connection.pipeline(transaction=True) as pipe:
+            push_to_front(pipe, self.site, entries_by_priority(tasks))
+            pipe.zadd(keys.ready(), {self.site: 0}, nx=True)
+            pipe.execute()
+
+    def _push_entries(self, by_priority: dict[int, list[str]]) -> None:
+        """``push`` for entries already encoded, by priority."""
+        if not by_priority:
+            return
+        # A transaction runs as one block on the server: a big batch goes in pieces of
+        # PUSH_CHUNK entries, each a transaction of its own (entries, levels), so other
+        # clients are served in between. Each piece leaves the lists consistent.
+        pieces = [
+            (priority, entries[start : start + PUSH_CHUNK])
+            for priority, entries in by_priority.items()
+            for start in range(0, len(entries), PUSH_CHUNK)
+        ]
+        for priority, entries in pieces[:-1]:
+            with self.connection.pipeline(transaction=True) as pipe:
+                pipe.rpush(keys.frontier(self.site, priority), *entries)
+                pipe.zadd(keys.levels(self.site), {str(priority): priority})
+                pipe.execute()
+        with self.connection.pipeline(transaction=True) as pipe:
+            priority, entries = pieces[-1]
+            pipe.rpush(keys.frontier(self.site, priority), *entries)
+            pipe.zadd(keys.levels(self.site), {str(priority): priority})
+            pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
+            pipe.sadd(keys.sites(), self.site)
+            pipe.zrangebyscore(keys.queued(self.site), "-inf", f"({max(by_priority)}", start=0, num=1)
+            outranked = pipe.execute()[-1]
+        if outranked:
+            self.preempt(max(by_priority))
+
+    def preempt(self, priority: int) -> int:
+        """Hand queued jobs below ``priority`` back to the frontier and refill. Returns how many.
+
+        Jobs a worker has already taken run; the others go back to the front of their
+        priority's list, in their order, so nothing is lost or reordered within a priority.
+        """
+        lock = self._refill_lock()
+        if not lock.acquire(timeout=5):
+            return 0
+        try:
+            lower = {text(i) for i in self.connection.zrangebyscore(keys.queued(self.site), "-inf", f"({priority}")}
+            if not lower:
+                return 0
+            order = [text(i) for i in self.connection.lrange(self.queue.key, 0, -1)]
+            evicted = 0
+            for job_id in reversed([i for i in order if i in lower]):  # back to front keeps their order
+                job = self.queue.fetch_job(job_id)  # None when gone, or refused and quarantined
+                if job is None:
+                    continue
+                tasks = [DownloadTask.from_json(payload) for payload in joblife.tasks_left(job)]
+                if tasks:
+                    entries = [task.to_entry() for task in tasks]
+                    evicted += self.scheduler.evict(self.site, self.queue.key, job_id, tasks[0].priority, entries)
+            stale = lower - set(order)
+            if stale:  # taken meanwhile, or lost with a crashed refill: no longer ours to track
+                self.connection.zrem(keys.queued(self.site), *stale)
+        finally:
+            lock.release()
+        self.refill(JOBS_AHEAD)
+        return evicted
+
+    def refill(self, jobs_ahead: int) -> int:
+        """Turn compact entries into RQ jobs until ``jobs_ahead`` are queued, highest priority first.
+
+        Each job carries up to ``batch`` entries of one priority, in their order.
+
+        Returns how many. A short per-site lock keeps two workers from turning the same
+        entries into jobs. The read of the frontier lists and the move (jobs written, lists
+        trimmed) form one optimistic transaction: a list changed in between (a retry
+        promoted to its head, an evicted job handed back) aborts it and the refill reads
+        again, so no entry is trimmed unread or made into two jobs.
+        """
+        lock = self._refill_lock()
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            for _ in range(REFILL_TRIES):
+                try:
+                    made = self._move_to_queue(jobs_ahead)
+                except WatchError:
+                    continue
+                self.scheduler.forget_empty_levels(self.site, made[1])
+                return made[0]
+            return 0  # the lists kept changing; the next refill will do it
+        finally:
+            lock.release()
+
+    def _move_to_queue(self, jobs_ahead: int) -> tuple[int, list[int]]:
+        """One try of ``refill``: (jobs made, priorities read). WatchError if a list moved meanwhile."""
+        wanted = jobs_ahead - int(self.connection.llen(self.queue.key))
+        if wanted <= 0:
+            return 0, []
+        with self.connection.pipeline(transaction=True) as pipe:
+            # The priorities are read under watch too: a push of a new, higher priority
+            # between this read and the move would otherwise go unseen (its preemption finds
+            # no job yet to hand back) and the jobs made here would all go before it.
+            pipe.watch(keys.levels(self.site))
+            levels = pipe.zrevrange(keys.levels(self.site), 0, -1)
+            taken: list[tuple[int, int]] = []  # (priority, entries read)
+            refused: list[tuple[str, Any, str]] = []  # (list, entry, reason)
+            batches: list[list[DownloadTask]] = []  # each of one priority
+            for raw in levels:
+                if not is_priority(raw):  # written by hand: names no list; kept aside, dropped from the set
+                    refused.append((keys.levels(self.site), raw, "malformed priority in a levels set"))
+                    continue
+                priority = int(text(raw))
+                key = keys.frontier(self.site, priority)
+                pipe.watch(key)
+                entries = pipe.lrange(key, 0, (wanted - len(batches)) * self.batch - 1)
+                taken.append((priority, len(entries)))
+                tasks = []
+                for entry in entries:
+                    try:
+                        tasks.append(DownloadTask.from_entry(self.site, entry, priority))
+                    except ValueError as exc:  # written by hand? kept aside with its reason, never retried
+                        refused.append((key, entry, str(exc)))
+                batches += [tasks[i : i + self.batch] for i in range(0, len(tasks), self.batch)]
+                if len(batches) >= wanted:
+                    break
+            ids = [uuid.uuid4().hex for _ in batches]
+            pipe.multi()
+            if batches:
+                joblife.make_jobs(
+                    self.queue, [[t.to_json() for t in batch] for batch in batches], ids, self.failure_ttl,
+                    self.job_timeout, pipe,
+                )  # fmt: skip
+                pipe.zadd(keys.queued(self.site), {i: b[0].priority for i, b in zip(ids, batches, strict=True)})
+            for priority, count in taken:
+                if count:
+                    pipe.ltrim(keys.frontier(self.site, priority), count, -1)
+            for key, entry, reason in refused:
+                if key == keys.levels(self.site):
+                    pipe.zrem(key, entry)
+                quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=pipe)
+            pipe.execute()
+        return len(batches), [p for p, _ in taken]
+
+    def _refill_lock(self) -> Gate:
+        lock = keys.refill_lock(self.site)
+        return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, key=lock)
+
+    def waiting(self) -> list[DownloadTask]:
+        """Tasks waiting in the compact frontier (not yet RQ jobs), highest priority first."""
+        tasks = []
+        for raw in self.connection.zrevrange(keys.levels(self.site), 0, -1):
+            if not is_priority(raw):
+                continue  # names no list (the next refill quarantines it)
+            priority = int(text(raw))
+            for entry in self.connection.lrange(keys.frontier(self.site, priority), 0, -1):
+                tasks.append(DownloadTask.from_entry(self.site, entry, priority))
+        return tasks
+
+    def forget(self, url: str, method: str = "GET", body: bytes | None = None) -> None:
+        """Drop the request for ``url`` (a GET without a body by default) from the seen set (or sets),
+        so it may be enqueued again."""
+        member = request_fingerprint(canonicalize(url), method, body)
+        with self.connection.pipeline(transaction=False) as pipe:
+            for key in self.seen_keys():
+                pipe.srem(key, member)
+            pipe.execute()
+
+
+def seed(
+    frontier: Frontier, urls: Iterable[str], force: bool = False, priority: int = SEED_PRIORITY, callback: str = "parse"
+) -> AddResult:
+    """Enqueue start URLs at ``priority``, for ``callback``; RefusedURL for the first malformed or off-domain one.
+
+    Every URL is checked before any is enqueued, so a bad seed enqueues nothing.
+    ``force`` enqueues URLs even if already seen (a refresh the user asks for).
+    """
+    urls = list(urls)
+    for url in urls:
+        frontier.check(url)
+    return frontier.add([Request(url, callback=callback, dont_filter=force, priority=priority) for url in urls])
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value

@@ -1,0 +1,301 @@
+"""The gate: a time-limited distributed mutex per site, in the Redis::DistMutex style.
+
+``acquire`` is ``SET <key> <token> NX PX <expire_ms>``. With ``auto_release`` off (the
+gate's use) the lock is never released early: it simply expires, so at most one holder
+starts per ``expire`` seconds, whatever the number of workers or hosts and however long
+each holder takes. With ``auto_release`` on it is an ordinary mutex with a lease.
+
+A blocked acquirer sleeps exactly the lock's remaining PTTL (read in the same round
+trip as the failed SET), never a fixed poll.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import ParamSpec, TypeVar
+
+from redis import Redis
+
+from . import keys, lua
+
+log = logging.getLogger("crawler.gate")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Longest sleep of a blocked acquirer of an auto-release mutex (its holder may release early).
+RELEASE_POLL = 0.05
+
+
+class GateTimeout(Exception):
+    """``acquire`` with a timeout could not take the gate in time."""
+
+
+class Gate:
+    """A named, time-limited mutex in Redis.
+
+    ``expire`` (seconds) is the lock's lifetime: for a site's gate, its interval plus
+    a safety margin plus a grace for sending. ``rearm()`` restarts the lifetime as
+    ``rearm_expire`` (default ``expire``) from now: a site's gate is rearmed when its
+    request is on the wire, so the interval counts from the send, not from the
+    acquisition. ``auto_release`` makes the context manager and ``synchronize`` release
+    on exit; otherwise the lock expires on its own.
+
+    ``pace_key`` names a Redis hash whose ``pace_ms`` field, when present, lengthens every
+    lifetime the gate sets, read in the same Lua call that sets it: a rearm lasts at least
+    ``pace_ms`` + ``pace_margin``, a take (or retake) that plus the send grace (``expire -
+    rearm_expire``). A site's adaptive interval is kept there (see ``pacing``).
+
+    The lock's key is ``keys.gate(name)``, or ``key`` when given (a short lock: ``keys.lock``).
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        name: str,
+        expire: float,
+        *,
+        auto_release: bool = False,
+        rearm_expire: float | None = None,
+        pace_key: str | None = None,
+        pace_margin: float = 0.0,
+        key: str | None = None,
+    ):
+        if expire <= 0:
+            raise ValueError(f"expire must be greater than 0, got {expire!r}")
+        self.connection = connection
+        self.name = name
+        self.key = key or keys.gate(name)
+        self.expire = expire
+        self.rearm_expire = expire if rearm_expire is None else rearm_expire
+        self.auto_release = auto_release
+        self.pace_key = pace_key
+        self.pace_margin = pace_margin
+        self.token: str | None = None
+        #: ``time.monotonic()`` just before the SET that took the gate (the lock's lifetime
+        #: started at or after it, on the Redis clock).
+        self.acquired_at: float | None = None
+        #: ``time.monotonic()`` just before the last ``rearm`` (the request was on the wire).
+        self.rearmed_at: float | None = None
+        #: This process's turn at the gate and its ticket, while held (``Runtime.take_gate``): passed on at the send.
+        self.turn: tuple[Turn, int] | None = None
+        self._acquire = lua.script(connection, "acquire_or_pttl")
+        self._release = lua.script(connection, "release_if_owner")
+        self._rearm = lua.script(connection, "rearm")
+
+    def try_acquire(self) -> float:
+        """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
+        token = secrets.token_hex(8)
+        expire_ms = max(1, int(round(self.expire * 1000)))
+        asked_at = time.monotonic()
+        wait_ms = int(self._acquire(keys=self._keys, args=[token, expire_ms, self._pace_extra_ms(take=True)]))
+        if wait_ms == 0:
+            self.token, self.acquired_at = token, asked_at
+            return 0.0
+        return wait_ms / 1000.0
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take the gate; wait for it unless ``blocking`` is False.
+
+        Waits at most ``timeout`` seconds (forever when None). Returns whether the
+        gate was taken. Each wait is the lock's remaining PTTL.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = self.try_acquire()
+            if wait == 0.0:
+                return True
+            if not blocking:
+                return False
+            # A lock not yet rearmed still counts its send grace: it may open as soon as
+            # one rearm lifetime from now. A mutex (auto_release) may be released any time.
+            wait = min(wait, self.rearm_expire, RELEASE_POLL if self.auto_release else wait)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait = min(wait, left)
+            time.sleep(wait)
+
+    def release(self) -> bool:
+        """Delete the lock if this gate's token still holds it. Returns whether it did."""
+        if self.token is None:
+            return False
+        released = bool(self._release(keys=[self.key], args=[self.token]))
+        self.token = None
+        return released
+
+    def rearm(self) -> bool:
+        """Restart the held lock's lifetime (``rearm_expire``) from now.
+
+        Returns False if another holder took the gate meanwhile: the time between
+        ``acquire`` and this call outlasted ``expire``, and spacing may have been lost.
+        """
+        if self.token is None:
+            return False
+        expire_ms = max(1, int(round(self.rearm_expire * 1000)))
+        self.rearmed_at = time.monotonic()
+        try:
+            return int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+        finally:
+            self.let_go()
+
+    def let_go(self) -> None:
+        """Pass this process's turn at the gate on (see ``Turn``): the request is sent, or will not be."""
+        turn, self.turn = self.turn, None
+        if turn is not None:
+            turn[0].give(turn[1])
+
+    def before_send(self) -> None:
+        """Make sure the gate is held, for at least ``rearm_expire`` from now: call it right before sending.
+
+        The holder's own clock says how long ago it took the gate; while that is under the
+        send grace (``expire - rearm_expire``, less ``SEND_SAFETY``), the lock outlives this
+        moment by at least ``rearm_expire`` whatever happens next, so the request may go.
+        Past it (the process was frozen: SIGSTOP, a GC pause, swap), the gate may have
+        expired and been taken and used by another worker, so it is taken again first:
+        renewed if this token still holds it, else waited for. Costs nothing in the usual
+        case (no Redis call).
+        """
+        if self.token is None or self.acquired_at is None:
+            self.acquire()
+        while time.monotonic() - self.acquired_at >= self.expire - self.rearm_expire - SEND_SAFETY:  # type: ignore[operator]
+            log.warning(
+                "%s: the send grace ran out between taking the gate and sending (a frozen or slow "
+                "process): taking the gate again before sending",
+                self.key,
+            )
+            self.retake()
+
+    def retake(self) -> None:
+        """Take the gate afresh for a full ``expire``: renewed if this token still holds it, else waited for."""
+        asked_at = time.monotonic()
+        expire_ms = max(1, int(round(self.expire * 1000)))
+        if self.token is not None:
+            renew: list[str | int] = [self.token, expire_ms, self._pace_extra_ms(take=True)]
+            if int(self._rearm(keys=self._keys, args=renew)) != 0:
+                self.acquired_at = asked_at
+                return
+        self.acquire()
+
+    @property
+    def _keys(self) -> list[str]:
+        return [self.key] if self.pace_key is None else [self.key, self.pace_key]
+
+    def _pace_extra_ms(self, take: bool) -> int:
+        """Ms the scripts add to the pace: the margin, and for a take the send grace as well."""
+        extra = self.pace_margin + (self.expire - self.rearm_expire if take else 0.0)
+        return max(0, int(round(extra * 1000)))
+
+    def locked(self) -> bool:
+        """Whether anyone holds the gate now."""
+        return bool(self.connection.exists(self.key))
+
+    def remaining(self) -> float:
+        """Seconds until the gate opens (0.0 if open now)."""
+        ttl = int(self.connection.pttl(self.key))
+        return max(ttl, 0) / 1000.0
+
+    def __enter__(self) -> Gate:
+        self.acquire()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        if self.auto_release:
+            self.release()
+
+    def synchronize(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``fn`` wrapped to run holding the gate (released after if ``auto_release``)."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __repr__(self) -> str:
+        return f"<Gate {self.key} expire={self.expire}s auto_release={self.auto_release}>"
+
+
+class Turn:
+    """Which thread of this process is at one gate: waiting for it in Redis, or holding it until its send.
+
+    The threads of a process that want one gate queue here, and only the one whose turn
+    it is asks Redis. The turn lasts from its first ask until its request is on the wire
+    (``Gate.rearm``) or will not be sent (``Gate.let_go``), so no thread of the process
+    asks while another has the gate and has not yet sent: such an ask can only fail, and
+    was most of the gate's Redis calls when a fast site is crawled by several threads. The
+    gate is still taken in Redis, by each request, so the spacing between requests of all
+    processes and hosts is what it was. A turn not passed on within ``lease`` seconds of
+    taking the gate (a thread that died between the take and the send) lapses.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        #: ``time.monotonic()`` at which the current turn lapses (inf while its thread waits for Redis; 0: free).
+        self._until = 0.0
+        self._holder = 0
+        self._tickets = 0
+
+    def take(self, timeout: float | None = None) -> int | None:
+        """Wait for the turn (at most ``timeout`` seconds); its ticket, or None if it did not come in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (left := self._until - time.monotonic()) > 0:
+                if deadline is not None:
+                    left = min(left, deadline - time.monotonic())
+                    if left <= 0:
+                        return None
+                self._cond.wait(left if left != float("inf") else None)
+            self._tickets += 1
+            self._holder, self._until = self._tickets, float("inf")
+            return self._holder
+
+    def hold(self, ticket: int, lease: float) -> None:
+        """The gate is taken: the turn lapses ``lease`` seconds from now unless given back before."""
+        with self._cond:
+            if self._holder == ticket:
+                self._until = time.monotonic() + lease
+
+    def give(self, ticket: int | None = None) -> None:
+        """End the turn (``ticket``'s only, if given: a lapsed turn may be another thread's now)."""
+        with self._cond:
+            if ticket is None or self._holder == ticket:
+                self._until, self._holder = 0.0, 0
+                self._cond.notify()
+
+
+#: Seconds of the send grace kept in reserve: a holder past ``grace - SEND_SAFETY`` since it
+#: took the gate takes it again before sending (``Gate.before_send``).
+SEND_SAFETY = 0.05
+
+#: Seconds a site's gate stays closed beyond its interval until the request is sent
+#: (connection set-up); the rearm at send time then counts the interval from the send.
+SEND_GRACE = 0.25
+
+
+def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0, pace_key: str | None = None) -> Gate:
+    """The gate that spaces requests to ``site`` by ``interval`` (+ ``margin``) seconds.
+
+    Taken before a request, it stays closed for interval + margin + SEND_GRACE; rearmed
+    when the request is sent, it then closes interval + margin from that moment. With
+    ``pace_key`` (the site's conf hash, for an adaptive interval), the ``pace_ms`` stored
+    there replaces ``interval`` when longer, read by Redis at the take and at the rearm.
+    ``site`` may also name a gate several sites share (``keys.shared_gate_name``).
+    """
+    return Gate(
+        connection,
+        site,
+        interval + margin + SEND_GRACE,
+        rearm_expire=interval + margin,
+        pace_key=pace_key,
+        pace_margin=margin,
+        key=keys.gate(site),
+    )

@@ -1,0 +1,262 @@
+"""A download job's life in Redis, in one module: made, claimed, finished, handed back, reclaimed.
+
+A download is an RQ job on its site's queue ``download:{SITE}``, always through RQ's
+public classes and key properties:
+
+- **made** (``make_jobs``) from compact frontier entries, a few at a time per site
+  (``Frontier.refill``), each with the crawler's retry policy (``job_retry``). A job
+  carries one URL, or for a site fast enough (``Runtime.batch_size``) a *batch* of up
+  to ``vetting.MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
+  job's meta counts those done (``BATCH_DONE``), so a retried batch resumes where it
+  stopped (``tasks_left``);
+- **handed out** by the scheduler's NEXT_JOB script, for the site PICK_SITE named (moved
+  into the queue's intermediate list), then **read** (``fetch``: vetted as it is read, see ``vetting``);
+- **claimed** (``claim``): its RQ execution and lease in the started registry, out of
+  the intermediate list, in one transaction; the lease is renewed while it runs;
+- **finished** (``finish``) in one transaction, or failed through RQ (retries, the
+  failed registry); a job of a site the worker has no spider for is **handed back**
+  (``give_back``);
+- **reclaimed** when its worker died: its lease expires after ``job_lease`` seconds and
+  the fleet-wide reaper (``reap``) hands it back; RQ retries that are due are moved
+  into their queue (``promote_scheduled``).
+
+(Pages waiting for a parser come back through their stream's consumer group: ``pages``.)
+
+Every job carries an RQ ``Retry``: when its worker dies (SIGKILL, OOM, a lost host) its
+entry in RQ's started registry stops being renewed by the running job's heartbeat
+and expires after ``job_lease`` seconds (a setting, 10 by default); the reaper then hands it back to its queue. A job
+that raises (a bug, the database down) is retried after growing delays, and only
+after ``RETRIES`` failures lands in RQ's failed registry.
+
+One reaper pass runs every ``REAP_EVERY`` seconds across the whole fleet: the worker
+that takes the pass's lock (a gate) does it, so its cost does not grow with workers.
+A killed worker's page is thus picked up again within job_lease + REAP_EVERY seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from redis import Redis
+from rq import Queue, Retry
+from rq.exceptions import NoSuchJobError
+from rq.executions import Execution
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
+from rq.results import Result
+from rq.serializers import JSONSerializer
+from rq.utils import current_timestamp, now
+from rq.worker import BaseWorker, WorkerStatus
+
+from . import keys
+from .gate import Gate
+from .replies import text
+from .vetting import DOWNLOAD_FUNC, CrawlerJob
+
+log = logging.getLogger("crawler.joblife")
+
+#: Seconds between two heartbeats of a running job (its claim lasts ``job_lease`` seconds).
+HEARTBEAT_EVERY = 1
+#: Least seconds between two heartbeats of a worker's own key (job heartbeats are separate):
+#: its key lives ``worker_ttl`` + 60 s from a plain beat, so more often is waste.
+WORKER_BEAT_EVERY = 5.0
+#: Seconds between two reaper passes, fleet-wide.
+REAP_EVERY = 5.0
+#: Delays (seconds) before the retries of a job that raised or whose worker died. The first is
+#: immediate: a dead worker's page has already waited out its lease, and RQ queues a retry
+#: with no interval at once instead of scheduling it (which would add up to two reaper periods).
+RETRY_DELAYS = [0, 15, 60, 300, 900]
+RETRIES = len(RETRY_DELAYS)
+#: The job meta field that counts a batch's URLs done, in order.
+BATCH_DONE = "done"
+
+
+def job_retry() -> Retry:
+    """The RQ retry policy every download job is enqueued with.
+
+    An immediate retry (the first: its worker died) goes to the front of the site's queue,
+    not behind the jobs made since: it was next in line, and a batch behind a few others
+    of a slow site would wait for all their URLs.
+    """
+    return Retry(max=RETRIES, interval=RETRY_DELAYS, enqueue_at_front=True)
+
+
+def queue_names(connection: Redis) -> list[str]:
+    """Every crawler queue on this Redis: each seeded site's downloads."""
+    sites = sorted(text(s) for s in connection.smembers(keys.sites()))
+    return [keys.download_queue(site) for site in sites]
+
+
+def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
+    """Run one reaper pass unless another worker ran one in the last REAP_EVERY seconds.
+
+    Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
+    that are due into their queues. Returns whether this call did the pass.
+    """
+    lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
+    if not lock.acquire(blocking=False):
+        return False
+    for name in queue_names(connection) if names is None else names:
+        queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+        registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
+        registry.cleanup()  # refused jobs are quarantined as RQ reads them (see ``vetting``)
+        promote_scheduled(connection, queue)
+        site = keys.site_of_queue(name)
+        if site is not None and connection.llen(queue.key):
+            # A job handed back must be seen by the scheduler.
+            connection.zadd(keys.ready(), {site: 0}, nx=True)
+    return True
+
+
+def prune_dead_executions(connection: Redis, job: Job) -> int:
+    """Forget executions of ``job`` whose worker died, before the job runs again.
+
+    RQ 3.0 keeps a dead execution's id in the job's execution registry for a minute
+    after the execution itself expired; finishing the job meanwhile raises (the
+    execution is "not found") and turns the success into a failure and another retry.
+    Only retried jobs can have such ids, so fresh jobs cost nothing here.
+    """
+    if job.retries_left is None or job.retries_left >= RETRIES:
+        return 0
+    registry = job.execution_registry
+    ids = registry.get_execution_ids()
+    with connection.pipeline(transaction=False) as pipe:
+        for execution_id in ids:
+            pipe.exists(Execution(execution_id, job.id, connection).key)
+        alive = pipe.execute()
+    dead = [execution_id for execution_id, exists in zip(ids, alive, strict=True) if not exists]
+    if dead:
+        connection.zrem(registry.key, *dead)
+    return len(dead)
+
+
+def promote_scheduled(connection: Redis, queue: Queue) -> int:
+    """Move ``queue``'s RQ-scheduled jobs (retries) that are due into the queue."""
+    registry = ScheduledJobRegistry(queue=queue, serializer=JSONSerializer)
+    job_ids = registry.get_jobs_to_schedule(current_timestamp())
+    if not job_ids:
+        return 0
+    jobs: list[Job | None] = []
+    for job_id in job_ids:
+        try:
+            jobs.append(CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer))
+        except NoSuchJobError:  # gone, or refused and quarantined
+            jobs.append(None)
+    with connection.pipeline() as pipe:
+        for job_id, job in zip(job_ids, jobs, strict=True):
+            if job is not None:
+                queue.enqueue_job(job, pipeline=pipe)
+            registry.remove(job_id, pipeline=pipe)
+        pipe.execute()
+    return len(job_ids)
+
+
+def make_jobs(
+    queue: Queue, batches: Sequence[Sequence[dict[str, Any]]], ids: Sequence[str], failure_ttl: int, timeout: int,
+    pipeline: Any,
+) -> None:  # fmt: skip
+    """Queue one download job per batch of payloads (in ``pipeline``), ids chosen by the caller.
+
+    A job's timeout is ``timeout`` per URL it carries; its description is its first URL.
+    """
+    queue.enqueue_many(
+        [
+            Queue.prepare_data(
+                DOWNLOAD_FUNC,
+                args=tuple(batch),
+                result_ttl=0,
+                failure_ttl=failure_ttl,
+                timeout=timeout * len(batch),
+                description=str(batch[0]["url"]) + (f" (+{len(batch) - 1} more)" if len(batch) > 1 else ""),
+                job_id=job_id,
+                retry=job_retry(),
+            )
+            for batch, job_id in zip(batches, ids, strict=True)
+        ],
+        pipeline=pipeline,
+    )
+
+
+def batch_done(job: Job) -> int:
+    """How many of ``job``'s URLs, in order, are done (a retried batch skips them)."""
+    done = job.meta.get(BATCH_DONE, 0) if isinstance(job.meta, dict) else 0
+    return done if isinstance(done, int) and not isinstance(done, bool) and 0 <= done <= len(job.args) else 0
+
+
+def save_batch_done(job: Job, done: int) -> None:
+    """Record that ``job``'s first ``done`` URLs are done (one HSET of the job's meta)."""
+    job.meta[BATCH_DONE] = done
+    job.save_meta()
+
+
+def tasks_left(job: Job) -> list[dict[str, Any]]:
+    """The payloads of ``job`` still to download: all of them, less a batch's URLs already done."""
+    return list(job.args[batch_done(job) :])
+
+
+def fetch(connection: Redis, job_id: str, queue: Queue) -> Job | None:
+    """The job handed out as ``job_id``, vetted; None (and out of the intermediate list) if it is gone or refused."""
+    try:
+        return CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:  # its hash expired or was deleted, or it was refused and quarantined
+        connection.lrem(queue.intermediate_queue_key, 1, job_id)
+        return None
+
+
+def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
+    """Claim ``job`` for ``worker`` in one transaction: what RQ writes before a job, in one round trip.
+
+    The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``, made
+    with RQ's public methods: the execution and its lease in the started registry,
+    the worker busy and its heartbeat, the job started (status, worker, times) and out
+    of the queue's intermediate list; atomic, so a job is never out of the
+    intermediate list without a lease. The worker's state and heartbeat are written
+    only when they change or are due: a worker that goes from job to job is already
+    ``busy``, and its key was renewed less than WORKER_BEAT_EVERY ago (it outlives the
+    job: the lease keeper renews it while the job runs).
+    """
+    ttl = worker.get_heartbeat_ttl(job)
+    beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
+    with worker.connection.pipeline() as pipe:
+        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
+        worker.executions[execution.id] = execution
+        if worker.get_state() != WorkerStatus.BUSY:
+            worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+        if beat_due:
+            worker.heartbeat(ttl, pipeline=pipe)
+        job.prepare_for_execution(worker.name, pipeline=pipe)
+        pipe.persist(job.key)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        pipe.execute()
+    return execution
+
+
+def finish(worker: BaseWorker, job: Job, execution: Execution) -> None:
+    """RQ's success handling of a plain job, in one transaction instead of four round trips.
+
+    The same end state (the worker stays ``busy`` until its next look for work finds
+    none): the worker's counters, the job's execution and its lease gone, the job
+    deleted (``result_ttl`` 0) with its result, dependency and execution keys. Crawler
+    jobs have no dependents (``vetting``), so RQ's watch of the dependents set is left
+    out.
+    """
+    assert job.started_at is not None and job.ended_at is not None
+    with worker.connection.pipeline() as pipe:
+        worker.increment_successful_job_count(pipeline=pipe)
+        worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        worker.cleanup_execution(job, pipeline=pipe, execution=execution)
+        pipe.delete(
+            job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
+        )
+        pipe.execute()
+
+
+def give_back(connection: Redis, site: str, job_id: str) -> None:
+    """Put a handed-out job of ``site`` back at the front of its queue, for a worker that has its spider."""
+    queue = Queue(keys.download_queue(site), connection=connection)
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+        pipe.lpush(queue.key, job_id)
+        pipe.execute()

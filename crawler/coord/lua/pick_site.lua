@@ -1,0 +1,37 @@
+-- PICK_SITE: the first site of the ready set, or of the part of it a download worker serves,
+-- that is due within ARGV[1] ms (crawler.coord.scheduler.Scheduler.next). Reads only: NEXT_JOB then
+-- hands out a job of that site, and checks again that it is due.
+--
+-- KEYS[1] = the ready set (keys.ready), sites scored by when their next job may be handed out
+--   (ms, Redis clock); KEYS[2] = the set of sites the worker serves (keys.group), absent when it
+--   serves every site.
+-- ARGV[1] = ms before its score that a site may be picked (scheduler.PREPARE_AHEAD).
+-- Returns {1, site} | {0, wait_ms} (the first one is due in wait_ms) | {-1} (no site has work).
+--
+-- Cluster: cross-slot: the ready set and a group set are global keys without a hash tag, each
+-- in a slot of its own; without a group it touches one key.
+--@include _now.lua
+local ready, group, ahead = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local SCAN_LIMIT = 1024
+local site, due
+if not group then
+    local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+    if #head > 0 then site, due = head[1], tonumber(head[2]) end
+else
+    -- Walk the ready set from its head to the first site of this worker's group: as cheap as
+    -- the head when the group's sites have work, bounded by SCAN_LIMIT.
+    for offset = 0, SCAN_LIMIT - 1, 64 do
+        local chunk = redis.call('ZRANGE', ready, offset, offset + 63, 'WITHSCORES')
+        for i = 1, #chunk, 2 do
+            if redis.call('SISMEMBER', group, chunk[i]) == 1 then
+                site, due = chunk[i], tonumber(chunk[i + 1])
+                break
+            end
+        end
+        if site or #chunk < 128 then break end
+    end
+end
+if site == nil then return {-1} end
+local now = now_ms()
+if due - ahead > now then return {0, due - ahead - now} end
+return {1, site}

@@ -1,0 +1,128 @@
+"""Adaptive politeness: a site's interval that follows the site's health, shared by the fleet.
+
+A spider sets ``interval = Auto(min=0.5, max=30)``. After every request to the site,
+the worker that made it updates the site's **pace** in Redis (``PACE``, one Lua call),
+in the site's ``crawler:conf:{SITE}`` hash, where every worker on every host reads it:
+the gate scripts take it at each take and each rearm (``Gate(pace_key=…)``), so the
+gap after a request is at least the pace in force when it was sent; ``NEXT_JOB``
+spaces its hand-outs by it too. The rule, after Heritrix's ``delayFactor`` but counted
+from the send, as the gate counts:
+
+- a healthy answer (any status but 429 and 5xx): the pace becomes ``factor`` × the
+  request's elapsed time if that is more (up at once), else it eases down by ``ease``
+  (10%) of itself per answer (down slowly);
+- 429, 503, 504, a timeout or a failed connection: the pace doubles;
+- any other 5xx: it goes up to ``factor`` × elapsed, never down;
+- always within [``min``, ``max``]; with no pace yet, ``min`` is in force.
+
+Why 5: Heritrix's default delay factor. Counted from the send, one connection then
+keeps the site busy with our requests at most 1/5 of the time, and a site whose
+response time doubles under load sees our rate halve.
+
+Separately, for every site (adaptive or not), a 429 or 503 *without* ``Retry-After``
+closes the site's gate for every worker for ``throttle_pause`` (exponential in the
+site's run of errors, with jitter); see ``jobs._retry_or_fail``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from redis import Redis
+
+from ..settings import Auto
+from . import lua
+
+#: Statuses that say "too much" (or "too slow"): the pace doubles.
+THROTTLE_STATUSES = (429, 503, 504)
+
+
+def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:
+    """Seconds to close a site's gate after a 429/503 without Retry-After.
+
+    ``backoff`` × 2^(n−1) for the n-th transient error in a row, at most ``cap``, with
+    "equal jitter": a uniform draw from half that to all of it, so the pause is never
+    under half its step and clients that were throttled together do not come back together.
+    """
+    step = min(backoff * 2 ** max(0, errors_in_a_row - 1), cap)
+    return step / 2 + (rng or random).uniform(0, step / 2)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A site's adaptive interval as stored in Redis: seconds, and why."""
+
+    seconds: float
+    why: str
+
+    def __str__(self) -> str:
+        return f"auto {self.seconds:g}s ({self.why})"
+
+
+def classify(status: int | None, error: str | None) -> str:
+    """The PACE event of a request's outcome: 'ok', 'error' or 'throttle'.
+
+    ``status`` is the HTTP status (None when there was no answer); ``error`` names a
+    failure without one ('timeout', 'connection').
+    """
+    if status is None:
+        return "throttle" if error else "ok"
+    if status in THROTTLE_STATUSES:
+        return "throttle"
+    return "error" if status >= 500 else "ok"
+
+
+class Pacer:
+    """Client of ``PACE`` for one process."""
+
+    def __init__(self, connection: Redis):
+        self.connection = connection
+        self._pace = lua.script(connection, "pace")
+
+    def observe(
+        self,
+        conf_key: str,
+        gate_key: str,
+        auto: Auto,
+        *,
+        elapsed: float,
+        status: int | None,
+        error: str | None,
+        margin: float,
+        since_send: float,
+    ) -> Pace:
+        """Update the site's pace after one request (see the module docstring); returns the new pace.
+
+        ``since_send`` is how long ago the request was sent: the gate is kept closed until
+        the send + the new pace + ``margin``, so a pace that grows applies to the next request.
+        """
+        event = classify(status, error)
+        what = str(status) if status is not None else (error or "")
+        reply: Any = self._pace(
+            keys=[conf_key, gate_key],
+            args=[
+                event,
+                max(0, round(elapsed * 1000)),
+                round(auto.min * 1000),
+                round(auto.max * 1000),
+                f"{auto.factor:g}",
+                repr(auto.ease),
+                what,
+                round(margin * 1000),
+                max(0, round(since_send * 1000)),
+            ],
+        )
+        return Pace(int(reply[0]) / 1000.0, _text(reply[1]))
+
+
+def read_pace(fields: dict[str, str]) -> Pace | None:
+    """The pace in a site's conf hash (decoded fields), or None when it has none."""
+    if "pace_ms" not in fields:
+        return None
+    return Pace(int(fields["pace_ms"]) / 1000.0, fields.get("pace_why", ""))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

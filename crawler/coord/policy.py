@@ -1,0 +1,189 @@
+"""The politeness in force for a site: spider attribute < config file < live setting.
+
+The interval in force is worked out in one place, ``effective_interval``: the interval
+of that precedence (for an ``Auto`` interval, its adaptive pace from Redis, at least its
+min), or the robots.txt ``Crawl-delay`` when longer; the gate margin is added on top by
+whoever spaces requests (the gate, ``NEXT_JOB``), which apply the same maximum in Lua.
+
+Live settings (``crawler set``, ``pause``, ``resume``) live in a Redis hash per site;
+workers re-read them at most once per ``LIVE_REFRESH`` seconds, so a change reaches
+every worker on every host within that time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import WatchError
+
+from ..errors import ConfigError
+from ..settings import Settings, check_concurrency, check_interval, check_live
+from ..spiders.spider import Spider
+from . import keys, quarantine
+from .pacing import Auto, Pace
+from .replies import text_map
+
+#: Seconds a worker may use a cached live setting before reading Redis again.
+LIVE_REFRESH = 1.0
+
+
+@dataclass(frozen=True)
+class SitePolicy:
+    """What a worker obeys for one site, and where each value came from."""
+
+    #: Seconds between requests; for an adaptive interval, its floor (``auto.min``).
+    interval: float
+    concurrency: int | None = None
+    obey_robots: bool = True
+    paused: bool = False
+    sources: dict[str, str] = field(default_factory=dict)
+    #: The adaptive interval's bounds and rule, when the interval in force is ``Auto``.
+    auto: Auto | None = None
+    #: What the site's gate spaces: "site", or "ip" (every request to one address).
+    gate_by: str = "site"
+    #: A gate shared by name with other sites (wins over ``gate_by``).
+    gate: str | None = None
+
+    @property
+    def interval_text(self) -> str:
+        """The interval as configured: ``1`` or ``auto 0.5-30s``."""
+        return str(self.auto) if self.auto else f"{self.interval:g}"
+
+
+def effective_interval(policy: SitePolicy, crawl_delay: float = 0.0, pace: Pace | None = None) -> tuple[float, str]:
+    """The seconds between two requests to a site, margin not included, and why.
+
+    The policy's interval (spider < config < live), or for an ``Auto`` one the site's
+    pace when it has one (never under ``auto.min``), or the robots.txt ``Crawl-delay``
+    when longer. Why: ``spider``, ``config``, ``live``, ``auto 2.4s (last 480 ms × 5)``
+    or ``robots.txt Crawl-delay``.
+    """
+    seconds, why = policy.interval, policy.sources.get("interval", "spider")
+    if policy.auto is not None:
+        why = f"auto {seconds:g}s (min)"
+        if pace is not None and pace.seconds >= seconds:
+            seconds, why = pace.seconds, str(pace)
+    if crawl_delay > seconds:
+        seconds, why = crawl_delay, "robots.txt Crawl-delay"
+    return seconds, why
+
+
+def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str]) -> SitePolicy:
+    """Combine the spider's attributes, the config file's ``sites`` entry and live values.
+
+    A live value that does not hold (``check_live``: ``interval nan``, ``concurrency ten``)
+    is ignored: the config file's or spider's value applies. ``PolicyCache`` quarantines it.
+    """
+    values: dict[str, Any] = {
+        "interval": spider.interval,
+        "concurrency": getattr(spider, "concurrency", None),
+        "obey_robots": bool(spider.obey_robots),
+        "gate_by": getattr(spider, "gate_by", "site"),
+        "gate": getattr(spider, "gate", None),
+    }
+    sources = {name: "spider" for name in values}
+    for name, value in settings.sites.get(spider.name, {}).items():
+        values[name] = value
+        sources[name] = "config"
+    live_values, _ = check_live(live)  # a value written by hand that does not hold is left out
+    if "interval" in live_values:
+        values["interval"] = live_values["interval"]  # a live interval is fixed: it replaces an Auto one
+        sources["interval"] = "live"
+    interval = values.pop("interval")
+    if isinstance(interval, Mapping):  # the config file's form of an Auto interval
+        interval = Auto(**interval)
+    if isinstance(interval, Auto):
+        values["interval"], values["auto"] = interval.min, interval
+    else:
+        values["interval"] = float(interval)
+    if "concurrency" in live_values:
+        values["concurrency"] = live_values["concurrency"]
+        sources["concurrency"] = "live"
+    return SitePolicy(paused=live_values.get("paused", False), sources=sources, **values)
+
+
+def read_live(connection: Redis, site: str) -> dict[str, str]:
+    """The live settings stored for ``site`` (empty when none), as written: check them with ``check_live``."""
+    raw = connection.hgetall(keys.live_settings(site))
+    return text_map(raw)
+
+
+def quarantine_live(connection: Redis, site: str, bad: Mapping[str, str], live: Mapping[str, str]) -> None:
+    """Move ``site``'s live values that do not hold (``bad``: field -> why) out of its hash, into the quarantine.
+
+    Each is dropped only if it still holds what was read (``live``), in one transaction
+    with its record: a value put right meanwhile stays, and of several workers that met
+    the same junk one records it. After that the config file's or spider's value applies.
+    """
+    key = keys.live_settings(site)
+    with connection.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)
+            now = text_map(pipe.hgetall(key))
+            gone = [name for name in bad if name in now and now[name] == live.get(name)]
+            if not gone:
+                return
+            pipe.multi()
+            pipe.hdel(key, *gone)
+            for name in gone:
+                reason = f"live setting {name} of {site}: {bad[name]}"
+                quarantine.record(connection, key, reason, content={name: now[name]}, pipeline=pipe)
+            pipe.execute()
+        except WatchError:
+            pass  # the hash changed meanwhile: the next read checks it again
+
+
+def set_live(
+    connection: Redis,
+    site: str,
+    interval: float | None = None,
+    concurrency: int | None = None,
+    paused: bool | None = None,
+) -> None:
+    """Store live settings for ``site``; ConfigError for an invalid value."""
+    mapping: dict[str, str] = {}
+    if interval is not None:
+        mapping["interval"] = repr(check_interval("--interval", interval))
+    if concurrency is not None:
+        mapping["concurrency"] = str(check_concurrency("--concurrency", concurrency))
+    if paused is not None:
+        mapping["paused"] = "1" if paused else "0"
+    if not mapping:
+        raise ConfigError("nothing to set: give --interval or --concurrency (or --reset)")
+    connection.hset(keys.live_settings(site), mapping=mapping)  # type: ignore[arg-type]  # str values are fine
+
+
+def reset_live(connection: Redis, site: str) -> None:
+    """Drop ``site``'s live interval and concurrency: config and spider values apply again.
+
+    A pause is kept: ``crawler resume`` ends it.
+    """
+    connection.hdel(keys.live_settings(site), "interval", "concurrency")
+
+
+class PolicyCache:
+    """Per-process cache of site policies, refreshed from Redis every LIVE_REFRESH seconds."""
+
+    def __init__(self, connection: Redis, settings: Settings, spiders: dict[str, type[Spider]]):
+        self.connection = connection
+        self.settings = settings
+        self.spiders = spiders
+        self._cache: dict[str, tuple[float, SitePolicy]] = {}
+
+    def get(self, site: str, fresh: bool = False) -> SitePolicy:
+        """The policy of ``site``, read from Redis again if older than LIVE_REFRESH (or ``fresh``)."""
+        now = time.monotonic()
+        cached = self._cache.get(site)
+        if not fresh and cached is not None and now - cached[0] < LIVE_REFRESH:
+            return cached[1]
+        live = read_live(self.connection, site)
+        policy = resolve_policy(self.spiders[site], self.settings, live)
+        _, bad = check_live(live)
+        if bad:
+            quarantine_live(self.connection, site, bad, live)
+        self._cache[site] = (now, policy)
+        return policy

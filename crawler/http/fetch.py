@@ -1,0 +1,674 @@
+"""HTTP: one GET with caps on body size, time and address, no redirects followed inline.
+
+A ``Fetcher`` keeps one httpx connection pool for the life of a worker process.
+Redirects come back as responses (each hop is a request of its own that passes the
+site's gate). httpx exceptions are translated into ``crawler.errors`` here, and only
+here.
+
+What a hostile server can do is bounded three ways:
+
+- **Size.** The body is read raw and its content-codings (``gzip``, ``deflate`` zlib-wrapped
+  or raw, ``br`` when a bounded ``brotli`` is installed, ``identity``) are undone here,
+  each stage handing on at most ``DECODE_STEP`` bytes at a time, so a stacked bomb
+  (``gzip, gzip``) never holds much more than the cap, whatever it would inflate to.
+- **Time.** ``timeout`` bounds the whole request (DNS, connect, TLS, headers, body) as
+  one deadline: every socket operation gets only what is left of it, so a server dripping
+  its headers a byte at a time cannot hold a worker past it, on a new connection or a
+  pooled one. The host name is resolved here, in a lookup thread waited for within the
+  deadline (``addresses.resolve_within``: ``getaddrinfo`` takes no timeout, so a name
+  server that never answers would otherwise hold the worker), and the connection is
+  made to the address found, the name still given to TLS and in the Host header.
+- **Address.** The address actually connected to (after DNS) must be public, unless the
+  request allows private ones (the spider opts in, or the URL names an IP address or
+  ``localhost`` outright); checked on each new connection before a byte is sent, so a
+  name that resolves to a private address (DNS rebinding) is refused. Through a proxy,
+  the connection is to the proxy, which resolves the target itself: the check then
+  applies to the proxy's address only (a proxy named by IP address or ``localhost``
+  passes), and the target's address is the proxy's business.
+
+A request may go through a proxy (``proxy=``): the fetcher keeps one pooled client per
+proxy (httpx sets proxies per client), each over the same guarded transport, so a
+proxied request keeps the deadline, the address check and the ``before_send`` hook
+(for an https target, the hook and ``on_sent`` skip the tunnel's ``CONNECT`` and fire
+for the request itself).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import httpcore
+import httpx
+
+from ..errors import (
+    BadResponse,
+    BodyTooLarge,
+    ConnectError,
+    FetchTimeout,
+    PrivateAddress,
+    ProxyError,
+    RefusedURL,
+    UnsupportedScheme,
+)
+from ..settings import redact_url, scrub, url_secrets
+from .addresses import ResolveTimeout, is_public_address, names_its_address, resolve_within
+
+try:  # brotli ≥ 1.2 can bound its output; an older one cannot, so br is then not accepted
+    import brotli
+
+    _BROTLI = hasattr(brotli.Decompressor, "can_accept_more_data")
+except ImportError:  # pragma: no cover - depends on what is installed
+    _BROTLI = False
+
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+#: Most bytes one decoding stage hands on at a time (bounds memory above the cap).
+DECODE_STEP = 256 * 1024
+
+#: The content-codings this module decodes, as sent in Accept-Encoding.
+ACCEPTED_ENCODINGS = "gzip, deflate, br" if _BROTLI else "gzip, deflate"
+
+#: Seconds a name is waited for when a connection has no deadline (the fetcher's always have one).
+DEFAULT_RESOLVE_WAIT = 30.0
+
+#: wbits for a gzip-wrapped deflate stream.
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+@dataclass
+class Response:
+    """A response as received: status, headers, body (decoded from its content-coding)."""
+
+    url: str
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    started: datetime
+    elapsed: float
+    encoding: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    #: The body was cut at ``truncate_at`` (more was sent).
+    truncated: bool = False
+    #: Decoded bytes handed to the request's ``sink`` instead of ``body``.
+    sunk: int = 0
+    #: The raw ``Set-Cookie`` values, one per header, for the site's cookie jar (``session``);
+    #: never in ``headers``, which are shown and handed on: cookie values are secrets.
+    set_cookies: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";")[0].strip().lower()
+
+    @property
+    def is_html(self) -> bool:
+        """Whether the body is HTML (a missing content type counts as HTML)."""
+        return self.content_type in HTML_TYPES or self.content_type == ""
+
+    @property
+    def location(self) -> str | None:
+        return self.headers.get("location")
+
+    def retry_after(self, now: float | None = None) -> float | None:
+        """Seconds the server asked to wait (``Retry-After``: seconds or an HTTP date)."""
+        return parse_retry_after(self.headers.get("retry-after"), now)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds from now, or None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+class Fetcher:
+    """Downloads URLs through one pooled httpx transport, within body, time and address caps.
+
+    Requests go to the transport directly, not through an ``httpx.Client``: the client's
+    redirect, auth and cookie handling have no use here (redirects are requests of their
+    own, through the gate), and cost some 0.15 ms of CPU a request. So no cookie is kept
+    here: a site's jar is shared by the fleet in Redis (``session.Jar``), its ``Cookie``
+    header passed in ``headers`` and the response's ``Set-Cookie`` given back in
+    ``Response.set_cookies``, so a crawl's requests do not depend on which worker process
+    made the earlier ones.
+    """
+
+    def __init__(self, timeout: float, max_body_bytes: int, user_agent: str):
+        self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
+        self.user_agent = user_agent
+        #: Sent with every request (a request's own headers win).
+        self.headers = httpx.Headers(
+            {
+                "user-agent": user_agent,
+                "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
+                "accept-encoding": ACCEPTED_ENCODINGS,
+            }
+        )
+        self._timeouts = httpx.Timeout(timeout).as_dict()
+        self.transport: httpx.BaseTransport = self._new_transport(None)
+        #: One pooled transport per proxy URL, made on first use.
+        self._proxied: dict[str, httpx.BaseTransport] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _new_transport(proxy: str | None) -> httpx.BaseTransport:
+        return GuardedTransport(httpx.Limits(max_connections=100, max_keepalive_connections=20), proxy)
+
+    def _transport(self, proxy: str | None) -> httpx.BaseTransport:
+        if proxy is None:
+            return self.transport
+        with self._lock:
+            transport = self._proxied.get(proxy)
+            if transport is None:
+                transport = self._proxied[proxy] = self._new_transport(proxy)
+            return transport
+
+    def get(
+        self,
+        url: str,
+        user_agent: str | None = None,
+        on_sent: Callable[[], Any] | None = None,
+        *,
+        allow_private: bool = False,
+        truncate_at: int | None = None,
+        before_send: Callable[[], Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        max_bytes: int | None = None,
+        sink: Callable[[bytes], Any] | None = None,
+        proxy: str | None = None,
+        method: str = "GET",
+        body: bytes | None = None,
+    ) -> Response:
+        """GET ``url`` (or send it ``method`` with ``body``) within ``timeout`` seconds for the whole
+        request, and the body cap.
+
+        Raises TransientError (timeout, connection) or PermanentError: BodyTooLarge,
+        BadResponse (malformed or oversized headers, undecodable body, unknown
+        content-coding), UnsupportedScheme (not http/https), RefusedURL (malformed URL),
+        PrivateAddress (the address connected to is not public, and neither
+        ``allow_private`` nor an IP-literal or ``localhost`` host allows it).
+
+        ``before_send()`` is called right before the first byte of the request is written
+        to the socket, after any connection set-up (the gate is checked there: see
+        ``Gate.before_send``); ``on_sent()`` once the request has been written, before
+        the response is read (the gate is rearmed there). ``truncate_at`` reads at
+        most that many decoded bytes and returns them (``Response.truncated`` set)
+        instead of failing on the cap. ``headers`` are sent as well (a refresh's
+        ``If-None-Match``). ``max_bytes`` replaces the body cap for this request (a
+        sitemap's is larger). ``sink(piece)`` gets the decoded body piece by piece instead
+        of the response (whose ``body`` is then empty and ``sunk`` says how much went), so
+        a large body is never held whole. ``proxy`` (a URL, credentials allowed) sends the
+        request through that proxy; a proxy that cannot be reached or refuses the request
+        raises ProxyError, whose message shows the proxy without its credentials.
+        A ``user-agent`` among ``headers`` wins over ``user_agent``.
+        """
+        sent = self.headers
+        if headers and user_agent and any(name.lower() == "user-agent" for name in headers):
+            user_agent = None
+        if headers or user_agent:
+            sent = self.headers.copy()
+            sent.update({**(headers or {}), **({"user-agent": user_agent} if user_agent else {})})
+        extensions: dict[str, Any] = {"timeout": self._timeouts}
+        if on_sent:
+            extensions["trace"] = _on_sent_tracer(on_sent)
+        started = datetime.now(UTC)
+        clock = time.monotonic()
+        # Through a proxy, the address connected to is the proxy's: the check applies to it.
+        guard = _RequestGuard(clock + self.timeout, allow_private or names_its_address(proxy or url), before_send)
+        transport = self._transport(proxy)
+        try:
+            try:
+                with guard.active():
+                    response = transport.handle_request(
+                        httpx.Request(method, url, headers=sent, content=body, extensions=extensions)
+                    )
+                    try:
+                        content, truncated, sunk = self._read_body(
+                            response, guard.deadline, truncate_at, max_bytes, sink
+                        )
+                    finally:
+                        response.close()
+                    return Response(
+                        url=url,
+                        status=response.status_code,
+                        headers={k.lower(): v for k, v in response.headers.items() if k.lower() != "set-cookie"},
+                        body=content,
+                        started=started,
+                        elapsed=time.monotonic() - clock,
+                        encoding=response.charset_encoding,
+                        truncated=truncated,
+                        sunk=sunk,
+                        set_cookies=response.headers.get_list("set-cookie"),
+                    )
+            except httpx.TransportError as exc:
+                if proxy is not None and _proxy_failed(exc):
+                    reason = scrub(f"{type(exc).__name__}: {exc}", url_secrets(proxy))
+                    raise ProxyError(f"proxy {redact_url(proxy)} failed: {reason}") from exc
+                raise
+        except httpx.TimeoutException as exc:
+            raise FetchTimeout(
+                f"timed out after {time.monotonic() - clock:.1f}s "
+                f"(limit {self.timeout:g}s for the whole request): {type(exc).__name__}"
+            ) from exc
+        except httpx.UnsupportedProtocol as exc:
+            raise UnsupportedScheme(f"not an http(s) URL: {url}") from exc
+        except httpx.InvalidURL as exc:
+            raise RefusedURL(f"malformed URL: {exc}") from exc
+        except httpx.LocalProtocolError as exc:
+            raise RefusedURL(f"request cannot be sent: {exc}") from exc
+        except httpx.RemoteProtocolError as exc:
+            if _is_disconnect(exc):
+                raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+            raise BadResponse(f"malformed response: {exc}") from exc
+        except (httpx.TransportError, httpx.StreamError) as exc:
+            raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _read_body(
+        self,
+        response: httpx.Response,
+        deadline: float,
+        truncate_at: int | None,
+        max_bytes: int | None = None,
+        sink: Callable[[bytes], Any] | None = None,
+    ) -> tuple[bytes, bool, int]:
+        """The decoded body, whether it was truncated, and how many bytes went to ``sink`` instead.
+
+        Raises BodyTooLarge past the cap (``max_bytes``, else the fetcher's).
+        """
+        limit = (max_bytes or self.max_body_bytes) if truncate_at is None else truncate_at
+        declared = response.headers.get("content-length", "")
+        if truncate_at is None and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(f"Content-Length {declared} exceeds the cap of {limit} bytes")
+        pieces: list[bytes] = []
+        size = received = 0
+        try:
+            decoder = ContentDecoder(response.headers.get("content-encoding", ""))
+            for raw in response.iter_raw():
+                received += len(raw)
+                for piece in decoder.feed(raw):
+                    if size + len(piece) > limit:
+                        if truncate_at is None:
+                            raise BodyTooLarge(f"body exceeds the cap of {limit} bytes (decoded)")
+                        pieces.append(piece[: limit - size])
+                        return b"".join(pieces), True, 0
+                    if sink is not None:
+                        sink(piece)
+                    else:
+                        pieces.append(piece)
+                    size += len(piece)
+                if received > limit:  # what went over the wire counts too (a stream that inflates to nothing)
+                    if truncate_at is None:
+                        raise BodyTooLarge(f"body exceeds the cap of {limit} bytes (on the wire)")
+                    return b"".join(pieces), True, 0
+                if time.monotonic() > deadline:
+                    raise FetchTimeout(f"body took longer than {self.timeout:g}s")
+        except DecodeError as exc:
+            raise BadResponse(f"undecodable body: {exc}") from exc
+        return b"".join(pieces), False, size if sink is not None else 0
+
+    def close(self) -> None:
+        self.transport.close()
+        for transport in self._proxied.values():
+            transport.close()
+
+
+def merge_headers(under: Mapping[str, str], over: Mapping[str, str]) -> dict[str, str]:
+    """``under`` with ``over`` on top, header names compared without case."""
+    if not under:
+        return dict(over)
+    overridden = {name.lower() for name in over}
+    return {**{k: v for k, v in under.items() if k.lower() not in overridden}, **over}
+
+
+def user_agent_of(headers: Mapping[str, str], default: str) -> str:
+    """The User-Agent ``headers`` name (any case), else ``default``: what robots.txt is read for."""
+    return next((v for k, v in headers.items() if k.lower() == "user-agent"), default)
+
+
+def _proxy_failed(exc: httpx.TransportError) -> bool:
+    """Whether a proxied request's error says the proxy itself failed: not reached, the connection
+    reset or dropped, or the request refused (a CONNECT answered non-2xx, 407).
+
+    The connection is to the proxy, which reports the target's failures as statuses (502,
+    504); a read timeout is left out, as it may be a slow target behind a working proxy.
+    """
+    if isinstance(exc, httpx.NetworkError | httpx.ConnectTimeout | httpx.ProxyError):
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and _is_disconnect(exc)
+
+
+def _is_disconnect(exc: httpx.RemoteProtocolError) -> bool:
+    """Whether a protocol error is the peer hanging up (worth retrying), not a malformed answer."""
+    text = str(exc).lower()
+    return "disconnected" in text or "closed" in text
+
+
+def _on_sent_tracer(on_sent: Callable[[], Any]) -> Callable[[str, dict[str, Any]], None]:
+    """An httpcore trace hook that calls ``on_sent`` when the response starts being awaited."""
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        # A tunnel's CONNECT (an https target through a proxy) carries the request's trace too: not it.
+        if event.endswith("receive_response_headers.started") and not _is_connect(info.get("request")):
+            on_sent()
+
+    return trace
+
+
+def _is_connect(request: Any) -> bool:
+    return getattr(request, "method", None) == b"CONNECT"
+
+
+# -- content-codings ------------------------------------------------------------------------
+
+
+class DecodeError(Exception):
+    """The body is not what its Content-Encoding says, or the coding is unknown."""
+
+
+class _Stage(Protocol):
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Decoded output of ``data``, in pieces of at most about ``DECODE_STEP`` bytes."""
+        ...
+
+
+class ContentDecoder:
+    """Undoes a Content-Encoding chain (``gzip, gzip``, …) as the body streams in.
+
+    Each stage is pulled lazily by the next, so each holds at most one piece of about
+    ``DECODE_STEP`` bytes; the reader can stop at its cap after at most one more step
+    than the cap. Raises DecodeError for an unknown coding or a corrupt body.
+    """
+
+    def __init__(self, header: str):
+        codings = [coding.strip().lower() for coding in header.split(",") if coding.strip()]
+        # Codings are listed in the order they were applied: undo the last one first.
+        self._stages = [_stage_for(coding) for coding in reversed(codings) if coding != "identity"]
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Decoded pieces of the next raw bytes of the body."""
+        return self._through(0, data)
+
+    def _through(self, index: int, data: bytes) -> Iterator[bytes]:
+        if index == len(self._stages):
+            if data:
+                yield data
+            return
+        for piece in self._stages[index].feed(data):
+            yield from self._through(index + 1, piece)
+
+
+def _stage_for(coding: str) -> _Stage:
+    if coding in ("gzip", "x-gzip", "deflate"):
+        return _ZlibStage(coding)
+    if coding == "br" and _BROTLI:
+        return _BrotliStage()
+    raise DecodeError(f"unsupported content-coding {coding!r}")
+
+
+class _ZlibStage:
+    """gzip (every member), or deflate zlib-wrapped or raw, inflated a bounded step at a time."""
+
+    def __init__(self, coding: str):
+        self._gzip = coding != "deflate"
+        self._inflater = zlib.decompressobj(_GZIP_WBITS) if self._gzip else None
+        self._head = b""  # deflate: the first bytes, until they tell zlib-wrapped from raw
+        self._ended = False
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._ended:
+            return
+        if self._inflater is None:
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, self._head = self._head, b""
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS if _is_zlib_header(data) else -zlib.MAX_WBITS)
+        while True:
+            if self._inflater.eof:
+                if not data:
+                    return
+                if not (self._gzip and data.startswith(b"\x1f")):
+                    self._ended = True  # bytes after the end of the stream are ignored, as browsers do
+                    return
+                self._inflater = zlib.decompressobj(_GZIP_WBITS)  # another gzip member follows
+            try:
+                out = self._inflater.decompress(data, DECODE_STEP)
+            except zlib.error as exc:
+                raise DecodeError(str(exc)) from exc
+            data = self._inflater.unconsumed_tail or self._inflater.unused_data
+            if out:
+                yield out
+            # A full step may leave output inside zlib: go round again, with no new input if need be.
+            if not data and len(out) < DECODE_STEP:
+                return
+
+
+def _is_zlib_header(data: bytes) -> bool:
+    """Whether ``data`` starts with a zlib header (RFC 1950): deflate method, check bits right."""
+    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+class _BrotliStage:
+    """br, decompressed a bounded step at a time (brotli ≥ 1.2)."""
+
+    def __init__(self) -> None:
+        self._decompressor = brotli.Decompressor()
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        try:
+            while not self._decompressor.can_accept_more_data():  # output left from the last feed
+                yield self._decompressor.process(b"", output_buffer_limit=DECODE_STEP)
+            out = self._decompressor.process(data, output_buffer_limit=DECODE_STEP)
+            while out:
+                yield out
+                if self._decompressor.is_finished():
+                    return
+                out = self._decompressor.process(b"", output_buffer_limit=DECODE_STEP)
+        except brotli.error as exc:
+            raise DecodeError(f"brotli: {exc}") from exc
+
+
+def inflate_capped(data: bytes, cap: int) -> bytes:
+    """``zlib.decompress(data)``, but raises BodyTooLarge as soon as the output passes ``cap``
+    bytes (never inflating more than ``cap + 1``), and zlib.error for a corrupt or
+    truncated stream."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, cap + 1)
+    if len(out) > cap:
+        raise BodyTooLarge(f"compressed body inflates past the cap of {cap} bytes")
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated zlib stream")
+    return out
+
+
+# -- the guarded connection: one deadline per request, the peer address checked --------------
+
+
+_local = threading.local()
+
+
+class _RequestGuard:
+    """What the calling thread's request may do: until when, and whether to private addresses."""
+
+    def __init__(self, deadline: float, allow_private: bool, before_send: Callable[[], Any] | None = None):
+        self.deadline = deadline
+        self.allow_private = allow_private
+        self.before_send = before_send
+
+    @contextmanager
+    def active(self) -> Iterator[_RequestGuard]:
+        """While in this block, the guard applies to the connections this thread uses."""
+        previous = getattr(_local, "guard", None)
+        _local.guard = self
+        try:
+            yield self
+        finally:
+            _local.guard = previous
+
+    def time_left(self, timeout: float | None, expired: type[Exception]) -> float | None:
+        """``timeout`` shortened to what is left before the deadline; ``expired`` once it is past."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise expired("the request's deadline has passed")
+        return left if timeout is None else min(timeout, left)
+
+    def check_peer(self, stream: httpcore.NetworkStream, host: str) -> None:
+        """Refuse a connection to a non-public address unless this request allows it."""
+        if self.allow_private:
+            return
+        sock = stream.get_extra_info("socket")
+        address = str(sock.getpeername()[0]) if sock is not None else None
+        if address is not None and not is_public_address(address):
+            raise PrivateAddress(
+                f"{host} resolves to {address}, which is not a public address "
+                "(set allow_private_addresses on the spider to allow it)"
+            )
+
+
+def _time_left(timeout: float | None, expired: type[Exception]) -> float | None:
+    guard: _RequestGuard | None = getattr(_local, "guard", None)
+    return timeout if guard is None else guard.time_left(timeout, expired)
+
+
+class _GuardedStream(httpcore.NetworkStream):
+    """A network stream whose every operation ends by the current request's deadline.
+
+    The sync client runs a request's I/O in the calling thread, so the guard in force is
+    that thread's, also when the connection came from the pool.
+    """
+
+    def __init__(self, stream: httpcore.NetworkStream):
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        guard: _RequestGuard | None = getattr(_local, "guard", None)
+        if guard is not None and guard.before_send is not None and buffer and not buffer.startswith(b"CONNECT "):
+            # The request's first write, as close to the socket as the stack allows (the gate's check);
+            # not a tunnel's CONNECT to a proxy (nor the empty write ending it), which come before the request.
+            before_send, guard.before_send = guard.before_send, None
+            before_send()
+        self._stream.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        stream = self._stream.start_tls(ssl_context, server_hostname, _time_left(timeout, httpcore.ConnectTimeout))
+        return _GuardedStream(stream)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _GuardedBackend(httpcore.NetworkBackend):
+    """httpcore's sync backend, with the deadline on every stream and the peer address checked."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.NetworkStream:
+        stream = self._connect(host, port, timeout, local_address, socket_options)
+        guard: _RequestGuard | None = getattr(_local, "guard", None)
+        try:
+            if guard is not None:
+                guard.check_peer(stream, host)  # before a byte of the request is written
+        except BaseException:
+            stream.close()
+            raise
+        return _GuardedStream(stream)
+
+    def _connect(
+        self, host: str, port: int, timeout: float | None, local_address: str | None, socket_options: Any
+    ) -> httpcore.NetworkStream:
+        """A connection to ``host``: its name resolved within the deadline (``addresses.resolve_within``),
+        then each address tried in turn, as ``socket.create_connection`` does.
+
+        The connection is to an address, but TLS (SNI, the certificate) and the Host header
+        still use the name: httpcore takes them from the URL, not from here.
+        """
+        wait = _time_left(timeout, httpcore.ConnectTimeout)
+        try:
+            infos = resolve_within(host.strip("[]"), port, DEFAULT_RESOLVE_WAIT if wait is None else wait)
+        except ResolveTimeout as exc:
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except (OSError, UnicodeError) as exc:
+            raise httpcore.ConnectError(f"{host}: {exc}") from exc
+        failure: Exception = httpcore.ConnectError(f"{host} resolves to no address")
+        for address in dict.fromkeys(str(info[4][0]) for info in infos):
+            try:
+                return self._backend.connect_tcp(
+                    address, port, _time_left(timeout, httpcore.ConnectTimeout), local_address, socket_options
+                )
+            except httpcore.ConnectTimeout:
+                raise  # the deadline is spent: no time for the next address
+            except httpcore.ConnectError as exc:
+                failure = exc
+        raise failure
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.NetworkStream:
+        return _GuardedStream(
+            self._backend.connect_unix_socket(path, _time_left(timeout, httpcore.ConnectTimeout), socket_options)
+        )
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    """httpx's transport over a connection pool that uses ``_GuardedBackend``, direct or through ``proxy``."""
+
+    def __init__(self, limits: httpx.Limits, proxy: str | None = None):
+        # httpx offers no way to hand its pool a network backend, so the pool is built here,
+        # as HTTPTransport builds it (HTTP/1.1, verified TLS); the rest of the class is httpx's.
+        pool_options: dict[str, Any] = {
+            "ssl_context": httpx.create_ssl_context(),
+            "max_connections": limits.max_connections,
+            "max_keepalive_connections": limits.max_keepalive_connections,
+            "keepalive_expiry": limits.keepalive_expiry,
+            "network_backend": _GuardedBackend(),
+        }
+        if proxy is None:
+            self._pool = httpcore.ConnectionPool(**pool_options)
+            return
+        # As httpx's HTTPTransport builds its proxy pool: http targets are forwarded (absolute-form
+        # request lines), https ones tunnelled (CONNECT); credentials go in Proxy-Authorization.
+        spec = httpx.Proxy(proxy)
+        self._pool = httpcore.HTTPProxy(
+            proxy_url=httpcore.URL(
+                scheme=spec.url.raw_scheme, host=spec.url.raw_host, port=spec.url.port, target=spec.url.raw_path
+            ),
+            proxy_auth=spec.raw_auth,
+            proxy_headers=spec.headers.raw,
+            **pool_options,
+        )

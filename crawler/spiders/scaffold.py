@@ -1,0 +1,107 @@
+"""``crawler new NAME URL``: a new spider module, ready to run and to edit."""
+
+from __future__ import annotations
+
+import json
+import keyword
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import ConfigError
+from .check import SITE_NAME
+
+TEMPLATE = '''"""{name}: the spider of {host} (written by `crawler new`).
+
+Edit it, then check it and run it:
+
+    crawler fetch {url}     # what the site answers
+    crawler parse {name} {url}   # what parse yields
+    crawler crawl {name}
+    crawler export {name} -o {name}.jsonl
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from crawler import Page, Request, Spider
+
+
+class {cls}(Spider):
+    name = "{name}"
+    # Where the crawl starts (`crawler seed {name}` seeds these).
+    start_urls = [{url_literal}]
+    # Hosts (and their subdomains) the crawl may request: links to any other host are dropped.
+    allowed_domains = [{host_literal}]
+    # Seconds between two requests to the site, counted across every worker on every host.
+    # Be polite: one request a second is a common ceiling; `crawler set {name} --interval 2`
+    # changes it while the crawl runs.
+    interval = 1.0
+    # The item field that identifies an item: an item yielded again with the same key
+    # updates the one stored. None: the page URL and the item's position on the page.
+    item_key = "url"
+
+    def parse(self, page: Page) -> Iterator[Request]:
+        """Every page: follow its links, each page they lead to parsed by ``parse_item``."""
+        # Narrow the selector to the links worth following, e.g. "a.product, a.next".
+        yield from page.follow_all("a", callback=self.parse_item)
+
+    def parse_item(self, page: Page) -> Iterator[dict[str, Any] | Request]:
+        """A page to extract: one item (a dict, stored under its ``item_key``), then its links."""
+        title = page.css_first("title")
+        yield {{
+            "url": page.url,
+            "title": title.text(strip=True) if title is not None else None,
+            # "price": page.css_first(".price").text(strip=True),
+        }}
+        yield from self.parse(page)
+'''
+
+
+def check_name(name: str) -> None:
+    """ConfigError unless ``name`` can name a site and its module: an ASCII identifier, not a keyword."""
+    if not (name.isidentifier() and SITE_NAME.match(name)) or keyword.iskeyword(name):
+        raise ConfigError(
+            f"site name {name!r}: a Python identifier of letters, digits and _ (starting with a letter or digit, "
+            "at most 64 characters), not a keyword"
+        )
+
+
+def check_url(url: str) -> str:
+    """``url``'s host; ConfigError unless ``url`` is an http(s) URL with a host."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018  # a port that is not a number raises
+    except ValueError as exc:
+        raise ConfigError(f"URL {url!r}: {exc}") from None
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in url):
+        raise ConfigError(f"URL {url!r}: give an http:// or https:// URL with a host")
+    return host
+
+
+def spider_source(name: str, url: str) -> str:
+    """The module ``crawler new`` writes for site ``name`` starting at ``url`` (both checked)."""
+    check_name(name)
+    host = check_url(url)
+    cls = "".join(part[:1].upper() + part[1:] for part in name.split("_") if part) or "Site"
+    if cls[0].isdigit():
+        cls = f"Site{cls}"
+    literal = json.dumps  # a JSON string is a Python string literal, in double quotes as ruff formats them
+    return TEMPLATE.format(name=name, url=url, host=host, cls=cls, url_literal=literal(url), host_literal=literal(host))
+
+
+def write_spider(sites_dir: str | Path, name: str, url: str) -> Path:
+    """Write ``sites_dir/NAME.py`` (the directory made if missing); ConfigError if it exists or cannot be written."""
+    source = spider_source(name, url)
+    path = Path(sites_dir) / f"{name}.py"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "x", encoding="utf-8") as out:
+            out.write(source)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists: not overwritten (choose another name, or delete it)") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,492 @@
+"""Download workers: in-process RQ workers, gate-aware queue choice, drain; what every worker shares.
+
+The download worker is an ``rq.SimpleWorker`` subclass (jobs run in the worker's own
+process and thread, so the HTTP pool and database engine live across jobs) that keeps
+RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls, one
+for a worker of one site, whatever the number of sites) for a site that has work *and*
+whose gate is open, so it never sits behind one closed gate while another site has
+budget; when every gate with work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
+workers (``parsing``); they share the job-timeout watchdog and the drain test here.
+
+``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
+scheduled for the download queues served, no page waiting in the pages stream), not
+when one queue is momentarily empty.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from redis import Redis
+from rq import Queue, SimpleWorker
+from rq.exceptions import StopRequested
+from rq.executions import Execution
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.suspension import is_suspended
+from rq.timeouts import JobTimeoutException
+from rq.utils import now
+from rq.worker import WorkerStatus
+
+from ..coord import joblife, keys
+from ..coord.joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
+from ..coord.replies import text
+from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler
+from ..coord.vetting import CrawlerJob
+from ..store import outbox
+from . import runtime
+from .drain import crawl_drained, queues_for
+from .watchdog import WatchdogDeathPenalty
+
+log = logging.getLogger("crawler.workers")
+
+#: Longest sleep when there is no work, so new work and stop requests are seen soon.
+IDLE_SLEEP = 0.1
+#: Seconds between two looks for retries that have come due.
+PROMOTE_EVERY = 0.2
+#: Seconds between two idle looks for sites with work missing from the ready set.
+REPAIR_EVERY = 1.0
+#: Seconds between two looks for ``rq suspend``.
+SUSPENSION_CHECK_EVERY = 1.0
+#: Sites refilled in one dequeue before the worker loops back to its checks.
+MAX_REFILLS = 8
+
+
+class LeaseKeeper:
+    """One long-lived thread per worker that renews the lease of the job the worker runs.
+
+    ``hold`` and ``release`` bracket a job; the lease is renewed every HEARTBEAT_EVERY
+    seconds from the job's start while it runs, and once ``release`` returns no renewal
+    of that job is under way or to come. (A thread started and joined per job did the
+    same at the cost of a thread start per job.)
+    """
+
+    def __init__(self, renew: Callable[[Job, Execution], None], name: str):
+        self._renew = renew
+        self._name = name
+        self._cond = threading.Condition()
+        self._held: tuple[Job, Execution] | None = None
+        self._due = 0.0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def hold(self, job: Job, execution: Execution) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"lease-{self._name}", daemon=True)
+                self._thread.start()
+            self._held = (job, execution)
+            self._due = time.monotonic() + HEARTBEAT_EVERY
+            self._cond.notify()
+
+    def release(self) -> None:
+        with self._cond:  # waits for a renewal under way: it runs holding the lock
+            self._held = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._held = None
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                if self._held is None:
+                    self._cond.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                job, execution = self._held
+                try:
+                    self._renew(job, execution)
+                except (redis.ConnectionError, redis.TimeoutError):
+                    pass  # the main loop reports Redis outages
+                self._due = time.monotonic() + HEARTBEAT_EVERY
+
+
+class CrawlWorker(SimpleWorker):
+    """Shared behaviour: JSON jobs, thread-safe timeouts, drain-aware burst, stop event.
+
+    RQ is used through its public interface only: its work loop is rebuilt here from
+    RQ's public pieces (``bootstrap``, ``execute_job``, ``heartbeat``, ``teardown``), so
+    that a worker may run in any thread and stops on its ``stop_event``; no private
+    method is overridden and no private attribute read.
+    """
+
+    death_penalty_class = WatchdogDeathPenalty  # SIGALRM works only in a process's main thread
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        connection: Redis,
+        sites: Sequence[str],
+        stop_event: threading.Event | None = None,
+        rt: runtime.Runtime | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(queues, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob, **kwargs)
+        #: What this worker's jobs run against (Redis, settings, spiders, HTTP pool, database); it gives
+        #: it to each job it runs. Without one, the runtime installed in this process.
+        self.runtime = rt if rt is not None else runtime.current()
+        self.sites = list(sites)
+        self.stop_event = stop_event or threading.Event()
+        self._burst = False
+        self._last_promote = 0.0
+        self._last_reap = 0.0
+        self._last_flush = 0.0
+        self._last_suspension_check = 0.0
+        self._stop_requests = 0
+        self._redis_wait = 0.0
+        self._lease = LeaseKeeper(self.maintain_heartbeats, self.name)
+
+    def work(self, burst: bool = False, logging_level: str | None = None, **kwargs: Any) -> bool:  # type: ignore[override]
+        """Run jobs until stopped, or (``burst``) until the crawl is drained; whether any job ran.
+
+        RQ's loop, in this worker's terms: registered with RQ (``rq info`` lists it) and
+        subscribed to RQ's command channel (``rq`` can stop it), suspension honoured,
+        SIGTERM/SIGINT (main thread only) stop it after its job, a second one at once.
+        """
+        self._burst = burst
+        level = logging_level or logging.getLevelName(logging.getLogger("rq").getEffectiveLevel())
+        self.bootstrap(level)
+        previous = self._install_stop_handlers()
+        worked = 0
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    if self.suspended(burst):
+                        break
+                    result = self.dequeue_job_and_maintain_ttl(None)
+                    if result is None:
+                        break
+                    self.execute_job(*result)
+                    self.heartbeat()
+                    worked += 1
+                except StopRequested:
+                    break
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    self.stop_event.wait(self._redis_down(exc))
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self._lease.close()
+            self.runtime.counters.flush()  # a burst's totals are exact once its workers are done
+            try:
+                self.teardown()
+            except redis.RedisError:
+                pass  # its key expires on its own
+        self.log.info("Worker %s: done (%d jobs)", self.name, worked)
+        return bool(worked)
+
+    def _install_stop_handlers(self) -> dict[int, Any]:
+        """SIGTERM and SIGINT call ``request_stop`` (main thread only); the handlers replaced."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self.request_stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def request_stop(self, signum: Any, frame: Any) -> None:
+        """Stop after the job in hand (a signal, or RQ's shutdown command); a second signal stops at once."""
+        if self._stop_requests and signum is not None:
+            self.log.warning("Worker %s: stopping now (a job cut short is handed back by the reaper)", self.name)
+            raise SystemExit(1)
+        self._stop_requests += 1
+        self.log.warning("Worker %s: stopping after the current job", self.name)
+        self.stop_event.set()
+
+    def suspended(self, burst: bool) -> bool:
+        """Wait while RQ's workers are suspended (``rq suspend``); True if the worker should end instead.
+
+        Looked at once a second, not once a job: one EXISTS. A burst worker ends when
+        suspended, as RQ's do.
+        """
+        now = time.monotonic()
+        if now - self._last_suspension_check < SUSPENSION_CHECK_EVERY:
+            return False
+        self._last_suspension_check = now
+        announced = False
+        while is_suspended(self.connection):
+            if burst:
+                self.log.info("Worker %s: suspended in burst mode, exiting", self.name)
+                return True
+            if not announced:
+                self.log.info("Worker %s: suspended, run `rq resume` to resume", self.name)
+                self.set_state(WorkerStatus.SUSPENDED)
+                announced = True
+            if self.stop_event.wait(1.0):
+                return True
+        if announced:
+            self.set_state(WorkerStatus.IDLE)
+        return False
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        while not self.stop_event.is_set():
+            try:
+                found, wait = self._dequeue_step()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                wait = self._redis_down(exc)
+            else:
+                self._redis_back()
+                if found is not None:
+                    return found
+                if wait is None:  # drained
+                    return None
+            self.stop_event.wait(wait)
+        return None
+
+    def _dequeue_step(self) -> tuple[tuple[Job, Queue] | None, float | None]:
+        """One look for work: a job, else seconds to wait (None: burst and drained).
+
+        A worker that goes from one job to the next stays ``busy`` for RQ; it turns ``idle``
+        when a look finds no job to run now (two writes a job fewer).
+        """
+        self.heartbeat()
+        if self.should_run_maintenance_tasks:
+            self.run_maintenance_tasks()
+        self._periodic()
+        found, wait = self.next_job()
+        if found is not None:
+            return found, None
+        if self.get_state() != WorkerStatus.IDLE:
+            self.set_state(WorkerStatus.IDLE)
+        if wait is None:  # no work anywhere we serve
+            if self._burst and crawl_drained(self.connection, self.sites):
+                return None, None
+            self.when_idle()
+            wait = IDLE_SLEEP
+        return None, min(wait, IDLE_SLEEP * 10)
+
+    def _redis_down(self, exc: Exception) -> float:
+        """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
+        if self._redis_wait == 0:
+            self.log.error("Redis unreachable (%s): waiting and reconnecting", str(exc).splitlines()[0])
+        self._redis_wait = min(max(self._redis_wait * 2, 0.5), 30.0)
+        return self._redis_wait
+
+    def _redis_back(self) -> None:
+        if self._redis_wait:
+            self.log.warning("Redis is back: resuming")
+            self._redis_wait = 0.0
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Claim the job, then run it in this thread while the lease keeper renews the claim."""
+        try:
+            prune_dead_executions(self.connection, job)
+            execution = joblife.claim(self, job, queue)
+            self._lease.hold(job, execution)
+            try:
+                self.perform_job(job, queue, execution)
+            finally:
+                self._lease.release()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # The job's claim expires and the reaper hands it back once Redis answers.
+            self._redis_down(exc)
+
+    def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
+        """Run a job claimed by ``joblife.claim``; a success finished in one step, a failure through RQ.
+
+        Crawler jobs return nothing and name no callback, webhook, dependency, group or
+        repeat (``vetting`` refuses those), so a success only has to be counted and the job
+        deleted (``joblife.finish``); a rate-limited job goes through RQ's ``handle_job_success``.
+        A failure goes through RQ's ``handle_exception`` and ``handle_job_failure``
+        (retries, the failed registry).
+        """
+        try:
+            job.started_at = now()
+            timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
+            if isinstance(job, CrawlerJob):
+                job.bound = {"rt": self.runtime}  # the job runs against this worker's runtime, given, not looked up
+            with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
+                job.perform()
+        except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
+            exc_info = sys.exc_info()
+            job.ended_at = now()
+            self.handle_exception(job, *exc_info)
+            self.handle_job_failure(
+                job,
+                queue,
+                started_job_registry=queue.started_job_registry,
+                exc_string="".join(traceback.format_exception(*exc_info)),
+                execution=execution,
+            )
+            return False
+        if job.has_rate_limit:
+            job.ended_at = now()
+            self.handle_job_success(job, queue, queue.started_job_registry, execution)
+        else:
+            job.ended_at = now()
+            joblife.finish(self, job, execution)
+            self.log.info("Worker %s: %s: Job OK (%s)", self.name, job.origin, job.id)
+        return True
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # A short lease renewed by the lease keeper while the job runs: a killed worker's job is
+        # noticed within job_lease + REAP_EVERY seconds, not RQ's minutes.
+        return self.runtime.settings.job_lease
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # RQ beats before and after every job (3 commands each); the worker's key lives
+        # worker_ttl + 60 s, so a plain beat more often than every few seconds is waste.
+        if timeout is None and pipeline is None and self.last_heartbeat is not None:
+            if (now() - self.last_heartbeat).total_seconds() < WORKER_BEAT_EVERY:
+                return
+        try:
+            super().heartbeat(timeout, pipeline)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if pipeline is not None:
+                raise
+
+    def when_idle(self) -> None:
+        """Housekeeping done only when there is no work (subclasses add theirs)."""
+
+    def _periodic(self) -> None:
+        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn."""
+        now = time.monotonic()
+        if now - self._last_promote >= PROMOTE_EVERY:
+            self._last_promote = now
+            self.runtime.scheduler.promote_due()
+        if now - self._last_reap >= REAP_EVERY:
+            self._last_reap = now
+            reap(self.connection)
+        if now - self._last_flush >= outbox.FLUSH_EVERY:
+            self._last_flush = now
+            outbox.flush(self.runtime)
+
+    def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
+        """A job to run now, else how long until one may be ready (None: no work)."""
+        for queue in self.queues:
+            found = self._take(queue)
+            if found is not None:
+                return found, None
+        return None, None
+
+    def _take(self, queue: Queue) -> tuple[Job, Queue] | None:
+        # A job this worker cannot trust or read is quarantined as it is read and skipped (``vetting``).
+        result = Queue.dequeue_any(
+            [queue], None, connection=self.connection, job_class=self.job_class, serializer=self.serializer
+        )
+        if result is not None:
+            job, _ = result
+            job.redis_server_version = self.get_redis_server_version()
+            self.log.debug("Worker %s: %s: %s", self.name, queue.name, job.id)
+        return result
+
+
+class DownloadWorker(CrawlWorker):
+    """Serves the download queues of ``sites``, always taking a site whose gate is open.
+
+    ``PICK_SITE`` names the first due site and ``NEXT_JOB`` hands over one of its jobs if
+    its gate opens soon (``scheduler.Scheduler.next``; a worker of one site skips the
+    pick); the job takes the gate right before its request. After the job, the site's RQ
+    queue is topped up from its compact frontier if the call asked for it.
+    """
+
+    def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
+        queues = queues_for(connection, (keys.download_queue(s) for s in sites))
+        super().__init__(queues, connection, sites, **kwargs)
+        self._by_site = dict(zip(sites, queues, strict=True))
+        # Always the sites this worker has spiders for: a site seeded elsewhere, or whose
+        # spider failed to load here, is never handed to it (it would hand it back, again
+        # and again, at tens of thousands of Redis calls a second).
+        self.site_scheduler = Scheduler(connection, sites)
+        self._refill: str | None = None
+        self._warned: set[str] = set()
+        self._last_repair = 0.0
+
+    def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
+        rt = self.runtime
+        scheduler = self.site_scheduler
+        refilled: str | None = None
+        for _ in range(MAX_REFILLS):
+            # Every answer is used in the look that asked for it: a job handed out and then
+            # left behind would sit in RQ's intermediate list until the reaper's next pass.
+            step = (refilled and scheduler.take(refilled)) or scheduler.next()
+            refilled = None
+            if step.site is not None and step.site not in self._by_site:
+                self._give_back(step)
+                continue
+            if step.job_id is not None:
+                assert step.site is not None
+                queue = self._by_site[step.site]
+                job = joblife.fetch(self.connection, step.job_id, queue)
+                if job is None:
+                    continue
+                self._refill = step.site if step.refill else None
+                return (job, queue), None
+            if step.site is None:
+                return None, step.wait
+            # Its RQ queue ran dry: compact entries into jobs, then its turn again.
+            rt.frontier(step.site).refill(JOBS_AHEAD)
+            refilled = step.site
+        return None, 0.0
+
+    def when_idle(self) -> None:
+        """Mark ready any served site that has work but is missing from the ready set.
+
+        Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
+        would otherwise never be seen. Costs a round trip per idle second, never while busy.
+        The process's counts are written too once it has stopped counting, so a crawl at
+        rest shows exact totals (``counters.Counters.flush_if_quiet``).
+        """
+        self.runtime.counters.flush_if_quiet()
+        now = time.monotonic()
+        if now - self._last_repair < REPAIR_EVERY:
+            return
+        self._last_repair = now
+        with self.connection.pipeline(transaction=False) as pipe:
+            for site, queue in self._by_site.items():
+                pipe.llen(queue.key)
+                pipe.zcard(keys.levels(site))
+            replies = pipe.execute()
+        stranded = {site: 0 for i, site in enumerate(self._by_site) if replies[2 * i] or replies[2 * i + 1]}
+        if stranded:
+            self.connection.zadd(keys.ready(), stranded, nx=True)
+        self._warn_unserved()
+
+    def _warn_unserved(self) -> None:
+        """Say once per site that a site with work waiting has no spider in this worker."""
+        others = sorted({text(s) for s in self.connection.smembers(keys.sites())} - set(self._by_site) - self._warned)
+        if not others:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            for site in others:
+                pipe.zscore(keys.ready(), site)
+            waiting = pipe.execute()
+        for site, score in zip(others, waiting, strict=True):
+            if score is not None:
+                self._warned.add(site)
+                log.warning(
+                    "site %r has work but no spider in this worker (not loaded here, or its module "
+                    "failed to load): left to other workers",
+                    site,
+                )
+
+    def _give_back(self, step: Next) -> None:
+        """Return a job of a site this worker has no spider for to the front of its queue."""
+        assert step.site is not None
+        if step.site not in self._warned:
+            self._warned.add(step.site)
+            log.warning("no spider for site %r here: leaving its work to other workers", step.site)
+        if step.job_id is not None:
+            joblife.give_back(self.connection, step.site, step.job_id)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        super().execute_job(job, queue)
+        site, self._refill = self._refill, None
+        if site is not None:
+            try:
+                self.runtime.frontier(site).refill(JOBS_AHEAD)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._redis_down(exc)  # the site's next NEXT_JOB asks for the refill again

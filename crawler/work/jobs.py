@@ -1,0 +1,1123 @@
+"""The two jobs: ``download``, which RQ runs, and ``parse``, which parse workers run. Arguments are plain JSON.
+
+download: robots.txt → gate → GET → record → (HTML) add the page, its body compressed,
+to the pages stream (``pages``) | (3xx) send the target through the frontier |
+(5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and stop.
+
+parse: run the spider callback on the page → upsert items → new requests through the
+frontier → record, with the worker's acknowledgement of the page in the same pipeline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import traceback
+import zlib
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+from urllib.parse import urljoin
+
+import httpx
+from rq import get_current_job
+from rq.timeouts import JobTimeoutException
+
+from ..coord import joblife, keys, pages, quarantine
+from ..coord.frontier import Candidate, Frontier, check_url, fingerprint
+from ..coord.gate import Gate
+from ..coord.pacing import throttle_pause
+from ..coord.session import LOGIN_WAIT, Jar, Session, logs_in, uses_cookies
+from ..coord.task import DownloadTask
+from ..errors import (
+    ClientStatus,
+    ConfigError,
+    ConnectError,
+    CrawlerError,
+    FetchTimeout,
+    PermanentError,
+    ProxyError,
+    RefusedRecord,
+    RefusedURL,
+    RetryableStatus,
+    RobotsUnavailable,
+    TooManyRedirects,
+    TransientError,
+)
+from ..http.addresses import redirects_inward
+from ..http.conditional import Validators, request_headers, validators_of
+from ..http.fetch import DecodeError, Response, inflate_capped, merge_headers, user_agent_of
+from ..settings import DEFAULT_PARSE_TIMEOUT
+from ..spiders.items import Pipelines, failure_text
+from ..spiders.spider import HTML_TYPES, Page, Request, SentRequest, accepts
+from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
+from . import runtime
+from .events import Done, HeldRecords, job_done, jobs_done
+from .render import DEFAULT_BLOCK, Visit, rendering
+from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
+
+log = logging.getLogger("crawler.jobs")
+
+
+#: Transient errors in a row from one site before its gate is closed for everyone.
+ERRORS_BEFORE_PAUSE = 3
+#: Longest such pause, seconds.
+MAX_ERROR_PAUSE = 300.0
+
+#: Outcomes whose record a batch may hold back (``download``). A retry or a failure is
+#: written at once, after what was held: the errors-in-a-row rule reads what came before.
+HELD_OUTCOMES = frozenset({OK, UNCHANGED, REDIRECT, SKIPPED, REFUSED})
+
+#: Response headers handed on to the parse step first (``page.headers``); the others follow
+#: within HANDED_HEADER_BYTES, but for Set-Cookie (a secret, of no use to a callback).
+KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
+#: Bytes of names and values of the response headers a page carries to its callback: enough for a
+#: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
+HANDED_HEADER_BYTES = 8 * 1024
+
+#: Bytes a held link costs beyond twice its URL (as requested, and canonical): its ``Request``
+#: and the tuples and dict around it. Measured: 339 bytes a link of 22 characters (tracemalloc).
+HELD_LINK_COST = 300
+#: Estimated bytes of links (``HeldParses.link_bytes``) past which a parse worker writes its
+#: batch before parsing the next page: a batch holds this much, plus one page's links at most.
+HELD_LINK_BYTES = 32 * 1024 * 1024
+
+
+def _worker_name() -> str | None:
+    job = get_current_job()
+    return job.worker_name if job is not None else None
+
+
+def download(*payloads: dict[str, Any], rt: runtime.Runtime | None = None) -> None:
+    """Download the job's URLs, all of one site, in turn: one URL, or a batch for a fast site.
+
+    Each URL goes through the gate and on as a job of its own would (see the module
+    docstring). A batch's second and later URLs wait for the gate at most
+    ``BATCH_GATE_WAIT``: past it (the site was closed, paused or slowed meanwhile) they go
+    back to the front of the site's frontier, to be made into jobs again.
+
+    A batch holds its URLs' records back (``events.HeldRecords``: pages reach the parse
+    workers with their records) and writes them together: in one database transaction and
+    one Redis pipeline at its end, before a record that must go at once (an error, a
+    retry), and when it stops on an exception. Then the job's meta counts the URLs done
+    (``joblife.BATCH_DONE``), so a batch retried (its worker died, or it raised) skips
+    what is written and fetches again what was not.
+    """
+    if rt is None:  # called directly (a test, a benchmark), not by a download worker, which gives its own
+        rt = runtime.current()
+    job = get_current_job()
+    if len(payloads) == 1:
+        _download_one(rt, payloads[0], None)
+        return
+    first = joblife.batch_done(job) if job is not None else 0
+    site = DownloadTask.from_json(payloads[first]).site  # one site per job (``vetting``)
+    held = HeldRecords(rt)
+    done = first
+    try:
+        for i in range(first, len(payloads)):
+            if i == first:  # the URL the job was handed out for: it waits for its gate
+                _download_one(rt, payloads[i], None, held)
+            else:  # the site may have been paused, closed or slowed since
+                if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT, held):
+                    held.flush()
+                    rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
+                    done = len(payloads)
+                    return
+            done = i + 1
+    finally:
+        held.flush()
+        if job is not None and done > first:
+            joblife.save_batch_done(job, done)
+
+
+def _download_one(
+    rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None, held: HeldRecords | None = None
+) -> bool:
+    """Download one URL (see the module docstring); False, having done nothing, if its gate
+    stayed closed for ``max_gate_wait`` seconds. With ``held``, its record waits there
+    (see ``download``), unless it must go at once: a retry or a failure."""
+    task = DownloadTask.from_json(payload)
+    spider = rt.spider(task.site)
+    try:  # checked again now: a job can be written straight into Redis, past the frontier
+        check_url(task.url, spider.domains())
+    except RefusedURL as exc:
+        job = get_current_job()
+        quarantine.record(
+            rt.connection,
+            job.origin if job else keys.download_queue(task.site),
+            f"download refused when taken: {exc}",
+            job.id if job else None,
+            payload,
+        )
+        return True
+    policy = rt.policy(task.site)
+    user_agent = user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
+    started = utcnow()
+    gate_wait: float | None = None
+
+    def record(
+        outcome: str,
+        url: str = task.url,
+        response: Response | None = None,
+        error: str | None = None,
+        status: int | None = None,
+        then: Callable[[Any], None] | None = None,
+    ) -> None:
+        finished = utcnow()
+        counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
+            outcome
+        )
+        stats = {counter: 1} if counter and url == task.url else {}
+        if stats and outcome == UNCHANGED:
+            stats["unchanged"] = 1
+
+        def also(pipe: Any) -> None:
+            # Exact at once, not a statistic: the rule that closes the gate after errors in a row reads it.
+            if stats and outcome in (OK, UNCHANGED, REDIRECT):  # the site answers again: end any run of errors
+                pipe.delete(keys.errors(task.site))
+            if then is not None:
+                then(pipe)
+
+        done = Done(
+            FetchRecord(
+                site=task.site,
+                url=url,
+                outcome=outcome,
+                started=response.started if response else started,
+                finished=finished,
+                status=response.status if response else status,
+                bytes=len(response.body) + response.sunk if response else None,
+                elapsed=response.elapsed if response else (finished - started).total_seconds(),
+                worker=_worker_name(),
+                attempt=task.attempt,
+                error=error,
+                callback=task.callback,
+                meta=task.meta or None,
+            ),
+            gate_wait if url == task.url else None,
+            also=also,
+            stats=stats,
+        )
+        if held is not None and outcome in HELD_OUTCOMES:
+            held.add(done)
+            return
+        if held is not None:  # in order: what was held goes first
+            held.flush()
+        jobs_done(rt, [done])
+
+    proxy = rt.proxy(task.site)
+    if policy.obey_robots:
+
+        def robots_fetched(url: str, status: int | None, error: str | None) -> None:
+            readable = status is not None and status < 500 and status != 429 and error is None
+            record(OK if readable else FAILED, url=url, status=status, error=error)
+
+        try:
+            allowed = rt.robots.allowed(
+                task.site,
+                task.url,
+                user_agent,
+                lambda: rt.take_gate(task.site, task.url),
+                robots_fetched,
+                allow_private=spider.allow_private_addresses,
+                proxy=proxy,
+            )
+        except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
+            if proxy is not None:
+                rt.proxies.bench(proxy, str(exc))
+            _retry_or_fail(rt, task, exc, record, held=held)
+            return True
+        except RobotsUnavailable as exc:
+            if exc.attempts > rt.settings.max_retries:
+                _robots_gave_up(rt, task, exc, record)
+                return True
+            # Not the page's fault: it waits for robots.txt without spending one of its attempts,
+            # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
+            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
+            record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
+            rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
+            return True
+        if not allowed:
+            record(REFUSED, error="disallowed by robots.txt")
+            return True
+
+    generation: int | None = None  # the login session the request is sent with
+    if logs_in(spider):
+        generation = _session(rt, task, spider, record, held)
+        if generation is None:  # the page waits for another worker's login, or the login failed (recorded)
+            return True
+    render, wait_for = rendering(spider, task.meta)
+    if render:  # the browser's requests carry the site's session too (``_browser_fetch``)
+        _download_rendered(rt, task, spider, wait_for, record, held)
+        return True
+    conditional = _conditional_headers(rt, task, spider)
+    headers = {**sent_headers(spider, task), **conditional}
+    if uses_cookies(spider):
+        headers = {**headers, **Jar(rt.connection, task.site).header(task.url)}
+    unbuildable = request_problem(user_agent, headers)
+    if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
+        record(FAILED, error=f"request cannot be built: {unbuildable}")
+        _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
+        return True
+    waiting = time.monotonic()
+    if max_gate_wait is None:
+        gate = rt.take_gate(task.site, task.url)
+    else:
+        taken = rt.take_gate_within(task.site, task.url, max_gate_wait)
+        if taken is None:
+            return False
+        gate = taken
+    gate_wait = time.monotonic() - waiting
+    response: Response | None = None  # kept when its status is an error, for its timing and size
+    # A sitemap streams into a compressor (up to 50 MB decoded), never held whole.
+    sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
+    try:
+        try:
+            response = rt.fetcher.get(
+                task.url,
+                user_agent=spider.user_agent,
+                on_sent=lambda: _rearm(gate, task),
+                before_send=gate.before_send,
+                headers=headers,
+                method=task.method,
+                body=task.body,
+                allow_private=spider.allow_private_addresses,
+                max_bytes=SITEMAP_MAX_BYTES if sink else None,
+                sink=sink.feed if sink else None,
+                proxy=proxy,
+            )
+        finally:
+            gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
+        if uses_cookies(spider):
+            Jar(rt.connection, task.site).update(task.url, response.set_cookies)
+        if generation is not None and _is_logged_out(spider, response):
+            _observe(rt, task, gate, response)
+            _logged_out(rt, task, generation, response, record)
+            return True
+        _raise_for_status(response)
+    except TransientError as exc:
+        _observe(rt, task, gate, response, exc)
+        if isinstance(exc, ProxyError) and proxy is not None:
+            rt.proxies.bench(proxy, str(exc))
+        _retry_or_fail(rt, task, exc, record, response, held)
+        return True
+    except PermanentError as exc:
+        _observe(rt, task, gate, response, exc)
+        record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
+        return True
+    _observe(rt, task, gate, response)
+
+    validators = None  # a redirect, or a failure: the next refresh asks for the whole page
+    if response.status == 304 and conditional:
+        _unchanged(rt, task, response, record)
+        validators = validators_of(response.headers, task.validators)
+    elif 300 <= response.status < 400 and response.location:
+        _follow_redirect(rt, task, response, record)
+    elif 300 <= response.status < 400:
+        record(FAILED, response=response, error="redirect without Location")
+    elif sink is None and not accepts(spider.content_types, response.content_type):
+        # (A sitemap is XML, gzip or robots.txt: its parse job reads it.)
+        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
+        validators = validators_of(response.headers)
+    else:
+        # The page goes to the parse workers in the pipeline of its record, after the record is
+        # written: a parse record (a callback that failed) is then always the page's latest.
+        compressed = sink.finish() if sink else None
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed, headers))
+        validators = validators_of(response.headers)
+    _schedule_refresh(rt, task, validators)
+    return True
+
+
+def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, held: HeldRecords | None) -> int | None:
+    """The generation of the site's login session to send the page with, logging the fleet in first
+    if no worker has (``session``); None when the page has been dealt with instead.
+
+    While another worker logs in, the page goes back to the delayed set for ``LOGIN_WAIT``
+    (its attempts unchanged), holding neither the gate nor this thread. A login that fails
+    (an error status, a refused URL, ``login`` raising or returning no Request) gives its
+    lease back and counts as the page's failed attempt: retried with backoff, then failed.
+    """
+    session = Session(rt.connection, task.site)
+    generation = session.generation()
+    if generation is not None:
+        return generation
+    token = session.lead()
+    if token is None:
+        rt.scheduler.schedule(task.site, task.to_entry(), LOGIN_WAIT, task.priority)
+        return None
+    try:
+        _log_in(rt, task, spider)
+    except TransientError as exc:
+        session.let_go(token)
+        _retry_or_fail(rt, task, exc, record, None, held)
+        return None
+    except Exception as exc:  # the spider's login() or a permanent error: the page fails, the login is tried again
+        session.let_go(token)
+        _retry_or_fail(rt, task, LoginFailed(f"login failed: {failure_text(exc).splitlines()[-1]}"), record, None, held)
+        return None
+    generation = session.logged_in(token)
+    log.info("%s: logged in (session %d)", task.site, generation)
+    return generation
+
+
+class LoginFailed(TransientError):
+    """The fleet could not log in to the site (the page waits for a later login)."""
+
+
+def _log_in(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> None:
+    """Fetch the spider's ``login_url`` and send the Request its ``login(page)`` returns, each through the
+    gate with the site's cookies, the jar updated from both responses; raises if either fails, or if
+    the spider's ``logged_out`` says the answer to the login is still logged out.
+
+    Only a GET can be sent by this fetcher: a Request with another method raises ConfigError.
+    """
+    page = _page_of(_session_get(rt, task, spider, Request(str(spider.login_url))))
+    submit = spider.login(page)
+    if not isinstance(submit, Request):
+        raise ConfigError(f"{type(spider).__name__}.login must return a Request, got {submit!r:.80}")
+    if _is_logged_out(spider, _session_get(rt, task, spider, submit)):  # refused credentials, an expired token
+        raise LoginFailed("login failed: the answer to the login request is still logged out (logged_out)")
+
+
+def _session_get(rt: runtime.Runtime, task: DownloadTask, spider: Any, request: Request) -> Response:
+    """One request of a login (its method, headers and body: a login form's POST), as a download
+    sends a page (gate, the site's headers, cookies, caps); recorded, and raised on an error status."""
+    url = request.url
+    check_url(url, spider.domains())
+    jar = Jar(rt.connection, task.site)
+    gate = rt.take_gate(task.site, url)
+    try:
+        response = rt.fetcher.get(
+            url,
+            user_agent=spider.user_agent,
+            on_sent=lambda: _rearm(gate, task),
+            before_send=gate.before_send,
+            headers={**(getattr(spider, "headers", None) or {}), **request.headers, **jar.header(url)},
+            allow_private=spider.allow_private_addresses,
+            proxy=rt.proxy(task.site),
+            method=request.method,
+            body=request.body,
+        )
+    finally:
+        gate.let_go()
+    jar.update(url, response.set_cookies)
+    _observe(rt, task, gate, response)
+    outcome = OK if response.status < 400 else FAILED
+    jobs_done(rt, [_login_done(task, url, outcome, response)])
+    _raise_for_status(response)
+    return response
+
+
+def _login_done(task: DownloadTask, url: str, outcome: str, response: Response) -> Done:
+    """The fetch record of one request of a login (no page counts: it is not one of the crawl's pages)."""
+    return Done(
+        FetchRecord(
+            site=task.site,
+            url=url,
+            outcome=outcome,
+            started=response.started,
+            finished=utcnow(),
+            status=response.status,
+            bytes=len(response.body),
+            elapsed=response.elapsed,
+            worker=_worker_name(),
+            attempt=1,
+            error="login" if outcome == OK else f"login: HTTP {response.status}",
+        ),
+        None,
+        stats={},
+    )
+
+
+def _page_of(response: Response) -> Page:
+    return Page(
+        response.url, response.body, status=response.status, headers=response.headers, encoding=response.encoding
+    )
+
+
+def _is_logged_out(spider: Any, response: Response) -> bool:
+    """What the spider's ``logged_out(page)`` says of ``response`` (False when it has none)."""
+    check = getattr(spider, "logged_out", None)
+    return bool(check(_page_of(response))) if callable(check) else False
+
+
+def _logged_out(rt: runtime.Runtime, task: DownloadTask, generation: int, response: Response, record: Any) -> None:
+    """A page the spider says is logged out: end its session (the fleet logs in again, once) and fetch
+    the page again, never parse it; after 1 + ``max_retries`` such answers in a row it fails."""
+    ended = Session(rt.connection, task.site).end(generation)
+    if task.attempt > rt.settings.max_retries:
+        record(FAILED, response=response, error=f"logged out after {task.attempt} logins")
+        return
+    why = "ended it" if ended else "already ended"
+    record(RETRY, response=response, error=f"logged out (session {generation}, {why}): fetched again after login")
+    rt.scheduler.schedule(task.site, dataclasses.replace(task, attempt=task.attempt + 1).to_entry(), 0, task.priority)
+
+
+def _download_rendered(
+    rt: runtime.Runtime,
+    task: DownloadTask,
+    spider: Any,
+    wait_for: str | None,
+    record: Any,
+    held: HeldRecords | None,
+) -> None:
+    """Render the page in the process's browser (``render``) and go on as for a fetched page.
+
+    Every request the page makes to the allowed domains takes the site's gate, as a
+    download does, and leaves a fetch record; the page's own record is written here.
+    A render that fails is retried, or failed, like a fetch; with no browser to render
+    with, the page is failed with the reason (``crawler retry`` once one is installed).
+    """
+    visit = Visit(
+        fetch=_browser_fetch(rt, task, spider, record),
+        domains=spider.domains(),
+        block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
+        user_agent=spider.user_agent or rt.settings.user_agent,
+    )
+    try:
+        response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+        _raise_for_status(response)
+    except TransientError as exc:
+        _retry_or_fail(rt, task, exc, record, None, held)
+        return
+    except (PermanentError, ConfigError) as exc:
+        record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+        return
+    if 300 <= response.status < 400 and response.location:
+        _follow_redirect(rt, task, response, record)
+    elif 300 <= response.status < 400:
+        record(FAILED, response=response, error="redirect without Location")
+    elif not accepts(spider.content_types, response.content_type):
+        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
+    else:
+        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response))
+    _schedule_refresh(rt, task, None)  # a rendered page is asked for whole: its scripts may have changed it
+
+
+def _browser_fetch(
+    rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any
+) -> Callable[[str, Mapping[str, str], float, bool], Response]:
+    """``Visit.fetch`` for a download: each request through the site's gate, as ``_download_one``
+    sends one, with the site's headers and, for a site with cookies, its jar (updated from each
+    answer); a record for each but the page's own (the download job writes that one)."""
+    proxy = rt.proxy(task.site)
+    site_headers = dict(getattr(spider, "headers", None) or {})
+    jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
+
+    def fetch(url: str, headers: Mapping[str, str], wait: float, is_page: bool) -> Response:
+        gate = rt.take_gate_within(task.site, url, wait)
+        if gate is None:
+            raise FetchTimeout(f"the site's gate stayed closed until the render's deadline: {url}")
+        try:
+            response = rt.fetcher.get(
+                url,
+                user_agent=spider.user_agent,
+                on_sent=lambda: _rearm(gate, task),
+                before_send=gate.before_send,
+                headers={**site_headers, **headers, **(jar.header(url) if jar is not None else {})},
+                allow_private=spider.allow_private_addresses,
+                proxy=proxy,
+            )
+        except CrawlerError as exc:
+            if not is_page:
+                record(FAILED, url=url, error=f"requested by the rendered page {task.url}: {exc}")
+            raise
+        finally:
+            gate.let_go()
+        if jar is not None:
+            jar.update(url, response.set_cookies)
+        if not is_page:
+            record(OK if response.status < 400 else FAILED, url=url, response=response)
+        return response
+
+    return fetch
+
+
+def _not_handled(content_types: tuple[str, ...], content_type: str) -> str:
+    """Why a response of ``content_type`` is skipped (``Spider.content_types``)."""
+    if tuple(content_types) == HTML_TYPES:
+        return f"not HTML ({content_type})"
+    return f"not in content_types ({content_type})"
+
+
+def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:
+    """Record the page failed: its robots.txt has failed 1 + ``max_retries`` times in a row.
+
+    So a crawl drains (``--burst`` ends) on a site whose robots.txt never answers, where
+    its pages would otherwise wait for it up to ``ROBOTS_OUTAGE_GRACE`` (30 days); each is
+    recorded, for ``crawler retry``, which has robots.txt asked again at once
+    (``robots.ask_again``). The gate is left open: the site's other pages fail as fast,
+    unrequested (RFC 9309: unreachable means disallow all), and robots.txt is still asked
+    when its wait is over.
+    """
+    record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
+    _schedule_refresh(rt, task, task.validators)
+
+
+def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> dict[str, str]:
+    """If-None-Match / If-Modified-Since for a refresh that carries its page's validators.
+
+    None for a page whose last parse failed (``keys.parse_failed``): its body is needed
+    again, whatever the server would say about it.
+    """
+    if task.validators is None or task.method != "GET" or not getattr(spider, "conditional_refresh", True):
+        return {}
+    if rt.connection.sismember(keys.parse_failed(task.site), fingerprint(task.url)):  # type: ignore[arg-type]
+        return {}
+    return request_headers(task.validators)
+
+
+def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
+    """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
+    Accept-Encoding, which these override): the spider's ``headers`` under the request's own
+    (a name in both, in any case, is the request's)."""
+    return merge_headers(getattr(spider, "headers", None) or {}, task.headers)
+
+
+def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
+    """Why a request with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
+    ASCII, say), or None when it can.
+
+    Asked before the gate is taken: raised from the fetch, such an error left the job
+    with no fetch record and no next refresh. The URL is the fetch's to judge (``RefusedURL``).
+    """
+    try:
+        httpx.Headers({**headers, "user-agent": user_agent})
+    except Exception as exc:  # any: whatever httpx refuses a header for, the page must not be lost
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _unchanged(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+    """A 304 to a conditional refresh: the page is as it was parsed last time.
+
+    Its items are seen again (``last_seen`` moves on); no body is kept, no parse job made.
+    """
+    touched = rt.store.touch_items(task.site, task.url, response.started)
+    record(UNCHANGED, response=response, error=f"not modified; {touched} item(s) seen again")
+
+
+def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask, validators: Validators | None) -> None:
+    """If the page is to be refreshed, schedule its next fetch (one pending per page), with ``validators``.
+
+    Pages answered with a client error (gone, forbidden) or refused by robots.txt are
+    not refreshed; everything else is, so a site's outage does not end its refreshes.
+    """
+    if task.refresh is None:
+        return
+    again = dataclasses.replace(task, attempt=1, hops=0, validators=validators)
+    rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, rt.spider(task.site).refresh_priority)
+
+
+def _rearm(gate: Gate, task: DownloadTask) -> None:
+    """Start the site's interval now that the request is on the wire; warn if the gate was lost."""
+    if not gate.rearm():
+        # Taking the gate and sending took longer than its send grace (a slow connect, a
+        # paused process): another worker may have taken it, so this gap may be short.
+        log.warning(
+            "%s: request sent after the gate's send grace had run out; spacing may be short: %s", task.site, task.url
+        )
+
+
+def _observe(
+    rt: runtime.Runtime, task: DownloadTask, gate: Gate, response: Response | None, exc: Exception | None = None
+) -> None:
+    """Tell the site's adaptive interval (if it has one) how the request went: its time, or no answer."""
+    if response is not None:
+        rt.observe(task.site, gate, response.elapsed, status=response.status)
+    elif isinstance(exc, FetchTimeout | ConnectError):
+        rt.observe(task.site, gate, 0.0, error="timeout" if isinstance(exc, FetchTimeout) else "no connection")
+
+
+def _raise_for_status(response: Response) -> None:
+    if response.status == 429 or response.status >= 500:
+        raise RetryableStatus(response.status, response.retry_after())
+    if 400 <= response.status < 500:
+        raise ClientStatus(response.status)
+
+
+def _retry_or_fail(
+    rt: runtime.Runtime,
+    task: DownloadTask,
+    exc: TransientError,
+    record: Any,
+    response: Response | None = None,
+    held: HeldRecords | None = None,
+) -> None:
+    """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
+
+    Retry-After, a 429 or 503 without it, and a run of errors from one site, close the
+    site's gate for every worker, not only delay this one URL. Without Retry-After, a
+    429/503 closes it at once for ``throttle_pause`` (backoff × 2^(n−1) with jitter for
+    the n-th error in a row); other errors after ERRORS_BEFORE_PAUSE in a row. Records a
+    batch ``held`` are written first: a success among them ends the run of errors before
+    this error counts.
+    """
+    if held is not None:
+        held.flush()
+    settings = rt.settings
+    status = getattr(exc, "status", None)
+    errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
+    if exc.retry_after is not None:
+        rt.close_gate(
+            task.site, task.url, min(exc.retry_after, settings.max_retry_after), f"Retry-After after {status}"
+        )
+    elif status in (429, 503):
+        pause = throttle_pause(settings.backoff, errors_in_a_row, MAX_ERROR_PAUSE)
+        rt.close_gate(task.site, task.url, pause, f"backoff after {status}")
+    elif errors_in_a_row >= ERRORS_BEFORE_PAUSE:
+        pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
+        rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row")
+    if task.attempt > settings.max_retries:
+        record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        _schedule_refresh(rt, task, task.validators)  # the site may be back by then, the page as it was
+        return
+    delay = settings.backoff * 2 ** (task.attempt - 1)
+    if exc.retry_after is not None:
+        delay = max(delay, min(exc.retry_after, settings.max_retry_after))
+    record(RETRY, response=response, error=f"{exc}; retry in {delay:g}s", status=status)
+    retry = dataclasses.replace(task, attempt=task.attempt + 1)
+    rt.scheduler.schedule(task.site, retry.to_entry(), delay, task.priority)
+
+
+def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+    """Send a redirect's target through the frontier as a request of its own.
+
+    The target's domain is checked before its name is resolved (for the private-address
+    check): a hostile page cannot make the worker look up names of its choosing outside
+    the allowed domains (a tracking channel, or a name server of its own that never answers).
+    """
+    target = urljoin(task.url, (response.location or "").strip())
+    if task.hops + 1 > rt.settings.max_redirects:
+        too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
+        record(FAILED, response=response, error=str(too_many))
+        return
+    spider = rt.spider(task.site)
+    try:
+        check_url(target, spider.domains())
+    except RefusedURL as exc:
+        record(FAILED, response=response, error=f"redirect refused: {exc}")
+        return
+    if not spider.allow_private_addresses and redirects_inward(task.url, target, rt.fetcher.timeout):
+        record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
+        return
+    frontier: Frontier = rt.frontier(task.site)
+    method, headers, body = redirected_request(response.status, task.method, task.headers, task.body)
+    request = Request(
+        target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
+        priority=task.priority,
+    )  # fmt: skip
+    result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
+    if result.refused:
+        record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")
+    elif result.duplicates:
+        record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
+    else:
+        record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
+
+
+def redirected_request(
+    status: int, method: str, headers: Mapping[str, str], body: bytes | None
+) -> tuple[str, dict[str, str], bytes | None]:
+    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
+    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
+    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        dropped = ("content-type", "content-length", "content-encoding")
+        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
+    return method, dict(headers), body
+
+
+def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The response headers a page's callback sees: ``KEPT_HEADERS``, then the others in their order
+    while their names and values add up to ``HANDED_HEADER_BYTES`` (never Set-Cookie)."""
+    handed = {k: headers[k] for k in KEPT_HEADERS if k in headers}
+    room = HANDED_HEADER_BYTES - sum(len(k) + len(v) for k, v in handed.items())
+    for name, value in headers.items():
+        if name in handed or name == "set-cookie":
+            continue
+        room -= len(name) + len(value)
+        if room < 0:
+            break
+        handed[name] = value
+    return handed
+
+
+def _hand_to_parser(
+    pipe: Any,
+    task: DownloadTask,
+    response: Response,
+    compressed: bytes | None = None,
+    sent: dict[str, str] | None = None,
+) -> None:
+    """Hand the page (``compressed`` already for a sitemap) to the parse workers: one stream entry, in ``pipe``.
+
+    ``sent``: the request's headers beyond the fetcher's own (``sent_headers``), for ``page.request``."""
+    sent = sent or {}
+    payload = {
+        "site": task.site,
+        "url": task.url,
+        "status": response.status,
+        "headers": handed_headers(response.headers),
+        "encoding": response.encoding,
+        "callback": task.callback,
+        "meta": task.meta or {},
+        "depth": task.depth,
+        "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
+    }
+    if not (task.method == "GET" and task.body is None and not sent):
+        # page.request; and, for a request that is not a plain GET, what tells its items from
+        # those of another request for the same URL (another body).
+        sent_request: dict[str, Any] = {"method": task.method, "headers": sent}
+        if task.method != "GET" or task.body is not None:
+            sent_request["variant"] = task.fingerprint.hex()
+        payload["request"] = sent_request
+    if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``_parse_done``)
+        payload["refresh"] = task.refresh
+    body = compressed if compressed is not None else zlib.compress(response.body, 6)
+    pages.add(pipe, payload, body)
+
+
+def parse(
+    payload: dict[str, Any],
+    body: bytes,
+    worker: str | None = None,
+    done: Callable[[Any], None] | None = None,
+    held: HeldParses | None = None,
+    rt: runtime.Runtime | None = None,
+) -> None:
+    """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
+
+    Whatever the outcome, the page's record and counters go out in one pipeline, with
+    ``done``'s commands (the parse worker's acknowledgement of the page). A callback
+    that raises or times out fails the page alone (recorded with the traceback, for
+    ``crawler failed`` and ``crawler retry``). Errors of the database or Redis raise:
+    the page was not parsed and stays with the worker.
+
+    With ``held``, the page's links (vetted now, refusals in its record), items and
+    record wait there, written with the rest of the parse worker's batch
+    (``HeldParses.flush``).
+    """
+    if rt is None:  # called directly (a test, a benchmark), not by a parse worker
+        rt = runtime.current()
+    if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
+        raise ValueError(f"not a parse task: {payload!r:.200}")
+    site, url = payload["site"], str(payload["url"])
+    started = utcnow()
+    if payload.get("callback") == SITEMAP_CALLBACK:
+        _read_sitemap(rt, payload, body, worker, done, started, held)
+        return
+    try:
+        items, requests, dropped, links_dropped = _run_callback(
+            rt.spider(site),
+            rt.pipelines(site),
+            url,
+            body,
+            payload,
+            rt.settings.max_body_bytes,
+            rt.settings.max_links_per_page,
+        )
+    except JobTimeoutException:
+        parse_failed(
+            rt,
+            payload,
+            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+            held,
+        )
+        return
+    except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
+        parse_failed(rt, payload, failure_text(exc), worker, done, started, held)
+        return
+    depth = int(payload.get("depth", 0)) + 1
+    spider = rt.spider(site)
+    beyond_depth = len(requests) if spider.depth_limit is not None and depth > spider.depth_limit else 0
+    if beyond_depth:
+        requests = []
+    try:
+        if held is None:
+            rt.store.upsert_items(site, items, seen=_fetched_at(payload))
+            refused = rt.frontier(site).add(requests, depth=depth).refused
+        else:
+            held.hold_items(site, items, _fetched_at(payload))
+            candidates, refused = rt.frontier(site).vet(requests)
+            held.links.append((site, candidates, depth))
+    except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
+        parse_failed(
+            rt,
+            payload,
+            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
+            f"and {len(requests)} links\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+            held,
+        )
+        return
+    notes = [_refusals(refused)] if refused else []
+    if beyond_depth:
+        notes.append(f"{beyond_depth:,} links beyond depth_limit ({spider.depth_limit}): not queued")
+    if requests and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
+        notes.append(f"max_pages ({spider.max_pages:,}) reached: new links not queued")
+    if links_dropped:
+        notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
+    counts = {"parsed": 1, "items": len(items)}
+    if dropped:  # by process_item or a pipeline (DropItem)
+        counts["dropped"] = dropped
+    _parse_done(rt, payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
+
+
+class HeldParses:
+    """Links, items and records of a parse worker's batch of pages, held back and written together.
+
+    ``flush`` queues every page's new links (one seen-set call and one push a site),
+    upserts every page's items and writes the records in one database transaction, and
+    sends their counters and the pages' acknowledgements in one Redis pipeline
+    (``events.jobs_done``): where each page took two transactions and three round trips,
+    a batch takes one and three. A page is acknowledged only once its links
+    are queued and its items stored: a worker that dies first leaves its whole batch to
+    be parsed again (its links are then duplicates, its items written again).
+
+    A batch the database refuses (``store.refused``: not an outage) is written a page at
+    a time, each page's items with its record: a page refused alone is recorded failed
+    with the database's reason, the others are written.
+    """
+
+    def __init__(self, rt: runtime.Runtime):
+        self.rt = rt
+        #: Per page: its site, links (``Frontier.vet``'s candidates) and their depth.
+        self.links: list[tuple[str, list[Candidate], int]] = []
+        #: Per page: its site, items and when they were seen (fetched).
+        self.items: list[tuple[str, list[Item], datetime | None]] = []
+        #: Index in ``items`` of the items of the page whose record is ``done[i]``, by i.
+        self.items_of: dict[int, int] = {}
+        self.done: list[Done] = []
+        #: Per page held: what ``fail`` needs to record it failed instead.
+        self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
+        #: Pages written one at a time (a refused batch) whose pipeline is still to go.
+        self._written: list[Done] = []
+
+    def hold_items(self, site: str, items: list[Item], seen: datetime | None) -> None:
+        """Hold the items of the page whose record comes next (``_parse_done``)."""
+        self.items_of[len(self.done)] = len(self.items)
+        self.items.append((site, items, seen))
+
+    def flush(self) -> None:
+        """Write what is held: links, then items and records in one transaction, then the pipeline.
+
+        A database that is down raises SQLAlchemyError, with the items and records still
+        held (the links, once queued, are not queued again; pages written already, after
+        a refused batch, are not written again). Each record's page counts as done when
+        its batch is written: its ``finished`` is now.
+        """
+        links, self.links = self.links, []
+        for site in dict.fromkeys(site for site, _, _ in links):
+            self.rt.frontier(site).enqueue([(page, depth) for s, page, depth in links if s == site])
+        finished = utcnow()
+        for held in self.done:
+            held.record.finished = finished
+            held.record.elapsed = (finished - held.record.started).total_seconds()
+        try:
+            self.rt.store.upsert_pages(self.items, [held.record for held in self.done])
+            self._written += self.done
+        except RefusedRecord:
+            self._write_each()
+        written, self._written = self._written, []
+        self.items, self.items_of, self.done, self.pages = [], {}, [], []
+        jobs_done(self.rt, written, written=True)
+
+    def _write_each(self) -> None:
+        """A page at a time, its items with its record: refused alone, the page is recorded failed.
+
+        Each page leaves what is held once dealt with, so an outage on the way (raised)
+        leaves only the others to write when ``flush`` is called again.
+        """
+        while self.done:
+            held, page = self.done[0], self.pages[0]
+            at = self.items_of.get(0)
+            try:
+                self.rt.store.upsert_pages([self.items[at]] if at is not None else [], [held.record])
+                self._written.append(held)
+            except RefusedRecord as exc:
+                payload, worker, done, started = page
+                log.warning("the database refused the items or record of %s: %s", payload.get("url"), exc)
+                parse_failed(self.rt, payload, f"{exc} (this page's items or parse record)", worker, done, started)
+            del self.done[0], self.pages[0]
+            self.items_of = {i - 1: j for i, j in self.items_of.items() if i > 0}
+
+    def fail(self, reason: str) -> None:
+        """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
+        pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
+        written, self.items_of, self._written = self._written, {}, []
+        jobs_done(self.rt, written, written=True)  # pages written one at a time before the timeout
+        for payload, worker, done, started in pages_:
+            parse_failed(self.rt, payload, reason, worker, done, started)
+
+    def full(self) -> bool:
+        """Whether the links held pass ``HELD_LINK_BYTES`` (estimated): time to write the batch.
+
+        The parse worker then writes the batch before its next page, so pages of many
+        links never pile up in memory (each page's links are capped by
+        ``max_links_per_page`` too). Counted again at each call: a batch is a few pages.
+        """
+        held = sum(2 * len(url) + HELD_LINK_COST for _, candidates, _ in self.links for url, _ in candidates)
+        return held >= HELD_LINK_BYTES
+
+
+def parse_failed(
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    error: str,
+    worker: str | None = None,
+    done: Callable[[Any], None] | None = None,
+    started: datetime | None = None,
+    held: HeldParses | None = None,
+) -> None:
+    """Record the page failed with ``error`` (the page alone fails: ``crawler retry`` requeues it)."""
+    _parse_done(rt, payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1}, held)
+
+
+def _parse_done(
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    outcome: str,
+    error: str | None,
+    worker: str | None,
+    done: Callable[[Any], None] | None,
+    started: datetime,
+    counts: dict[str, int],
+    held: HeldParses | None = None,
+) -> None:
+    site = str(payload["site"])
+
+    def also(pipe: Any) -> None:
+        # A page whose parse failed is fetched whole on its next refresh (its validators would
+        # otherwise answer 304 and its items never be stored); once parsed, validators hold again.
+        # Only refreshed pages are ever asked about (``_conditional_headers``), so only theirs are
+        # cleared: a page without ``refresh`` spares an SREM that would find nothing.
+        if outcome == FAILED:
+            pipe.sadd(keys.parse_failed(site), fingerprint(str(payload["url"])))
+        elif payload.get("refresh"):
+            pipe.srem(keys.parse_failed(site), fingerprint(str(payload["url"])))
+        if done is not None:
+            done(pipe)
+
+    finished = utcnow()
+    record = FetchRecord(
+        site=site,
+        url=str(payload["url"]),
+        outcome=outcome,
+        kind="parse",
+        started=started,
+        finished=finished,
+        status=payload.get("status"),
+        worker=worker,
+        error=error,
+        callback=payload.get("callback"),
+        elapsed=(finished - started).total_seconds(),
+        meta=payload.get("meta") or None,
+    )
+    if held is None:
+        job_done(rt, record, also=also, stats=counts)
+    else:
+        held.done.append(Done(record, None, also, counts))
+        held.pages.append((payload, worker, done, started))
+
+
+def _read_sitemap(
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    body: bytes,
+    worker: str | None,
+    done: Callable[[Any], None] | None,
+    started: datetime,
+    held: HeldParses | None = None,
+) -> None:
+    """The parse step of a sitemap (or robots.txt read for its Sitemap: lines): queue what it lists."""
+    site, url = payload["site"], str(payload["url"])
+    try:
+        reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
+    except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
+        parse_failed(rt, payload, str(exc), worker, done, started, held)
+        return
+    try:
+        report = reader.read(url, body)
+    except JobTimeoutException:  # what was queued stays queued; the retry adds only the rest (seen set)
+        parse_failed(
+            rt,
+            payload,
+            f"sitemap read timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
+            worker,
+            done,
+            started,
+            held,
+        )
+        return
+    except (PermanentError, DecodeError) as exc:  # not XML, over the cap, a corrupt gzip
+        parse_failed(
+            rt,
+            payload,
+            f"sitemap unreadable after {reader.report.urls} URLs: {type(exc).__name__}: {exc}",
+            worker,
+            done,
+            started,
+            held,
+        )
+        return
+    _parse_done(rt, payload, OK, report.summary(), worker, done, started, {"parsed": 1}, held)
+
+
+def _run_callback(
+    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, max_links: int
+) -> tuple[list[Item], list[Request], int, int]:
+    """The page's items (through ``process_item`` and the pipelines), its first ``max_links``
+    requests, the items dropped and the requests past ``max_links``, as its callback yields
+    them; raises whatever the callback raises, and ItemError (``items``).
+
+    The callback runs to its end (items may come after links), but requests past
+    ``max_links`` are not kept: a page of half a million links costs its parse, not
+    half a million held requests. The stored body is inflated within ``max_body`` bytes
+    (BodyTooLarge past it): a body written into Redis by someone else may be a zlib bomb.
+    """
+    sent = payload.get("request") or {}
+    page = Page(
+        url,
+        inflate_capped(raw, max_body),
+        status=int(payload.get("status", 200)),
+        headers=payload.get("headers") or {},
+        meta=payload.get("meta") or {},
+        encoding=payload.get("encoding"),
+        request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
+    )
+    name = str(payload.get("callback") or "parse")
+    out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
+    variant = (payload.get("request") or {}).get("variant")
+    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
+    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
+    return items, out.requests, len(out.dropped), out.links_dropped
+
+
+def _fetched_at(payload: dict[str, Any]) -> datetime | None:
+    """When the page was fetched (its items were seen), if the payload says and it is valid."""
+    try:
+        moment = datetime.fromisoformat(str(payload["fetched"]))
+    except (KeyError, ValueError):
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def _item_key(field: str | None, item: dict[str, Any], url: str, position: int) -> str:
+    """The item's key: its ``field`` value, else the page URL and its position on the page."""
+    if field and item.get(field) not in (None, ""):
+        return str(item[field])
+    return f"{url}#{position}"
+
+
+def _refusals(refused: list[tuple[str, str]]) -> str:
+    shown = "; ".join(reason for _, reason in refused[:3])
+    more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
+    return f"{len(refused)} links refused: {shown}{more}"

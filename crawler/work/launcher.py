@@ -1,0 +1,203 @@
+"""Start worker processes (each with one or more worker threads) and wait for them.
+
+Each worker process builds its own Redis connection, HTTP pool and database engine,
+sharing nothing with the parent but plain settings. A launcher running one thread (the
+CLI) forks them: they start with the modules it has imported, where a fresh interpreter
+would spend some 0.7 s of CPU a process importing them again (``bench throughput``,
+fixed cost). A launcher running other threads (a test, a benchmark with a server
+thread) spawns them instead, since a fork copies any lock another thread holds at that
+moment, held for good. Spawned processes do not import the parent's main module
+(``spawn`` would, for objects pickled from it: none of a worker's are), which cost every
+worker a second import of the CLI or of the user's script, top-level code included.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..coord.connection import connect
+from ..settings import Settings, scrub, secrets_of, url_secrets
+from .download_worker import DownloadWorker
+from .events import JSONFormatter
+from .parse_worker import ParseWorker
+from .runtime import Runtime
+
+KINDS = ("download", "parse")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process runs."""
+
+    kind: str  # download | parse
+    sites: tuple[str, ...]
+    threads: int = 1
+    burst: bool = False
+    log_level: str = "WARNING"
+    #: "text", or "json" for one JSON object per log line (see ``events``).
+    log_format: str = "text"
+
+
+class ScrubSecrets(logging.Filter):
+    """Replaces the secrets of the configured URLs in every log line (a library's error may quote one)."""
+
+    def __init__(self, secrets: list[str]):
+        super().__init__()
+        self.secrets = secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            record.msg, record.args = scrub(record.getMessage(), self.secrets), None
+            if record.exc_info:
+                record.exc_text = scrub(logging.Formatter().formatException(record.exc_info), self.secrets)
+                record.exc_info = None
+        return True
+
+
+def configure_logging(level: str, log_format: str = "text", secrets: list[str] | None = None) -> None:
+    """Log at ``level`` to stderr, as text lines or one JSON object per line, ``secrets`` scrubbed."""
+    handler = logging.StreamHandler()
+    handler.addFilter(ScrubSecrets(secrets or []))
+    if log_format == "json":
+        handler.setFormatter(JSONFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.getLogger("rq").setLevel(level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, launcher_pid: int | None = None) -> None:
+    """Body of one worker process: ``spec.threads`` workers until stopped, drained, or orphaned.
+
+    ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
+    """
+    configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
+    connection = connect(redis_url)
+    rt = Runtime(connection, settings)
+    stop = threading.Event()
+    workers: list[DownloadWorker | ParseWorker] = [
+        DownloadWorker(connection, spec.sites, stop_event=stop, rt=rt)
+        if spec.kind == "download"
+        else ParseWorker(connection, spec.sites, stop_event=stop, rt=rt)
+        for _ in range(spec.threads)
+    ]
+    threads = [
+        threading.Thread(target=w.work, kwargs={"burst": spec.burst}, name=f"{spec.kind}-{i}", daemon=True)
+        for i, w in enumerate(workers[1:], start=1)
+    ]
+    for thread in threads:
+        thread.start()
+    if launcher_pid is not None:
+        threading.Thread(
+            target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch", daemon=True
+        ).start()
+    try:
+        workers[0].work(burst=spec.burst)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        rt.close()
+
+
+#: Seconds between checks that a worker process's launcher is still alive.
+ORPHAN_CHECK_EVERY = 1.0
+
+
+def _stop_when_orphaned(launcher_pid: int, stop: threading.Event) -> None:
+    """Stop this process's workers after their current job once the launcher is gone.
+
+    A launcher killed outright (SIGKILL, OOM) cannot stop its workers; without this they
+    would run on, unsupervised, until someone finds them. Their jobs are not lost either
+    way: a job cut short is handed back by the reaper.
+    """
+    while True:
+        if os.getppid() != launcher_pid:  # re-parented: the launcher died (maybe before we started)
+            logging.getLogger("crawler.launcher").warning(
+                "launcher (pid %d) is gone: stopping after the current job", launcher_pid
+            )
+            stop.set()
+            return
+        if stop.wait(ORPHAN_CHECK_EVERY):
+            return
+
+
+def start_method() -> str:
+    """``fork`` when this process runs a single thread and can fork, else ``spawn`` (see the module docstring)."""
+    if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods():
+        return "fork"
+    return "spawn"
+
+
+def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: str) -> list[Any]:
+    """Start one process per spec (forked or spawned: ``start_method``); returns the processes."""
+    forked = start_method() == "fork"
+    context = multiprocessing.get_context("fork") if forked else multiprocessing.get_context("spawn")
+    processes = []
+    with _main_module_left_out():
+        for i, spec in enumerate(specs):
+            process = context.Process(
+                target=run_worker_process,
+                args=(spec, settings, redis_url, os.getpid()),
+                name=f"crawler-{spec.kind}-{i}",
+            )
+            process.start()
+            processes.append(process)
+    return processes
+
+
+@contextmanager
+def _main_module_left_out() -> Iterator[None]:
+    """Processes spawned meanwhile do not run this process's ``__main__`` again.
+
+    ``spawn`` names the parent's main module (its ``__spec__`` or ``__file__``) to every
+    child, which imports it so that objects pickled from it can be found. A worker's
+    target and arguments all live in ``crawler``, so that import only cost time: the whole
+    CLI, or a user's script and its top-level code, some 0.3 s of CPU per process
+    (``bench throughput``, fixed cost). A bare module stands in while they start.
+    """
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def stop_workers(processes: Sequence[Any], timeout: float = 30.0) -> None:
+    """Ask every process to stop after its current job (SIGTERM), then wait."""
+    for process in processes:
+        if process.is_alive() and process.pid:
+            try:
+                os.kill(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def wait_for(processes: Sequence[Any]) -> int:
+    """Wait for every process; Ctrl-C or SIGTERM stops them gracefully. Returns the worst exit code."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop_workers(processes))
+    try:
+        for process in processes:
+            process.join()
+    except KeyboardInterrupt:
+        stop_workers(processes)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return max((abs(p.exitcode or 0) for p in processes), default=0)

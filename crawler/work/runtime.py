@@ -1,0 +1,376 @@
+"""The per-process state jobs run against: Redis, settings, spiders, HTTP pool, database.
+
+A worker process builds one ``Runtime`` at start and gives it to its workers, which
+give it to the jobs they run: the download job, which RQ calls with plain-data
+arguments, receives it as ``rt`` (``CrawlerJob.bound``), the parse job from its parse
+worker. ``install``/``current`` remain for callers outside a worker (tests, benchmarks,
+``crawler.testing``), which run jobs directly. Everything in it is safe to share
+between a process's worker threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import cached_property
+from urllib.parse import urlsplit
+
+from redis import Redis
+
+from ..coord import keys
+from ..coord.counters import Counters
+from ..coord.frontier import Frontier
+from ..coord.gate import Gate, Turn, site_gate
+from ..coord.pacing import Pace, Pacer
+from ..coord.policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
+from ..coord.scheduler import PREPARE_AHEAD, Scheduler, publish_conf
+from ..coord.spiderargs import ARGS_REFRESH, build_spider, read_args, usable_args
+from ..coord.vetting import MAX_BATCH
+from ..demo.spider import DemoShop
+from ..http.addresses import AddressCache
+from ..http.fetch import Fetcher
+from ..http.proxies import ProxyPool, site_proxies
+from ..settings import DEFAULT_DOWNLOAD_TIMEOUT, Settings
+from ..spiders.items import Pipelines
+from ..spiders.loading import SpiderSet, load_spiders
+from ..spiders.spider import Spider
+from ..store.database import Store
+from .render import Renderer
+from .robots import RobotsCache
+
+#: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
+REPUBLISH_EVERY = 30.0
+#: A site whose fixed interval in force (margin included) is at most this many seconds gets
+#: batch jobs (``batch_size``): a worker between two of a batch's URLs then waits for the gate
+#: no longer than it waits for a job handed out ahead of its gate (``PREPARE_AHEAD``).
+BATCH_BELOW = PREPARE_AHEAD
+#: Longest wait for the gate before a batch's second and later URLs; past it the rest of the
+#: batch goes back to the front of the frontier (the site was closed or slowed meanwhile).
+BATCH_GATE_WAIT = 0.1
+
+#: Spiders that ship with the package and are always available.
+BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
+
+
+class Runtime:
+    """Shared state of one crawler process."""
+
+    def __init__(self, connection: Redis, settings: Settings, spider_set: SpiderSet | None = None):
+        self.connection = connection
+        self.settings = settings
+        self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
+        self.policies = PolicyCache(connection, settings, self.spider_set.named())
+        self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
+        self._lock = threading.Lock()
+        self._published: dict[str, float] = {}
+        self._conf_written: dict[str, tuple[float, tuple[object, ...]]] = {}  # site -> (when, what)
+        self._site_proxies: dict[str, list[str]] = {}
+        self._gate_hints: dict[str, str] = {}
+        self._frontiers: dict[str, Frontier] = {}
+        self._turns: dict[str, Turn] = {}
+        #: The process's stats and metrics not yet written to Redis (``counters``).
+        self.counters = Counters(connection)
+        self._pipelines: dict[str, Pipelines] = {}
+        self._retired_pipelines: list[Pipelines] = []
+        self._pipelines_lock = threading.Lock()  # one opening at a time: a slow open(spider) holds up no spider look-up
+
+    @cached_property
+    def scheduler(self) -> Scheduler:
+        return Scheduler(self.connection)
+
+    @cached_property
+    def fetcher(self) -> Fetcher:
+        """The process's HTTP pool; wrapped in the development cache when ``http_cache`` is on."""
+        fetcher = Fetcher(self.settings.timeout, self.settings.max_body_bytes, self.settings.user_agent)
+        if not self.settings.http_cache:
+            return fetcher
+        from ..http.cache import CachingFetcher
+
+        return CachingFetcher(fetcher, self.settings.state_dir, on_result=self._count_cache)  # type: ignore[return-value]
+
+    @cached_property
+    def renderer(self) -> Renderer:
+        """The process's browser for rendered pages; nothing starts until the first one (``render``)."""
+        return Renderer(self.settings.browser_path)
+
+    def _count_cache(self, site: str, hit: bool) -> None:
+        self.counters.add(site, {"cache_hits" if hit else "cache_misses": 1})
+
+    @cached_property
+    def proxies(self) -> ProxyPool:
+        """This process's proxy rotation and bench, shared by its worker threads."""
+        return ProxyPool()
+
+    def proxy(self, site: str) -> str | None:
+        """The proxy the next request to ``site`` goes through (None: direct)."""
+        listed = self._site_proxies.get(site)
+        if listed is None:
+            listed = self._site_proxies[site] = site_proxies(self.spider(site), self.settings)
+        return self.proxies.choose(listed)
+
+    @cached_property
+    def store(self) -> Store:
+        return Store(self.settings.database_url)
+
+    @cached_property
+    def robots(self) -> RobotsCache:
+        return RobotsCache(self.connection, self.fetcher)
+
+    def spider(self, site: str) -> Spider:
+        """The instance of ``site``'s spider in this process, built with the crawl's spider arguments.
+
+        The arguments are read from Redis at most once per ARGS_REFRESH seconds; when they
+        changed, a new instance is built with them (``spiderargs``), which later calls get.
+        """
+        now = time.monotonic()
+        with self._lock:
+            held = self._spiders.get(site)
+            if held is not None and now - held[0] < ARGS_REFRESH:
+                return held[2]
+        cls = self.spider_set.get(site)
+        args = usable_args(cls, read_args(self.connection, site))
+        with self._lock:
+            held = self._spiders.get(site)
+            if held is not None and held[1] == args:
+                self._spiders[site] = (now, args, held[2])
+                return held[2]
+            spider = build_spider(cls, args)
+            self._spiders[site] = (now, args, spider)
+            return spider
+
+    def pipelines(self, site: str) -> Pipelines:
+        """``site``'s ``process_item`` and pipelines, opened on first use, once per process and spider instance.
+
+        A spider built again for new spider arguments gets its own, opened then; those of
+        the instance before are closed by ``close``, with the others.
+
+        ItemError if one fails to open: nothing is kept, the next page tries again.
+        """
+        with self._pipelines_lock:
+            spider = self.spider(site)
+            held = self._pipelines.get(site)
+            if held is None or held.spider is not spider:  # first use, or new spider arguments
+                self._pipelines[site] = Pipelines.open(spider)
+                if held is not None:  # another thread may be using it: closed with the runtime
+                    self._retired_pipelines.append(held)
+            return self._pipelines[site]
+
+    def policy(self, site: str) -> SitePolicy:
+        return self.policies.get(site)
+
+    @cached_property
+    def pacer(self) -> Pacer:
+        return Pacer(self.connection)
+
+    @cached_property
+    def addresses(self) -> AddressCache:
+        return AddressCache()
+
+    def gate_name(self, site: str, url: str | None = None) -> str:
+        """The name of the gate that spaces ``site``'s request for ``url`` (see ``keys.gate``).
+
+        The site's own; a gate shared by name (``Spider.gate``); or with ``gate_by = "ip"``
+        the gate of the address ``url``'s host resolves to (the site's own when it does
+        not resolve: the request will fail anyway).
+        """
+        policy = self.policy(site)
+        if policy.gate:
+            return keys.shared_gate_name(policy.gate)
+        if policy.gate_by == "ip" and url:
+            address = self.addresses.address(urlsplit(url).hostname or "")
+            if address is not None:
+                name = keys.ip_gate_name(address)
+                if self._gate_hints.get(site) != name:  # tell NEXT_JOB which gate to look at
+                    self._gate_hints[site] = name
+                    self.connection.hset(keys.conf(site), "gate", keys.gate(name))
+                return name
+        return site
+
+    def gate(self, site: str, url: str | None = None) -> Gate:
+        """The gate for ``site``'s request for ``url``, with the interval in force now (``effective_interval``).
+
+        For an adaptive interval the gate reads the site's pace from Redis itself, each
+        time it sets its lifetime, so a pace another host has just raised applies.
+        """
+        policy = self.policy(site)
+        interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
+        return site_gate(
+            self.connection,
+            self.gate_name(site, url),
+            interval,
+            self.settings.gate_margin,
+            pace_key=keys.conf(site) if policy.auto else None,
+        )
+
+    def close_gate(self, site: str, url: str | None, seconds: float, why: str) -> None:
+        """Close the gate ``site``'s request for ``url`` takes, for every worker, for ``seconds``."""
+        self.scheduler.close_gate(site, seconds, why, gate_key=keys.gate(self.gate_name(site, url)))
+
+    def observe(
+        self, site: str, gate: Gate, elapsed: float, status: int | None = None, error: str | None = None
+    ) -> Pace | None:
+        """Tell the site's adaptive interval how a request through ``gate`` went (no-op for a fixed one).
+
+        ``status`` is the HTTP status, None with ``error`` ('timeout', 'connection') when
+        there was no answer.
+        """
+        auto = self.policy(site).auto
+        if auto is None:
+            return None
+        sent = gate.rearmed_at or gate.acquired_at or time.monotonic()
+        return self.pacer.observe(
+            keys.conf(site),
+            gate.key,
+            auto,
+            elapsed=elapsed,
+            status=status,
+            error=error,
+            margin=self.settings.gate_margin,
+            since_send=time.monotonic() - sent,
+        )
+
+    def frontier(self, site: str) -> Frontier:
+        """The site's frontier; also (re)publishes the site's politeness for the scheduler.
+
+        One per site and process, shared by its threads; its batch size follows the
+        site's policy in force (``batch_size``).
+        """
+        spider = self.spider(site)
+        self.publish(site)
+        frontier = self._frontiers.get(site)
+        if frontier is None:
+            frontier = self._frontiers[site] = Frontier(
+                self.connection,
+                site,
+                spider.domains(),
+                self.settings.failure_ttl,
+                DEFAULT_DOWNLOAD_TIMEOUT,
+                refresh=spider.refresh_for,
+                revisit_after=spider.revisit_after,
+                max_url_length=self.settings.max_url_length,
+                max_request_body_bytes=self.settings.max_request_body_bytes,
+                max_pages=spider.max_pages,
+            )
+        frontier.batch = self.batch_size(site)
+        return frontier
+
+    def batch_size(self, site: str) -> int:
+        """URLs one download job of ``site`` carries: ``MAX_BATCH`` for a fast site, else 1.
+
+        Fast: a fixed interval whose value in force (robots.txt Crawl-delay and margin
+        included) is at most BATCH_BELOW, so the gate is seldom what a worker waits for, and
+        per-job costs (RQ's bookkeeping, the scheduler's call) are shared by the batch's URLs.
+        An adaptive interval (which may grow at any time) and the development cache (which
+        takes the gate only on a miss) keep one URL a job.
+        """
+        policy = self.policy(site)
+        if policy.auto is not None or self.settings.http_cache:
+            return 1
+        interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
+        return MAX_BATCH if interval + self.settings.gate_margin <= BATCH_BELOW else 1
+
+    def publish(self, site: str, force: bool = False) -> None:
+        """Write the site's policy in force where the scheduler reads it.
+
+        Looked at once a second at most; written when it changed since this process last
+        wrote it, or REPUBLISH_EVERY after (a conf hash lost with a Redis restart, or
+        written by a process that resolves the policy differently, is put right), or when
+        ``force``d. Rewriting the same values every second cost some six commands a second
+        per site and process.
+        """
+        now = time.monotonic()
+        if not force and now - self._published.get(site, -LIVE_REFRESH) < LIVE_REFRESH:
+            return
+        self._published[site] = now
+        policy = self.policies.get(site, fresh=force)
+        shared = keys.gate(keys.shared_gate_name(policy.gate)) if policy.gate else None
+        conf = (policy.interval, policy.paused, policy.concurrency, policy.auto is not None, shared, policy.gate_by)
+        written = self._conf_written.get(site)
+        if not force and written is not None and written[1] == conf and now - written[0] < REPUBLISH_EVERY:
+            return
+        self._conf_written[site] = (now, conf)
+        publish_conf(
+            self.connection,
+            site,
+            policy.interval,
+            self.settings.gate_margin,
+            policy.paused,
+            policy.concurrency,
+            auto=policy.auto is not None,
+            gate_key=shared,
+            gate_by_ip=policy.gate_by == "ip",
+        )
+
+    def take_gate(self, site: str, url: str | None = None) -> Gate:
+        """Wait for the gate of ``site``'s request for ``url`` and take it: one request may start now.
+
+        Pass the gate's ``rearm`` as the fetch's ``on_sent``, so the interval counts
+        from the moment the request is on the wire, and call its ``let_go`` once the fetch
+        is over: the other threads of this process wait for the gate until then (``gate.Turn``).
+        """
+        if self.settings.http_cache:  # taken only if the fetch misses the cache and sends (httpcache)
+            return self.fetcher.defer(site, lambda: self._acquire(site, url))  # type: ignore[attr-defined]
+        gate = self._acquire(site, url)
+        assert gate is not None  # taken: no time limit
+        return gate
+
+    def take_gate_within(self, site: str, url: str | None, max_wait: float) -> Gate | None:
+        """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long.
+
+        With the development cache the gate is taken later, on a miss (``take_gate``).
+        """
+        if self.settings.http_cache:
+            return self.take_gate(site, url)
+        return self._acquire(site, url, max_wait)
+
+    def _acquire(self, site: str, url: str | None, max_wait: float | None = None) -> Gate | None:
+        """Take the gate in this process's turn at it (``gate.Turn``), which passes on at the send."""
+        gate = self.gate(site, url)
+        with self._lock:
+            turn = self._turns.setdefault(gate.key, Turn())
+        started = time.monotonic()
+        ticket = turn.take(max_wait)
+        if ticket is None:
+            return None
+        try:
+            left = None if max_wait is None else max(0.0, max_wait - (time.monotonic() - started))
+            taken = gate.acquire(timeout=left)
+        except BaseException:
+            turn.give(ticket)
+            raise
+        if not taken:
+            turn.give(ticket)
+            return None
+        turn.hold(ticket, gate.expire - gate.rearm_expire)  # lapses with the send grace
+        gate.turn = (turn, ticket)
+        return gate
+
+    def close(self) -> None:
+        with self._pipelines_lock:
+            opened, self._pipelines = [*self._retired_pipelines, *self._pipelines.values()], {}
+            self._retired_pipelines = []
+        for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
+            pipelines.close()
+        self.counters.close()
+        if "renderer" in self.__dict__:
+            self.renderer.close()
+        if "fetcher" in self.__dict__:
+            self.fetcher.close()
+        if "store" in self.__dict__:
+            self.store.close()
+
+
+_current: Runtime | None = None
+
+
+def install(runtime: Runtime) -> None:
+    """Make ``runtime`` the one jobs and workers called without one use in this process."""
+    global _current
+    _current = runtime
+
+
+def current() -> Runtime:
+    """The installed runtime; RuntimeError outside a worker process."""
+    if _current is None:
+        raise RuntimeError("no crawler runtime installed: jobs run inside crawler workers")
+    return _current
