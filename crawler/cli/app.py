@@ -10,7 +10,7 @@ import click
 
 from ..errors import CrawlerError
 from ..settings import load_settings, scrub, secrets_of
-from . import control, crawl, dev, inspect, other, redis_servers, serve
+from . import control, crawl, dev, inspect, redis_servers, serve
 from .context import Context, CrawlerGroup
 from .types import FINITE_FLOAT
 
@@ -60,7 +60,7 @@ def cli(
     ctx.call_on_close(context.close)
 
 
-for _module in (control, crawl, dev, inspect, other, redis_servers, serve):
+for _module in (control, crawl, dev, inspect, redis_servers, serve):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

@@ -1,7 +1,7 @@
-"""The spider author's commands: ``crawler fetch``, ``crawler parse``, ``crawler shell``.
+"""The spider author's commands: ``crawler new``, ``crawler fetch``, ``crawler parse``, ``crawler shell``.
 
 Registered on the ``crawler`` group by ``crawler.cli.app``; thin shells over
-``crawler.ops.devtools`` and ``crawler.ops.shell``.
+``crawler.ops.devtools``, ``crawler.ops.shell`` and ``crawler.spiders.scaffold``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..http.fetch import Response
 from ..ops.devtools import fetch_as_worker, page_of, parse_meta, route, run_callback, seen_in, site_for, summary_lines
 from ..ops.devtools import verdict as worker_verdict
 from ..spiders.items import ItemError
+from ..spiders.scaffold import check_name, write_spider
 from ..spiders.spider import Page
 from .context import Context, pass_context
 
@@ -133,4 +134,17 @@ def shell_(obj: Context, site: str, url: str | None, plain: bool, render: bool, 
 
 
 #: The commands this module adds to ``crawler`` (``app`` registers them).
-COMMANDS = [fetch_, parse_, shell_]
+@click.command()
+@click.argument("name")
+@click.argument("url")
+@pass_context
+def new(obj: Context, name: str, url: str) -> None:
+    """Write sites/NAME.py: a spider for the site at URL, ready to run and to edit (never overwrites)."""
+    check_name(name)
+    if name in obj.spider_set.spiders or name in obj.spider_set.by_name:
+        raise ConfigError(f"a spider named {name!r} exists already")
+    path = write_spider(obj.settings.sites_dir, name, url)
+    click.echo(f"wrote {path}: edit it, then `crawler crawl {name}`")
+
+
+COMMANDS = [fetch_, parse_, shell_, new]
