@@ -117,7 +117,7 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     with connection.pipeline(transaction=True) as pipe:
         pipe.delete(keys.stranded())
         if seen:
-            pipe.hset(keys.stranded(), mapping=seen)
+            pipe.hset(keys.stranded(), mapping=seen)  # type: ignore[arg-type]  # redis-py types keys invariantly
         pipe.execute()
     return True
 
