@@ -42,7 +42,7 @@ from ..coord.replies import text
 from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
-from . import runtime
+from . import idle, runtime
 from .drain import crawl_drained, queues_for
 from .watchdog import WatchdogDeathPenalty
 
@@ -58,6 +58,9 @@ REPAIR_EVERY = 1.0
 SUSPENSION_CHECK_EVERY = 1.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
 MAX_REFILLS = 8
+#: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
+#: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
+SLEEPER_BEAT_EVERY = 60.0
 
 
 class LeaseKeeper:
@@ -144,9 +147,8 @@ class CrawlWorker(SimpleWorker):
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self._burst = False
-        self._last_promote = 0.0
-        self._last_reap = 0.0
-        self._last_flush = 0.0
+        #: Shared with the process's other workers of this class: one looks when there is no work.
+        self._idle = idle.shared(self.runtime, type(self), self.sites)
         self._last_suspension_check = 0.0
         self._stop_requests = 0
         self._redis_wait = 0.0
@@ -240,11 +242,31 @@ class CrawlWorker(SimpleWorker):
             else:
                 self._redis_back()
                 if found is not None:
+                    self._idle.room.found_work()  # there may be more: one more thread looks
                     return found
                 if wait is None:  # drained
                     return None
+                self._idle.room.rest(wait, self.stop_event, self._sleeper_beat)
+                if self._idle.room.drained:
+                    return None
+                continue
             self.stop_event.wait(wait)
         return None
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        """RQ's registry cleaning, by one worker of the process a period, not by each of its threads."""
+        if not super().should_run_maintenance_tasks:
+            return False
+        if self._idle.every.due("maintenance", self.maintenance_interval):
+            return True
+        self.last_cleaned_at = now()  # type: ignore[assignment]  # another worker of this process has it in hand
+        return False
+
+    def _sleeper_beat(self) -> None:
+        """Keep this worker's RQ key alive while it sleeps in the idle room (a beat a minute)."""
+        if self.last_heartbeat is None or (now() - self.last_heartbeat).total_seconds() >= SLEEPER_BEAT_EVERY:
+            self.heartbeat(self.worker_ttl + 60)
 
     def _dequeue_step(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """One look for work: a job, else seconds to wait (None: burst and drained).
@@ -262,7 +284,8 @@ class CrawlWorker(SimpleWorker):
         if self.get_state() != WorkerStatus.IDLE:
             self.set_state(WorkerStatus.IDLE)
         if wait is None:  # no work anywhere we serve
-            if self._burst and crawl_drained(self.connection, self.sites):
+            if self._burst and (self._idle.room.drained or crawl_drained(self.connection, self.sites)):
+                self._idle.room.end_all()  # the process's sleeping workers end too
                 return None, None
             self.when_idle()
             wait = IDLE_SLEEP
@@ -352,16 +375,16 @@ class CrawlWorker(SimpleWorker):
         """Housekeeping done only when there is no work (subclasses add theirs)."""
 
     def _periodic(self) -> None:
-        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn."""
-        now = time.monotonic()
-        if now - self._last_promote >= PROMOTE_EVERY:
-            self._last_promote = now
+        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn.
+
+        Each once a period per process, whatever its number of workers (``idle.Every``).
+        """
+        every = self._idle.every
+        if every.due("promote", PROMOTE_EVERY):
             self.runtime.scheduler.promote_due()
-        if now - self._last_reap >= REAP_EVERY:
-            self._last_reap = now
+        if every.due("reap", REAP_EVERY):
             reap(self.connection)
-        if now - self._last_flush >= outbox.FLUSH_EVERY:
-            self._last_flush = now
+        if every.due("outbox", outbox.FLUSH_EVERY):
             outbox.flush(self.runtime)
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
@@ -403,7 +426,6 @@ class DownloadWorker(CrawlWorker):
         self.site_scheduler = Scheduler(connection, sites)
         self._refill: str | None = None
         self._warned: set[str] = set()
-        self._last_repair = 0.0
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         rt = self.runtime
@@ -441,10 +463,8 @@ class DownloadWorker(CrawlWorker):
         rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
         self.runtime.counters.flush_if_quiet()
-        now = time.monotonic()
-        if now - self._last_repair < REPAIR_EVERY:
+        if not self._idle.every.due("repair", REPAIR_EVERY):  # once a period per process
             return
-        self._last_repair = now
         with self.connection.pipeline(transaction=False) as pipe:
             for site, queue in self._by_site.items():
                 pipe.llen(queue.key)
