@@ -546,3 +546,28 @@ def test_idle_download_workers_cost_redis_the_same_whatever_their_thread_count(
     print(f"idle, 2 processes x 1 thread: {one:.0f} commands/s; x 32 threads: {many:.0f} commands/s, cpu {cpu:.1%}")
     assert many <= 1.5 * one + 50, f"32 threads a process: {many:.0f} Redis commands/s, 1 thread: {one:.0f}"
     assert cpu < 0.05, f"an idle process of 32 threads used {cpu:.1%} of a core"
+
+
+def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_2000_sites(
+    redis_conn: Redis,
+) -> None:
+    """Idle burst workers ask often whether the crawl is drained: while any site has work queued the
+    answer costs a constant number of commands (issue 21: five a site, 1,002 at 200 sites, from every
+    idle thread); when it says 0 it is still exact."""
+    from crawler.work.drain import QUICK_SITES, crawl_drained, pending_work
+
+    def look_cost(sites: list[str]) -> tuple[int, int]:
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        pending = pending_work(redis_conn, sites)
+        return pending, int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    assert crawl_drained(redis_conn, [f"s{i}" for i in range(50)])
+    costs = {}
+    for count in (20, 2000):
+        sites = [f"s{i}" for i in range(count)]
+        site = sites[count // 2]  # one site with a job queued, listed ready, as the frontier leaves it
+        redis_conn.rpush(f"rq:queue:{keys.download_queue(site)}", f"job-{count}")
+        redis_conn.zadd(keys.ready(), {site: 0})
+        pending, costs[count] = look_cost(sites)
+        assert pending >= 1
+    assert max(costs.values()) <= 3 + 2 * QUICK_SITES, f"commands a look: {costs}"

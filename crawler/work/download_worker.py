@@ -50,6 +50,8 @@ log = logging.getLogger("crawler.workers")
 
 #: Longest sleep when there is no work, so new work and stop requests are seen soon.
 IDLE_SLEEP = 0.1
+#: Least seconds between two drain looks of a burst process (``drain.crawl_drained``).
+DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
 #: Seconds between two idle looks for sites with work missing from the ready set.
@@ -284,7 +286,10 @@ class CrawlWorker(SimpleWorker):
         if self.get_state() != WorkerStatus.IDLE:
             self.set_state(WorkerStatus.IDLE)
         if wait is None:  # no work anywhere we serve
-            if self._burst and (self._idle.room.drained or crawl_drained(self.connection, self.sites)):
+            if self._burst and (
+                self._idle.room.drained
+                or (self._idle.every.due("drain", DRAIN_EVERY) and crawl_drained(self.connection, self.sites))
+            ):
                 self._idle.room.end_all()  # the process's sleeping workers end too
                 return None, None
             self.when_idle()
