@@ -5,7 +5,9 @@ process and thread, so the HTTP pool and database engine live across jobs) that 
 RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls, one
 for a worker of one site, whatever the number of sites) for a site that has work *and*
 whose gate is open, so it never sits behind one closed gate while another site has
-budget; when every gate with work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
+budget; when every gate with work is closed it sleeps exactly until the first one opens.
+Of a process's workers only one looks while there is nothing to run now; the others
+sleep until it finds work (``idle``). Parse workers are not RQ
 workers (``parsing``); they share the job-timeout watchdog and the drain test here.
 
 ``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
