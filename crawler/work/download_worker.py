@@ -170,6 +170,7 @@ class CrawlWorker(SimpleWorker):
         self.bootstrap(level)
         previous = self._install_stop_handlers()
         worked = 0
+        self._idle.room.enter()
         try:
             while not self.stop_event.is_set():
                 try:
@@ -186,6 +187,7 @@ class CrawlWorker(SimpleWorker):
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self.stop_event.wait(self._redis_down(exc))
         finally:
+            self._idle.room.leave()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._lease.close()

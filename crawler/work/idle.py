@@ -52,8 +52,23 @@ class IdleRoom:
         self._cond = threading.Condition()
         self._watching = False
         self._sleepers = 0
-        #: Set when a burst found the crawl drained: every thread of the process ends.
+        self._members = 0
+        #: Set when a burst found the crawl drained: every thread of the process ends. Cleared
+        #: when the last of them leaves, so workers started later find work added since.
         self.drained = False
+
+    def enter(self) -> None:
+        """A worker starts its work loop."""
+        with self._cond:
+            self._members += 1
+
+    def leave(self) -> None:
+        """A worker ends its work loop; the last one out clears ``drained``."""
+        with self._cond:
+            self._members -= 1
+            if self._members <= 0:
+                self._members = 0
+                self.drained = False
 
     def rest(self, wait: float, stop: threading.Event, on_check: Callable[[], Any] | None = None) -> None:
         """Return when it is this thread's turn to look for work again, or when it should stop."""
