@@ -101,3 +101,37 @@ def test_workers_stop_when_their_launcher_is_killed(
             launcher.kill()
         for pid in worker_children(launcher.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_process_s_redis_pool_serves_all_its_threads_at_once_and_waits_when_full(redis_url: str) -> None:
+    """Every user of a 64-thread download process (each thread's calls, its lease keeper, RQ's
+    command channel) holds a connection at the same moment: none fails (issue 21: redis-py's
+    default pool of 100 raised ``MaxConnectionsError`` and the launcher exited 1); one more
+    waits for a free connection instead of failing."""
+    import redis as redis_module
+
+    from crawler.work.launcher import CONNECTIONS_PER_THREAD, worker_connection
+
+    threads = 64
+    connection = worker_connection(redis_url, threads)
+    users = CONNECTIONS_PER_THREAD * threads + 1  # one past what the threads use: it waits its turn
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(users)
+
+    def hold() -> None:
+        try:
+            barrier.wait(30)
+            connection.blpop(["crawler:test:nothing"], timeout=1)  # holds a connection for a second
+        except (redis_module.RedisError, threading.BrokenBarrierError) as exc:
+            errors.append(exc)
+
+    started = time.monotonic()
+    holders = [threading.Thread(target=hold) for _ in range(users)]
+    for holder in holders:
+        holder.start()
+    for holder in holders:
+        holder.join(60)
+    took = time.monotonic() - started
+    connection.close()
+    assert not errors, f"{len(errors)} of {users} users failed: {errors[0]!r}"
+    assert took < 30

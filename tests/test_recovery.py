@@ -764,3 +764,42 @@ def test_a_redelivered_page_whose_items_are_refused_is_recorded_failed(
     ((kind, outcome, error),) = [(r["kind"], r["outcome"], r["error"]) for r in records]
     assert (kind, outcome) == ("parse", "failed") and error.startswith("database refused the data"), error
     assert redis_conn.xlen(keys.pages()) == 0
+
+
+def test_a_job_left_in_an_intermediate_list_by_a_worker_that_died_before_claiming_it_is_handed_back(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """A job NEXT_JOB handed out to a worker that never claimed it (killed, or its Redis call failed
+    in between) goes back to its queue: the burst ends and its page is fetched (issue 21: 30 jobs
+    sat in ``:intermediate`` lists and ``--burst`` never ended)."""
+    from crawler.coord.joblife import STRANDED_AFTER
+    from crawler.coord.scheduler import JOBS_AHEAD, Scheduler
+
+    settings = crawl_settings(settings)
+    with ShopSite(products=5) as shop:
+        seed_shop(redis_conn, settings, shop)
+        rt = Runtime(redis_conn, settings)
+        try:
+            scheduler = Scheduler(redis_conn, ["demo"])
+            step = scheduler.next()
+            if step.job_id is None:
+                assert step.refill
+                rt.frontier("demo").refill(JOBS_AHEAD)
+                step = scheduler.next()
+        finally:
+            rt.close()
+        assert step.job_id is not None  # now in the intermediate list, and its taker "dies" here
+        assert redis_conn.lrange(f"rq:queue:{keys.download_queue('demo')}:intermediate", 0, -1) == [
+            step.job_id.encode()
+        ]
+        started = time.monotonic()
+        processes = start_workers(
+            [WorkerSpec("download", ("demo",), burst=True), WorkerSpec("parse", ("demo",), burst=True)],
+            settings,
+            redis_url,
+        )
+        assert wait_drained(processes, timeout=STRANDED_AFTER + 4 * REAP_EVERY + 20) == 0
+        took = time.monotonic() - started
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        assert [e.path for e in shop.requests].count("/") == 1
+        assert took <= STRANDED_AFTER + 3 * REAP_EVERY + 10, f"the burst took {took:.0f}s"

@@ -509,3 +509,65 @@ def test_a_crawl_with_rq_key_prefix_set_keeps_rq_keys_under_it_and_rq_info_reads
     assert "rq" not in during and "crawlrq" in during, during
     assert set(items_by_key(sqlite_url)) == {f"SKU-{i:05d}" for i in range(1, 13)}
     assert not redis_conn.keys("rq:*")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux: /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _idle_fleet(redis_url: str, redis_conn: Redis, settings: Settings, threads: int) -> tuple[float, float]:
+    """Redis commands a second, and the busiest process's CPU share, of 2 idle download processes of ``threads``."""
+    sites = tuple(f"idle{i:03d}" for i in range(200))
+    processes = start_workers([WorkerSpec("download", sites, threads=threads)] * 2, settings, redis_url)
+    try:
+        time.sleep(4)  # started, registered, settled
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        cpu_before = [_cpu_seconds(p.pid) for p in processes]
+        started = time.monotonic()
+        time.sleep(4)
+        took = time.monotonic() - started
+        rate = (int(redis_conn.info("stats")["total_commands_processed"]) - before - 1) / took
+        cpu = max(_cpu_seconds(p.pid) - c for p, c in zip(processes, cpu_before, strict=True)) / took
+    finally:
+        stop_workers(processes, timeout=20)
+    return rate, cpu
+
+
+def test_idle_download_workers_cost_redis_the_same_whatever_their_thread_count(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """With nothing to do, one thread of a process looks for work; the others sleep until it finds
+    some, and the periodic looks (due retries, reaper, repair) run once per process (issue 21: every
+    thread polled, ~120,000 commands/s for an idle fleet of 2 x 64 threads)."""
+    one, _ = _idle_fleet(redis_url, redis_conn, settings, threads=1)
+    many, cpu = _idle_fleet(redis_url, redis_conn, settings, threads=32)
+    print(f"idle, 2 processes x 1 thread: {one:.0f} commands/s; x 32 threads: {many:.0f} commands/s, cpu {cpu:.1%}")
+    assert many <= 1.5 * one + 50, f"32 threads a process: {many:.0f} Redis commands/s, 1 thread: {one:.0f}"
+    assert cpu < 0.05, f"an idle process of 32 threads used {cpu:.1%} of a core"
+
+
+def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_2000_sites(
+    redis_conn: Redis,
+) -> None:
+    """Idle burst workers ask often whether the crawl is drained: while any site has work queued the
+    answer costs a constant number of commands (issue 21: five a site, 1,002 at 200 sites, from every
+    idle thread); when it says 0 it is still exact."""
+    from crawler.work.drain import QUICK_SITES, crawl_drained, pending_work
+
+    def look_cost(sites: list[str]) -> tuple[int, int]:
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        pending = pending_work(redis_conn, sites)
+        return pending, int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    assert crawl_drained(redis_conn, [f"s{i}" for i in range(50)])
+    costs = {}
+    for count in (20, 2000):
+        sites = [f"s{i}" for i in range(count)]
+        site = sites[count // 2]  # one site with a job queued, listed ready, as the frontier leaves it
+        redis_conn.rpush(f"rq:queue:{keys.download_queue(site)}", f"job-{count}")
+        redis_conn.zadd(keys.ready(), {site: 0})
+        pending, costs[count] = look_cost(sites)
+        assert pending >= 1
+    assert max(costs.values()) <= 3 + 2 * QUICK_SITES, f"commands a look: {costs}"

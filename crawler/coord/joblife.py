@@ -68,6 +68,9 @@ REAP_EVERY = 5.0
 #: immediate: a dead worker's page has already waited out its lease, and RQ queues a retry
 #: with no interval at once instead of scheduling it (which would add up to two reaper periods).
 RETRY_DELAYS = [0, 15, 60, 300, 900]
+#: Seconds a job may sit in its queue's intermediate list without a lease before the reaper
+#: hands it back: handed out by NEXT_JOB, it is claimed within milliseconds by a live worker.
+STRANDED_AFTER = 2 * REAP_EVERY
 RETRIES = len(RETRY_DELAYS)
 #: The job meta field that counts a batch's URLs done, in order.
 BATCH_DONE = "done"
@@ -93,21 +96,66 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     """Run one reaper pass unless another worker ran one in the last REAP_EVERY seconds.
 
     Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
-    that are due into their queues. Returns whether this call did the pass.
+    that are due into their queues, and jobs stranded in an intermediate list
+    (``rescue_stranded``). Returns whether this call did the pass.
     """
     lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
         return False
+    seen: dict[str, float] = {}
     for name in queue_names(connection) if names is None else names:
         queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
         registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
         registry.cleanup()  # refused jobs are quarantined as RQ reads them (see ``vetting``)
         promote_scheduled(connection, queue)
+        rescue_stranded(connection, queue, seen)
         site = keys.site_of_queue(name)
         if site is not None and connection.llen(queue.key):
             # A job handed back must be seen by the scheduler.
             connection.zadd(keys.ready(), {site: 0}, nx=True)
+    # Forget the ids no longer stranded (claimed, or handed back), keep the others' first sighting.
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.stranded())
+        if seen:
+            pipe.hset(keys.stranded(), mapping=seen)  # type: ignore[arg-type]  # redis-py types keys invariantly
+        pipe.execute()
     return True
+
+
+def rescue_stranded(connection: Redis, queue: Queue, seen: dict[str, float]) -> int:
+    """Hand back the jobs of ``queue`` left in its intermediate list with no lease; how many.
+
+    NEXT_JOB moves a job id into the intermediate list and the worker that asked claims it
+    at once (``claim``); a worker that dies, or whose Redis call fails, in between leaves it
+    there, where no worker takes it and the drain check counts it forever. A job seen there
+    without a lease on passes STRANDED_AFTER seconds apart goes back to the front of its
+    queue (RQ's own cleanup fails such a job instead, and only on a worker's 10-minute
+    maintenance). ``seen`` gathers the ids still waiting, with their first sighting.
+    """
+    ids = [text(i) for i in connection.lrange(queue.intermediate_queue_key, 0, -1)]
+    if not ids:
+        return 0
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.zrange(queue.started_job_registry.key, 0, -1)  # members "job id:execution id"
+        pipe.hmget(keys.stranded(), ids)
+        pipe.time()
+        started, first_seen, clock = pipe.execute()
+    running = {text(member).split(":", 1)[0] for member in started}
+    wall = int(clock[0]) + int(clock[1]) / 1e6
+    rescued = 0
+    for job_id, first in zip(ids, first_seen, strict=True):
+        if job_id in running:
+            continue
+        if first is None or wall - float(first) < STRANDED_AFTER:
+            seen[job_id] = wall if first is None else float(first)
+            continue
+        with connection.pipeline(transaction=True) as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+            pipe.lpush(queue.key, job_id)
+            pipe.execute()
+        log.warning("job %s was left in %s without a worker: handed back", job_id, queue.intermediate_queue_key)
+        rescued += 1
+    return rescued
 
 
 def prune_dead_executions(connection: Redis, job: Job) -> int:

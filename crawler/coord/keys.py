@@ -215,6 +215,11 @@ def group(sites: list[str]) -> str:
     return f"{PREFIX}group:{digest}"
 
 
+def stranded() -> str:
+    """Hash of job ids seen in an RQ intermediate list without a lease, to when (epoch s) the reaper first saw them."""
+    return f"{PREFIX}stranded"
+
+
 def lock(name: str) -> str:
     """A short mutex of the whole crawl (reaper, outbox); see ``refill_lock`` and ``robots_lock`` for a site's."""
     return f"{PREFIX}lock:{name}"

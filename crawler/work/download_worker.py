@@ -5,7 +5,9 @@ process and thread, so the HTTP pool and database engine live across jobs) that 
 RQ's registries, heartbeats and failure records. It asks the scheduler (two Lua calls, one
 for a worker of one site, whatever the number of sites) for a site that has work *and*
 whose gate is open, so it never sits behind one closed gate while another site has
-budget; when every gate with work is closed it sleeps exactly until the first one opens. Parse workers are not RQ
+budget; when every gate with work is closed it sleeps exactly until the first one opens.
+Of a process's workers only one looks while there is nothing to run now; the others
+sleep until it finds work (``idle``). Parse workers are not RQ
 workers (``parsing``); they share the job-timeout watchdog and the drain test here.
 
 ``--burst`` means: exit when the whole crawl is drained (nothing queued, started or
@@ -42,7 +44,7 @@ from ..coord.replies import text
 from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
-from . import runtime
+from . import idle, runtime
 from .drain import crawl_drained, queues_for
 from .watchdog import WatchdogDeathPenalty
 
@@ -50,6 +52,8 @@ log = logging.getLogger("crawler.workers")
 
 #: Longest sleep when there is no work, so new work and stop requests are seen soon.
 IDLE_SLEEP = 0.1
+#: Least seconds between two drain looks of a burst process (``drain.crawl_drained``).
+DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
 #: Seconds between two idle looks for sites with work missing from the ready set.
@@ -58,6 +62,9 @@ REPAIR_EVERY = 1.0
 SUSPENSION_CHECK_EVERY = 1.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
 MAX_REFILLS = 8
+#: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
+#: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
+SLEEPER_BEAT_EVERY = 60.0
 
 
 class LeaseKeeper:
@@ -144,9 +151,8 @@ class CrawlWorker(SimpleWorker):
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self._burst = False
-        self._last_promote = 0.0
-        self._last_reap = 0.0
-        self._last_flush = 0.0
+        #: Shared with the process's other workers of this class: one looks when there is no work.
+        self._idle = idle.shared(self.runtime, type(self), self.sites)
         self._last_suspension_check = 0.0
         self._stop_requests = 0
         self._redis_wait = 0.0
@@ -164,6 +170,7 @@ class CrawlWorker(SimpleWorker):
         self.bootstrap(level)
         previous = self._install_stop_handlers()
         worked = 0
+        self._idle.room.enter()
         try:
             while not self.stop_event.is_set():
                 try:
@@ -180,6 +187,7 @@ class CrawlWorker(SimpleWorker):
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self.stop_event.wait(self._redis_down(exc))
         finally:
+            self._idle.room.leave()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._lease.close()
@@ -240,11 +248,31 @@ class CrawlWorker(SimpleWorker):
             else:
                 self._redis_back()
                 if found is not None:
+                    self._idle.room.found_work()  # there may be more: one more thread looks
                     return found
                 if wait is None:  # drained
                     return None
+                self._idle.room.rest(wait, self.stop_event, self._sleeper_beat)
+                if self._idle.room.drained:
+                    return None
+                continue
             self.stop_event.wait(wait)
         return None
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        """RQ's registry cleaning, by one worker of the process a period, not by each of its threads."""
+        if not super().should_run_maintenance_tasks:
+            return False
+        if self._idle.every.due("maintenance", self.maintenance_interval):
+            return True
+        self.last_cleaned_at = now()  # type: ignore[assignment]  # another worker of this process has it in hand
+        return False
+
+    def _sleeper_beat(self) -> None:
+        """Keep this worker's RQ key alive while it sleeps in the idle room (a beat a minute)."""
+        if self.last_heartbeat is None or (now() - self.last_heartbeat).total_seconds() >= SLEEPER_BEAT_EVERY:
+            self.heartbeat(self.worker_ttl + 60)
 
     def _dequeue_step(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """One look for work: a job, else seconds to wait (None: burst and drained).
@@ -262,7 +290,11 @@ class CrawlWorker(SimpleWorker):
         if self.get_state() != WorkerStatus.IDLE:
             self.set_state(WorkerStatus.IDLE)
         if wait is None:  # no work anywhere we serve
-            if self._burst and crawl_drained(self.connection, self.sites):
+            if self._burst and (
+                self._idle.room.drained
+                or (self._idle.every.due("drain", DRAIN_EVERY) and crawl_drained(self.connection, self.sites))
+            ):
+                self._idle.room.end_all()  # the process's sleeping workers end too
                 return None, None
             self.when_idle()
             wait = IDLE_SLEEP
@@ -352,16 +384,16 @@ class CrawlWorker(SimpleWorker):
         """Housekeeping done only when there is no work (subclasses add theirs)."""
 
     def _periodic(self) -> None:
-        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn."""
-        now = time.monotonic()
-        if now - self._last_promote >= PROMOTE_EVERY:
-            self._last_promote = now
+        """Due retries back to their frontiers (every 0.2 s); a reaper pass when it is our turn.
+
+        Each once a period per process, whatever its number of workers (``idle.Every``).
+        """
+        every = self._idle.every
+        if every.due("promote", PROMOTE_EVERY):
             self.runtime.scheduler.promote_due()
-        if now - self._last_reap >= REAP_EVERY:
-            self._last_reap = now
+        if every.due("reap", REAP_EVERY):
             reap(self.connection)
-        if now - self._last_flush >= outbox.FLUSH_EVERY:
-            self._last_flush = now
+        if every.due("outbox", outbox.FLUSH_EVERY):
             outbox.flush(self.runtime)
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
@@ -403,7 +435,6 @@ class DownloadWorker(CrawlWorker):
         self.site_scheduler = Scheduler(connection, sites)
         self._refill: str | None = None
         self._warned: set[str] = set()
-        self._last_repair = 0.0
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         rt = self.runtime
@@ -441,10 +472,8 @@ class DownloadWorker(CrawlWorker):
         rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
         self.runtime.counters.flush_if_quiet()
-        now = time.monotonic()
-        if now - self._last_repair < REPAIR_EVERY:
+        if not self._idle.every.due("repair", REPAIR_EVERY):  # once a period per process
             return
-        self._last_repair = now
         with self.connection.pipeline(transaction=False) as pipe:
             for site, queue in self._by_site.items():
                 pipe.llen(queue.key)

@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from redis import Redis
+
 from ..coord.connection import connect
 from ..settings import Settings, scrub, secrets_of, url_secrets
 from .download_worker import DownloadWorker
@@ -83,7 +85,7 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     """
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
-    connection = connect(redis_url)
+    connection = worker_connection(redis_url, spec.threads)
     rt = Runtime(connection, settings)
     stop = threading.Event()
     workers: list[DownloadWorker | ParseWorker] = [
@@ -109,6 +111,28 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
         for thread in threads:
             thread.join()
         rt.close()
+
+
+#: Redis connections a worker thread may hold at once: its own calls, its job's lease keeper,
+#: RQ's command channel (a subscription held for the worker's life).
+CONNECTIONS_PER_THREAD = 3
+#: Connections of a worker process's other users: the watchdog, counters, outbox, robots, sitemaps.
+CONNECTIONS_FIXED = 16
+
+
+def pool_size(threads: int) -> int:
+    """The Redis pool of a worker process of ``threads`` workers: enough for all its users at once.
+
+    redis-py's default pool (100 connections, then ``MaxConnectionsError``) crashed a
+    process of 64 download threads; this one is sized to them, and waits rather than
+    fails should more be asked for (``connection.connect``).
+    """
+    return CONNECTIONS_PER_THREAD * threads + CONNECTIONS_FIXED
+
+
+def worker_connection(redis_url: str, threads: int) -> Redis:
+    """The Redis client of a worker process of ``threads`` workers, its pool sized to them (``pool_size``)."""
+    return connect(redis_url, max_connections=pool_size(threads))
 
 
 #: Seconds between checks that a worker process's launcher is still alive.
