@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from crawler.coord.frontier import seed
-from crawler.demo.spa import SpaSite
+from crawler.demo.spa import SPIDER_SOURCE, SpaSite
 from crawler.work.launcher import WorkerSpec, start_workers
 from crawler.work.render import find_browser
 from crawler.work.runtime import Runtime
@@ -40,25 +40,6 @@ QUICK_PRODUCTS = 20
 SAMPLE_EVERY = 0.25
 #: Longest a crawl may take.
 CRAWL_TIMEOUT = 900.0
-
-SPIDER = """
-from crawler import Spider
-
-
-class Bench(Spider):
-    name = "bench"
-    start_urls = ["{url}"]
-    allowed_domains = ["127.0.0.1"]
-    item_key = "sku"
-    render = {render}
-    render_wait = "#app a.product"
-
-    def parse(self, page):
-        yield from page.follow_all("#app a.product", callback=self.parse_product, render_wait="#app h1.name")
-
-    def parse_product(self, page):
-        yield {{"sku": page.text(".sku"), "name": page.text("h1.name"), "price": float(page.text(".price"))}}
-"""
 
 
 class TreeSampler:
@@ -110,7 +91,7 @@ def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict
     """One crawl of the shop (the app rendered, or its twin plain) and its figures."""
     start = site.url + ("/" if render else "/ssr/")
     settings = crawl_settings(workdir, redis.url, [], {"bench": 0.001})
-    (Path(settings.sites_dir) / "bench.py").write_text(SPIDER.format(url=start, render=render))
+    (Path(settings.sites_dir) / "bench.py").write_text(SPIDER_SOURCE.format(name="bench", url=start, render=render))
     redis.connection.flushdb()
     rt = Runtime(redis.connection, settings)
     try:

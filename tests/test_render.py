@@ -26,7 +26,7 @@ from redis import Redis
 
 from crawler.cli.app import cli
 from crawler.coord.frontier import seed
-from crawler.demo.spa import SpaSite
+from crawler.demo.spa import SPIDER_SOURCE, SpaSite
 from crawler.errors import BodyTooLarge
 from crawler.http.fetch import Fetcher
 from crawler.settings import Settings
@@ -34,25 +34,6 @@ from crawler.store.database import FAILED, OK, REDIRECT, RETRY, Store
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.render import BrowserNotFound, Renderer, Visit, find_browser
 from crawler.work.runtime import Runtime
-
-SPIDER = """
-from crawler import Spider
-
-
-class Spa(Spider):
-    name = "spa"
-    start_urls = ["{url}/"]
-    allowed_domains = ["127.0.0.1"]
-    item_key = "sku"
-    render = {render}
-    render_wait = "#app a.product"
-
-    def parse(self, page):
-        yield from page.follow_all("#app a.product", callback=self.parse_product, render_wait="#app h1.name")
-
-    def parse_product(self, page):
-        yield {{"sku": page.text(".sku"), "name": page.text("h1.name"), "price": float(page.text(".price"))}}
-"""
 
 #: Paths of the app a rendering crawl must never request.
 BLOCKED = {"/style.css", "/logo.png"}
@@ -85,7 +66,9 @@ def counted_browser(browser: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def write_spider(settings: Settings, site: SpaSite, render: bool) -> None:
-    (Path(settings.sites_dir) / "spa.py").write_text(SPIDER.format(url=site.url, render=render))
+    (Path(settings.sites_dir) / "spa.py").write_text(
+        SPIDER_SOURCE.format(name="spa", url=site.url + "/", render=render)
+    )
 
 
 def crawl_in_processes(settings: Settings, redis_url: str, redis_conn: Redis, url: str) -> None:
@@ -149,7 +132,7 @@ def test_a_rendered_site_with_cookies_carries_its_jar_in_the_browsers_requests(
     the fetcher, send the site's jar and update it (``cookies = True``)."""
     settings = dataclasses.replace(settings, browser_path=browser, sites={"spa": {"interval": 0.05}})
     with SpaSite(products=3, consent=True) as site:
-        spider = SPIDER.format(url=site.url, render=True).replace(
+        spider = SPIDER_SOURCE.format(name="spa", url=site.url + "/", render=True).replace(
             "    render = True\n", "    render = True\n    cookies = True\n"
         )
         (Path(settings.sites_dir) / "spa.py").write_text(spider)

@@ -50,6 +50,27 @@ if (path === '/') {
 #: Paths answered with a redirect, and where to.
 REDIRECTS = {"/old": "/", "/api/products": "/api/v2/products"}
 
+#: The source of a spider for the app (``str.format`` with ``name``, ``url`` of its start
+#: page and ``render``, True or False), as the rendering tests and ``bench render`` write it.
+SPIDER_SOURCE = """
+from crawler import Spider
+
+
+class App(Spider):
+    name = "{name}"
+    start_urls = ["{url}"]
+    allowed_domains = ["127.0.0.1"]
+    item_key = "sku"
+    render = {render}
+    render_wait = "#app a.product"
+
+    def parse(self, page):
+        yield from page.follow_all("#app a.product", callback=self.parse_product, render_wait="#app h1.name")
+
+    def parse_product(self, page):
+        yield {{"sku": page.text(".sku"), "name": page.text("h1.name"), "price": float(page.text(".price"))}}
+"""
+
 
 def product(i: int) -> dict[str, Any]:
     """Product ``i`` as the API gives it."""
