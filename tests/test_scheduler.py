@@ -284,7 +284,7 @@ def test_a_due_retry_is_promoted_once_by_workers_that_read_it_at_once(redis_conn
     scheduler.schedule("a", DownloadTask("a", "http://example.com/retry", attempt=2).to_entry(), 0, priority=3)
     (member,) = redis_conn.zrange(keys.delayed(), 0, -1)
     promote = lua.script(redis_conn, "promote_due")
-    args = ["delayed", "delayed", member, 4]
+    args = ["delayed", "delayed", keys.wake(), member, 4]
     promote_keys = [keys.delayed(), keys.ready(), keys.quarantine()]
     promote_keys += [keys.frontier("a", 3), keys.levels("a"), keys.stats("a")]
     assert promote(keys=promote_keys, args=args) == 1

@@ -30,7 +30,15 @@ from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from ..work.drain import crawl_drained
-from ..work.launcher import KINDS, WorkerSpec, start_workers, stop_workers, wait_for
+from ..work.launcher import (
+    KINDS,
+    MOST_DOWNLOAD_THREADS,
+    WorkerSpec,
+    default_processes,
+    start_workers,
+    stop_workers,
+    wait_for,
+)
 from .context import Context, _export, pass_context, replace
 from .control import report_reset
 from .serve import serve_metrics
@@ -215,8 +223,14 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
 @click.command()
 @click.argument("kind", type=click.Choice(KINDS))
 @click.option("--sites", "site_list", help="Comma-separated sites to serve [all].")
-@click.option("-n", "--processes", default=1, show_default=True, type=click.IntRange(1, 256), help="Worker processes.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(1, 64), help="Workers per process.")
+@click.option(
+    "-n", "--processes", type=click.IntRange(1, 256), help="Worker processes [download: one per core; parse: 1]."
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    help="Download: most requests in flight a process [as the sites need, up to 256]. Parse: threads [1].",
+)
 @click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
 @click.option(
@@ -237,8 +251,8 @@ def worker(
     obj: Context,
     kind: str,
     site_list: str | None,
-    processes: int,
-    threads: int,
+    processes: int | None,
+    threads: int | None,
     burst: bool,
     verbose: bool,
     log_format: str,
@@ -252,7 +266,9 @@ def worker(
     level = "INFO" if verbose or log_format == "json" else "WARNING"
     spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format)
     server = serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
-    click.echo(f"{processes} {kind} worker process(es) x {threads} on {obj.redis_choice.describe()}", err=True)
+    processes = processes or (default_processes() if kind == "download" else 1)
+    each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
+    click.echo(f"{processes} {kind} worker process(es), {each} each, on {obj.redis_choice.describe()}", err=True)
     try:
         code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
     finally:
@@ -265,11 +281,11 @@ def worker(
 @click.command()
 @click.argument("site")
 @click.argument("urls", nargs=-1)
+@click.option("-n", "--processes", type=click.IntRange(1, 256), help="Download worker processes [one per core].")
 @click.option(
-    "-n", "--processes", default=2, show_default=True, type=click.IntRange(1, 256), help="Download worker processes."
-)
-@click.option(
-    "--threads", default=2, show_default=True, type=click.IntRange(1, 64), help="Download workers per process."
+    "--threads",
+    type=click.IntRange(1, 1024),
+    help="Most requests in flight a process [as the site needs, up to 256].",
 )
 @click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
 @click.option("--fresh", is_flag=True, help="Forget SITE's queued and seen URLs and counters first (crawler reset).")
@@ -293,8 +309,8 @@ def crawl(
     obj: Context,
     site: str,
     urls: tuple[str, ...],
-    processes: int,
-    threads: int,
+    processes: int | None,
+    threads: int | None,
     parsers: int,
     fresh: bool,
     from_file: str | None = None,
@@ -339,7 +355,12 @@ def crawl(
 
 
 def run_crawl(
-    obj: Context, sites_: list[str], processes: int, threads: int, parsers: int, out: TextIO | None = None
+    obj: Context,
+    sites_: list[str],
+    processes: int | None,
+    threads: int | None,
+    parsers: int,
+    out: TextIO | None = None,
 ) -> list[SiteStatus]:
     """Run burst workers for ``sites_`` with a progress display; returns what this run did, per site.
 
@@ -347,7 +368,7 @@ def run_crawl(
     the summary and the result count only this run's downloads, parses and items.
     """
     Store(obj.settings.database_url).close()
-    specs = [WorkerSpec("download", tuple(sites_), threads, True)] * processes
+    specs = [WorkerSpec("download", tuple(sites_), threads, True)] * (processes or default_processes())
     specs += [WorkerSpec("parse", tuple(sites_), 1, True)] * parsers
     before = {status.site: status for status in site_status(obj.redis, sites_)}
     started = time.monotonic()
@@ -520,7 +541,7 @@ def demo(obj: Context, products: int, processes: int) -> None:
             counters.forget(pipe, "demo")
             pipe.execute()
         seed_urls(obj.runtime.frontier("demo"), [shop.url + "/"], force=True)
-        run_crawl(obj, ["demo"], processes, 2, 1)
+        run_crawl(obj, ["demo"], processes, None, 1)
         store = Store(obj.settings.database_url)
         got = {item["sku"]: item for item in store.items("demo")}
         expected = shop.expected_items()

@@ -32,7 +32,7 @@ from ..spiders.spider import Request
 from . import joblife, keys, lua, quarantine, redisclock
 from .gate import Gate
 from .replies import text
-from .scheduler import JOBS_AHEAD, Scheduler, entry_encoder, is_priority
+from .scheduler import JOBS_AHEAD, Scheduler, announce_work, entry_encoder, is_priority
 from .task import DownloadTask, check_priority, check_refresh, fingerprint, request_data, request_fingerprint
 from .vetting import MAX_BATCH, CrawlerJob
 
@@ -542,7 +542,9 @@ class Frontier:
         with self.connection.pipeline(transaction=True) as pipe:
             push_to_front(pipe, self.site, entries_by_priority(tasks))
             pipe.zadd(keys.ready(), {self.site: 0}, nx=True)
-            pipe.execute()
+            added = pipe.execute()[-1]
+        if added:
+            announce_work(self.connection, [self.site])
 
     def _push_entries(self, by_priority: dict[int, list[str]]) -> None:
         """``push`` for entries already encoded, by priority."""
@@ -568,7 +570,9 @@ class Frontier:
             pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
             pipe.sadd(keys.sites(), self.site)
             pipe.zrangebyscore(keys.queued(self.site), "-inf", f"({max(by_priority)}", start=0, num=1)
-            outranked = pipe.execute()[-1]
+            *_, added, _, outranked = pipe.execute()
+        if added:
+            announce_work(self.connection, [self.site])
         if outranked:
             self.preempt(max(by_priority))
 

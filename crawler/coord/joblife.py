@@ -53,6 +53,7 @@ from rq.worker import BaseWorker, WorkerStatus
 from . import keys
 from .gate import Gate
 from .replies import text
+from .scheduler import mark_ready
 from .vetting import DOWNLOAD_FUNC, CrawlerJob
 
 log = logging.getLogger("crawler.joblife")
@@ -112,7 +113,7 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
         site = keys.site_of_queue(name)
         if site is not None and connection.llen(queue.key):
             # A job handed back must be seen by the scheduler.
-            connection.zadd(keys.ready(), {site: 0}, nx=True)
+            mark_ready(connection, {site: 0})
     # Forget the ids no longer stranded (claimed, or handed back), keep the others' first sighting.
     with connection.pipeline(transaction=True) as pipe:
         pipe.delete(keys.stranded())

@@ -165,6 +165,11 @@ def ready() -> str:
     return f"{PREFIX}ready"
 
 
+def wake() -> str:
+    """Pub/sub channel on which a site that got work is announced (its name): idle download workers look at once."""
+    return f"{PREFIX}wake"
+
+
 def delayed() -> str:
     """Sorted set of retries (``site\\tpriority\\tnonce\\tentry``) scored by when they are due (ms)."""
     return f"{PREFIX}delayed"

@@ -260,7 +260,7 @@ class Scheduler:
             if not members:
                 continue
             promote_keys = [key, keys.ready(), keys.quarantine()]
-            args: list[str | bytes | int] = [what, counter]
+            args: list[str | bytes | int] = [what, counter, keys.wake()]
             for member in members:
                 parsed = parse_member(member)
                 args += [member, len(promote_keys) + 1 if parsed else 0]
@@ -310,6 +310,32 @@ class Scheduler:
                 pipe.hset(keys.conf(site), mapping={"closed_until": int(until), "closed_why": why})
             pipe.zadd(keys.ready(), {site: int(until)}, xx=True, gt=True)
             pipe.execute()
+
+
+def mark_ready(connection: Redis, sites: Mapping[str, float]) -> None:
+    """Add ``sites`` (name: ready-set score, ms) to the ready set unless there, announcing each one added.
+
+    Every write that gives a site without work some marks it ready; one that was not in the
+    ready set is announced on ``keys.wake()`` so that idle download workers, asleep until
+    their next look, look at once (``work.listener``). A site already there costs nothing more.
+    """
+    if not sites:
+        return
+    with connection.pipeline(transaction=False) as pipe:
+        for site, score in sites.items():
+            pipe.zadd(keys.ready(), {site: score}, nx=True)
+        added = pipe.execute()
+    announce_work(connection, [site for site, new in zip(sites, added, strict=True) if new])
+
+
+def announce_work(connection: Redis, sites: Sequence[str]) -> None:
+    """Say on ``keys.wake()`` that ``sites`` were just added to the ready set (one PUBLISH a site)."""
+    if not sites:
+        return
+    with connection.pipeline(transaction=False) as pipe:
+        for site in sites:
+            pipe.publish(keys.wake(), site)
+        pipe.execute()
 
 
 def parse_member(member: bytes) -> tuple[str, int] | None:

@@ -37,6 +37,7 @@ from rq.serializers import JSONSerializer
 from ..coord import joblife, keys, pages, quarantine
 from ..coord.frontier import entries_by_priority, push_to_front
 from ..coord.replies import text
+from ..coord.scheduler import mark_ready
 from ..coord.task import DownloadTask
 
 #: The kinds of per-site key before hash tags: ``crawler:KIND:SITE`` and, for some, ``:MORE`` after it.
@@ -107,7 +108,7 @@ def migrate_keys(connection: Redis) -> MigrationReport:
         _hand_back_jobs(connection, site, report)
         _rewrite_gate_field(connection, site)
         if connection.exists(keys.levels(site)):
-            connection.zadd(keys.ready(), {site: 0}, nx=True)
+            mark_ready(connection, {site: 0})
     return report
 
 

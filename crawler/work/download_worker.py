@@ -17,13 +17,14 @@ when one queue is momentarily empty.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -41,23 +42,28 @@ from rq.worker import WorkerStatus
 from ..coord import joblife, keys
 from ..coord.joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from ..coord.replies import text
-from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler
+from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler, mark_ready
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
-from . import idle, runtime
+from . import idle, listener, runtime
 from .drain import crawl_drained, queues_for
 from .watchdog import WatchdogDeathPenalty
 
 log = logging.getLogger("crawler.workers")
 
-#: Longest sleep when there is no work, so new work and stop requests are seen soon.
-IDLE_SLEEP = 0.1
+#: Longest sleep between two looks of an idle process: new work is announced by Redis
+#: (``listener``), so this only bounds how late a retry that came due is put back.
+IDLE_SLEEP = 1.0
 #: Least seconds between two drain looks of a burst process (``drain.crawl_drained``).
 DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
 #: Seconds between two idle looks for sites with work missing from the ready set.
 REPAIR_EVERY = 1.0
+#: Sites one such look reads (two commands each), in turn: its cost is bounded whatever the sites' number.
+REPAIR_SITES = 25
+#: Seconds between two looks for sites with work that no worker of this process serves (to warn).
+WARN_UNSERVED_EVERY = 30.0
 #: Seconds between two looks for ``rq suspend``.
 SUSPENSION_CHECK_EVERY = 1.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
@@ -68,60 +74,61 @@ SLEEPER_BEAT_EVERY = 60.0
 
 
 class LeaseKeeper:
-    """One long-lived thread per worker that renews the lease of the job the worker runs.
+    """One thread per process that renews the leases of the jobs its worker threads run.
 
-    ``hold`` and ``release`` bracket a job; the lease is renewed every HEARTBEAT_EVERY
-    seconds from the job's start while it runs, and once ``release`` returns no renewal
-    of that job is under way or to come. (A thread started and joined per job did the
-    same at the cost of a thread start per job.)
+    ``hold`` and ``release`` bracket a worker's job (one at a time per worker); its lease is
+    renewed (the worker's ``maintain_heartbeats``) every HEARTBEAT_EVERY seconds from the
+    job's start while it runs, and once ``release`` returns no renewal of that job is under
+    way or to come. One thread for the process, not one per worker: hundreds of workers
+    cost one waiting thread.
     """
 
-    def __init__(self, renew: Callable[[Job, Execution], None], name: str):
-        self._renew = renew
+    def __init__(self, name: str):
         self._name = name
         self._cond = threading.Condition()
-        self._held: tuple[Job, Execution] | None = None
-        self._due = 0.0
-        self._closed = False
+        #: Per worker: its job, the job's execution, when the next renewal is due.
+        self._held: dict[Any, tuple[Job, Execution, float]] = {}
         self._thread: threading.Thread | None = None
 
-    def hold(self, job: Job, execution: Execution) -> None:
+    def hold(self, worker: Any, job: Job, execution: Execution) -> None:
         with self._cond:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"lease-{self._name}", daemon=True)
                 self._thread.start()
-            self._held = (job, execution)
-            self._due = time.monotonic() + HEARTBEAT_EVERY
-            self._cond.notify()
+            self._held[worker] = (job, execution, time.monotonic() + HEARTBEAT_EVERY)
+            if len(self._held) == 1:  # else the thread is waiting for an earlier renewal than this one
+                self._cond.notify()
 
-    def release(self) -> None:
+    def release(self, worker: Any) -> None:
         with self._cond:  # waits for a renewal under way: it runs holding the lock
-            self._held = None
+            self._held.pop(worker, None)
 
     def close(self) -> None:
+        """End the thread (a later ``hold`` starts another)."""
         with self._cond:
-            self._closed = True
-            self._held = None
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join()
+            thread, self._thread = self._thread, None
+            self._held.clear()
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _run(self) -> None:
+        me = threading.current_thread()
         with self._cond:
-            while not self._closed:
-                if self._held is None:
+            while self._thread is me:
+                if not self._held:
                     self._cond.wait()
                     continue
-                left = self._due - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
+                now = time.monotonic()
+                worker, (job, execution, due) = min(self._held.items(), key=lambda item: item[1][2])
+                if due > now:
+                    self._cond.wait(due - now)
                     continue
-                job, execution = self._held
                 try:
-                    self._renew(job, execution)
+                    worker.maintain_heartbeats(job, execution)
                 except (redis.ConnectionError, redis.TimeoutError):
                     pass  # the main loop reports Redis outages
-                self._due = time.monotonic() + HEARTBEAT_EVERY
+                self._held[worker] = (job, execution, time.monotonic() + HEARTBEAT_EVERY)
 
 
 class CrawlWorker(SimpleWorker):
@@ -156,7 +163,11 @@ class CrawlWorker(SimpleWorker):
         self._last_suspension_check = 0.0
         self._stop_requests = 0
         self._redis_wait = 0.0
-        self._lease = LeaseKeeper(self.maintain_heartbeats, self.name)
+        self._leases: LeaseKeeper = self._idle.made("leases", lambda: LeaseKeeper(type(self).__name__))
+        self._listener = listener.of(connection)
+        #: Whether this worker may end once it slept unwanted for ``idle.RETIRE_AFTER`` seconds
+        #: (the threads a process's pool added, not its first).
+        self.may_retire = False
 
     def work(self, burst: bool = False, logging_level: str | None = None, **kwargs: Any) -> bool:  # type: ignore[override]
         """Run jobs until stopped, or (``burst``) until the crawl is drained; whether any job ran.
@@ -167,11 +178,12 @@ class CrawlWorker(SimpleWorker):
         """
         self._burst = burst
         level = logging_level or logging.getLevelName(logging.getLogger("rq").getEffectiveLevel())
-        self.bootstrap(level)
-        previous = self._install_stop_handlers()
+        self._idle.room.enter()  # first: a room that grew this thread counts it from its start
+        previous: dict[int, Any] = {}
         worked = 0
-        self._idle.room.enter()
         try:
+            self.bootstrap(level)
+            previous = self._install_stop_handlers()
             while not self.stop_event.is_set():
                 try:
                     if self.suspended(burst):
@@ -179,7 +191,10 @@ class CrawlWorker(SimpleWorker):
                     result = self.dequeue_job_and_maintain_ttl(None)
                     if result is None:
                         break
-                    self.execute_job(*result)
+                    try:
+                        self.execute_job(*result)
+                    finally:
+                        self._idle.room.done_work()
                     self.heartbeat()
                     worked += 1
                 except StopRequested:
@@ -187,17 +202,24 @@ class CrawlWorker(SimpleWorker):
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     self.stop_event.wait(self._redis_down(exc))
         finally:
-            self._idle.room.leave()
+            if self._idle.room.leave():
+                self._leases.close()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-            self._lease.close()
             self.runtime.counters.flush()  # a burst's totals are exact once its workers are done
             try:
                 self.teardown()
             except redis.RedisError:
-                pass  # its key expires on its own
+                self.unsubscribe()  # its key expires on its own
         self.log.info("Worker %s: done (%d jobs)", self.name, worked)
         return bool(worked)
+
+    def subscribe(self) -> None:
+        """Hear RQ's commands to this worker through the process's one subscription (``listener``)."""
+        self._listener.register(self, self._idle.room)
+
+    def unsubscribe(self) -> None:
+        self._listener.unregister(self)
 
     def _install_stop_handlers(self) -> dict[int, Any]:
         """SIGTERM and SIGINT call ``request_stop`` (main thread only); the handlers replaced."""
@@ -252,7 +274,9 @@ class CrawlWorker(SimpleWorker):
                     return found
                 if wait is None:  # drained
                     return None
-                self._idle.room.rest(wait, self.stop_event, self._sleeper_beat)
+                if self._idle.room.rest(wait, self.stop_event, self._sleeper_beat, self.may_retire):
+                    self.log.debug("Worker %s: not needed for %.0f s, retiring", self.name, idle.RETIRE_AFTER)
+                    return None
                 if self._idle.room.drained:
                     return None
                 continue
@@ -297,8 +321,8 @@ class CrawlWorker(SimpleWorker):
                 self._idle.room.end_all()  # the process's sleeping workers end too
                 return None, None
             self.when_idle()
-            wait = IDLE_SLEEP
-        return None, min(wait, IDLE_SLEEP * 10)
+            wait = DRAIN_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
+        return None, min(wait, IDLE_SLEEP)
 
     def _redis_down(self, exc: Exception) -> float:
         """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
@@ -317,11 +341,11 @@ class CrawlWorker(SimpleWorker):
         try:
             prune_dead_executions(self.connection, job)
             execution = joblife.claim(self, job, queue)
-            self._lease.hold(job, execution)
+            self._leases.hold(self, job, execution)
             try:
                 self.perform_job(job, queue, execution)
             finally:
-                self._lease.release()
+                self._leases.release(self)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # The job's claim expires and the reaper hands it back once Redis answers.
             self._redis_down(exc)
@@ -425,14 +449,18 @@ class DownloadWorker(CrawlWorker):
     queue is topped up from its compact frontier if the call asked for it.
     """
 
-    def __init__(self, connection: Redis, sites: Sequence[str], **kwargs: Any):
-        queues = queues_for(connection, (keys.download_queue(s) for s in sites))
-        super().__init__(queues, connection, sites, **kwargs)
-        self._by_site = dict(zip(sites, queues, strict=True))
+    def __init__(self, connection: Redis, sites: Sequence[str], rt: runtime.Runtime | None = None, **kwargs: Any):
+        rt = rt if rt is not None else runtime.current()
+        # Made once per process, not per thread: a queue object a site, and the scheduler's
+        # keys a site, would cost each of hundreds of threads a copy for each of 1,000 sites.
+        shared = idle.shared(rt, type(self), sites)
+        queues = shared.made("queues", lambda: queues_for(connection, (keys.download_queue(s) for s in sites)))
+        super().__init__(queues, connection, sites, rt=rt, **kwargs)
+        self._by_site: dict[str, Queue] = shared.made("by_site", lambda: dict(zip(sites, queues, strict=True)))
         # Always the sites this worker has spiders for: a site seeded elsewhere, or whose
         # spider failed to load here, is never handed to it (it would hand it back, again
         # and again, at tens of thousands of Redis calls a second).
-        self.site_scheduler = Scheduler(connection, sites)
+        self.site_scheduler: Scheduler = shared.made("scheduler", lambda: Scheduler(connection, sites))
         self._refill: str | None = None
         self._warned: set[str] = set()
 
@@ -467,22 +495,29 @@ class DownloadWorker(CrawlWorker):
         """Mark ready any served site that has work but is missing from the ready set.
 
         Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
-        would otherwise never be seen. Costs a round trip per idle second, never while busy.
+        would otherwise never be seen. Costs a round trip per idle second, never while busy:
+        REPAIR_SITES sites a look, in turn, so every site is read once in sites /
+        REPAIR_SITES seconds of idle time (the first look after a start reads them all).
         The process's counts are written too once it has stopped counting, so a crawl at
         rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
         self.runtime.counters.flush_if_quiet()
         if not self._idle.every.due("repair", REPAIR_EVERY):  # once a period per process
             return
+        turn = next(self._idle.made("repair", itertools.count))
+        sites = list(self._by_site)
+        looked = sites
+        if turn and len(sites) > REPAIR_SITES:
+            start = (turn - 1) * REPAIR_SITES % len(sites)
+            looked = (sites + sites)[start : start + REPAIR_SITES]
         with self.connection.pipeline(transaction=False) as pipe:
-            for site, queue in self._by_site.items():
-                pipe.llen(queue.key)
+            for site in looked:
+                pipe.llen(self._by_site[site].key)
                 pipe.zcard(keys.levels(site))
             replies = pipe.execute()
-        stranded = {site: 0 for i, site in enumerate(self._by_site) if replies[2 * i] or replies[2 * i + 1]}
-        if stranded:
-            self.connection.zadd(keys.ready(), stranded, nx=True)
-        self._warn_unserved()
+        mark_ready(self.connection, {s: 0 for i, s in enumerate(looked) if replies[2 * i] or replies[2 * i + 1]})
+        if self._idle.every.due("unserved", WARN_UNSERVED_EVERY):
+            self._warn_unserved()
 
     def _warn_unserved(self) -> None:
         """Say once per site that a site with work waiting has no spider in this worker."""

@@ -2,23 +2,32 @@
 
 A process of many worker threads with nothing to run now sends Redis one thread's looks,
 not one look a thread: one thread (the *watcher*) looks for work and sleeps between looks
-for as long as the scheduler says the first gate that matters stays closed; the others
-sleep on a condition until a look finds work (then one more is woken, and so on while
-there is work: ``IdleRoom``). Jobs that run on a clock (due retries, the reaper, the
-outbox, the repair of the ready set) run once a period per process, not per thread
-(``Every``). A burst that found the crawl drained ends every thread of the process.
+for as long as the scheduler says the first gate that matters stays closed, or until
+Redis says work came (``poke``, from the process's ``listener``); the others sleep on a
+condition until a look finds work (then one more is woken, and so on while there is
+work: ``IdleRoom``). When a look finds work and no thread is left to look for more, the
+room asks for one more thread (``grow``, the process's elastic pool), so the threads in
+flight follow the work; a thread that slept unwanted for ``RETIRE_AFTER`` seconds
+retires. Jobs that run on a clock (due retries, the reaper, the outbox, the repair of
+the ready set) run once a period per process, not per thread (``Every``). A burst that
+found the crawl drained ends every thread of the process.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+log = logging.getLogger("crawler.workers")
+
 #: Seconds a sleeping worker waits before it checks its stop event and that someone watches.
 SLEEPER_CHECK_EVERY = 1.0
+#: Seconds a grown thread sleeps unwanted before it retires (threads beyond the first only).
+RETIRE_AFTER = 60.0
 
 
 class Every:
@@ -41,43 +50,72 @@ class IdleRoom:
     """Where a process's worker threads wait when a look for work found none to run now.
 
     ``rest`` makes the first thread in the *watcher*: it sleeps the time it was given
-    (until the first gate opens, or a short idle period) and goes back to look. Any other
-    thread sleeps until ``found_work`` or ``wake_all`` wakes it, or, every
-    SLEEPER_CHECK_EVERY seconds, to check its stop event, take the watch if nobody holds
-    it (a watcher that left on an error), and call ``on_check`` (its heartbeat). So the
-    looks of an idle process are those of one thread.
+    (until the first gate opens, or a short idle period), or until ``poke``, and goes back
+    to look. Any other thread sleeps until ``found_work`` or ``end_all`` wakes it, or,
+    every SLEEPER_CHECK_EVERY seconds, to check its stop event, take the watch if nobody
+    holds it (a watcher that left on an error), and call ``on_check`` (its heartbeat). So
+    the looks of an idle process are those of one thread.
+
+    A look that finds a job (``found_work``) makes its thread busy until ``done_work``.
+    With no thread left free to look for the next job (none asleep, watching, or
+    between two jobs), the room calls ``grow`` (set by the process's pool) for one more,
+    up to ``most`` threads: so a process keeps as many requests in flight as its sites'
+    gates and latencies allow, with no thread count to compute.
     """
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._watching = False
+        self._poked = threading.Event()
         self._sleepers = 0
         self._members = 0
+        self._starting = 0
+        self._busy = 0
         #: Set when a burst found the crawl drained: every thread of the process ends. Cleared
         #: when the last of them leaves, so workers started later find work added since.
         self.drained = False
+        #: Starts one more worker thread of this room (it calls ``enter``), or says False; None: the room does not grow.
+        self.grow: Callable[[], bool] | None = None
+        #: Most threads ``grow`` brings the room to.
+        self.most = 1
+
+    @property
+    def members(self) -> int:
+        """Worker threads in their work loop, and those ``grow`` is starting."""
+        with self._cond:
+            return self._members + self._starting
 
     def enter(self) -> None:
         """A worker starts its work loop."""
         with self._cond:
             self._members += 1
+            self._starting = max(0, self._starting - 1)
 
-    def leave(self) -> None:
-        """A worker ends its work loop; the last one out clears ``drained``."""
+    def leave(self) -> bool:
+        """A worker ends its work loop; the last one out clears ``drained``. True for the last one out."""
         with self._cond:
             self._members -= 1
-            if self._members <= 0:
+            if self._members <= 0 and not self._starting:
                 self._members = 0
                 self.drained = False
+                return True
+            return False
 
-    def rest(self, wait: float, stop: threading.Event, on_check: Callable[[], Any] | None = None) -> None:
-        """Return when it is this thread's turn to look for work again, or when it should stop."""
+    def rest(
+        self, wait: float, stop: threading.Event, on_check: Callable[[], Any] | None = None, may_retire: bool = False
+    ) -> bool:
+        """Return when it is this thread's turn to look for work again, or when it should stop.
+
+        True when the thread should retire: ``may_retire`` and asleep, unwanted, for RETIRE_AFTER seconds.
+        """
+        unwanted = 0.0
         while True:
             with self._cond:
                 if self.drained or stop.is_set():
-                    return
+                    return False
                 if not self._watching:
                     self._watching = True
+                    self._poked.clear()
                     break
                 self._sleepers += 1
                 try:
@@ -85,34 +123,80 @@ class IdleRoom:
                 finally:
                     self._sleepers -= 1
             if woken or stop.is_set() or self.drained:
-                return
+                return False
+            unwanted += SLEEPER_CHECK_EVERY
+            if may_retire and unwanted >= RETIRE_AFTER:
+                return True
             if on_check is not None:
                 on_check()  # outside the lock: it may call Redis
         try:
-            stop.wait(wait)
+            deadline = time.monotonic() + wait
+            while not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._poked.wait(min(left, SLEEPER_CHECK_EVERY)):
+                    break
         finally:
             with self._cond:
                 self._watching = False
+        return False
+
+    def poke(self) -> None:
+        """Work came (Redis said so): the watcher looks now rather than at the end of its sleep."""
+        self._poked.set()
 
     def found_work(self) -> None:
-        """A look found a job: wake one sleeper to look too (there may be more)."""
+        """A look found a job for its thread: one more thread looks (a sleeper woken, the watcher
+        poked, or one more grown when none is free), since there may be more."""
         with self._cond:
+            self._busy += 1
             if self._sleepers:
                 self._cond.notify(1)
+                return
+            if self._watching:
+                self._poked.set()
+                return
+            total = self._members + self._starting
+            if self.grow is None or total - self._busy > 0 or total >= self.most:
+                return  # a thread between two jobs looks next, or the room is full
+            self._starting += 1
+        try:
+            grown = self.grow()
+        except Exception:
+            log.exception("could not start one more worker thread")
+            grown = False
+        if not grown:
+            with self._cond:
+                self._starting -= 1
+
+    def done_work(self) -> None:
+        """The job ``found_work`` counted is over: its thread is free again."""
+        with self._cond:
+            self._busy = max(0, self._busy - 1)
 
     def end_all(self) -> None:
         """The crawl is drained (a burst): every thread of the process ends its work."""
         with self._cond:
             self.drained = True
             self._cond.notify_all()
+        self._poked.set()
 
 
 class Shared:
-    """A process's shared idle state for one kind of worker: its room and its timers."""
+    """A process's shared state for one kind of worker: its room, its timers, and what its
+    threads would otherwise each build (``made``: queue objects, scheduler, lease keeper)."""
 
     def __init__(self) -> None:
         self.room = IdleRoom()
         self.every = Every()
+        self._made: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def made(self, name: str, make: Callable[[], Any]) -> Any:
+        """The object ``make()`` made for ``name`` the first time it was asked for in this process."""
+        with self._lock:
+            if name not in self._made:
+                self._made[name] = make()
+            return self._made[name]
 
 
 _shared: weakref.WeakKeyDictionary[Any, dict[tuple[type, tuple[str, ...]], Shared]] = weakref.WeakKeyDictionary()

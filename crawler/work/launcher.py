@@ -29,6 +29,7 @@ from redis import Redis
 
 from ..coord.connection import connect
 from ..settings import Settings, scrub, secrets_of, url_secrets
+from . import idle
 from .download_worker import DownloadWorker
 from .events import JSONFormatter
 from .parse_worker import ParseWorker
@@ -43,7 +44,8 @@ class WorkerSpec:
 
     kind: str  # download | parse
     sites: tuple[str, ...]
-    threads: int = 1
+    #: Parse: worker threads. Download: the most the process grows to (None: MOST_DOWNLOAD_THREADS).
+    threads: int | None = None
     burst: bool = False
     log_level: str = "WARNING"
     #: "text", or "json" for one JSON object per log line (see ``events``).
@@ -80,44 +82,109 @@ def configure_logging(level: str, log_format: str = "text", secrets: list[str] |
 
 
 def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, launcher_pid: int | None = None) -> None:
-    """Body of one worker process: ``spec.threads`` workers until stopped, drained, or orphaned.
+    """Body of one worker process: its workers (``WorkerThreads``) until stopped, drained, or orphaned.
 
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     """
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
-    connection = worker_connection(redis_url, spec.threads)
+    most = spec.threads or (MOST_DOWNLOAD_THREADS if spec.kind == "download" else 1)
+    connection = worker_connection(redis_url, most)
     rt = Runtime(connection, settings)
     stop = threading.Event()
-    workers: list[DownloadWorker | ParseWorker] = [
-        DownloadWorker(connection, spec.sites, stop_event=stop, rt=rt)
-        if spec.kind == "download"
-        else ParseWorker(connection, spec.sites, stop_event=stop, rt=rt)
-        for _ in range(spec.threads)
-    ]
-    threads = [
-        threading.Thread(target=w.work, kwargs={"burst": spec.burst}, name=f"{spec.kind}-{i}", daemon=True)
-        for i, w in enumerate(workers[1:], start=1)
-    ]
-    for thread in threads:
-        thread.start()
     if launcher_pid is not None:
         threading.Thread(
             target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch", daemon=True
         ).start()
     try:
-        workers[0].work(burst=spec.burst)
+        WorkerThreads(spec, connection, rt, stop, most).run()
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
         rt.close()
 
 
-#: Redis connections a worker thread may hold at once: its own calls, its job's lease keeper,
-#: RQ's command channel (a subscription held for the worker's life).
-CONNECTIONS_PER_THREAD = 3
-#: Connections of a worker process's other users: the watchdog, counters, outbox, robots, sitemaps.
-CONNECTIONS_FIXED = 16
+def default_processes() -> int:
+    """Download worker processes when not told: one per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+#: Most download workers (requests in flight) a process grows to unless told (``--threads``).
+#: Each costs a thread that waits on its socket; past a few hundred, the process's CPU, not
+#: its count of threads, is what limits it (``bench fleet``, docs/DEPLOYMENT.md).
+MOST_DOWNLOAD_THREADS = 256
+
+
+class WorkerThreads:
+    """A worker process's workers, one thread each, the first in the calling (main) thread.
+
+    Parse: ``most`` workers from the start. Download: one, then one more each time a look
+    finds work and no thread is left free to look for the next (``idle.IdleRoom.grow``), up
+    to ``most``; a thread so added retires after ``idle.RETIRE_AFTER`` seconds unwanted. So
+    a download process keeps as many requests in flight as its sites' gates and latencies
+    allow, whatever they are, with no count to compute.
+    """
+
+    def __init__(self, spec: WorkerSpec, connection: Redis, rt: Runtime, stop: threading.Event, most: int):
+        self.spec = spec
+        self.connection = connection
+        self.rt = rt
+        self.stop = stop
+        self.most = most
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._started = 0
+
+    def _make(self) -> DownloadWorker | ParseWorker:
+        if self.spec.kind == "download":
+            return DownloadWorker(self.connection, self.spec.sites, stop_event=self.stop, rt=self.rt)
+        return ParseWorker(self.connection, self.spec.sites, stop_event=self.stop, rt=self.rt)
+
+    def run(self) -> None:
+        """Run the workers until the first (this thread's) ends, then stop the others and wait for them."""
+        first = self._make()
+        if isinstance(first, DownloadWorker):
+            room = idle.shared(self.rt, DownloadWorker, self.spec.sites).room
+            room.most = self.most
+            room.grow = self.grow
+        else:
+            for _ in range(self.most - 1):
+                self.grow()
+        try:
+            first.work(burst=self.spec.burst)
+        finally:
+            self.stop.set()
+            for thread in self.threads():
+                thread.join()
+
+    def grow(self) -> bool:
+        """Start one more worker in a thread of its own; False once the process is stopping."""
+        if self.stop.is_set():
+            return False
+        worker = self._make()
+        if isinstance(worker, DownloadWorker):
+            worker.may_retire = True
+        with self._lock:
+            self._started += 1
+            thread = threading.Thread(
+                target=worker.work,
+                kwargs={"burst": self.spec.burst},
+                name=f"{self.spec.kind}-{self._started}",
+                daemon=True,
+            )
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+        return True
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads started besides the first (those that ended included, until the next ``grow``)."""
+        with self._lock:
+            return list(self._threads)
+
+
+#: Redis connections a worker thread may hold at once: its own calls (RQ's command channel and
+#: the job leases are the process's: ``listener``, ``download_worker.LeaseKeeper``).
+CONNECTIONS_PER_THREAD = 1
+#: Connections of a worker process's other users: the watchdog, counters, outbox, robots, sitemaps,
+#: the subscription, the lease keeper.
+CONNECTIONS_FIXED = 20
 
 
 def pool_size(threads: int) -> int:
@@ -125,7 +192,8 @@ def pool_size(threads: int) -> int:
 
     redis-py's default pool (100 connections, then ``MaxConnectionsError``) crashed a
     process of 64 download threads; this one is sized to them, and waits rather than
-    fails should more be asked for (``connection.connect``).
+    fails should more be asked for (``connection.connect``). Connections are opened as
+    they are first needed, so a large pool costs nothing until used.
     """
     return CONNECTIONS_PER_THREAD * threads + CONNECTIONS_FIXED
 

@@ -1,0 +1,116 @@
+"""One Redis subscription per worker process: RQ's commands to its workers, and the crawl's wake-ups.
+
+RQ gives each worker a subscription and a thread of its own to hear ``rq``'s commands
+(shutdown, kill-horse, stop-job) on ``rq:pubsub:NAME``: a process of hundreds of worker
+threads would hold hundreds of connections and threads for messages that seldom come.
+Here one connection per process subscribes to every worker's channel by pattern, and to
+``keys.wake()``, on which the crawl announces a site that got work
+(``scheduler.mark_ready``); one thread hands each command to the worker it names and
+each wake-up to the process's idle rooms (``idle.IdleRoom.poke``), so an idle process
+sleeps until work comes instead of looking for it. The subscription lives while the
+process has a worker registered with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+
+import redis
+from redis import Redis
+from redis.client import PubSub, PubSubWorkerThread
+from rq.worker.base import PUBSUB_CHANNEL_TEMPLATE
+
+from ..coord import keys
+from .idle import IdleRoom
+
+log = logging.getLogger("crawler.workers")
+
+#: Seconds the listening thread waits before it subscribes again after losing Redis.
+RECONNECT_AFTER = 2.0
+
+
+class Listener:
+    """The process's subscription for one Redis client; ``register`` a worker, ``unregister`` it when done."""
+
+    def __init__(self, connection: Redis):
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._workers: dict[str, Any] = {}
+        self._rooms: weakref.WeakSet[IdleRoom] = weakref.WeakSet()
+        self._pubsub: PubSub | None = None
+        self._thread: PubSubWorkerThread | None = None
+        self._prefix = PUBSUB_CHANNEL_TEMPLATE % ""
+
+    def register(self, worker: Any, room: IdleRoom | None = None) -> None:
+        """Hand ``worker`` the commands sent to its channel, and ``room`` the wake-ups, from now on."""
+        with self._lock:
+            self._workers[worker.name] = worker
+            if room is not None:
+                self._rooms.add(room)
+            if self._thread is None:
+                self._start()
+
+    def unregister(self, worker: Any) -> None:
+        """Stop handing ``worker`` its commands; the last one out ends the subscription."""
+        with self._lock:
+            self._workers.pop(worker.name, None)
+            if self._workers or self._thread is None:
+                return
+            thread, pubsub = self._thread, self._pubsub
+            self._thread = self._pubsub = None
+        assert pubsub is not None
+        try:  # the replies wake the thread from its wait for a message: it sees it was stopped
+            pubsub.punsubscribe()
+            pubsub.unsubscribe()
+        except redis.RedisError:
+            pass
+        thread.stop()
+        if thread is not threading.current_thread():
+            thread.join(timeout=1)
+        pubsub.close()
+
+    def _start(self) -> None:
+        pubsub = self._connection.pubsub(ignore_subscribe_messages=True)
+        pubsub.psubscribe(**{f"{self._prefix}*": self._command})
+        pubsub.subscribe(**{keys.wake(): self._wake})
+        self._pubsub = pubsub
+        self._thread = pubsub.run_in_thread(sleep_time=60, daemon=True, exception_handler=self._on_error)
+
+    def _command(self, message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        name = (channel.decode() if isinstance(channel, bytes) else channel)[len(self._prefix) :]
+        worker = self._workers.get(name)  # commands to other processes' workers reach us too
+        if worker is not None:
+            worker.handle_payload(message)
+
+    def _wake(self, message: dict[str, Any]) -> None:
+        for room in list(self._rooms):
+            room.poke()
+
+    def _on_error(self, exc: BaseException, pubsub: PubSub, thread: PubSubWorkerThread) -> None:
+        # redis-py subscribes again once the connection is back; meanwhile the workers' own
+        # looks (at least one a second when idle) still find work.
+        if thread is not self._thread:
+            return  # stopped (``unregister``): its connection was closed under it
+        if isinstance(exc, redis.ConnectionError):
+            time.sleep(RECONNECT_AFTER)
+            return
+        log.warning("the subscription for commands and wake-ups ended on %s", exc)
+        raise exc
+
+
+_listeners: weakref.WeakKeyDictionary[Redis, Listener] = weakref.WeakKeyDictionary()
+_listeners_lock = threading.Lock()
+
+
+def of(connection: Redis) -> Listener:
+    """The process's listener for ``connection`` (one per Redis client)."""
+    with _listeners_lock:
+        found = _listeners.get(connection)
+        if found is None:
+            found = _listeners[connection] = Listener(connection)
+        return found
