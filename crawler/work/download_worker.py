@@ -59,7 +59,7 @@ DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
 #: Seconds between two idle looks for sites with work missing from the ready set.
-REPAIR_EVERY = 1.0
+REPAIR_EVERY = 5.0
 #: Sites one such look reads (two commands each), in turn: its cost is bounded whatever the sites' number.
 REPAIR_SITES = 25
 #: Seconds between two looks for sites with work that no worker of this process serves (to warn).
