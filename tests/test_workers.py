@@ -617,4 +617,4 @@ def test_one_default_download_process_keeps_many_slow_sites_in_flight_at_once(
             shop.stop()
     print(f"{len(arrivals)} requests, at most {at_once} in flight at once, closest gap {min(filter(None, gaps)):.3f} s")
     assert at_once >= count, f"one process kept at most {at_once} requests in flight for {count} slow sites"
-    assert all(gap is None or gap >= interval for gap in gaps), f"a site got two requests closer than {interval}: {gaps}"
+    assert all(gap is None or gap >= interval for gap in gaps), f"two requests closer than {interval}: {gaps}"
