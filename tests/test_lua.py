@@ -17,7 +17,7 @@ from redis import Redis
 from redis.crc import key_slot
 from rq import Queue
 
-from crawler.coord import keys, lua, pages
+from crawler.coord import inflight, keys, lua, pages
 from crawler.coord.frontier import Frontier
 from crawler.coord.gate import site_gate
 from crawler.coord.pacing import Auto, Pacer
@@ -98,7 +98,7 @@ def key_arguments(code: str) -> Iterator[tuple[str, str]]:
         command, rest = match[1], args[1:]
         if command in ("XINFO", "XGROUP"):
             rest = rest[1:]  # a subcommand comes first
-        if command != "TIME" and rest:
+        if command not in ("TIME", "PUBLISH") and rest:  # a channel is not a key
             yield command, rest[0]
 
 
@@ -362,6 +362,9 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         pages.reclaim(redis_conn, "c2", 0, 10)  # RECLAIM_PAGES
         pages.forget(redis_conn, 0, "c1")  # FORGET_CONSUMERS
         lua.script(redis_conn, "add_unless_reset")(keys=[keys.stats("shop"), keys.resets("shop")], args=["", "x", 1])
+        inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
+        assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY
+        inflight.note_idle(redis_conn, "host:1:a")
     for name, declared, touched in seen.calls:
         assert touched <= declared, f"{name} touched keys not in its KEYS: {sorted(touched - declared)}"
     assert {name for name, _, _ in seen.calls} == set(lua.names())

@@ -577,6 +577,59 @@ def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_
     assert max(costs.values()) <= 3 + 2 * QUICK_SITES, f"commands a look: {costs}"
 
 
+def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_at_20_or_2000_sites(
+    redis_conn: Redis,
+) -> None:
+    """The tail of a crawl: nothing queued, the last downloads in flight. A process with jobs in hand
+    notes itself busy (``inflight``), so an idle process's drain look answers in a constant number of
+    commands (issue 21: five a site); once the note is taken back, or lapses, the exact count runs."""
+    from crawler.coord import inflight
+    from crawler.work.drain import QUICK_SITES, pending_work
+
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
+    costs = {}
+    for count in (20, 2000):
+        sites = [f"t{i}" for i in range(count)]
+        inflight.note_busy(redis_conn, "host:1:a", job_lease=10)
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        assert pending_work(redis_conn, sites) == 1
+        costs[count] = int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+        inflight.note_idle(redis_conn, "host:1:a")
+        assert pending_work(redis_conn, sites) == 0
+    assert max(costs.values()) <= 4 + 2 * QUICK_SITES, f"commands a look: {costs}"
+    # A process that died holding jobs: its note lapses (here at once) and the exact count answers.
+    lua_ttl_ms = 1
+    from crawler.coord import lua
+
+    lua.script(redis_conn, "mark_busy")(keys=[keys.busy()], args=["host:2:b", lua_ttl_ms])
+    time.sleep(0.01)
+    assert inflight.busy_processes(redis_conn) == 0
+
+
+def test_a_busy_download_process_notes_itself_and_takes_the_note_back(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """While its worker holds a job the process is noted busy; once the job is done, it is not."""
+    from crawler.coord import inflight
+
+    redis_conn.delete(keys.busy())
+    with ShopSite(products=2, latency=2.0, faults=False) as shop:
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("demo"), [shop.url + "/product/1"])
+        (process,) = start_workers([WorkerSpec("download", ("demo",))], settings, redis_url)
+        try:
+            deadline = time.monotonic() + 30
+            while not inflight.busy_processes(redis_conn) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert inflight.busy_processes(redis_conn) == 1, "a process with a job in hand was not noted busy"
+            while inflight.busy_processes(redis_conn) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert inflight.busy_processes(redis_conn) == 0, "the note outlived the job"
+            assert [entry.path for entry in shop.requests if entry.path != "/robots.txt"] == ["/product/1"]
+        finally:
+            stop_workers([process])
+
+
 def test_one_default_download_process_keeps_many_slow_sites_in_flight_at_once(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:

@@ -170,6 +170,11 @@ def wake() -> str:
     return f"{PREFIX}wake"
 
 
+def busy() -> str:
+    """Sorted set of the download processes with jobs in hand, scored by when (ms, Redis clock) the note lapses."""
+    return f"{PREFIX}busy"
+
+
 def delayed() -> str:
     """Sorted set of retries (``site\\tpriority\\tnonce\\tentry``) scored by when they are due (ms)."""
     return f"{PREFIX}delayed"

@@ -39,7 +39,7 @@ from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from ..coord import joblife, keys
+from ..coord import inflight, joblife, keys
 from ..coord.joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from ..coord.replies import text
 from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler, mark_ready
@@ -68,6 +68,8 @@ WARN_UNSERVED_EVERY = 30.0
 SUSPENSION_CHECK_EVERY = 1.0
 #: Sites refilled in one dequeue before the worker loops back to its checks.
 MAX_REFILLS = 8
+#: Seconds between two renewals of a process's note that it has jobs in hand (``inflight``).
+BUSY_NOTE_EVERY = 1.0
 #: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
 #: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
 SLEEPER_BEAT_EVERY = 60.0
@@ -80,11 +82,18 @@ class LeaseKeeper:
     renewed (the worker's ``maintain_heartbeats``) every HEARTBEAT_EVERY seconds from the
     job's start while it runs, and once ``release`` returns no renewal of that job is under
     way or to come. One thread for the process, not one per worker: hundreds of workers
-    cost one waiting thread.
+    cost one waiting thread. While it holds any job, it notes the process busy for the
+    fleet's drain looks (``inflight``), once a second, and takes the note back once it
+    holds none.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, connection: Redis, job_lease: float):
         self._name = name
+        self._connection = connection
+        self._job_lease = job_lease
+        self._me = inflight.member()
+        self._noted = False
+        self._note_due = 0.0
         self._cond = threading.Condition()
         #: Per worker: its job, the job's execution, when the next renewal is due.
         self._held: dict[Any, tuple[Job, Execution, float]] = {}
@@ -102,6 +111,8 @@ class LeaseKeeper:
     def release(self, worker: Any) -> None:
         with self._cond:  # waits for a renewal under way: it runs holding the lock
             self._held.pop(worker, None)
+            if not self._held:
+                self._cond.notify()  # the process's busy note is taken back
 
     def close(self) -> None:
         """End the thread (a later ``hold`` starts another)."""
@@ -116,19 +127,39 @@ class LeaseKeeper:
         me = threading.current_thread()
         with self._cond:
             while self._thread is me:
+                now = time.monotonic()
+                if self._held and now >= self._note_due:
+                    self._note(busy=True)
+                    self._note_due = now + BUSY_NOTE_EVERY
+                elif not self._held and self._noted:
+                    self._note(busy=False)
+                    self._note_due = 0.0
                 if not self._held:
                     self._cond.wait()
                     continue
-                now = time.monotonic()
                 worker, (job, execution, due) = min(self._held.items(), key=lambda item: item[1][2])
+                if min(due, self._note_due) > now:
+                    self._cond.wait(min(due, self._note_due) - now)
+                    continue
                 if due > now:
-                    self._cond.wait(due - now)
                     continue
                 try:
                     worker.maintain_heartbeats(job, execution)
                 except (redis.ConnectionError, redis.TimeoutError):
                     pass  # the main loop reports Redis outages
                 self._held[worker] = (job, execution, time.monotonic() + HEARTBEAT_EVERY)
+            if self._noted:
+                self._note(busy=False)
+
+    def _note(self, busy: bool) -> None:
+        try:
+            if busy:
+                inflight.note_busy(self._connection, self._me, self._job_lease)
+            else:
+                inflight.note_idle(self._connection, self._me)
+            self._noted = busy
+        except redis.RedisError:
+            pass  # the note lapses on its own; the main loop reports Redis outages
 
 
 class CrawlWorker(SimpleWorker):
@@ -163,7 +194,9 @@ class CrawlWorker(SimpleWorker):
         self._last_suspension_check = 0.0
         self._stop_requests = 0
         self._redis_wait = 0.0
-        self._leases: LeaseKeeper = self._idle.made("leases", lambda: LeaseKeeper(type(self).__name__))
+        self._leases: LeaseKeeper = self._idle.made(
+            "leases", lambda: LeaseKeeper(type(self).__name__, connection, self.runtime.settings.job_lease)
+        )
         self._listener = listener.of(connection)
         #: Whether this worker may end once it slept unwanted for ``idle.RETIRE_AFTER`` seconds
         #: (the threads a process's pool added, not its first).

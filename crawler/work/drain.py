@@ -15,6 +15,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from ..coord import keys
+from ..coord.inflight import busy_processes
 from ..coord.scheduler import frontier_sizes
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
@@ -76,14 +77,16 @@ def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
     First the quick look (``quick_work``: at most 3 + 2 x QUICK_SITES commands in two round
-    trips, however many sites): while a crawl has work queued it answers. Only when it
-    sees nothing are delayed retries, RQ jobs, every page to parse and records waiting
-    for the database counted (one round trip, five commands a site), then the compact
-    frontiers (their levels, then a script a site: two more) when those come to nothing.
-    So the answer is exact when it is 0, and a lower bound otherwise.
+    trips, however many sites): while a crawl has work queued it answers. Then one
+    command: the download processes of the fleet with jobs in hand (``inflight``), which
+    answers while any download runs. Only when both see nothing are delayed retries, RQ
+    jobs, every page to parse and records waiting for the database counted (one round
+    trip, five commands a site), then the compact frontiers (their levels, then a script a
+    site: two more) when those come to nothing: once at the end of a crawl, or while only
+    retries wait. So the answer is exact when it is 0, and a lower bound otherwise.
     """
     sites = list(sites)
-    quick = quick_work(connection, sites)
+    quick = quick_work(connection, sites) or busy_processes(connection)
     if quick:
         return quick
     with connection.pipeline(transaction=False) as pipe:
