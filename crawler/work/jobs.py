@@ -1,8 +1,11 @@
 """The two jobs: ``download``, which RQ runs, and ``parse``, which parse workers run. Arguments are plain JSON.
 
-download: robots.txt → gate → GET → record → (HTML) add the page, its body compressed,
-to the pages stream (``pages``) | (3xx) send the target through the frontier |
-(5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and stop.
+download, one ``Attempt`` a URL, in named steps (``_download_one``): taken (the URL checked
+again) → robots.txt → login session → request headers → gate → GET (or a browser's render)
+→ ``classify`` → record, and: (HTML) add the page, its body compressed, to the pages stream
+(``pages``) | (3xx) send the target through the frontier | (304 to a refresh) its items
+seen again | (5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and
+stop; then its next refresh, if it has one.
 
 parse: run the spider callback on the page → upsert items → new requests through the
 frontier → record, with the worker's acknowledgement of the page in the same pipeline.
