@@ -1,8 +1,11 @@
 """The two jobs: ``download``, which RQ runs, and ``parse``, which parse workers run. Arguments are plain JSON.
 
-download: robots.txt → gate → GET → record → (HTML) add the page, its body compressed,
-to the pages stream (``pages``) | (3xx) send the target through the frontier |
-(5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and stop.
+download, one ``Attempt`` a URL, in named steps (``_download_one``): taken (the URL checked
+again) → robots.txt → login session → request headers → gate → GET (or a browser's render)
+→ ``classify`` → record, and: (HTML) add the page, its body compressed, to the pages stream
+(``pages``) | (3xx) send the target through the frontier | (304 to a refresh) its items
+seen again | (5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and
+stop; then its next refresh, if it has one.
 
 parse: run the spider callback on the page → upsert items → new requests through the
 frontier → record, with the worker's acknowledgement of the page in the same pipeline.
@@ -11,6 +14,8 @@ frontier → record, with the worker's acknowledgement of the page in the same p
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import logging
 import time
 import traceback
@@ -134,12 +139,38 @@ def download(*payloads: dict[str, Any], rt: runtime.Runtime | None = None) -> No
 def _download_one(
     rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None, held: HeldRecords | None = None
 ) -> bool:
-    """Download one URL (see the module docstring); False, having done nothing, if its gate
-    stayed closed for ``max_gate_wait`` seconds. With ``held``, its record waits there
-    (see ``download``), unless it must go at once: a retry or a failure."""
+    """Download one URL; False, having done nothing, if its gate stayed closed for ``max_gate_wait``
+    seconds. With ``held``, its record waits there (see ``download``), unless it must go at once:
+    a retry or a failure.
+
+    Its steps, in order (``Attempt``'s methods): each deals with the page (records it, schedules
+    it again) and stops there, or leaves it to the next one.
+    """
+    attempt = _taken(rt, payload, held)
+    if attempt is None or not attempt.robots_allow() or not attempt.logged_in():
+        return True
+    render, wait_for = rendering(attempt.spider, attempt.task.meta)
+    if render:  # the browser's requests carry the site's session too (``_browser_fetch``)
+        response = attempt.render(wait_for)
+    else:
+        if not attempt.build_request():
+            return True
+        gate = attempt.take_gate(max_gate_wait)
+        if gate is None:
+            return False
+        response = attempt.fetch(gate)
+    if response is not None:
+        attempt.conclude(response)
+    return True
+
+
+def _taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | None) -> Attempt | None:
+    """The first step: the attempt at the payload's URL, or None when the URL is refused now (its
+    domain, its scheme: ``check_url``), the payload quarantined (``quarantine.record``) and nothing
+    recorded. Checked again here: a job can be written straight into Redis, past the frontier."""
     task = DownloadTask.from_json(payload)
     spider = rt.spider(task.site)
-    try:  # checked again now: a job can be written straight into Redis, past the frontier
+    try:
         check_url(task.url, spider.domains())
     except RefusedURL as exc:
         job = get_current_job()
@@ -150,20 +181,312 @@ def _download_one(
             job.id if job else None,
             payload,
         )
-        return True
+        return None
     policy = rt.policy(task.site)
     user_agent = user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
     started = utcnow()
+    return Attempt(rt, task, spider, held, policy.obey_robots, user_agent, started, proxy=rt.proxy(task.site))
+
+
+class Verdict(enum.Enum):
+    """What a response that is neither an error nor logged out comes to (``classify``)."""
+
+    #: A 304 to a conditional refresh: the page is as it was parsed last time (``_unchanged``).
+    UNCHANGED = "unchanged"
+    #: A 3xx with a Location: its target goes through the frontier (``_follow_redirect``).
+    REDIRECT = "redirect"
+    #: A 3xx without one (or a 304 to a request that asked for none): the page fails.
+    NO_LOCATION = "redirect without Location"
+    #: A content type the spider does not take (``Spider.content_types``): recorded skipped.
+    NOT_HANDLED = "not handled"
+    #: Anything else: the page goes to the parse workers.
+    PARSE = "parse"
+
+
+def classify(response: Response, conditional: bool, content_types: tuple[str, ...], sitemap: bool) -> Verdict:
+    """What ``response`` comes to, once past the error statuses (``_raise_for_status``: 429 and 5xx
+    retried, other 4xx failed): ``conditional``, the request asked If-None-Match/If-Modified-Since;
+    ``sitemap``, it is a sitemap's, taken whatever its content type (XML, gzip, robots.txt: its
+    parse job reads it). Reads nothing, writes nothing."""
+    if response.status == 304 and conditional:
+        return Verdict.UNCHANGED
+    if 300 <= response.status < 400:
+        return Verdict.REDIRECT if response.location else Verdict.NO_LOCATION
+    if not sitemap and not accepts(content_types, response.content_type):
+        return Verdict.NOT_HANDLED
+    return Verdict.PARSE
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One attempt at one URL of a download job: what its steps share, each leaving its part for the next.
+
+    ``_download_one`` runs the steps in order: ``_taken`` → ``robots_allow`` →
+    ``logged_in`` → ``build_request`` → ``take_gate`` → ``fetch`` → ``conclude`` (for a
+    page to render, ``render`` takes the place of the three before ``conclude``). A step
+    returning False or None has dealt with the page (recorded it, scheduled it again), but
+    ``take_gate``, which has done nothing. Every record goes through ``record``.
+    """
+
+    rt: runtime.Runtime
+    task: DownloadTask
+    spider: Any
+    #: A batch's records held back (``download``), or None: each written at once.
+    held: HeldRecords | None
+    obey_robots: bool
+    user_agent: str
+    #: When the attempt began: the ``started`` of records with no response of their own.
+    started: datetime
+    #: The proxy the attempt's requests go through (None: direct), chosen once when taken.
+    proxy: str | None = None
+    #: Seconds waited for the gate (``take_gate``): part of the page's own record.
     gate_wait: float | None = None
+    #: The site's login session the request is sent with (``logged_in``), for a site that logs in.
+    generation: int | None = None
+    #: The request's If-None-Match/If-Modified-Since (``build_request``), for a conditional refresh.
+    conditional: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The request's headers beyond the fetcher's own, conditional ones and cookies included (``build_request``).
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: A sitemap streams into this compressor (up to 50 MB decoded), never held whole (``fetch``).
+    sink: SitemapSink | None = None
+    #: The page was rendered (``render``): its next refresh asks for it whole, its scripts may have changed it.
+    rendered: bool = False
+
+    def robots_allow(self) -> bool:
+        """Whether robots.txt lets the page be fetched: True at once for a site that does not obey it.
+
+        Asking may fetch robots.txt through the site's gate, recorded (``_robots_fetched``).
+        False when the page has been dealt with instead: disallowed (recorded REFUSED);
+        robots.txt unreadable (the page scheduled again after its ``retry_after`` without
+        spending an attempt, the site's gate closed as long, recorded RETRY; or, once it has
+        failed past ``max_retries`` readings, the page failed: ``_robots_gave_up``); the
+        proxy failing (benched, the page retried or failed: ``_retry_or_fail``).
+        """
+        if not self.obey_robots:
+            return True
+        rt, task = self.rt, self.task
+        try:
+            allowed = rt.robots.allowed(
+                task.site,
+                task.url,
+                self.user_agent,
+                functools.partial(rt.take_gate, task.site, task.url),
+                self._robots_fetched,
+                allow_private=self.spider.allow_private_addresses,
+                proxy=self.proxy,
+            )
+        except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
+            if self.proxy is not None:
+                rt.proxies.bench(self.proxy, str(exc))
+            _retry_or_fail(self, exc)
+            return False
+        except RobotsUnavailable as exc:
+            if exc.attempts > rt.settings.max_retries:
+                _robots_gave_up(self, exc)
+                return False
+            # Not the page's fault: it waits for robots.txt without spending one of its attempts,
+            # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
+            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
+            self.record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
+            rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
+            return False
+        if not allowed:
+            self.record(REFUSED, error="disallowed by robots.txt")
+            return False
+        return True
+
+    def _robots_fetched(self, url: str, status: int | None, error: str | None) -> None:
+        """Record a fetch of robots.txt made for this page: OK when it could be read (an answer
+        below 500 but 429), FAILED otherwise."""
+        readable = status is not None and status < 500 and status != 429 and error is None
+        self.record(OK if readable else FAILED, url=url, status=status, error=error)
+
+    def logged_in(self) -> bool:
+        """For a site that logs in (``logs_in``), take its login session (``_session``: the fleet
+        logged in first if no worker has); False when the page has been dealt with instead (it waits
+        for another worker's login, or the login failed: retried or failed). True at once for
+        a site without a login."""
+        if not logs_in(self.spider):
+            return True
+        self.generation = _session(self)
+        return self.generation is not None
+
+    def build_request(self) -> bool:
+        """Make the request's headers: the spider's under the task's own, a refresh's conditional ones
+        (``_conditional_headers``: one SISMEMBER), the site's cookies (``Jar.header``).
+
+        False when they cannot be built (``request_problem``), the page recorded FAILED and its
+        next refresh scheduled to ask for the whole page: raised from the fetch, such an error
+        would leave the job with no record and no next refresh. The gate is not taken yet.
+        """
+        rt, task, spider = self.rt, self.task, self.spider
+        self.conditional = _conditional_headers(rt, task, spider)
+        headers = {**sent_headers(spider, task), **self.conditional}
+        if uses_cookies(spider):
+            headers = {**headers, **Jar(rt.connection, task.site).header(task.url)}
+        self.headers = headers
+        unbuildable = request_problem(self.user_agent, headers)
+        if unbuildable is not None:
+            self.record(FAILED, error=f"request cannot be built: {unbuildable}")
+            _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
+            return False
+        return True
+
+    def take_gate(self, max_wait: float | None) -> Gate | None:
+        """Take the site's gate for the request, waiting as long as it takes (``max_wait`` None) or at
+        most ``max_wait`` seconds; None when it stayed closed that long, nothing else done. The
+        wait goes into the page's record (``gate_wait``)."""
+        waiting = time.monotonic()
+        if max_wait is None:
+            gate = self.rt.take_gate(self.task.site, self.task.url)
+        else:
+            taken = self.rt.take_gate_within(self.task.site, self.task.url, max_wait)
+            if taken is None:
+                return None
+            gate = taken
+        self.gate_wait = time.monotonic() - waiting
+        return gate
+
+    def fetch(self, gate: Gate) -> Response | None:
+        """Send the request through the taken ``gate``; the response when it is one to conclude on
+        (``conclude``), else None, the page dealt with:
+
+        - no answer (a timeout, a refused connection, a proxy's failure, which benches the
+          proxy) or a 429/5xx: retried or failed (``_retry_or_fail``);
+        - another 4xx, or another permanent error: recorded FAILED;
+        - an answer the spider says is logged out: its session ended, the page fetched again
+          (``_logged_out``).
+
+        The gate is let go once the request is over, whatever came of it; the site's cookie
+        jar is updated from the answer; the site's adaptive interval is told how it went
+        (``_observe``).
+        """
+        rt, task, spider = self.rt, self.task, self.spider
+        response: Response | None = None  # kept when its status is an error, for its timing and size
+        self.sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
+        try:
+            try:
+                response = rt.fetcher.get(
+                    task.url,
+                    user_agent=spider.user_agent,
+                    on_sent=functools.partial(_rearm, gate, task),
+                    before_send=gate.before_send,
+                    headers=self.headers,
+                    method=task.method,
+                    body=task.body,
+                    allow_private=spider.allow_private_addresses,
+                    max_bytes=SITEMAP_MAX_BYTES if self.sink else None,
+                    sink=self.sink.feed if self.sink else None,
+                    proxy=self.proxy,
+                )
+            finally:
+                gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
+            if uses_cookies(spider):
+                Jar(rt.connection, task.site).update(task.url, response.set_cookies)
+            if self.generation is not None and _is_logged_out(spider, response):
+                _observe(rt, task, gate, response)
+                _logged_out(self, self.generation, response)
+                return None
+            _raise_for_status(response)
+        except TransientError as exc:
+            _observe(rt, task, gate, response, exc)
+            if isinstance(exc, ProxyError) and self.proxy is not None:
+                rt.proxies.bench(self.proxy, str(exc))
+            _retry_or_fail(self, exc, response)
+            return None
+        except PermanentError as exc:
+            _observe(rt, task, gate, response, exc)
+            self.record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
+            return None
+        _observe(rt, task, gate, response)
+        return response
+
+    def render(self, wait_for: str | None) -> Response | None:
+        """Render the page in the process's browser (``render``): the response to conclude on, or None,
+        the page dealt with (a render that failed: retried or failed as a fetch; with no browser to
+        render with, failed with the reason, for ``crawler retry`` once one is installed).
+
+        Every request the page makes to the allowed domains takes the site's gate, as a
+        fetch does, and is recorded (``_browser_fetch``); the page's own record is ``conclude``'s.
+        """
+        rt, task, spider = self.rt, self.task, self.spider
+        visit = Visit(
+            fetch=_browser_fetch(self),
+            domains=spider.domains(),
+            block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
+            user_agent=spider.user_agent or rt.settings.user_agent,
+        )
+        try:
+            response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+            _raise_for_status(response)
+        except TransientError as exc:
+            _retry_or_fail(self, exc)
+            return None
+        except (PermanentError, ConfigError) as exc:
+            self.record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+            return None
+        self.rendered = True
+        return response
+
+    def conclude(self, response: Response) -> None:
+        """Act on what ``classify`` makes of ``response``, then schedule the page's next refresh
+        (``_schedule_refresh``), with the validators the outcome leaves for a conditional one:
+
+        - UNCHANGED: its items seen again, recorded UNCHANGED (``_unchanged``); validators kept;
+        - REDIRECT: the target through the frontier, recorded REDIRECT, or FAILED when refused
+          (``_follow_redirect``); no validators;
+        - NO_LOCATION: recorded FAILED; no validators;
+        - NOT_HANDLED: recorded SKIPPED; the response's validators;
+        - PARSE: recorded OK, the page added to the pages stream (``_hand_to_parser``) in the
+          pipeline of its record, after it; the response's validators.
+
+        A rendered page's next refresh carries no validators: it is asked for whole.
+        """
+        task, spider = self.task, self.spider
+        verdict = classify(response, bool(self.conditional), spider.content_types, self.sink is not None)
+        validators = None  # a redirect, or a failure: the next refresh asks for the whole page
+        if verdict is Verdict.UNCHANGED:
+            _unchanged(self, response)
+            validators = validators_of(response.headers, task.validators)
+        elif verdict is Verdict.REDIRECT:
+            _follow_redirect(self, response)
+        elif verdict is Verdict.NO_LOCATION:
+            self.record(FAILED, response=response, error="redirect without Location")
+        elif verdict is Verdict.NOT_HANDLED:
+            self.record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
+            validators = validators_of(response.headers)
+        else:
+            # The page goes to the parse workers in the pipeline of its record, after the record is
+            # written: a parse record (a callback that failed) is then always the page's latest.
+            compressed = self.sink.finish() if self.sink else None
+            hand = functools.partial(
+                _hand_to_parser, task=task, response=response, compressed=compressed, sent=self.headers
+            )
+            self.record(OK, response=response, then=hand)
+            validators = validators_of(response.headers)
+        _schedule_refresh(self.rt, task, None if self.rendered else validators)
 
     def record(
+        self,
         outcome: str,
-        url: str = task.url,
+        url: str | None = None,
         response: Response | None = None,
         error: str | None = None,
         status: int | None = None,
         then: Callable[[Any], None] | None = None,
     ) -> None:
+        """Record ``outcome`` for the page, or for another request the attempt made (``url``: robots.txt,
+        a login's, a rendered page's), with ``then``'s Redis commands in the pipeline after it.
+
+        Only the page's own record counts it (``fetched``, ``failed``, ``refused``,
+        ``unchanged``) and carries the gate's wait; its success (OK, UNCHANGED, REDIRECT)
+        ends the site's run of errors in that pipeline (DEL ``keys.errors``), before ``then``'s
+        commands. A batch holds the record back (``HELD_OUTCOMES``); a retry or a failure is
+        written at once, after what was held (``HeldRecords.flush``): the errors-in-a-row
+        rule reads what came before.
+        """
+        task = self.task
+        url = task.url if url is None else url
         finished = utcnow()
         counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
             outcome
@@ -171,166 +494,46 @@ def _download_one(
         stats = {counter: 1} if counter and url == task.url else {}
         if stats and outcome == UNCHANGED:
             stats["unchanged"] = 1
-
-        def also(pipe: Any) -> None:
-            # Exact at once, not a statistic: the rule that closes the gate after errors in a row reads it.
-            if stats and outcome in (OK, UNCHANGED, REDIRECT):  # the site answers again: end any run of errors
-                pipe.delete(keys.errors(task.site))
-            if then is not None:
-                then(pipe)
-
+        ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
         done = Done(
             FetchRecord(
                 site=task.site,
                 url=url,
                 outcome=outcome,
-                started=response.started if response else started,
+                started=response.started if response else self.started,
                 finished=finished,
                 status=response.status if response else status,
                 bytes=len(response.body) + response.sunk if response else None,
-                elapsed=response.elapsed if response else (finished - started).total_seconds(),
+                elapsed=response.elapsed if response else (finished - self.started).total_seconds(),
                 worker=_worker_name(),
                 attempt=task.attempt,
                 error=error,
                 callback=task.callback,
                 meta=task.meta or None,
             ),
-            gate_wait if url == task.url else None,
-            also=also,
+            self.gate_wait if url == task.url else None,
+            also=functools.partial(_after_record, task.site, ends_errors, then),
             stats=stats,
         )
-        if held is not None and outcome in HELD_OUTCOMES:
-            held.add(done)
+        if self.held is not None and outcome in HELD_OUTCOMES:
+            self.held.add(done)
             return
-        if held is not None:  # in order: what was held goes first
-            held.flush()
-        jobs_done(rt, [done])
-
-    proxy = rt.proxy(task.site)
-    if policy.obey_robots:
-
-        def robots_fetched(url: str, status: int | None, error: str | None) -> None:
-            readable = status is not None and status < 500 and status != 429 and error is None
-            record(OK if readable else FAILED, url=url, status=status, error=error)
-
-        try:
-            allowed = rt.robots.allowed(
-                task.site,
-                task.url,
-                user_agent,
-                lambda: rt.take_gate(task.site, task.url),
-                robots_fetched,
-                allow_private=spider.allow_private_addresses,
-                proxy=proxy,
-            )
-        except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
-            if proxy is not None:
-                rt.proxies.bench(proxy, str(exc))
-            _retry_or_fail(rt, task, exc, record, held=held)
-            return True
-        except RobotsUnavailable as exc:
-            if exc.attempts > rt.settings.max_retries:
-                _robots_gave_up(rt, task, exc, record)
-                return True
-            # Not the page's fault: it waits for robots.txt without spending one of its attempts,
-            # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
-            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
-            record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
-            rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
-            return True
-        if not allowed:
-            record(REFUSED, error="disallowed by robots.txt")
-            return True
-
-    generation: int | None = None  # the login session the request is sent with
-    if logs_in(spider):
-        generation = _session(rt, task, spider, record, held)
-        if generation is None:  # the page waits for another worker's login, or the login failed (recorded)
-            return True
-    render, wait_for = rendering(spider, task.meta)
-    if render:  # the browser's requests carry the site's session too (``_browser_fetch``)
-        _download_rendered(rt, task, spider, wait_for, record, held)
-        return True
-    conditional = _conditional_headers(rt, task, spider)
-    headers = {**sent_headers(spider, task), **conditional}
-    if uses_cookies(spider):
-        headers = {**headers, **Jar(rt.connection, task.site).header(task.url)}
-    unbuildable = request_problem(user_agent, headers)
-    if unbuildable is not None:  # it would raise out of the job, before any record: the page would be lost
-        record(FAILED, error=f"request cannot be built: {unbuildable}")
-        _schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
-        return True
-    waiting = time.monotonic()
-    if max_gate_wait is None:
-        gate = rt.take_gate(task.site, task.url)
-    else:
-        taken = rt.take_gate_within(task.site, task.url, max_gate_wait)
-        if taken is None:
-            return False
-        gate = taken
-    gate_wait = time.monotonic() - waiting
-    response: Response | None = None  # kept when its status is an error, for its timing and size
-    # A sitemap streams into a compressor (up to 50 MB decoded), never held whole.
-    sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
-    try:
-        try:
-            response = rt.fetcher.get(
-                task.url,
-                user_agent=spider.user_agent,
-                on_sent=lambda: _rearm(gate, task),
-                before_send=gate.before_send,
-                headers=headers,
-                method=task.method,
-                body=task.body,
-                allow_private=spider.allow_private_addresses,
-                max_bytes=SITEMAP_MAX_BYTES if sink else None,
-                sink=sink.feed if sink else None,
-                proxy=proxy,
-            )
-        finally:
-            gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
-        if uses_cookies(spider):
-            Jar(rt.connection, task.site).update(task.url, response.set_cookies)
-        if generation is not None and _is_logged_out(spider, response):
-            _observe(rt, task, gate, response)
-            _logged_out(rt, task, generation, response, record)
-            return True
-        _raise_for_status(response)
-    except TransientError as exc:
-        _observe(rt, task, gate, response, exc)
-        if isinstance(exc, ProxyError) and proxy is not None:
-            rt.proxies.bench(proxy, str(exc))
-        _retry_or_fail(rt, task, exc, record, response, held)
-        return True
-    except PermanentError as exc:
-        _observe(rt, task, gate, response, exc)
-        record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
-        return True
-    _observe(rt, task, gate, response)
-
-    validators = None  # a redirect, or a failure: the next refresh asks for the whole page
-    if response.status == 304 and conditional:
-        _unchanged(rt, task, response, record)
-        validators = validators_of(response.headers, task.validators)
-    elif 300 <= response.status < 400 and response.location:
-        _follow_redirect(rt, task, response, record)
-    elif 300 <= response.status < 400:
-        record(FAILED, response=response, error="redirect without Location")
-    elif sink is None and not accepts(spider.content_types, response.content_type):
-        # (A sitemap is XML, gzip or robots.txt: its parse job reads it.)
-        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
-        validators = validators_of(response.headers)
-    else:
-        # The page goes to the parse workers in the pipeline of its record, after the record is
-        # written: a parse record (a callback that failed) is then always the page's latest.
-        compressed = sink.finish() if sink else None
-        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response, compressed, headers))
-        validators = validators_of(response.headers)
-    _schedule_refresh(rt, task, validators)
-    return True
+        if self.held is not None:  # in order: what was held goes first
+            self.held.flush()
+        jobs_done(self.rt, [done])
 
 
-def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, held: HeldRecords | None) -> int | None:
+def _after_record(site: str, ends_errors: bool, then: Callable[[Any], None] | None, pipe: Any) -> None:
+    """The Redis commands of a download's record, in its pipeline (``Attempt.record``): the end of the
+    site's run of errors, then the caller's (``then``)."""
+    # Exact at once, not a statistic: the rule that closes the gate after errors in a row reads it.
+    if ends_errors:  # the site answers again: end any run of errors
+        pipe.delete(keys.errors(site))
+    if then is not None:
+        then(pipe)
+
+
+def _session(attempt: Attempt) -> int | None:
     """The generation of the site's login session to send the page with, logging the fleet in first
     if no worker has (``session``); None when the page has been dealt with instead.
 
@@ -339,6 +542,7 @@ def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, 
     (an error status, a refused URL, ``login`` raising or returning no Request) gives its
     lease back and counts as the page's failed attempt: retried with backoff, then failed.
     """
+    rt, task = attempt.rt, attempt.task
     session = Session(rt.connection, task.site)
     generation = session.generation()
     if generation is not None:
@@ -348,14 +552,14 @@ def _session(rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any, 
         rt.scheduler.schedule(task.site, task.to_entry(), LOGIN_WAIT, task.priority)
         return None
     try:
-        _log_in(rt, task, spider)
+        _log_in(rt, task, attempt.spider)
     except TransientError as exc:
         session.let_go(token)
-        _retry_or_fail(rt, task, exc, record, None, held)
+        _retry_or_fail(attempt, exc)
         return None
     except Exception as exc:  # the spider's login() or a permanent error: the page fails, the login is tried again
         session.let_go(token)
-        _retry_or_fail(rt, task, LoginFailed(f"login failed: {failure_text(exc).splitlines()[-1]}"), record, None, held)
+        _retry_or_fail(attempt, LoginFailed(f"login failed: {failure_text(exc).splitlines()[-1]}"))
         return None
     generation = session.logged_in(token)
     log.info("%s: logged in (session %d)", task.site, generation)
@@ -443,65 +647,26 @@ def _is_logged_out(spider: Any, response: Response) -> bool:
     return bool(check(_page_of(response))) if callable(check) else False
 
 
-def _logged_out(rt: runtime.Runtime, task: DownloadTask, generation: int, response: Response, record: Any) -> None:
+def _logged_out(attempt: Attempt, generation: int, response: Response) -> None:
     """A page the spider says is logged out: end its session (the fleet logs in again, once) and fetch
     the page again, never parse it; after 1 + ``max_retries`` such answers in a row it fails."""
+    rt, task = attempt.rt, attempt.task
     ended = Session(rt.connection, task.site).end(generation)
     if task.attempt > rt.settings.max_retries:
-        record(FAILED, response=response, error=f"logged out after {task.attempt} logins")
+        attempt.record(FAILED, response=response, error=f"logged out after {task.attempt} logins")
         return
     why = "ended it" if ended else "already ended"
-    record(RETRY, response=response, error=f"logged out (session {generation}, {why}): fetched again after login")
+    attempt.record(
+        RETRY, response=response, error=f"logged out (session {generation}, {why}): fetched again after login"
+    )
     rt.scheduler.schedule(task.site, dataclasses.replace(task, attempt=task.attempt + 1).to_entry(), 0, task.priority)
 
 
-def _download_rendered(
-    rt: runtime.Runtime,
-    task: DownloadTask,
-    spider: Any,
-    wait_for: str | None,
-    record: Any,
-    held: HeldRecords | None,
-) -> None:
-    """Render the page in the process's browser (``render``) and go on as for a fetched page.
-
-    Every request the page makes to the allowed domains takes the site's gate, as a
-    download does, and leaves a fetch record; the page's own record is written here.
-    A render that fails is retried, or failed, like a fetch; with no browser to render
-    with, the page is failed with the reason (``crawler retry`` once one is installed).
-    """
-    visit = Visit(
-        fetch=_browser_fetch(rt, task, spider, record),
-        domains=spider.domains(),
-        block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
-        user_agent=spider.user_agent or rt.settings.user_agent,
-    )
-    try:
-        response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
-        _raise_for_status(response)
-    except TransientError as exc:
-        _retry_or_fail(rt, task, exc, record, None, held)
-        return
-    except (PermanentError, ConfigError) as exc:
-        record(FAILED, error=str(exc), status=getattr(exc, "status", None))
-        return
-    if 300 <= response.status < 400 and response.location:
-        _follow_redirect(rt, task, response, record)
-    elif 300 <= response.status < 400:
-        record(FAILED, response=response, error="redirect without Location")
-    elif not accepts(spider.content_types, response.content_type):
-        record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
-    else:
-        record(OK, response=response, then=lambda pipe: _hand_to_parser(pipe, task, response))
-    _schedule_refresh(rt, task, None)  # a rendered page is asked for whole: its scripts may have changed it
-
-
-def _browser_fetch(
-    rt: runtime.Runtime, task: DownloadTask, spider: Any, record: Any
-) -> Callable[[str, Mapping[str, str], float, bool], Response]:
-    """``Visit.fetch`` for a download: each request through the site's gate, as ``_download_one``
+def _browser_fetch(attempt: Attempt) -> Callable[[str, Mapping[str, str], float, bool], Response]:
+    """``Visit.fetch`` for a download: each request through the site's gate, as ``Attempt.fetch``
     sends one, with the site's headers and, for a site with cookies, its jar (updated from each
-    answer); a record for each but the page's own (the download job writes that one)."""
+    answer); a record for each but the page's own (``Attempt.conclude`` writes that one)."""
+    rt, task, spider, record = attempt.rt, attempt.task, attempt.spider, attempt.record
     proxy = rt.proxy(task.site)
     site_headers = dict(getattr(spider, "headers", None) or {})
     jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
@@ -542,7 +707,7 @@ def _not_handled(content_types: tuple[str, ...], content_type: str) -> str:
     return f"not in content_types ({content_type})"
 
 
-def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavailable, record: Any) -> None:
+def _robots_gave_up(attempt: Attempt, exc: RobotsUnavailable) -> None:
     """Record the page failed: its robots.txt has failed 1 + ``max_retries`` times in a row.
 
     So a crawl drains (``--burst`` ends) on a site whose robots.txt never answers, where
@@ -552,8 +717,8 @@ def _robots_gave_up(rt: runtime.Runtime, task: DownloadTask, exc: RobotsUnavaila
     unrequested (RFC 9309: unreachable means disallow all), and robots.txt is still asked
     when its wait is over.
     """
-    record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
-    _schedule_refresh(rt, task, task.validators)
+    attempt.record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
+    _schedule_refresh(attempt.rt, attempt.task, attempt.task.validators)
 
 
 def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> dict[str, str]:
@@ -590,13 +755,13 @@ def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def _unchanged(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+def _unchanged(attempt: Attempt, response: Response) -> None:
     """A 304 to a conditional refresh: the page is as it was parsed last time.
 
     Its items are seen again (``last_seen`` moves on); no body is kept, no parse job made.
     """
-    touched = rt.store.touch_items(task.site, task.url, response.started)
-    record(UNCHANGED, response=response, error=f"not modified; {touched} item(s) seen again")
+    touched = attempt.rt.store.touch_items(attempt.task.site, attempt.task.url, response.started)
+    attempt.record(UNCHANGED, response=response, error=f"not modified; {touched} item(s) seen again")
 
 
 def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask, validators: Validators | None) -> None:
@@ -638,14 +803,7 @@ def _raise_for_status(response: Response) -> None:
         raise ClientStatus(response.status)
 
 
-def _retry_or_fail(
-    rt: runtime.Runtime,
-    task: DownloadTask,
-    exc: TransientError,
-    record: Any,
-    response: Response | None = None,
-    held: HeldRecords | None = None,
-) -> None:
+def _retry_or_fail(attempt: Attempt, exc: TransientError, response: Response | None = None) -> None:
     """Schedule another attempt after a backoff (or the server's Retry-After), or give up.
 
     Retry-After, a 429 or 503 without it, and a run of errors from one site, close the
@@ -655,8 +813,9 @@ def _retry_or_fail(
     batch ``held`` are written first: a success among them ends the run of errors before
     this error counts.
     """
-    if held is not None:
-        held.flush()
+    rt, task = attempt.rt, attempt.task
+    if attempt.held is not None:
+        attempt.held.flush()
     settings = rt.settings
     status = getattr(exc, "status", None)
     errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
@@ -671,24 +830,25 @@ def _retry_or_fail(
         pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
         rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row")
     if task.attempt > settings.max_retries:
-        record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        attempt.record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
         _schedule_refresh(rt, task, task.validators)  # the site may be back by then, the page as it was
         return
     delay = settings.backoff * 2 ** (task.attempt - 1)
     if exc.retry_after is not None:
         delay = max(delay, min(exc.retry_after, settings.max_retry_after))
-    record(RETRY, response=response, error=f"{exc}; retry in {delay:g}s", status=status)
+    attempt.record(RETRY, response=response, error=f"{exc}; retry in {delay:g}s", status=status)
     retry = dataclasses.replace(task, attempt=task.attempt + 1)
     rt.scheduler.schedule(task.site, retry.to_entry(), delay, task.priority)
 
 
-def _follow_redirect(rt: runtime.Runtime, task: DownloadTask, response: Response, record: Any) -> None:
+def _follow_redirect(attempt: Attempt, response: Response) -> None:
     """Send a redirect's target through the frontier as a request of its own.
 
     The target's domain is checked before its name is resolved (for the private-address
     check): a hostile page cannot make the worker look up names of its choosing outside
     the allowed domains (a tracking channel, or a name server of its own that never answers).
     """
+    rt, task, record = attempt.rt, attempt.task, attempt.record
     target = urljoin(task.url, (response.location or "").strip())
     if task.hops + 1 > rt.settings.max_redirects:
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
