@@ -238,7 +238,7 @@ CONSENT_SPIDER = """
         def parse_page(self, page):
             node = page.css_first("h1.sku")
             if node is not None:
-                yield {{"sku": node.text()}}
+                yield {{"sku": node.text(), "sent": sorted(h.lower() for h in page.request.headers)}}
 """
 
 
@@ -256,7 +256,10 @@ def test_a_consent_cookie_is_kept_and_sent_with_cookies_on_and_never_shown_by_fe
         _write_spider(sites, CONSENT_SPIDER.format(url=url, cookies=True))
         crawled = _run(_cli(redis_url, sqlite_url, sites, "crawl", "consent", "--fresh", "-n", "1"))
         assert crawled.returncode == 0, crawled.stderr[-2000:]
-        assert set(items_by_key(sqlite_url, "consent")) == {f"C-{i}" for i in range(1, 11)}
+        stored = items_by_key(sqlite_url, "consent")
+        assert set(stored) == {f"C-{i}" for i in range(1, 11)}
+        # The jar's Cookie header is the fetcher's: it does not ride with the page to the parse workers.
+        assert all("cookie" not in item["sent"] for item in stored.values()), stored
         assert Jar(redis_conn, "consent").names() == ["consent"]  # the deleting Set-Cookie left nothing
         assert redis_conn.exists(keys.cookies("consent"))
 

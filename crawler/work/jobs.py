@@ -460,7 +460,11 @@ class Attempt:
             # written: a parse record (a callback that failed) is then always the page's latest.
             compressed = self.sink.finish() if self.sink else None
             hand = functools.partial(
-                _hand_to_parser, task=task, response=response, compressed=compressed, sent=self.headers
+                _hand_to_parser,
+                task=task,
+                response=response,
+                compressed=compressed,
+                sent=sent_headers(self.spider, task),
             )
             self.record(OK, response=response, then=hand)
             validators = validators_of(response.headers)
