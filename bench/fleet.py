@@ -143,7 +143,7 @@ class FleetConfig:
     @property
     def requests_per_site(self) -> int:
         """robots.txt, home, listing pages, the PDF, the products (what a full crawl fetches)."""
-        return 4 + max(1, -(-self.products // PER_PAGE)) + self.products
+        return 3 + max(1, -(-self.products // PER_PAGE)) + self.products
 
     @property
     def budget(self) -> float:
@@ -410,7 +410,11 @@ def pss_kib(pid: int) -> int:
 
 
 class PssSampler:
-    """Sums the PSS of some processes and all their descendants every ``SAMPLE_EVERY`` s, in a thread."""
+    """Sums the PSS of some processes and all their descendants every ``SAMPLE_EVERY`` s, in a thread.
+
+    It also keeps the last CPU time seen of each process under a root, for a breakdown
+    (``cpu_by_root``: a little short, the last ``SAMPLE_EVERY`` s of each process missing).
+    """
 
     def __init__(self, roots: list[int], extra: list[int]):
         import psutil
@@ -419,27 +423,51 @@ class PssSampler:
         self.roots, self.extra = roots, extra
         self.peak = 0
         self.samples = 0
+        self.cpu: dict[int, tuple[int, float]] = {}  # pid -> (its root, CPU seconds last seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
         self._thread.start()
 
-    def pids(self) -> set[int]:
-        found = set(self.extra)
+    def pids(self) -> dict[int, Any]:
+        """Every process sampled: pid -> its psutil handle (None for ``extra``)."""
+        found: dict[int, Any] = dict.fromkeys(self.extra)
         for root in self.roots:
             try:
                 process = self.psutil.Process(root)
-                found.add(root)
-                found.update(child.pid for child in process.children(recursive=True))
+                found[root] = process
+                found.update((child.pid, child) for child in process.children(recursive=True))
             except self.psutil.NoSuchProcess:
                 continue
         return found
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            total = sum(pss_kib(pid) for pid in self.pids())
+            found = self.pids()
+            total = sum(pss_kib(pid) for pid in found)
             self.peak = max(self.peak, total)
             self.samples += 1
+            for pid, process in found.items():
+                if process is None:
+                    continue
+                try:
+                    times = process.cpu_times()
+                    root = pid if pid in self.roots else self.cpu.get(pid, (None, 0))[0] or self._root_of(process)
+                    self.cpu[pid] = (root, times.user + times.system)
+                except self.psutil.Error:
+                    continue
             self._stop.wait(SAMPLE_EVERY)
+
+    def _root_of(self, process: Any) -> int:
+        for parent in process.parents():
+            if parent.pid in self.roots:
+                return int(parent.pid)
+        return 0
+
+    def cpu_by_root(self, root: int) -> tuple[float, float, int]:
+        """CPU seconds of ``root`` itself, of its descendants, and how many descendants were seen."""
+        own = sum(cpu for pid, (_, cpu) in self.cpu.items() if pid == root)
+        children = [cpu for pid, (r, cpu) in self.cpu.items() if r == root and pid != root]
+        return own, sum(children), len(children)
 
     def stop(self) -> float:
         """Stop sampling; the peak PSS sum in MiB."""
@@ -579,6 +607,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
         cpu = _children_cpu() - cpu0
         redis_cpu = _info_cpu(redis) - redis_cpu0
         commands = sum(command_delta(stats, command_stats(redis.connection)).values())
+        breakdown = {kind: sampler.cpu_by_root(w.pid) for kind, w in zip(("download", "parse"), workers, strict=True)}
         errors = [w.stderr.read()[-1500:] if w.stderr else "" for w in workers]
         served = server.stop()
     except BaseException:
@@ -603,6 +632,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             "seed_wall": seed_wall,
             "seed_cpu": seed_cpu,
             "redis_commands": commands,
+            "breakdown": breakdown,
             "stderr": [e.strip().splitlines()[-3:] for e in errors if e.strip()],
         }
     )
@@ -806,6 +836,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 else:
                     continue
                 figures["round"] = n
+                figures["load"] = os.getloadavg()[0]
                 runs.append(figures)
                 print(
                     f"  fleet {chosen.label} round {n}: {figures['name']} {figures['requests']} requests in "
@@ -870,6 +901,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
         [
             "round",
             "workers CPU s",
+            "of which (sampled) download launcher / processes, parse launcher / processes",
             "Redis CPU s",
             "Redis commands/request",
             "seed wall s",
@@ -882,6 +914,10 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             [
                 r["round"],
                 r["workers_cpu"],
+                ", ".join(
+                    f"{kind} {own:.1f} / {children:.1f} ({count})"
+                    for kind, (own, children, count) in r["breakdown"].items()
+                ),
                 r["redis_cpu"],
                 r["redis_commands"] / max(1, r["requests"]),
                 r["seed_wall"],
@@ -898,7 +934,8 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             result.notes.append(f"{r['name']} round {r['round']} stderr: " + " | ".join(tail))
         result.notes.append(
             f"{r['name']} round {r['round']}: site server CPU {r['server_cpu']:.1f} s over {r['server_wall']:.0f} s "
-            f"({r['server_cpu'] / r['server_wall'] * 100:.0f}% of a core)"
+            f"({r['server_cpu'] / r['server_wall'] * 100:.0f}% of a core); 1-minute load average after it "
+            f"{r['load']:.2f} on {os.cpu_count()} cores (the machine is shared)"
         )
     if not ours_runs:
         return result
