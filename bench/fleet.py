@@ -89,8 +89,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from crawler.coord import keys
 from crawler.demo import ShopSite
 from crawler.demo.wire import SO_TIMESTAMPNS
+from crawler.ops.reset import reset_site
 
 from .common import (
     BenchRedis,
@@ -504,15 +506,23 @@ def _wait_all(processes: list[subprocess.Popen[Any]], timeout: float) -> bool:
 # -- the arrivals -----------------------------------------------------------------------
 
 
-def arrival_figures(log: list[list[Any]], config: FleetConfig, started_wall: float) -> dict[str, Any]:
-    """Utilization, ramp, violations and smallest gap from the server's log (see the module docstring)."""
+def arrival_figures(
+    log: list[list[Any]], config: FleetConfig, started_wall: float, ended_wall: float
+) -> dict[str, Any]:
+    """Utilization, ramp, violations and smallest gap from the server's log (see the module docstring).
+
+    A site's active window runs from its first request to its last, or to the end of the
+    run (``ended_wall``) when it got fewer than all its requests (a crawl cut short: the
+    site still had work); a site never reached adds nothing to it (its ramp is the run).
+    """
     per_site: dict[int, list[float]] = defaultdict(list)
     for arrival, site, _method, _target in log:
         per_site[site].append(arrival)
     used = windows = 0.0
     violations = 0
     smallest: float | None = None
-    ramps, excess = [], []
+    ramps = [ended_wall - started_wall] * (config.sites - len(per_site))
+    excess = []
     for times in per_site.values():
         times.sort()
         gaps = [b - a for a, b in zip(times, times[1:])]
@@ -520,19 +530,20 @@ def arrival_figures(log: list[list[Any]], config: FleetConfig, started_wall: flo
         if gaps:
             smallest = min(gaps) if smallest is None else min(smallest, min(gaps))
             excess.append(statistics.fmean(gaps) - config.interval)
+        end = times[-1] if len(times) >= config.requests_per_site else max(ended_wall, times[-1])
         used += len(times) - 1
-        windows += (times[-1] - times[0]) / config.interval
+        windows += (end - times[0]) / config.interval
         ramps.append(times[0] - started_wall)
     return {
         "requests": len(log),
         "sites_reached": len(per_site),
+        "sites_complete": sum(1 for times in per_site.values() if len(times) >= config.requests_per_site),
         "utilization": used / windows if windows else 0.0,
         "ramp_mean": statistics.fmean(ramps) if ramps else None,
         "ramp_max": max(ramps) if ramps else None,
         "excess_gap_ms": statistics.fmean(excess) * 1000 if excess else None,
         "violations": violations,
         "smallest_gap": smallest,
-        "last_arrival": max((t[-1] for t in per_site.values()), default=started_wall) - started_wall,
     }
 
 
@@ -600,9 +611,9 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
         redis_pid = redis.server_pid()
         sampler = PssSampler([w.pid for w in workers], [redis_pid] if redis_pid else [])
         finished = _wait_all(workers, timeout)
+        ended_wall, wall = time.time(), time.monotonic() - started  # a cut crawl: the timeout, not the stopping
         if not finished:
             _terminate(workers)
-        wall = time.monotonic() - started
         peak = sampler.stop()
         cpu = _children_cpu() - cpu0
         redis_cpu = _info_cpu(redis) - redis_cpu0
@@ -613,7 +624,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
     except BaseException:
         server.process.kill()
         raise
-    figures = arrival_figures(served["log"], config, started_wall)
+    figures = arrival_figures(served["log"], config, started_wall, ended_wall)
     items, outcomes = _stored(settings.database_url, names)
     figures.update(
         {
@@ -636,6 +647,11 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             "stderr": [e.strip().splitlines()[-3:] for e in errors if e.strip()],
         }
     )
+    if not finished:  # work is left: idle workers would go on crawling it
+        figures["idle_note"] = "the crawl was cut short: its work forgotten (crawler.ops.reset.reset_site) first"
+        for name in names:
+            reset_site(redis.connection, name)
+        redis.connection.delete(keys.pages())
     figures.update(measure_idle(redis, config_file, workdir, idle))
     return figures
 
@@ -755,9 +771,9 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
         )
         sampler = PssSampler([process.pid], [])
         finished = _wait_all([process], timeout)
+        ended_wall, wall = time.time(), time.monotonic() - started  # a cut crawl: the timeout, not the stopping
         if not finished:
             _terminate([process])
-        wall = time.monotonic() - started
         peak = sampler.stop()
         cpu = _children_cpu() - cpu0
         stderr = process.stderr.read() if process.stderr else ""
@@ -767,7 +783,7 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
         raise
     lines = feed.read_text().splitlines() if feed.exists() else []
     items = {(urlsplit(row["url"]).hostname, row["sku"]) for row in map(json.loads, filter(str.strip, lines))}
-    figures = arrival_figures(served["log"], config, started_wall)
+    figures = arrival_figures(served["log"], config, started_wall, ended_wall)
     figures.update(
         {
             "name": "Scrapy",
@@ -855,6 +871,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             "crawler",
             "finished",
             "requests",
+            "sites reached / complete",
             "wall s",
             "req/s (wall)",
             "utilization",
@@ -876,6 +893,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 r["name"],
                 r["finished"],
                 r["requests"],
+                f"{r['sites_reached']} / {r['sites_complete']}",
                 r["wall"],
                 r["requests"] / r["wall"],
                 r["utilization"],
@@ -930,6 +948,8 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
         ],
     )
     for r in runs:
+        if r.get("idle_note"):
+            result.notes.append(f"{r['name']} round {r['round']} idle: {r['idle_note']}")
         for tail in r["stderr"]:
             result.notes.append(f"{r['name']} round {r['round']} stderr: " + " | ".join(tail))
         result.notes.append(
