@@ -617,7 +617,8 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
         peak = sampler.stop()
         cpu = _children_cpu() - cpu0
         redis_cpu = _info_cpu(redis) - redis_cpu0
-        commands = sum(command_delta(stats, command_stats(redis.connection)).values())
+        delta = command_delta(stats, command_stats(redis.connection))
+        commands = sum(delta.values())
         breakdown = {kind: sampler.cpu_by_root(w.pid) for kind, w in zip(("download", "parse"), workers, strict=True)}
         errors = [w.stderr.read()[-1500:] if w.stderr else "" for w in workers]
         served = server.stop()
@@ -643,6 +644,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             "seed_wall": seed_wall,
             "seed_cpu": seed_cpu,
             "redis_commands": commands,
+            "top_commands": sorted(delta.items(), key=lambda kv: -kv[1])[:6],
             "breakdown": breakdown,
             "stderr": [e.strip().splitlines()[-3:] for e in errors if e.strip()],
         }
@@ -922,6 +924,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             "of which (sampled) download launcher / processes, parse launcher / processes",
             "Redis CPU s",
             "Redis commands/request",
+            "top commands /request",
             "seed wall s",
             "seed CPU s",
             "fetch outcomes",
@@ -938,6 +941,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 ),
                 r["redis_cpu"],
                 r["redis_commands"] / max(1, r["requests"]),
+                ", ".join(f"{name} {n / max(1, r['requests']):.0f}" for name, n in r["top_commands"]),
                 r["seed_wall"],
                 r["seed_cpu"],
                 ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),
