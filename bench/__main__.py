@@ -2,7 +2,8 @@
 
 With no NAME every benchmark runs, in the order below; ``--quick`` runs each in a
 smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
-``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``. Each
+``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``;
+``--config quick|200|1000`` picks ``fleet``'s scenario. Each
 benchmark runs on its own private Redis (``crawler.coord.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``). Scrapy, for the throughput
 comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
@@ -35,6 +36,7 @@ BENCHMARKS = (
     "recrawl",
     "sitemaps",
     "render",
+    "fleet",
 )
 
 
@@ -53,6 +55,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="URL",
         help="parse: the URL the --page of the same rank was served from",
     )
+    parser.add_argument(
+        "--config", choices=("quick", "200", "1000"), help="fleet: the scenario [200; quick with --quick]"
+    )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
@@ -63,8 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def options(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword arguments of one benchmark's ``run`` beyond ``quick`` (only ``parse`` takes any)."""
-    return {"pages": args.page, "urls": args.url} if name == "parse" else {}
+    """Keyword arguments of one benchmark's ``run`` beyond ``quick`` (``parse``'s pages, ``fleet``'s scenario)."""
+    if name == "parse":
+        return {"pages": args.page, "urls": args.url}
+    return {"config": args.config} if name == "fleet" else {}
 
 
 def main(argv: list[str] | None = None) -> int:
