@@ -34,7 +34,8 @@ throughput`` (same selectors and items) with every site's home as start URL,
 0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
 ``CONCURRENT_REQUESTS`` = 2 x sites, ``ROBOTSTXT_OBEY=True``, a JSON lines feed; found as
 ``bench throughput`` finds it (``BENCH_SCRAPY_PYTHON``). Ours runs first, then Scrapy
-(``BENCH_FLEET_ROUNDS=N`` repeats both, alternating which goes first). Either is stopped
+(``BENCH_FLEET_ROUNDS=N`` repeats both, alternating which goes first;
+``BENCH_FLEET_SCRAPY=0`` leaves Scrapy out, to look at ours alone). Either is stopped
 after ``BENCH_FLEET_TIMEOUT`` seconds (default max(120, 4 x ideal)), which fails its wall check.
 
 Figures, per crawler:
@@ -123,6 +124,8 @@ IDLE_WINDOW = 10.0
 QUICK_IDLE_WINDOW = 5.0
 #: Environment: extra arguments of ``crawler worker download``; seconds a crawl may take; rounds.
 DOWNLOAD_ARGS_ENV = "BENCH_FLEET_DOWNLOAD_ARGS"
+#: ``0``: run ours only (a look at our figures, not a comparison).
+SCRAPY_ENV = "BENCH_FLEET_SCRAPY"
 TIMEOUT_ENV = "BENCH_FLEET_TIMEOUT"
 ROUNDS_ENV = "BENCH_FLEET_ROUNDS"
 #: Violations are also counted apart when they come this much (s) before the interval is up.
@@ -823,7 +826,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
     timeout = _timeout(chosen)
     rounds = int(os.environ.get(ROUNDS_ENV, "1"))
     idle = QUICK_IDLE_WINDOW if chosen.label == "quick" else IDLE_WINDOW
-    python = scrapy_python()
+    python = scrapy_python() if os.environ.get(SCRAPY_ENV, "1") != "0" else None
     result = BenchResult(
         "fleet",
         {

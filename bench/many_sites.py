@@ -111,7 +111,7 @@ def measure_ours(url: str, frontiers_by_site: dict[str, Frontier], dequeues: int
             Job.fetch(step.job_id, connection=client, serializer=JSONSerializer)
             done += 1
             if step.refill:
-                frontiers[str(step.site)].refill(JOBS_AHEAD)
+                frontiers[str(step.site)].refill(JOBS_AHEAD, due_now=True)
                 refills += 1
         elif step.site is not None:  # as the worker does: refill, then that site's turn
             frontiers[step.site].refill(JOBS_AHEAD)

@@ -40,7 +40,7 @@ def take(scheduler: Scheduler, attempts: int = 4):  # type: ignore[no-untyped-de
     step = scheduler.next()
     for _ in range(attempts):
         if step.job_id is None and step.site is not None and step.refill:
-            frontier(scheduler.connection, step.site).refill(2)
+            frontier(scheduler.connection, step.site).refill(2, due_now=True)
             step = scheduler.take(step.site) or scheduler.next()
             continue
         return step
@@ -92,6 +92,22 @@ def test_a_site_with_work_is_handed_out_once_per_interval(redis_conn: Redis) -> 
     assert second.wait is not None and 0.1 < second.wait <= 0.2  # the site is due again one interval later
     time.sleep(second.wait)
     assert take(scheduler).site == "a"
+
+
+def test_a_site_being_refilled_is_left_out_of_other_workers_picks_until_its_jobs_are_made(redis_conn: Redis) -> None:
+    """A dry RQ queue is refilled by the worker that found it; the others, which all picked that site
+    (the first due) and found its refill lock taken, spun on it: 28 NEXT_JOB calls a job at 200 sites."""
+    for site in ("a", "b"):
+        fill(redis_conn, site, 3, interval=10)
+        redis_conn.zadd(keys.ready(), {site: 0 if site == "a" else 1})
+    scheduler = Scheduler(redis_conn)
+    first = scheduler.next()
+    assert (first.site, first.job_id, first.refill) == ("a", None, True)
+    other = scheduler.next()  # another worker, meanwhile
+    assert other.site == "b", "a site being refilled was handed to another worker"
+    assert frontier(redis_conn, "a").refill(2, due_now=True) == 2
+    step = scheduler.take("a")
+    assert step is not None and step.job_id is not None
 
 
 def test_workers_are_handed_other_sites_while_one_site_waits(redis_conn: Redis) -> None:

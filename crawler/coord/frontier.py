@@ -607,10 +607,12 @@ class Frontier:
         self.refill(JOBS_AHEAD)
         return evicted
 
-    def refill(self, jobs_ahead: int) -> int:
+    def refill(self, jobs_ahead: int, due_now: bool = False) -> int:
         """Turn compact entries into RQ jobs until ``jobs_ahead`` are queued, highest priority first.
 
-        Each job carries up to ``batch`` entries of one priority, in their order.
+        Each job carries up to ``batch`` entries of one priority, in their order. ``due_now``:
+        the refill was asked for by a NEXT_JOB that found the queue dry (and held the site out
+        of other workers' picks): once jobs are made, the site is due again at once.
 
         Returns how many. A short per-site lock keeps two workers from turning the same
         entries into jobs. The read of the frontier lists and the move (jobs written, lists
@@ -628,6 +630,8 @@ class Frontier:
                 except WatchError:
                     continue
                 self.scheduler.forget_empty_levels(self.site, made[1])
+                if made[0] and due_now:
+                    self.connection.zadd(keys.ready(), {self.site: 0}, xx=True)
                 return made[0]
             return 0  # the lists kept changing; the next refill will do it
         finally:

@@ -61,6 +61,9 @@ MAX_TRIES = 8
 #: Seconds a worker waits when the site it just re-scored is due again at once (an interval
 #: shorter than PREPARE_AHEAD, behind a closed gate): the next look, not a spin.
 RETRY_SOON = 0.001
+#: Seconds a site whose RQ queue ran dry is left out of other workers' picks while one refills it
+#: (the refill marks it due again when done: this only bounds the pause if that worker dies).
+REFILL_HOLD = 1.0
 #: Seconds before a site's gate opens that one of its jobs is handed out: the worker claims
 #: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
@@ -217,7 +220,7 @@ class Scheduler:
         for _ in range(2):  # a second time when the site's conf names a gate not known here
             site_keys = self._site_keys.get(site) or self._keys_of(site)
             gate = self._gates.get(site)
-            args: list[str | int] = [site, REFILL_BELOW, *self._pick_args]
+            args: list[str | int] = [site, REFILL_BELOW, *self._pick_args, int(REFILL_HOLD * 1000)]
             reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
             code = int(reply[0])
             if code == 1:

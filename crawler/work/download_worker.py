@@ -520,7 +520,7 @@ class DownloadWorker(CrawlWorker):
             if step.site is None:
                 return None, step.wait
             # Its RQ queue ran dry: compact entries into jobs, then its turn again.
-            rt.frontier(step.site).refill(JOBS_AHEAD)
+            rt.frontier(step.site).refill(JOBS_AHEAD, due_now=True)
             refilled = step.site
         return None, 0.0
 

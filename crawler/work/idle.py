@@ -145,16 +145,16 @@ class IdleRoom:
         self._poked.set()
 
     def found_work(self) -> None:
-        """A look found a job for its thread: one more thread looks (a sleeper woken, the watcher
-        poked, or one more grown when none is free), since there may be more."""
+        """A look found a job for its thread: one more thread looks (a sleeper woken, or one more
+        grown when none is free), since there may be more. A watcher is left asleep: it looks
+        when the first gate it was told of opens, and work that comes sooner is announced."""
         with self._cond:
             self._busy += 1
             if self._sleepers:
                 self._cond.notify(1)
                 return
             if self._watching:
-                self._poked.set()
-                return
+                return  # it looks when the first gate it knows of opens; nothing else is due now
             total = self._members + self._starting
             if self.grow is None or total - self._busy > 0 or total >= self.most:
                 return  # a thread between two jobs looks next, or the room is full

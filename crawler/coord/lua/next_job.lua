@@ -11,8 +11,12 @@
 --   share), absent when it knows of none.
 -- ARGV[1] = the site (its member in the ready set), ARGV[2] = refill when fewer jobs than this
 --   are left queued, ARGV[3] = ms before its gate opens that a site's job may be handed out
---   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides.
--- Returns {1, job_id, refill} | {2} (its RQ queue is empty: refill, then call again) |
+--   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides,
+--   ARGV[4] = ms the site is held out of other workers' picks while one refills its queue
+--   (scheduler.REFILL_HOLD).
+-- Returns {1, job_id, refill} | {2} (its RQ queue is empty: refill, then call again; the site is
+--   re-scored ARGV[4] ms ahead meanwhile, so other workers pick other sites, and the refill marks it
+--   due again once done) |
 --   {3, gate} (its conf names a gate that is not KEYS[9]: call again with that one) |
 --   {0, wait_ms} (no job: the site is not due, or was re-scored; it is due again in wait_ms) |
 --   {-1} (the site is not in the ready set, or has just left it: no work).
@@ -24,7 +28,7 @@
 --@include _now.lua
 local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, known_gate =
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local site, REFILL_BELOW, ahead = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local site, REFILL_BELOW, ahead, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 
 local due = tonumber(redis.call('ZSCORE', ready, site))
@@ -50,7 +54,12 @@ local function rescore(at)
     return {0, at - ahead - now}
 end
 if conf[2] == '1' then return rescore(now + 1000) end
-if queued == 0 and compact > 0 then return {2} end
+if queued == 0 and compact > 0 then
+    -- One worker refills; the others, which would all pick this site (the first due) and
+    -- find the refill lock taken, pick other sites meanwhile.
+    redis.call('ZADD', ready, now + hold, site)
+    return {2}
+end
 if queued == 0 then
     redis.call('ZREM', ready, site)
     return {-1}
