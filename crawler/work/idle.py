@@ -28,6 +28,10 @@ log = logging.getLogger("crawler.workers")
 SLEEPER_CHECK_EVERY = 1.0
 #: Seconds a grown thread sleeps unwanted before it retires (threads beyond the first only).
 RETIRE_AFTER = 60.0
+#: Threads of a process that look for work at once. A thread done with its job that finds this
+#: many looking sleeps until a look finds work: 36 threads of one process looking at once, each
+#: handed the same first due site, was most of the scheduler's Redis calls at 200 sites.
+MOST_LOOKING = 2
 
 
 class Every:
@@ -68,6 +72,7 @@ class IdleRoom:
         self._watching = False
         self._poked = threading.Event()
         self._sleepers = 0
+        self._looking = 0
         self._members = 0
         self._starting = 0
         self._busy = 0
@@ -101,6 +106,40 @@ class IdleRoom:
                 return True
             return False
 
+    def start_look(
+        self, stop: threading.Event, on_check: Callable[[], Any] | None = None, may_retire: bool = False
+    ) -> bool | None:
+        """Wait until this thread may look for work (fewer than MOST_LOOKING look); True then
+        (``end_look`` when done), False when it should stop, None when it should retire."""
+        unwanted = 0.0
+        while True:
+            with self._cond:
+                if self.drained or stop.is_set():
+                    return False
+                if self._looking < MOST_LOOKING:
+                    self._looking += 1
+                    return True
+                woken = self._sleep()
+            if not woken:
+                unwanted += SLEEPER_CHECK_EVERY
+                if may_retire and unwanted >= RETIRE_AFTER:
+                    return None
+                if on_check is not None:
+                    on_check()  # outside the lock: it may call Redis
+
+    def end_look(self) -> None:
+        """A look that ``start_look`` let start is over."""
+        with self._cond:
+            self._looking = max(0, self._looking - 1)
+
+    def _sleep(self) -> bool:
+        """Sleep (holding ``_cond``) until woken or SLEEPER_CHECK_EVERY seconds; whether woken."""
+        self._sleepers += 1
+        try:
+            return self._cond.wait(SLEEPER_CHECK_EVERY)
+        finally:
+            self._sleepers -= 1
+
     def rest(
         self, wait: float, stop: threading.Event, on_check: Callable[[], Any] | None = None, may_retire: bool = False
     ) -> bool:
@@ -117,11 +156,7 @@ class IdleRoom:
                     self._watching = True
                     self._poked.clear()
                     break
-                self._sleepers += 1
-                try:
-                    woken = self._cond.wait(SLEEPER_CHECK_EVERY)
-                finally:
-                    self._sleepers -= 1
+                woken = self._sleep()
             if woken or stop.is_set() or self.drained:
                 return False
             unwanted += SLEEPER_CHECK_EVERY
