@@ -212,3 +212,26 @@ def test_workers_at_rest_have_written_every_count_without_stopping(redis_conn: R
             stop.set()
             for thread in threads:
                 thread.join(30)
+
+
+def test_counts_of_many_sites_are_written_less_often_so_a_page_costs_fewer_commands(redis_conn: Redis) -> None:
+    """200 sites at a page a second each: one write a second would carry one page's counts a site,
+    a field at a time; the period grows with the sites waiting (five times at most)."""
+    few, many = Counters(redis_conn, flush_every=0.2), Counters(redis_conn, flush_every=0.2)
+    try:
+        for i in range(10):
+            few.add(f"few{i}", {"fetched": 1})
+        for i in range(1000):
+            many.add(f"many{i}", {"fetched": 1})
+        started = time.monotonic()
+        while few.pending() and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        assert few.pending() == 0 and time.monotonic() - started < 0.2 * 2 + 0.5
+        assert many.pending() == 1000, "counts of 1,000 sites written after one period"
+        while many.pending() and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        assert many.pending() == 0 and time.monotonic() - started >= 0.2 * counters.MOST_PERIODS - 0.1
+    finally:
+        few.close()
+        many.close()
+    assert redis_conn.hget(keys.stats("many999"), "fetched") == b"1"

@@ -7,7 +7,8 @@ the progress and summary of ``crawler crawl``, ``crawler stats``) and
 module is their one writer. A job ``add``s its increments to its process's ``Counters``
 (shared by the worker threads, under a lock), which sums them per field and writes the
 sums in one transaction, one ``HINCRBY`` per field: from a thread of its own at most
-FLUSH_EVERY after the first count not yet written, and at once when a worker stops or
+FLUSH_EVERY after the first count not yet written (up to five times that with counts of
+hundreds of sites waiting: ``SITES_PER_PERIOD``), and at once when a worker stops or
 ends its burst (``flush``) or finds no work while its process has stopped counting
 (``flush_if_quiet``), so a finished crawl shows exact totals.
 
@@ -53,6 +54,12 @@ log = logging.getLogger("crawler.counters")
 #: a second per process it turns a dozen commands a page into a few dozen a second; a
 #: longer interval would save little more and make the progress rates jumpier.
 FLUSH_EVERY = 1.0
+
+#: Sites whose counts one write of FLUSH_EVERY carries; with more waiting the period grows in
+#: proportion, up to MOST_PERIODS: a write per site per second cost 200 slow sites, each at one
+#: page a second, nine commands a page (their counts of one page each, a field at a time).
+SITES_PER_PERIOD = 50
+MOST_PERIODS = 5.0
 
 #: Seconds without a count after which a worker with no work writes its process's counts
 #: at once (``flush_if_quiet``): the process is at rest, so waiting for the timer would
@@ -224,6 +231,12 @@ class Counters:
             self._since = time.monotonic()  # the next try in one interval
             self._start()
 
+    def _period(self) -> float:
+        """Seconds between two writes now: ``flush_every``, longer with counts of many sites waiting
+        (called holding the lock; see SITES_PER_PERIOD)."""
+        sites = len(self._stats.keys() | self._metrics.keys())
+        return self.flush_every * min(MOST_PERIODS, max(1.0, sites / SITES_PER_PERIOD))
+
     def _start(self) -> None:
         """Start the writing thread if it is not running (called holding the lock)."""
         if self._thread is None and not self._closed:
@@ -240,7 +253,7 @@ class Counters:
                     if self._since is None:
                         self._cond.wait()
                         continue
-                    left = self._since + self.flush_every - time.monotonic()
+                    left = self._since + self._period() - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)

@@ -40,7 +40,7 @@ from rq.utils import now
 from rq.worker import WorkerStatus
 
 from ..coord import inflight, joblife, keys
-from ..coord.joblife import HEARTBEAT_EVERY, REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
+from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap, renew_every
 from ..coord.replies import text
 from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler, mark_ready
 from ..coord.vetting import CrawlerJob
@@ -79,7 +79,7 @@ class LeaseKeeper:
     """One thread per process that renews the leases of the jobs its worker threads run.
 
     ``hold`` and ``release`` bracket a worker's job (one at a time per worker); its lease is
-    renewed (the worker's ``maintain_heartbeats``) every HEARTBEAT_EVERY seconds from the
+    renewed (the worker's ``maintain_heartbeats``) every ``joblife.renew_every`` seconds from the
     job's start while it runs, and once ``release`` returns no renewal of that job is under
     way or to come. One thread for the process, not one per worker: hundreds of workers
     cost one waiting thread. While it holds any job, it notes the process busy for the
@@ -91,6 +91,7 @@ class LeaseKeeper:
         self._name = name
         self._connection = connection
         self._job_lease = job_lease
+        self._renew_every = renew_every(job_lease)
         self._me = inflight.member()
         self._noted = False
         self._note_due = 0.0
@@ -105,7 +106,7 @@ class LeaseKeeper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"lease-{self._name}", daemon=True)
                 self._thread.start()
-            self._held[worker] = (job, execution, time.monotonic() + HEARTBEAT_EVERY)
+            self._held[worker] = (job, execution, time.monotonic() + self._renew_every)
             if len(self._held) == 1:  # else the thread is waiting for an earlier renewal than this one
                 self._cond.notify()
 
@@ -157,7 +158,7 @@ class LeaseKeeper:
                     self._renewing = None
                     self._cond.notify_all()
                 if self._held.get(worker, (None,))[0] is job:
-                    self._held[worker] = (job, execution, time.monotonic() + HEARTBEAT_EVERY)
+                    self._held[worker] = (job, execution, time.monotonic() + self._renew_every)
             if self._noted:
                 self._unlocked(self._note, False)
 
