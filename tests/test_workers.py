@@ -518,12 +518,14 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _idle_fleet(redis_url: str, redis_conn: Redis, settings: Settings, threads: int) -> tuple[float, float]:
+def _idle_fleet(
+    redis_url: str, redis_conn: Redis, settings: Settings, threads: int, count: int = 200
+) -> tuple[float, float]:
     """Redis commands a second, and the busiest process's CPU share, of 2 idle download processes of ``threads``."""
-    sites = tuple(f"idle{i:03d}" for i in range(200))
+    sites = tuple(f"idle{i:04d}" for i in range(count))
     processes = start_workers([WorkerSpec("download", sites, threads=threads)] * 2, settings, redis_url)
     try:
-        time.sleep(4)  # started, registered, settled
+        time.sleep(4 + count / 200)  # started, registered, settled (a first pass of the reaper and repair)
         before = int(redis_conn.info("stats")["total_commands_processed"])
         cpu_before = [_cpu_seconds(p.pid) for p in processes]
         started = time.monotonic()
@@ -550,6 +552,38 @@ def test_idle_download_workers_cost_redis_the_same_whatever_their_thread_count(
     # slices: some 20 commands a second a process at 200 sites, not hundreds.
     assert many <= 60, f"2 idle processes sent Redis {many:.0f} commands/s"
     assert cpu < 0.02, f"an idle process of 32 threads used {cpu:.1%} of a core"
+    # Whatever the sites: the reaper reads every queue only while some process holds jobs.
+    thousand, cpu = _idle_fleet(redis_url, redis_conn, settings, threads=32, count=1000)
+    print(f"idle, 2 processes, 1,000 sites: {thousand:.0f} commands/s, cpu {cpu:.1%}")
+    assert thousand <= 60, f"2 idle processes of 1,000 sites sent Redis {thousand:.0f} commands/s"
+    assert cpu < 0.02, f"an idle process of 1,000 sites used {cpu:.1%} of a core"
+
+
+def test_a_worker_of_many_sites_is_listed_by_rq_without_joining_each_queues_worker_set(
+    redis_conn: Redis, runtime: Runtime
+) -> None:
+    """RQ lists a worker in a set per queue it serves: 1,000 commands at each thread's start and end
+    for a worker of 1,000 sites. One of a few sites is listed per queue as RQ does; one of many in
+    RQ's set of all workers only."""
+    from rq import Worker
+
+    from crawler.work.download_worker import MOST_QUEUES_LISTED
+
+    few = DownloadWorker(redis_conn, ["f1", "f2"], rt=runtime)
+    many = DownloadWorker(redis_conn, [f"m{i}" for i in range(MOST_QUEUES_LISTED + 1)], rt=runtime)
+    for worker in (few, many):
+        worker.register_birth()
+    try:
+        listed = {w.name for w in Worker.all(connection=redis_conn, serializer=few.serializer)}
+        assert {few.name, many.name} <= listed
+        assert redis_conn.smembers(f"rq:workers:{keys.download_queue('f1')}") == {few.key.encode()}
+        assert not redis_conn.exists(f"rq:workers:{keys.download_queue('m0')}")
+    finally:
+        for worker in (few, many):
+            worker.register_death()
+    listed = {w.name for w in Worker.all(connection=redis_conn, serializer=few.serializer)}
+    assert not {few.name, many.name} & listed
+    assert not redis_conn.exists(f"rq:workers:{keys.download_queue('f1')}")
 
 
 def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_2000_sites(
