@@ -30,38 +30,44 @@ from ``BENCH_FLEET_DOWNLOAD_ARGS`` (e.g. ``"-n 2 --threads 64"``); by default no
 default command. Scrapy: one ``scrapy runspider`` process of the spider of ``bench
 throughput`` (same selectors and items) with every site's home as start URL,
 ``DOWNLOAD_DELAY`` = interval with no jitter (``DOWNLOAD_DELAY_JITTER=0``, or
-``RANDOMIZE_DOWNLOAD_DELAY=False`` where it has none (2.19 deprecates it): by default each delay is drawn from
-0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
+``RANDOMIZE_DOWNLOAD_DELAY=False`` in a Scrapy without it; by default each delay is drawn
+from 0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
 ``CONCURRENT_REQUESTS`` = 2 x sites, ``ROBOTSTXT_OBEY=True``, a JSON lines feed; found as
 ``bench throughput`` finds it (``BENCH_SCRAPY_PYTHON``). Ours runs first, then Scrapy
-(``BENCH_FLEET_ROUNDS=N`` repeats both, alternating which goes first;
-``BENCH_FLEET_SCRAPY=0`` leaves Scrapy out, to look at ours alone). Either is stopped
-after ``BENCH_FLEET_TIMEOUT`` seconds (default max(120, 4 x ideal)), which fails its wall check.
+(``BENCH_FLEET_ROUNDS=N`` repeats both, alternating which goes first; the table shows every
+round, the checks take the first; ``BENCH_FLEET_SCRAPY=0`` leaves Scrapy out, to look at ours
+alone). Either is stopped after ``BENCH_FLEET_TIMEOUT`` seconds (default max(120, 4 x
+ideal)): a crawl cut short fails its wall check, its wall is the timeout.
 
 Figures, per crawler:
 
 - wall: from starting the crawler's processes until they have all exited (ours: both burst
   workers; seeding before, not included);
 - utilization: sum over sites of (requests - 1) / sum over sites of (window / interval),
-  the window of a site being the time from the first request to reach it to the last. Each
+  the window of a site being the time from the first request to reach it to the last (to
+  the end of the run when it got fewer than all its requests: a cut crawl). Each
   gap spaced exactly one interval gives 1; the gate margin alone caps ours at interval /
   (interval + margin) (0.99 at 1 s). What it leaves out, the ramp (from the start to each
   site's first request), is shown apart, as is requests / (wall x budget);
 - CPU per request: ours, the CPU seconds of every process the two worker commands ran
   (the launchers and their forked workers: ``RUSAGE_CHILDREN`` deltas once all are reaped)
   plus the Redis server's (``INFO cpu`` user + sys delta), over the requests that reached
-  the sites; Scrapy, its process's CPU over its requests;
+  the sites; Scrapy, its process's CPU over its requests. Ours is also broken down by
+  command (launcher, its workers: psutil samples) and by Redis command (per request);
 - peak memory: PSS (``/proc/PID/smaps_rollup``, so pages forked workers share count once)
   summed over ours (launchers, workers, the Redis server) or over the Scrapy process,
   sampled every ``SAMPLE_EVERY`` s, the largest sum;
 - violations: per site, requests arriving closer than its interval to the previous one
-  (kernel stamps, sorted), and the smallest gap of any site;
+  (kernel stamps, sorted), those more than ``CLEAR_BY`` (10 ms) early apart, and the
+  smallest gap of any site;
 - items: ours, rows in the database against sites x products; Scrapy's, distinct
   (site, SKU) in its feed.
 
 Idle: after our crawl, the same two worker commands without ``--burst`` (nothing left to do)
 run ``IDLE_SETTLE`` s, then for ``IDLE_WINDOW`` s the Redis commands/s (``INFO commandstats``
 delta, INFO itself left out) and each worker process's CPU as % of one core are taken.
+After a crawl cut short, its sites are forgotten first (``crawler.ops.reset.reset_site``,
+and the pages stream deleted), or the workers would go on crawling.
 
 Checks (the issue's targets): our wall <= Scrapy's; utilization >= 0.97; CPU/request <=
 Scrapy's; peak PSS <= 2 x Scrapy's; no violation; every item stored; idle < 1% of a core
