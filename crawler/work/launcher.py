@@ -13,6 +13,8 @@ worker a second import of the CLI or of the user's script, top-level code includ
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import multiprocessing
 import os
@@ -87,6 +89,7 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     """
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
+    _few_malloc_arenas()
     most = spec.threads or (MOST_DOWNLOAD_THREADS if spec.kind == "download" else 1)
     connection = worker_connection(redis_url, most)
     rt = Runtime(connection, settings)
@@ -104,6 +107,26 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
 def default_processes() -> int:
     """Download worker processes when not told: one per core this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+#: glibc's ``M_ARENA_MAX`` (``mallopt``) and the arenas a worker process keeps (see ``_few_malloc_arenas``).
+_M_ARENA_MAX = -8
+MALLOC_ARENAS = 2
+
+
+def _few_malloc_arenas() -> None:
+    """Have glibc's malloc keep MALLOC_ARENAS arenas in this process, not eight a core.
+
+    Every thread that allocates gets an arena of its own up to glibc's default (8 x cores),
+    each holding freed memory apart: a download process of a hundred threads grew by 60
+    MiB over a 45-second crawl of 200 sites. Threads share the GIL anyway, so they gain
+    nothing from separate arenas. Elsewhere than glibc this does nothing.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+    except (OSError, AttributeError):
+        pass
 
 
 #: Most download workers (requests in flight) a process grows to unless told (``--threads``).
