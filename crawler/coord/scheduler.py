@@ -61,9 +61,11 @@ MAX_TRIES = 8
 #: Seconds a worker waits when the site it just re-scored is due again at once (an interval
 #: shorter than PREPARE_AHEAD, behind a closed gate): the next look, not a spin.
 RETRY_SOON = 0.001
-#: Seconds a site whose RQ queue ran dry is left out of other workers' picks while one refills it
-#: (the refill marks it due again when done: this only bounds the pause if that worker dies).
-REFILL_HOLD = 1.0
+#: Seconds a site whose RQ queue ran dry is left out of other workers' picks while one refills it.
+#: The refill marks it due again when done; a refill that found another under way (its lock
+#: taken) does not, so this is also how long such a site may wait: short, but long enough that
+#: a worker that picks it again meanwhile is one call every REFILL_HOLD, not a spin.
+REFILL_HOLD = 0.05
 #: Seconds before a site's gate opens that one of its jobs is handed out: the worker claims
 #: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
