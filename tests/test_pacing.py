@@ -175,7 +175,7 @@ def test_scheduler_spaces_handouts_by_the_pace(redis_conn: Redis) -> None:
     def take() -> Any:
         step = scheduler.next()
         if step.job_id is None and step.refill:
-            front.refill(2)
+            front.refill(2, due_now=True)  # as a worker does
             step = scheduler.next()
         return step
 

@@ -784,7 +784,7 @@ def test_a_job_left_in_an_intermediate_list_by_a_worker_that_died_before_claimin
             step = scheduler.next()
             if step.job_id is None:
                 assert step.refill
-                rt.frontier("demo").refill(JOBS_AHEAD)
+                rt.frontier("demo").refill(JOBS_AHEAD, due_now=True)  # as a worker does
                 step = scheduler.next()
         finally:
             rt.close()

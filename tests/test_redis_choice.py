@@ -126,7 +126,7 @@ def test_a_redis_found_on_localhost_is_named_when_used(
     worker = invoke("worker", "parse", "--burst")
     assert worker.exit_code == 0, worker.output
     assert (
-        f"1 parse worker process(es) x 1 on {redis_url} (found answering on localhost; no REDIS_URL set)"
+        f"1 parse worker process(es), 1 thread(s) each, on {redis_url} (found answering on localhost; no REDIS_URL set)"
         in worker.stderr
     )
     assert invoke("redis", "list").stdout.splitlines()[1] == f"* localhost   {redis_url}  answers"

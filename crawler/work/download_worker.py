@@ -512,15 +512,16 @@ class CrawlWorker(SimpleWorker):
 
         Each once a period per process, whatever its number of workers (``idle.Every``). The
         reaper reads every served queue, so it runs every REAP_EVERY while some process of
-        the fleet has jobs in hand (or died holding some: ``inflight``), and every
-        IDLE_REAP_EVERY while none does: an idle fleet of 1,000 sites sent Redis 1,000
-        commands a second a process for it.
+        the fleet has jobs in hand (or died holding some: ``inflight``) or this one is a
+        burst (which waits for what the reaper hands back), and every IDLE_REAP_EVERY
+        otherwise: an idle fleet of 1,000 sites sent Redis 1,000 commands a second a process
+        for it.
         """
         every = self._idle.every
         if every.due("promote", PROMOTE_EVERY):
             self.runtime.scheduler.promote_due()
         if every.due("reap", REAP_EVERY) and (
-            inflight.busy_processes(self.connection) or every.due("idle-reap", IDLE_REAP_EVERY)
+            self._burst or inflight.busy_processes(self.connection) or every.due("idle-reap", IDLE_REAP_EVERY)
         ):
             reap(self.connection)
         if every.due("outbox", outbox.FLUSH_EVERY):
