@@ -82,6 +82,7 @@ import os
 import random
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -399,6 +400,8 @@ class FleetServer:
         self.process.stdin.close()
         self.process.wait(60)
         data: dict[str, Any] = json.loads(self.out.read_text())
+        if os.environ.get("BENCH_FLEET_LOGS"):  # kept with the workers' logs
+            shutil.copy(self.out, Path(os.environ["BENCH_FLEET_LOGS"]) / self.out.name)
         return data
 
 
@@ -615,12 +618,16 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
 
         stats, redis_cpu0, cpu0 = command_stats(redis.connection), _info_cpu(redis), _children_cpu()
         started_wall, started = time.time(), time.monotonic()
-        workers = [
-            subprocess.Popen(
-                args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-            )
-            for args in worker_commands(config_file, burst=True)
-        ]
+        # Their logs go to files: a pipe read only at the end would fill and block a worker that logs much.
+        logs = [workdir / f"{kind}.log" for kind in ("download", "parse")]
+        workers = []
+        for args, log_path in zip(worker_commands(config_file, burst=True), logs, strict=True):
+            with log_path.open("w") as log_file:
+                workers.append(
+                    subprocess.Popen(
+                        args, cwd=workdir, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True
+                    )
+                )
         redis_pid = redis.server_pid()
         sampler = PssSampler([w.pid for w in workers], [redis_pid] if redis_pid else [])
         finished = _wait_all(workers, timeout)
@@ -633,7 +640,12 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
         delta = command_delta(stats, command_stats(redis.connection))
         commands = sum(delta.values())
         breakdown = {kind: sampler.cpu_by_root(w.pid) for kind, w in zip(("download", "parse"), workers, strict=True)}
-        errors = [w.stderr.read()[-1500:] if w.stderr else "" for w in workers]
+        errors = [log_path.read_text(errors="replace")[-1500:] for log_path in logs]
+        if os.environ.get("BENCH_FLEET_LOGS"):  # a directory to keep the workers' whole logs in
+            kept = Path(os.environ["BENCH_FLEET_LOGS"])
+            kept.mkdir(parents=True, exist_ok=True)
+            for log_path in logs:
+                shutil.copy(log_path, kept / log_path.name)
         served = server.stop()
     except BaseException:
         server.process.kill()

@@ -1,4 +1,8 @@
-"""Batch jobs: a fast site's URLs ride several to an RQ job, each still through the gate, none lost or fetched twice."""
+"""Batch jobs: a site's URLs ride several to an RQ job, each still through the gate, none lost or fetched twice.
+
+A fast site's batch holds its records back and writes them together; a slow site's (paced) one
+is fetched in turn by one thread waiting on the gate between URLs, each record written at once.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +21,22 @@ from rq.serializers import JSONSerializer
 from crawler.coord import joblife, keys
 from crawler.coord.frontier import DownloadTask, Frontier, seed
 from crawler.coord.policy import set_live
-from crawler.coord.scheduler import JOBS_AHEAD
+from crawler.coord.scheduler import JOBS_AHEAD, Scheduler, publish_conf
 from crawler.coord.vetting import MAX_BATCH, CrawlerJob
 from crawler.demo import ShopSite
 from crawler.settings import Settings
 from crawler.spiders.spider import Request
 from crawler.work import jobs
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.runtime import BATCH_BELOW, Runtime, install
+from crawler.work.runtime import (
+    BATCH_BELOW,
+    PACED_BATCH_SPAN,
+    PACED_MAX_INTERVAL,
+    PACED_MIN_INTERVAL,
+    UNBATCHED_FOR,
+    Runtime,
+    install,
+)
 
 SITE = "demo"
 #: An interval under BATCH_BELOW: the site gets batch jobs.
@@ -42,15 +54,26 @@ def queued_jobs(connection: Redis) -> list[CrawlerJob]:
     return queue.get_jobs()
 
 
-def test_a_fast_sites_urls_go_in_batches_of_one_priority_a_slow_sites_one_a_job(
+def test_a_sites_urls_go_in_batches_of_one_priority_a_fast_sites_of_16_a_slow_sites_of_a_spans_worth(
     redis_conn: Redis, settings: Settings
 ) -> None:
     assert FAST + 0.0 <= BATCH_BELOW
     count = 2 * MAX_BATCH + 4
     urls = [f"http://127.0.0.1:9/p/{i}" for i in range(count)]
-    for interval, sizes in ((FAST, [MAX_BATCH, MAX_BATCH, 3, 1]), (1.0, [1, 1, 1, 1])):
+    per_span = int(PACED_BATCH_SPAN // PACED_MAX_INTERVAL)
+    assert 1 < per_span < MAX_BATCH and 3 * per_span < count - 1 < 4 * per_span and PACED_MIN_INTERVAL <= 1.0
+    cases: list[tuple[dict[str, Any], list[int]]] = [
+        ({"interval": FAST}, [MAX_BATCH, MAX_BATCH, 3, 1]),
+        ({"interval": 1.0}, [MAX_BATCH, MAX_BATCH, 3, 1]),  # 20 URLs fit in the span: MAX_BATCH
+        ({"interval": PACED_MAX_INTERVAL}, [per_span] * 3 + [count - 1 - 3 * per_span]),
+        ({"interval": 5.0}, [1, 1, 1, 1]),  # a batch would hold a thread a site: 1,000 sites, 1,000 threads
+        ({"interval": 0.1}, [1, 1, 1, 1]),  # responses often slower than that: one thread could not keep up
+        ({"interval": 1.0, "concurrency": 2}, [1, 1, 1, 1]),  # requests that overlap: a batch's would not
+        ({"interval": {"min": 1.0, "max": 5.0}}, [1, 1, 1, 1]),  # adaptive: it may grow at any time
+    ]
+    for site, sizes in cases:
         redis_conn.flushdb()
-        rt = Runtime(redis_conn, fast(settings, interval))
+        rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: site}, gate_margin=0.0))
         try:
             frontier = rt.frontier(SITE)
             frontier.add([Request(u) for u in urls[: count - 1]])
@@ -239,3 +262,188 @@ def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_
 
 def queued_jobs_by_id(connection: Redis, job_id: str) -> CrawlerJob:
     return CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+
+
+# -- a slow site's paced batches -----------------------------------------------------------
+
+#: A slow site's interval in these tests (margin 0): from PACED_MIN_INTERVAL, so its batches are paced.
+SLOW = PACED_MIN_INTERVAL
+
+
+def redis_ms(connection: Redis) -> int:
+    seconds, micros = connection.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_next_job_holds_a_paced_sites_turns_for_its_batch_and_batch_over_gives_them_back(redis_conn: Redis) -> None:
+    site = "slow"
+    queue = Queue(keys.download_queue(site), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    for i in range(3):
+        queue.enqueue(jobs.download, DownloadTask(site, f"http://127.0.0.1:9/{i}").to_json())
+    redis_conn.zadd(keys.ready(), {site: 0})
+    scheduler = Scheduler(redis_conn, [site])
+    publish_conf(redis_conn, site, 1.0, 0.0, batch=4)
+    assert redis_conn.hget(keys.conf(site), "batch") == b"4"
+    before = redis_ms(redis_conn)
+    step = scheduler.next()
+    assert step.job_id is not None
+    held = redis_conn.zscore(keys.ready(), site)
+    assert held is not None and before + 4000 <= held <= redis_ms(redis_conn) + 4000  # four turns, not one
+    assert scheduler.next().job_id is None  # nobody else is handed the site meanwhile
+    # The batch ends early: the site is due as soon as its own gate opens.
+    redis_conn.set(keys.gate(site), "x", px=300)
+    scheduler.batch_over(site)
+    again = redis_conn.zscore(keys.ready(), site)
+    assert again is not None and redis_ms(redis_conn) <= again <= redis_ms(redis_conn) + 300
+    # Never later than NEXT_JOB had it, and a site that left the ready set is left out of it.
+    redis_conn.set(keys.gate(site), "x", px=60_000)
+    scheduler.batch_over(site)
+    assert redis_conn.zscore(keys.ready(), site) == again
+    redis_conn.zrem(keys.ready(), site)
+    scheduler.batch_over(site)
+    assert redis_conn.zscore(keys.ready(), site) is None
+    # Published without a batch (or with one of 1): one turn, as before.
+    publish_conf(redis_conn, site, 1.0, 0.0)
+    assert not redis_conn.hexists(keys.conf(site), "batch")
+    redis_conn.delete(keys.gate(site))
+    redis_conn.zadd(keys.ready(), {site: 0})
+    before = redis_ms(redis_conn)
+    assert scheduler.next().job_id is not None
+    score = redis_conn.zscore(keys.ready(), site)
+    assert score is not None and before + 1000 <= score <= redis_ms(redis_conn) + 1000
+
+
+def test_a_paced_batch_writes_each_record_at_once_and_saves_its_progress_before_each_wait(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        batching = rt.batching(SITE)
+        assert batching.paced and batching.size == MAX_BATCH and batching.gate_wait > 2 * SLOW
+        assert redis_conn.hget(keys.conf(SITE), "batch") is None  # published with the frontier
+        frontier = rt.frontier(SITE)
+        assert redis_conn.hget(keys.conf(SITE), "batch") == str(MAX_BATCH).encode()
+        urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12, 13)]
+        frontier.add([Request(u, callback="parse_product") for u in urls])
+        frontier.refill(1)
+        (job,) = queued_jobs(redis_conn)
+        assert len(job.args) == 4
+        real, seen = jobs._download_one, []
+
+        def watched(*args: Any) -> bool:  # what the parse workers and a retry would see before each URL
+            again = queued_jobs_by_id(redis_conn, job.id)
+            seen.append((redis_conn.xlen(keys.pages()), joblife.batch_done(again)))
+            return real(*args)
+
+        monkeypatch.setattr(jobs, "_download_one", watched)
+        redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})  # as NEXT_JOB held it
+        job.perform()  # as a worker runs it
+    finally:
+        rt.close()
+    assert seen == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    arrivals = [e.time for e in shop.requests if e.path.startswith("/product/")]
+    assert len(arrivals) == 4
+    assert min(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)) >= SLOW
+    # Over: the site is due again when its gate opens, not in a minute.
+    score = redis_conn.zscore(keys.ready(), SITE)
+    assert score is not None and score <= redis_ms(redis_conn) + SLOW * 1000
+
+
+def test_a_stopping_worker_hands_the_rest_of_a_paced_batch_back(
+    redis_conn: Redis, settings: Settings, shop: ShopSite
+) -> None:
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
+        asked = iter([False, True])
+        jobs.download(*batch, stopping=lambda: next(asked))
+        waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+    finally:
+        rt.close()
+    assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1", "/product/2"]
+    assert waiting == [f"{shop.url}/product/4"]
+
+
+def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_job(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    with ShopSite(products=10, latency=2 * SLOW, faults=False) as shop:
+        rt = Runtime(redis_conn, fast(settings, SLOW))
+        install(rt)
+        try:
+            assert rt.batching(SITE).paced
+            batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
+            jobs.download(*batch)
+            assert rt.batch_size(SITE) == 1 and not rt.batching(SITE).paced
+            rt.publish(SITE, force=True)
+            assert not redis_conn.hexists(keys.conf(SITE), "batch")
+        finally:
+            rt.close()
+    assert UNBATCHED_FOR >= 60  # for a while: not batch after batch cut short
+
+
+def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_as_its_gate_opens(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    from crawler.work.download_worker import DownloadWorker
+
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        frontier = rt.frontier(SITE)
+        frontier.add([Request(f"http://127.0.0.1:9/p/{i}") for i in range(3)])
+        frontier.refill(1)
+        (queued,) = queued_jobs(redis_conn)
+        worker = DownloadWorker(redis_conn, [SITE], rt=rt)
+        room = worker._idle.room
+        # The site is held out of the lookers' picks for a minute (as after its last batch's
+        # hand-out); its gate, rearmed here by the last send, opens in 0.3 s.
+        redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})
+        scheduler = Scheduler(redis_conn, [SITE])
+        assert scheduler.next().job_id is None  # not due for the lookers
+        redis_conn.set(keys.gate(SITE), "x", px=300)
+        scheduler.batch_over(SITE)
+        worker._follow = (SITE, time.monotonic() + 0.3)
+        started = time.monotonic()
+        found = worker.follow()
+        waited = time.monotonic() - started
+        assert found is not None and found[0].id == queued.id
+        assert 0.25 <= waited < 1.0  # slept until the gate opened, not a looker's second
+        assert room._busy == 1  # counted busy: the room grows another thread if work comes meanwhile
+        room.done_work()
+        # Nothing to follow: no job, no wait, the thread is free again.
+        worker._follow = (SITE, time.monotonic() + 0.05)
+        assert worker.follow() is None and room._busy == 0
+        # Too far ahead: left to the ready set.
+        worker._follow = (SITE, time.monotonic() + 60)
+        started = time.monotonic()
+        assert worker.follow() is None and time.monotonic() - started < 0.1
+    finally:
+        rt.close()
+
+
+def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        frontier = rt.frontier(SITE)
+        real = jobs._download_one
+
+        def seeded_after_the_first(*args: Any) -> bool:
+            done = real(*args)
+            if args[1]["url"].endswith("/product/1"):
+                frontier.add([Request(f"{shop.url}/product/9", callback="parse_product", priority=10)])
+            return done
+
+        monkeypatch.setattr(jobs, "_download_one", seeded_after_the_first)
+        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
+        jobs.download(*batch)
+        waiting = [(task.url, task.priority) for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+    finally:
+        rt.close()
+    assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1"]
+    assert waiting == [(f"{shop.url}/product/9", 10), (f"{shop.url}/product/2", 0), (f"{shop.url}/product/4", 0)]

@@ -356,6 +356,7 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
             keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
         )  # PACE
         scheduler.close_gate("shop", 0.5, "Retry-After")  # CLOSE_GATE
+        scheduler.batch_over("shop")  # BATCH_OVER
         lua.script(redis_conn, "newer_lastmod")(keys=[keys.lastmod("shop")], args=[b"\x00" * 8, 1700000000])
         (entry_id, _, _), *_ = pages.read(redis_conn, "c1", 10, 0)
         pages.touch(redis_conn, "c1", [entry_id])  # TOUCH_PAGES

@@ -142,7 +142,10 @@ class Gate:
         expire_ms = max(1, int(round(self.rearm_expire * 1000)))
         self.rearmed_at = time.monotonic()
         try:
-            return int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+            held = int(self._rearm(keys=self._keys, args=[self.token, expire_ms, self._pace_extra_ms(take=False)])) != 0
+            if held and self.turn is not None:  # rearmed before the reply: the lock lives at least this long
+                self.turn[0].opens_at = time.monotonic() + self.rearm_expire
+            return held
         finally:
             self.let_go()
 
@@ -239,6 +242,9 @@ class Turn:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
+        #: ``time.monotonic()`` before which the gate is surely closed: rearmed by this process's last
+        #: send (``Gate.rearm``). The next turn sleeps until then before it asks Redis, once, not twice.
+        self.opens_at = 0.0
         #: ``time.monotonic()`` at which the current turn lapses (inf while its thread waits for Redis; 0: free).
         self._until = 0.0
         self._holder = 0

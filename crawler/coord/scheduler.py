@@ -172,6 +172,7 @@ class Scheduler:
         self._due = lua.script(connection, "due_members")
         self._schedule = lua.script(connection, "schedule")
         self._close = lua.script(connection, "close_gate")
+        self._batch_over = lua.script(connection, "batch_over")
         self._evict = lua.script(connection, "evict")
         self._forget_empty = lua.script(connection, "forget_empty_levels")
         self._pick_keys = [keys.ready(), self.group] if self.group else [keys.ready()]
@@ -316,6 +317,11 @@ class Scheduler:
             pipe.zadd(keys.ready(), {site: int(until)}, xx=True, gt=True)
             pipe.execute()
 
+    def batch_over(self, site: str) -> None:
+        """A paced batch of ``site`` is over: the site is due again when its own gate opens, if that
+        is sooner than NEXT_JOB had it (held for the batch's whole span). Nothing if it left the ready set."""
+        self._batch_over(keys=[keys.ready(), keys.gate(site)], args=[site])
+
 
 def mark_ready(connection: Redis, sites: Mapping[str, float]) -> None:
     """Add ``sites`` (name: ready-set score, ms) to the ready set unless there, announcing each one added.
@@ -379,13 +385,16 @@ def publish_conf(
     auto: bool = False,
     gate_key: str | None = None,
     gate_by_ip: bool = False,
+    batch: int = 1,
 ) -> None:
     """Write the politeness NEXT_JOB obeys for ``site`` (interval incl. margin, margin, pause, cap).
 
     ``auto``: the interval is adaptive (its pace, kept in the same hash, applies); a fixed
     one drops any pace left from an adaptive one. ``gate_key``: the key of a gate shared
     by name (None: the site's own). ``gate_by_ip``: the gate is the address's, which the
-    download workers write as they resolve it (left as it is here).
+    download workers write as they resolve it (left as it is here). ``batch``: URLs a job of
+    the site carries that one thread fetches in turn, waiting on the gate between them (a slow
+    site's paced batch): NEXT_JOB holds the site out of other picks for as many intervals.
     """
     mapping = {
         "interval_ms": max(1, round((interval + margin) * 1000)),
@@ -398,6 +407,10 @@ def publish_conf(
             pipe.hset(keys.conf(site), "concurrency", concurrency)
         else:
             pipe.hdel(keys.conf(site), "concurrency")
+        if batch > 1:
+            pipe.hset(keys.conf(site), "batch", batch)
+        else:
+            pipe.hdel(keys.conf(site), "batch")
         if not auto:
             pipe.hdel(keys.conf(site), "pace_ms", "pace_why")
         if gate_key:

@@ -1,6 +1,7 @@
 """HTTP: one GET with caps on body size, time and address, no redirects followed inline.
 
-A ``Fetcher`` keeps one httpx connection pool for the life of a worker process.
+A ``Fetcher`` keeps its httpx connection pools for the life of a worker process: one per
+origin (``pools``), one per proxy.
 Redirects come back as responses (each hop is a request of its own that passes the
 site's gate). httpx exceptions are translated into ``crawler.errors`` here, and only
 here.
@@ -60,6 +61,7 @@ from ..errors import (
 )
 from ..settings import redact_url, scrub, url_secrets
 from .addresses import ResolveTimeout, is_public_address, names_its_address, resolve_within
+from .pools import IDLE_FOR, OriginPools
 
 try:  # brotli ≥ 1.2 can bound its output; an older one cannot, so br is then not accepted
     import brotli
@@ -137,6 +139,11 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+#: Idle connections kept open to one origin (``pools.OriginPools``: one pool per origin). The
+#: number in use is not capped here: it is the worker threads' number, one request each.
+KEEP_ALIVE = 20
+
+
 class Fetcher:
     """Downloads URLs through one pooled httpx transport, within body, time and address caps.
 
@@ -162,14 +169,19 @@ class Fetcher:
             }
         )
         self._timeouts = httpx.Timeout(timeout).as_dict()
+        #: Shared by every pool: loading the CA certificates costs milliseconds and some hundreds of KiB each time.
+        self._ssl_context = httpx.create_ssl_context()
         self.transport: httpx.BaseTransport = self._new_transport(None)
         #: One pooled transport per proxy URL, made on first use.
         self._proxied: dict[str, httpx.BaseTransport] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _new_transport(proxy: str | None) -> httpx.BaseTransport:
-        return GuardedTransport(httpx.Limits(max_connections=100, max_keepalive_connections=20), proxy)
+    def _new_transport(self, proxy: str | None) -> httpx.BaseTransport:
+        """One pool per origin for direct requests (``pools``), one per proxy for proxied ones."""
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE, keepalive_expiry=IDLE_FOR)
+        if proxy is None:
+            return OriginPools(lambda: GuardedTransport(limits, ssl_context=self._ssl_context))
+        return GuardedTransport(limits, proxy, ssl_context=self._ssl_context)
 
     def _transport(self, proxy: str | None) -> httpx.BaseTransport:
         if proxy is None:
@@ -648,11 +660,11 @@ class _GuardedBackend(httpcore.NetworkBackend):
 class GuardedTransport(httpx.HTTPTransport):
     """httpx's transport over a connection pool that uses ``_GuardedBackend``, direct or through ``proxy``."""
 
-    def __init__(self, limits: httpx.Limits, proxy: str | None = None):
+    def __init__(self, limits: httpx.Limits, proxy: str | None = None, ssl_context: Any = None):
         # httpx offers no way to hand its pool a network backend, so the pool is built here,
         # as HTTPTransport builds it (HTTP/1.1, verified TLS); the rest of the class is httpx's.
         pool_options: dict[str, Any] = {
-            "ssl_context": httpx.create_ssl_context(),
+            "ssl_context": ssl_context or httpx.create_ssl_context(),
             "max_connections": limits.max_connections,
             "max_keepalive_connections": limits.max_keepalive_connections,
             "keepalive_expiry": limits.keepalive_expiry,

@@ -42,7 +42,7 @@ from rq.worker import WorkerStatus
 from ..coord import inflight, joblife, keys
 from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap, renew_every
 from ..coord.replies import text
-from ..coord.scheduler import JOBS_AHEAD, Next, Scheduler, mark_ready
+from ..coord.scheduler import JOBS_AHEAD, PREPARE_AHEAD, Next, Scheduler, mark_ready
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
 from . import idle, listener, runtime
@@ -75,6 +75,9 @@ IDLE_REAP_EVERY = 60.0
 #: per-queue view): registering in 1,000 sets at each thread's start and end was 76 commands
 #: a page at 1,000 sites. A worker of more is listed in RQ's set of all workers only.
 MOST_QUEUES_LISTED = 20
+#: Longest a thread that finished a paced batch waits for that site's gate to take its next
+#: job itself (``DownloadWorker.follow``); a longer wait is left to the ready set and the lookers.
+FOLLOW_WAIT = runtime.PACED_MAX_INTERVAL
 #: Seconds between two renewals of a process's note that it has jobs in hand (``inflight``).
 BUSY_NOTE_EVERY = 1.0
 #: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
@@ -463,7 +466,8 @@ class CrawlWorker(SimpleWorker):
             job.started_at = now()
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             if isinstance(job, CrawlerJob):
-                job.bound = {"rt": self.runtime}  # the job runs against this worker's runtime, given, not looked up
+                # The job runs against this worker's runtime, given, not looked up; a batch stops early on a stop.
+                job.bound = {"rt": self.runtime, "stopping": self.stop_event.is_set}
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 job.perform()
         except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
@@ -570,6 +574,55 @@ class DownloadWorker(CrawlWorker):
         self.site_scheduler: Scheduler = shared.made("scheduler", lambda: Scheduler(connection, sites))
         self._refill: str | None = None
         self._warned: set[str] = set()
+        self._site_of: dict[str, str] = shared.made("site_of", lambda: {q.name: s for s, q in self._by_site.items()})
+        #: The site whose paced batch this thread just ran, and when (monotonic) its gate opens (``follow``).
+        self._follow: tuple[str, float] | None = None
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        return self.follow() or super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+
+    def follow(self) -> tuple[Job, Queue] | None:
+        """The next job of the site whose paced batch this thread just ran, taken as its gate opens, if any.
+
+        When a paced batch ends, its site is due again as its gate opens (``BATCH_OVER``); left
+        to the ready set, its next job waits for a looker, whose sleep was set before the site
+        came due, up to a second later. The thread that ran it knows when the gate opens (its own
+        send rearmed it): it sleeps until then, FOLLOW_WAIT at most, and asks for that site's
+        next job alone (NEXT_JOB), outside the lookers' room. None: no job (not due, taken by
+        another worker, no work left), and the thread looks as usual.
+        """
+        follow, self._follow = self._follow, None
+        if follow is None:
+            return None
+        site, opens_at = follow
+        wait = opens_at - PREPARE_AHEAD - time.monotonic()
+        if wait > FOLLOW_WAIT:
+            return None
+        room = self._idle.room
+        room.hold_thread()
+        found: tuple[Job, Queue] | None = None
+        try:
+            if wait > 0 and self.stop_event.wait(wait):
+                return None
+            step = self.site_scheduler.take(site)
+            if step is not None and step.job_id is None:  # its RQ queue ran dry: refill, then take
+                self.runtime.frontier(site).refill(JOBS_AHEAD, due_now=True)
+                step = self.site_scheduler.take(site)
+            if step is None or step.job_id is None:
+                return None
+            queue = self._by_site[site]
+            job = joblife.fetch(self.connection, step.job_id, queue)
+            if job is None:
+                return None
+            self._refill = site if step.refill else None
+            found = (job, queue)
+            return found
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._redis_down(exc)
+            return None
+        finally:
+            if found is None:
+                room.done_work()
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         rt = self.runtime
@@ -655,6 +708,9 @@ class DownloadWorker(CrawlWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         super().execute_job(job, queue)
+        served = self._site_of.get(queue.name)
+        if served is not None and self.runtime.batching(served).paced:
+            self._follow = (served, self.runtime.gate_opens_at(served))
         site, self._refill = self._refill, None
         if site is not None:
             try:

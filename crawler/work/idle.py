@@ -96,6 +96,11 @@ class IdleRoom:
             self._members += 1
             self._starting = max(0, self._starting - 1)
 
+    def not_started(self) -> None:
+        """A thread ``grow`` started could not make its worker: it will never ``enter``."""
+        with self._cond:
+            self._starting = max(0, self._starting - 1)
+
     def leave(self) -> bool:
         """A worker ends its work loop; the last one out clears ``drained``. True for the last one out."""
         with self._cond:
@@ -203,8 +208,13 @@ class IdleRoom:
             with self._cond:
                 self._starting -= 1
 
+    def hold_thread(self) -> None:
+        """This thread is busy without a look: it follows its last site to its next turn (``done_work`` after)."""
+        with self._cond:
+            self._busy += 1
+
     def done_work(self) -> None:
-        """The job ``found_work`` counted is over: its thread is free again."""
+        """The job ``found_work`` counted (or what ``hold_thread`` did) is over: its thread is free again."""
         with self._cond:
             self._busy = max(0, self._busy - 1)
 

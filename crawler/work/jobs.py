@@ -94,46 +94,76 @@ def _worker_name() -> str | None:
     return job.worker_name if job is not None else None
 
 
-def download(*payloads: dict[str, Any], rt: runtime.Runtime | None = None) -> None:
-    """Download the job's URLs, all of one site, in turn: one URL, or a batch for a fast site.
+def download(
+    *payloads: dict[str, Any], rt: runtime.Runtime | None = None, stopping: Callable[[], bool] | None = None
+) -> None:
+    """Download the job's URLs, all of one site, in turn: one URL, or a batch (``Runtime.batching``).
 
     Each URL goes through the gate and on as a job of its own would (see the module
     docstring). A batch's second and later URLs wait for the gate at most
-    ``BATCH_GATE_WAIT``: past it (the site was closed, paused or slowed meanwhile) they go
-    back to the front of the site's frontier, to be made into jobs again.
+    ``Batching.gate_wait``: past it (the site was closed, paused or slowed meanwhile) they go
+    back to the front of the site's frontier, to be made into jobs again, as they do when the
+    worker is ``stopping`` (a graceful stop: checked before each of them), and for a slow site's
+    batch when work of a higher priority waits (``Frontier.outranks``: a seed waits for the
+    request in flight, not for the batch).
 
-    A batch holds its URLs' records back (``events.HeldRecords``: pages reach the parse
-    workers with their records) and writes them together: in one database transaction and
-    one Redis pipeline at its end, before a record that must go at once (an error, a
-    retry), and when it stops on an exception. Then the job's meta counts the URLs done
-    (``joblife.BATCH_DONE``), so a batch retried (its worker died, or it raised) skips
-    what is written and fetches again what was not.
+    A fast site's batch holds its URLs' records back (``events.HeldRecords``: pages reach the
+    parse workers with their records) and writes them together: in one database transaction
+    and one Redis pipeline at its end, before a record that must go at once (an error, a
+    retry), and when it stops on an exception. A slow site's batch (``Batching.paced``: its
+    thread waits on the gate between URLs) writes each record at once and, before each wait,
+    saves how far it got; when any job of such a site ends (of one URL too: NEXT_JOB held the
+    site for a whole batch), the scheduler has the site due again as its gate opens
+    (``Scheduler.batch_over``). The job's meta counts the URLs done (``joblife.BATCH_DONE``),
+    so a batch retried (its worker died, or it raised) skips what is written and fetches again
+    what was not.
     """
     if rt is None:  # called directly (a test, a benchmark), not by a download worker, which gives its own
         rt = runtime.current()
     job = get_current_job()
-    if len(payloads) == 1:
-        _download_one(rt, payloads[0], None)
-        return
     first = joblife.batch_done(job) if job is not None else 0
-    site = DownloadTask.from_json(payloads[first]).site  # one site per job (``vetting``)
-    held = HeldRecords(rt)
+    task = DownloadTask.from_json(payloads[first])
+    site, priority = task.site, task.priority  # one site and one priority per job (``vetting``, ``refill``)
+    batching = rt.batching(site)
+    if len(payloads) == 1:
+        try:
+            _download_one(rt, payloads[0], None)
+        finally:
+            if batching.slow:  # held for a batch's span by NEXT_JOB, which cannot tell this job is one URL
+                rt.scheduler.batch_over(site)
+        return
+    held = None if batching.paced else HeldRecords(rt)
     done = first
+    paced_since = time.monotonic()
     try:
         for i in range(first, len(payloads)):
             if i == first:  # the URL the job was handed out for: it waits for its gate
                 _download_one(rt, payloads[i], None, held)
+                paced_since = time.monotonic()
             else:  # the site may have been paused, closed or slowed since
-                if rt.policy(site).paused or not _download_one(rt, payloads[i], runtime.BATCH_GATE_WAIT, held):
-                    held.flush()
+                if batching.paced and job is not None:  # before the wait: a batch retried skips what is done
+                    joblife.save_batch_done(job, i)
+                if (
+                    (stopping is not None and stopping())
+                    or rt.policy(site).paused
+                    or (batching.paced and rt.frontier(site).outranks(priority))
+                    or not _download_one(rt, payloads[i], batching.gate_wait, held)
+                ):
+                    if held is not None:
+                        held.flush()
                     rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
                     done = len(payloads)
                     return
             done = i + 1
+        if batching.paced:
+            rt.batch_paced(site, done - first - 1, time.monotonic() - paced_since, batching)
     finally:
-        held.flush()
+        if held is not None:
+            held.flush()
         if job is not None and done > first:
             joblife.save_batch_done(job, done)
+        if batching.slow:
+            rt.scheduler.batch_over(site)
 
 
 def _download_one(

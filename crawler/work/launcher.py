@@ -37,6 +37,8 @@ from .events import JSONFormatter
 from .parse_worker import ParseWorker
 from .runtime import Runtime
 
+log = logging.getLogger("crawler.workers")
+
 KINDS = ("download", "parse")
 
 
@@ -178,23 +180,33 @@ class WorkerThreads:
                 thread.join()
 
     def grow(self) -> bool:
-        """Start one more worker in a thread of its own; False once the process is stopping."""
+        """Start one more worker in a thread of its own; False once the process is stopping.
+
+        The worker is made in the new thread (``_grown``), not in the caller's: a download
+        process grows from the thread that has just found a job, which goes on to run it.
+        """
         if self.stop.is_set():
             return False
-        worker = self._make()
-        if isinstance(worker, DownloadWorker):
-            worker.may_retire = True
         with self._lock:
             self._started += 1
-            thread = threading.Thread(
-                target=worker.work,
-                kwargs={"burst": self.spec.burst},
-                name=f"{self.spec.kind}-{self._started}",
-                daemon=True,
-            )
+            thread = threading.Thread(target=self._grown, name=f"{self.spec.kind}-{self._started}", daemon=True)
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
         return True
+
+    def _grown(self) -> None:
+        """A grown thread: makes its worker and runs it; a worker that cannot be made is logged, and
+        the room told (it counted the thread as starting)."""
+        try:
+            worker = self._make()
+        except Exception:
+            log.exception("could not start one more worker thread")
+            if self.spec.kind == "download":
+                idle.shared(self.rt, DownloadWorker, self.spec.sites).room.not_started()
+            return
+        if isinstance(worker, DownloadWorker):
+            worker.may_retire = True
+        worker.work(burst=self.spec.burst)
 
     def threads(self) -> list[threading.Thread]:
         """The threads started besides the first (those that ended included, until the next ``grow``)."""

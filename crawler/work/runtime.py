@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from functools import cached_property
 from urllib.parse import urlsplit
 
@@ -44,9 +45,57 @@ REPUBLISH_EVERY = 30.0
 #: batch jobs (``batch_size``): a worker between two of a batch's URLs then waits for the gate
 #: no longer than it waits for a job handed out ahead of its gate (``PREPARE_AHEAD``).
 BATCH_BELOW = PREPARE_AHEAD
-#: Longest wait for the gate before a batch's second and later URLs; past it the rest of the
-#: batch goes back to the front of the frontier (the site was closed or slowed meanwhile).
+#: Longest wait for the gate before a fast site's batch's second and later URLs, beyond the
+#: interval for a slow site's (``Batching.gate_wait``); past it the rest of the batch goes back
+#: to the front of the frontier (the site was closed or slowed meanwhile).
 BATCH_GATE_WAIT = 0.1
+#: Seconds of a slow site's requests one job carries at most (``Batching``): its thread waits on
+#: the gate between them, so RQ's per-job costs (some 25 Redis commands) are shared by up to
+#: MAX_BATCH requests. Also the longest a graceful stop, a pause or a new higher priority
+#: waits behind a running batch's URLs.
+PACED_BATCH_SPAN = 20.0
+#: Shortest interval in force (seconds) for which a slow site's jobs are paced batches: below it,
+#: responses often take longer than the interval, and one thread in turn could not keep up.
+PACED_MIN_INTERVAL = 0.5
+#: Longest interval in force (seconds) for which a slow site's jobs are paced batches. A paced
+#: batch holds its thread for its whole span, asleep between requests, so the threads a process
+#: needs follow the sites it serves at once rather than its requests in flight: 1,000 sites at
+#: 5 s would want 1,000 threads (a job of one URL holds one for a response's time only).
+PACED_MAX_INTERVAL = 2.0
+#: A slow site whose batch's requests came on average more than this many intervals apart
+#: (responses slower than its interval: a thread in turn cannot keep up, several would) goes
+#: back to one URL a job for UNBATCHED_FOR seconds.
+LATE_SPACING = 1.25
+UNBATCHED_FOR = 120.0
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a site's download jobs carry its URLs (``Runtime.batching``).
+
+    ``size``: URLs a job carries. ``paced``: the site is slow, and a job's thread waits on the
+    gate between its URLs; each page's record goes at once (the parse workers see it without
+    waiting for the batch) and the job's progress is saved before each wait, and the scheduler
+    holds the site out of other workers' picks for the batch's span (``batch`` in its conf),
+    until the job gives it back (``Scheduler.batch_over``). ``interval``: in force, margin included.
+    """
+
+    size: int = 1
+    paced: bool = False
+    interval: float = 0.0
+
+    @property
+    def slow(self) -> bool:
+        """A fixed interval beyond BATCH_BELOW: NEXT_JOB may hold the site for a batch's span (the conf's
+        ``batch``, which another process may have written while this one batches the site no more), so
+        every job of the site ends with ``Scheduler.batch_over``."""
+        return self.interval > BATCH_BELOW
+
+    @property
+    def gate_wait(self) -> float:
+        """Longest wait for the gate before a batch's second and later URLs."""
+        return 2 * self.interval + BATCH_GATE_WAIT if self.paced else BATCH_GATE_WAIT
+
 
 #: Spiders that ship with the package and are always available.
 BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
@@ -68,6 +117,7 @@ class Runtime:
         self._gate_hints: dict[str, str] = {}
         self._frontiers: dict[str, Frontier] = {}
         self._turns: dict[str, Turn] = {}
+        self._unbatched: dict[str, float] = {}  # site -> until when (monotonic) its jobs carry one URL
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
         self._pipelines: dict[str, Pipelines] = {}
@@ -255,19 +305,44 @@ class Runtime:
         return frontier
 
     def batch_size(self, site: str) -> int:
-        """URLs one download job of ``site`` carries: ``MAX_BATCH`` for a fast site, else 1.
+        """URLs one download job of ``site`` carries (``batching``)."""
+        return self.batching(site).size
+
+    def batching(self, site: str) -> Batching:
+        """How ``site``'s download jobs carry its URLs: MAX_BATCH for a fast site, a span's worth for a slow one.
 
         Fast: a fixed interval whose value in force (robots.txt Crawl-delay and margin
         included) is at most BATCH_BELOW, so the gate is seldom what a worker waits for, and
         per-job costs (RQ's bookkeeping, the scheduler's call) are shared by the batch's URLs.
-        An adaptive interval (which may grow at any time) and the development cache (which
-        takes the gate only on a miss) keep one URL a job.
+        Slow: a fixed interval from PACED_MIN_INTERVAL to PACED_MAX_INTERVAL; a job carries as
+        many URLs as fit in PACED_BATCH_SPAN (at most MAX_BATCH), fetched in turn by one thread
+        that waits on the gate between them (``Batching.paced``). One URL a job: any other
+        interval, an adaptive interval (which may grow at any time), the development cache
+        (which takes the gate only on a miss), a site allowed several requests in flight
+        (``concurrency``: its requests overlap, a batch's would not), and a site whose responses
+        came slower than its interval (``batch_paced``: for UNBATCHED_FOR seconds).
         """
         policy = self.policy(site)
         if policy.auto is not None or self.settings.http_cache:
-            return 1
+            return Batching()
         interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
-        return MAX_BATCH if interval + self.settings.gate_margin <= BATCH_BELOW else 1
+        interval += self.settings.gate_margin
+        if interval <= BATCH_BELOW:
+            return Batching(MAX_BATCH, False, interval)
+        if (
+            not PACED_MIN_INTERVAL <= interval <= PACED_MAX_INTERVAL
+            or (policy.concurrency or 1) > 1
+            or self._unbatched.get(site, 0.0) > time.monotonic()
+        ):
+            return Batching(1, False, interval)
+        size = max(1, min(MAX_BATCH, int(PACED_BATCH_SPAN // interval)))
+        return Batching(size, size > 1, interval)
+
+    def batch_paced(self, site: str, steps: int, seconds: float, batching: Batching) -> None:
+        """A paced batch of ``site`` took ``seconds`` for ``steps`` URLs after its first: one URL a job
+        for a while if that is more than LATE_SPACING intervals each (``batching``)."""
+        if steps and seconds / steps > LATE_SPACING * batching.interval:
+            self._unbatched[site] = time.monotonic() + UNBATCHED_FOR
 
     def publish(self, site: str, force: bool = False) -> None:
         """Write the site's policy in force where the scheduler reads it.
@@ -284,7 +359,10 @@ class Runtime:
         self._published[site] = now
         policy = self.policies.get(site, fresh=force)
         shared = keys.gate(keys.shared_gate_name(policy.gate)) if policy.gate else None
-        conf = (policy.interval, policy.paused, policy.concurrency, policy.auto is not None, shared, policy.gate_by)
+        batching = self.batching(site)
+        batch = batching.size if batching.paced else 1
+        auto = policy.auto is not None
+        conf = (policy.interval, policy.paused, policy.concurrency, auto, shared, policy.gate_by, batch)
         written = self._conf_written.get(site)
         if not force and written is not None and written[1] == conf and now - written[0] < REPUBLISH_EVERY:
             return
@@ -299,6 +377,7 @@ class Runtime:
             auto=policy.auto is not None,
             gate_key=shared,
             gate_by_ip=policy.gate_by == "ip",
+            batch=batch,
         )
 
     def take_gate(self, site: str, url: str | None = None) -> Gate:
@@ -323,6 +402,12 @@ class Runtime:
             return self.take_gate(site, url)
         return self._acquire(site, url, max_wait)
 
+    def gate_opens_at(self, site: str) -> float:
+        """When (``time.monotonic()``) ``site``'s own gate opens as far as this process knows: rearmed
+        by its last send from here (``Turn.opens_at``); 0 when it knows nothing of it."""
+        turn = self._turns.get(keys.gate(self.gate_name(site)))
+        return turn.opens_at if turn is not None else 0.0
+
     def _acquire(self, site: str, url: str | None, max_wait: float | None = None) -> Gate | None:
         """Take the gate in this process's turn at it (``gate.Turn``), which passes on at the send."""
         gate = self.gate(site, url)
@@ -334,6 +419,10 @@ class Runtime:
             return None
         try:
             left = None if max_wait is None else max(0.0, max_wait - (time.monotonic() - started))
+            closed_for = turn.opens_at - time.monotonic()  # known closed: no need to ask Redis before
+            if closed_for > 0 and (left is None or closed_for < left):
+                time.sleep(closed_for)
+                left = None if left is None else left - closed_for
             taken = gate.acquire(timeout=left)
         except BaseException:
             turn.give(ticket)

@@ -1,7 +1,9 @@
 -- NEXT_JOB: one job id of the site PICK_SITE named, for a download worker
 -- (crawler.coord.scheduler.Scheduler.take), if the site is still due within ARGV[3] ms and its gate
 -- opens within that time. Moves the job into RQ's intermediate list and re-scores the site one
--- interval after its gate opens. Otherwise the site is re-scored to when it may be served (gate
+-- interval after its gate opens (as many intervals as the conf's ``batch``, at most 16, for a slow
+-- site whose jobs carry that many URLs fetched in turn by one thread; Scheduler.batch_over brings
+-- the site forward when such a job ends). Otherwise the site is re-scored to when it may be served (gate
 -- closed, paused, at its concurrency cap), or leaves the ready set (no work at all).
 --
 -- KEYS[1] = the ready set (keys.ready); the site's keys: KEYS[2] its conf hash (keys.conf),
@@ -35,7 +37,7 @@ local due = tonumber(redis.call('ZSCORE', ready, site))
 if due == nil then return {-1} end
 if due - ahead > now then return {0, due - ahead - now} end
 local conf = redis.call('HMGET', conf_key, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms', 'pace_ms',
-                        'margin_ms', 'gate')
+                        'margin_ms', 'gate', 'batch')
 -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
 local gate = own_gate
 if conf[7] then
@@ -75,8 +77,10 @@ if gate_ttl > ahead then
 end
 local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
 redis.call('ZREM', queued_set, job)
--- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that.
-redis.call('ZADD', ready, now + math.max(gate_ttl, 0) + interval, site)
+-- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that,
+-- or after the batch's span for a paced batch (its thread takes those turns).
+local span = math.max(1, math.min(tonumber(conf[8]) or 1, 16))
+redis.call('ZADD', ready, now + math.max(gate_ttl, 0) + interval * span, site)
 local refill = 0
 if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
 return {1, job, refill}
