@@ -691,14 +691,17 @@ class Frontier:
         lock = keys.refill_lock(self.site)
         return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, key=lock)
 
-    def outranks(self, priority: int) -> bool:
+    def outranks(self, priority: int, also: Callable[[Any], Any] | None = None) -> bool:
         """Whether the site has work of a higher priority than ``priority`` waiting: a queued job
-        or a frontier entry (one round trip). A paced batch asks it between its URLs, so a seed
-        waits for the request in flight, not for the rest of the batch."""
+        or a frontier entry (one round trip, which carries what ``also(pipeline)`` adds first).
+        A paced batch asks it between its URLs, so a seed waits for the request in flight, not
+        for the rest of the batch."""
         with self.connection.pipeline(transaction=False) as pipe:
+            if also is not None:
+                also(pipe)
             pipe.zrevrange(keys.queued(self.site), 0, 0, withscores=True)
             pipe.zrevrange(keys.levels(self.site), 0, 0, withscores=True)
-            tops = pipe.execute()
+            tops = pipe.execute()[-2:]
         return any(found and found[0][1] > priority for found in tops)
 
     def waiting(self) -> list[DownloadTask]:

@@ -246,10 +246,13 @@ def batch_done(job: Job) -> int:
     return done if isinstance(done, int) and not isinstance(done, bool) and 0 <= done <= len(job.args) else 0
 
 
-def save_batch_done(job: Job, done: int) -> None:
-    """Record that ``job``'s first ``done`` URLs are done (one HSET of the job's meta)."""
+def save_batch_done(job: Job, done: int, pipeline: Any = None) -> None:
+    """Record that ``job``'s first ``done`` URLs are done (one HSET of the job's meta, in ``pipeline`` if given)."""
     job.meta[BATCH_DONE] = done
-    job.save_meta()
+    if pipeline is None:
+        job.save_meta()
+    else:  # as RQ's ``save_meta`` writes it
+        pipeline.hset(job.key, "meta", job.serializer.dumps(job.meta))
 
 
 def tasks_left(job: Job) -> list[dict[str, Any]]:

@@ -141,12 +141,10 @@ def download(
                 _download_one(rt, payloads[i], None, held)
                 paced_since = time.monotonic()
             else:  # the site may have been paused, closed or slowed since
-                if batching.paced and job is not None:  # before the wait: a batch retried skips what is done
-                    joblife.save_batch_done(job, i)
                 if (
                     (stopping is not None and stopping())
                     or rt.policy(site).paused
-                    or (batching.paced and rt.frontier(site).outranks(priority))
+                    or (batching.paced and rt.frontier(site).outranks(priority, _progress(job, i)))
                     or not _download_one(rt, payloads[i], batching.gate_wait, held)
                 ):
                     if held is not None:
@@ -164,6 +162,14 @@ def download(
             joblife.save_batch_done(job, done)
         if batching.slow:
             rt.scheduler.batch_over(site)
+
+
+def _progress(job: Any, done: int) -> Callable[[Any], Any] | None:
+    """What saves, in a pipeline, that a paced batch ``job`` (None: run directly) has done its first
+    ``done`` URLs: before the wait for the next, so a batch retried skips what is done."""
+    if job is None:
+        return None
+    return functools.partial(joblife.save_batch_done, job, done)
 
 
 def _download_one(
