@@ -350,15 +350,16 @@ def test_a_paced_batch_writes_each_record_at_once_and_saves_its_progress_before_
     assert score is not None and score <= redis_ms(redis_conn) + SLOW * 1000
 
 
-def test_a_stopping_worker_hands_the_rest_of_a_paced_batch_back(
-    redis_conn: Redis, settings: Settings, shop: ShopSite
+@pytest.mark.parametrize("why", ["stopping", "crowded"])
+def test_a_stopping_worker_or_a_crowded_process_hands_the_rest_of_a_paced_batch_back(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, why: str
 ) -> None:
     rt = Runtime(redis_conn, fast(settings, SLOW))
     install(rt)
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         asked = iter([False, True])
-        jobs.download(*batch, stopping=lambda: next(asked))
+        jobs.download(*batch, **{why: lambda: next(asked)})
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
         rt.close()

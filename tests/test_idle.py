@@ -40,6 +40,21 @@ def test_a_room_with_every_thread_busy_grows_one_thread_for_each_job_found_up_to
     assert grower.asked == 2 and room.members == 3, "grown past its most"
 
 
+def test_a_room_is_crowded_once_every_thread_it_may_have_is_busy() -> None:
+    room = IdleRoom()
+    room.grow = Grower(room)
+    room.most = 2
+    room.enter()
+    room.found_work()  # grows the second
+    assert not room.crowded()
+    room.found_work()
+    assert room.crowded()  # a paced batch now yields its thread between two URLs
+    room.done_work()
+    assert not room.crowded()
+    room.hold_thread()  # a thread following its site counts as busy too
+    assert room.crowded()
+
+
 def test_a_room_with_a_free_thread_does_not_grow() -> None:
     room = IdleRoom()
     room.grow = grower = Grower(room)

@@ -467,7 +467,7 @@ class CrawlWorker(SimpleWorker):
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             if isinstance(job, CrawlerJob):
                 # The job runs against this worker's runtime, given, not looked up; a batch stops early on a stop.
-                job.bound = {"rt": self.runtime, "stopping": self.stop_event.is_set}
+                job.bound = {"rt": self.runtime, "stopping": self.stop_event.is_set, "crowded": self._idle.room.crowded}
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 job.perform()
         except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
@@ -709,7 +709,8 @@ class DownloadWorker(CrawlWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         super().execute_job(job, queue)
         served = self._site_of.get(queue.name)
-        if served is not None and self.runtime.batching(served).paced:
+        # Not when every thread is busy: the thread's turn goes to whichever site waits longest.
+        if served is not None and self.runtime.batching(served).paced and not self._idle.room.crowded():
             self._follow = (served, self.runtime.gate_opens_at(served))
         site, self._refill = self._refill, None
         if site is not None:

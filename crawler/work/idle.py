@@ -208,6 +208,12 @@ class IdleRoom:
             with self._cond:
                 self._starting -= 1
 
+    def crowded(self) -> bool:
+        """Whether every thread the process may have is busy: a paced batch then ends after the
+        request in flight and hands the rest back (``jobs.download``), so that a process serving
+        more slow sites than it may have threads serves them all in turn."""
+        return self._busy >= self.most
+
     def hold_thread(self) -> None:
         """This thread is busy without a look: it follows its last site to its next turn (``done_work`` after)."""
         with self._cond:

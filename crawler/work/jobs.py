@@ -95,7 +95,10 @@ def _worker_name() -> str | None:
 
 
 def download(
-    *payloads: dict[str, Any], rt: runtime.Runtime | None = None, stopping: Callable[[], bool] | None = None
+    *payloads: dict[str, Any],
+    rt: runtime.Runtime | None = None,
+    stopping: Callable[[], bool] | None = None,
+    crowded: Callable[[], bool] | None = None,
 ) -> None:
     """Download the job's URLs, all of one site, in turn: one URL, or a batch (``Runtime.batching``).
 
@@ -105,7 +108,8 @@ def download(
     back to the front of the site's frontier, to be made into jobs again, as they do when the
     worker is ``stopping`` (a graceful stop: checked before each of them), and for a slow site's
     batch when work of a higher priority waits (``Frontier.outranks``: a seed waits for the
-    request in flight, not for the batch).
+    request in flight, not for the batch), or when the worker's process is ``crowded`` (every
+    thread it may have is busy: the other sites' jobs get threads in turn).
 
     A fast site's batch holds its URLs' records back (``events.HeldRecords``: pages reach the
     parse workers with their records) and writes them together: in one database transaction
@@ -144,6 +148,7 @@ def download(
                 if (
                     (stopping is not None and stopping())
                     or rt.policy(site).paused
+                    or (batching.paced and crowded is not None and crowded())
                     or (batching.paced and rt.frontier(site).outranks(priority, _progress(job, i)))
                     or not _download_one(rt, payloads[i], batching.gate_wait, held)
                 ):
