@@ -439,6 +439,7 @@ class PssSampler:
         self.roots, self.extra = roots, extra
         self.peak = 0
         self.samples = 0
+        self.peak_by_process: dict[int, tuple[str, int]] = {}  # pid -> (its role, its PSS KiB in the peak sample)
         self.cpu: dict[int, tuple[int, float]] = {}  # pid -> (its root, CPU seconds last seen)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
@@ -459,7 +460,10 @@ class PssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             found = self.pids()
-            total = sum(pss_kib(pid) for pid in found)
+            each = {pid: pss_kib(pid) for pid in found}
+            total = sum(each.values())
+            if total > self.peak:
+                self.peak_by_process = {pid: (self._role(found[pid]), kib) for pid, kib in each.items()}
             self.peak = max(self.peak, total)
             self.samples += 1
             for pid, process in found.items():
@@ -472,6 +476,24 @@ class PssSampler:
                 except self.psutil.Error:
                     continue
             self._stop.wait(SAMPLE_EVERY)
+
+    @staticmethod
+    def _role(process: Any) -> str:
+        """A short name of what a process is: its command line from ``worker`` on, or ``redis``."""
+        if process is None:
+            return "redis"
+        try:
+            line = process.cmdline()
+        except Exception:  # gone between the listing and now
+            return "?"
+        return " ".join(line[line.index("worker") :] if "worker" in line else line[-2:])
+
+    def by_role(self) -> list[tuple[str, int, float]]:
+        """In the peak sample: each role, how many processes had it, and their PSS in MiB."""
+        roles: dict[str, list[int]] = defaultdict(list)
+        for role, kib in self.peak_by_process.values():
+            roles[role].append(kib)
+        return sorted(((role, len(k), sum(k) / 1024) for role, k in roles.items()), key=lambda r: -r[2])
 
     def _root_of(self, process: Any) -> int:
         for parent in process.parents():
@@ -662,6 +684,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             "workers_cpu": cpu,
             "redis_cpu": redis_cpu,
             "pss_mib": peak,
+            "pss_by_role": sampler.by_role(),
             "items": items,
             "outcomes": outcomes,
             "server_cpu": served["cpu"],
@@ -957,6 +980,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             "fetch outcomes",
             "idle Redis commands/s",
             "idle CPU % per process",
+            "peak PSS MiB by process",
         ],
         [
             [
@@ -974,6 +998,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),
                 r["idle_commands_per_s"],
                 ", ".join(f"{c:.2f}" for c in r["idle_cpu_percent"]),
+                ", ".join(f"{role} ×{n} {mib:.0f}" for role, n, mib in r["pss_by_role"]),
             ]
             for r in ours_runs
         ],

@@ -31,6 +31,24 @@ def test_a_single_threaded_launcher_forks_its_workers() -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "fork"
 
 
+def test_forked_workers_find_the_launchers_objects_frozen() -> None:
+    """Objects imported before the fork are frozen (``gc.freeze``): a child's collections leave
+    their pages shared with the launcher instead of writing to every one of them."""
+    code = """
+import gc, sys
+from crawler.work import launcher
+
+def child(*args):
+    sys.exit(0 if gc.get_freeze_count() > 1000 else 3)
+
+launcher.run_worker_process = child
+processes = launcher.start_workers([launcher.WorkerSpec("parse", ())], None, "redis://unused")
+print(launcher.wait_for(processes))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "0", done.stderr
+
+
 def worker_children(pid: int) -> list[int]:
     """Worker processes whose parent is ``pid``: forked (the launcher's command line) or spawned."""
     try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import multiprocessing
 import os
@@ -271,6 +272,12 @@ def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: st
     """Start one process per spec (forked or spawned: ``start_method``); returns the processes."""
     forked = start_method() == "fork"
     context = multiprocessing.get_context("fork") if forked else multiprocessing.get_context("spawn")
+    if forked:
+        # Every object imported so far moves to a generation no collection visits: a child's
+        # collections would otherwise write to each one's header, and the page holding it,
+        # shared with this process until then, would be copied into the child.
+        gc.collect()
+        gc.freeze()
     processes = []
     with _main_module_left_out():
         for i, spec in enumerate(specs):
