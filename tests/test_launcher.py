@@ -78,12 +78,8 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_workers_stop_when_their_launcher_is_killed(
-    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
-) -> None:
-    """The CLI forks its workers (no other thread runs yet); killed outright, they stop on their own."""
-    (tmp_path / "sites").mkdir()
-    command = [
+def worker_command(redis_url: str, sqlite_url: str, sites: Path, *args: str) -> list[str]:
+    return [
         sys.executable,
         "-c",
         "from crawler.cli.app import main; main()",
@@ -92,12 +88,46 @@ def test_workers_stop_when_their_launcher_is_killed(
         "--database-url",
         sqlite_url,
         "--sites",
-        str(tmp_path / "sites"),
+        str(sites),
         "worker",
-        "download",
-        "-n",
-        "2",
+        *args,
     ]
+
+
+def test_a_single_worker_process_is_the_command_itself(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``-n 1`` (the parse workers' default) runs the workers in the command's own process: no
+    launcher beside it holding the same modules; SIGTERM stops it, exit code 0."""
+    (tmp_path / "sites").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    command = worker_command(redis_url, sqlite_url, tmp_path / "sites", "parse")
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=open(tmp_path / "err.log", "w"), text=True)
+    try:
+        log = tmp_path / "err.log"
+        deadline = time.monotonic() + 30
+        while "worker process(es)" not in log.read_text():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the command never started its worker"
+            time.sleep(0.1)
+        time.sleep(1.0)  # a launcher would have forked its child by now
+        assert process.poll() is None, log.read_text()
+        assert worker_children(process.pid) == []
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log.read_text()
+        # The worker that stopped is named by its process: the command's own (host:pid:tag).
+        assert f":{process.pid}:" in log.read_text().split("stopping after the current page")[0].splitlines()[-1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_workers_stop_when_their_launcher_is_killed(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The CLI forks its workers (no other thread runs yet); killed outright, they stop on their own."""
+    (tmp_path / "sites").mkdir()
+    command = worker_command(redis_url, sqlite_url, tmp_path / "sites", "download", "-n", "2")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=open(tmp_path / "err.log", "w"), text=True)
     try:

@@ -35,6 +35,7 @@ from ..work.launcher import (
     MOST_DOWNLOAD_THREADS,
     WorkerSpec,
     default_processes,
+    run_here,
     start_workers,
     stop_workers,
     wait_for,
@@ -270,7 +271,10 @@ def worker(
     each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
     click.echo(f"{processes} {kind} worker process(es), {each} each, on {obj.redis_choice.describe()}", err=True)
     try:
-        code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
+        if processes == 1:
+            code = run_here(spec, obj.settings, obj.redis_url)
+        else:
+            code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
     finally:
         if server is not None:
             server.shutdown()

@@ -107,6 +107,23 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
         rt.close()
 
 
+def run_here(spec: WorkerSpec, settings: Settings, redis_url: str) -> int:
+    """Run one worker process's workers in this process (``-n 1``); the exit code a child's would have.
+
+    A launcher of a single worker process would hold every module it imported (some 40
+    MiB of a 200-site crawl's memory) only to wait for it; run here, the command is the
+    worker. Signals reach it as they would a child (SIGTERM stops it after its jobs), and
+    a crash is logged and exits 1, as a child's would.
+    """
+    multiprocessing.current_process().name = f"crawler-{spec.kind}-0"  # its log lines read as a child's
+    try:
+        run_worker_process(spec, settings, redis_url)
+    except Exception:
+        log.exception("the %s worker crashed", spec.kind)
+        return 1
+    return 0
+
+
 def default_processes() -> int:
     """Download worker processes when not told: one per core this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
