@@ -183,3 +183,33 @@ def test_a_worker_process_s_redis_pool_serves_all_its_threads_at_once_and_waits_
     connection.close()
     assert not errors, f"{len(errors)} of {users} users failed: {errors[0]!r}"
     assert took < 30
+
+
+def test_a_worker_process_gives_freed_memory_back_to_the_system() -> None:
+    """Pages freed in the middle of malloc's heap (kept from the system by glibc until trimmed)
+    go back with the trim a worker process runs every TRIM_EVERY seconds."""
+    code = """
+import threading, time
+from crawler.work import launcher
+
+def rss_mib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+libc = launcher._glibc()
+assert libc is not None, "not glibc"
+# Blocks of 100 KiB (from the heap, below glibc's mmap threshold), every other one kept:
+# freeing the rest leaves holes glibc cannot give back from the heap's top.
+blocks = [bytearray(100_000) for _ in range(3000)]
+kept = blocks[::2]
+del blocks
+before = rss_mib()
+launcher.TRIM_EVERY = 0.05
+threading.Thread(target=launcher._give_back_free_memory, args=(libc,), daemon=True).start()
+time.sleep(0.5)
+print(before - rss_mib())
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) > 100, f"only {done.stdout.strip()} MiB given back"

@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -92,7 +93,10 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     """
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
-    _few_malloc_arenas()
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+        threading.Thread(target=_give_back_free_memory, args=(libc,), name="malloc-trim", daemon=True).start()
     most = spec.threads or (MOST_DOWNLOAD_THREADS if spec.kind == "download" else 1)
     connection = worker_connection(redis_url, most)
     rt = Runtime(connection, settings)
@@ -129,24 +133,38 @@ def default_processes() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-#: glibc's ``M_ARENA_MAX`` (``mallopt``) and the arenas a worker process keeps (see ``_few_malloc_arenas``).
+#: glibc's ``M_ARENA_MAX`` (``mallopt``) and the arenas a worker process keeps.
 _M_ARENA_MAX = -8
+#: Every thread that allocates gets a malloc arena of its own up to glibc's default (8 x
+#: cores), each holding freed memory apart: a download process of a hundred threads grew
+#: by 60 MiB over a 45-second crawl of 200 sites. Threads share the GIL anyway, so they
+#: gain nothing from separate arenas.
 MALLOC_ARENAS = 2
+#: Seconds between two ``malloc_trim`` calls of a worker process (``_give_back_free_memory``).
+TRIM_EVERY = 2.0
 
 
-def _few_malloc_arenas() -> None:
-    """Have glibc's malloc keep MALLOC_ARENAS arenas in this process, not eight a core.
-
-    Every thread that allocates gets an arena of its own up to glibc's default (8 x cores),
-    each holding freed memory apart: a download process of a hundred threads grew by 60
-    MiB over a 45-second crawl of 200 sites. Threads share the GIL anyway, so they gain
-    nothing from separate arenas. Elsewhere than glibc this does nothing.
-    """
+def _glibc() -> Any:
+    """glibc's C library (``mallopt``, ``malloc_trim``), or None elsewhere (musl, macOS)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
+        libc.mallopt, libc.malloc_trim  # noqa: B018 (both must exist)
     except (OSError, AttributeError):
-        pass
+        return None
+    return libc
+
+
+def _give_back_free_memory(libc: Any) -> None:
+    """Return the pages malloc holds free to the system, every TRIM_EVERY seconds, for good.
+
+    glibc gives back only the free top of a heap; the pages freed in between (a hundred
+    threads' responses, pipelines and SQL rows come and go) stay counted in the process's
+    memory until ``malloc_trim`` releases them: a 200-site crawl's two download processes
+    peaked at 220 MiB of PSS without it, 171 with it, for no measurable CPU.
+    """
+    while True:
+        time.sleep(TRIM_EVERY)
+        libc.malloc_trim(0)
 
 
 #: Most download workers (requests in flight) a process grows to unless told (``--threads``).
