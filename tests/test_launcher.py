@@ -122,17 +122,47 @@ def test_a_single_worker_process_is_the_command_itself(
             process.kill()
 
 
+def test_the_command_is_the_first_of_its_worker_processes_and_stops_the_others_with_it(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``-n 2``: one forked child beside the command; SIGTERM to the command alone (as ``kill PID``
+    sends it) stops both after their jobs, exit code 0."""
+    (tmp_path / "sites").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
+    command = worker_command(redis_url, sqlite_url, tmp_path / "sites", "download", "-n", "2")
+    log = tmp_path / "err.log"
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=open(log, "w"), text=True)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := worker_children(process.pid)):
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the second worker process never started"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert len(worker_children(process.pid)) == 1
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, log.read_text()
+        assert not any(alive(pid) for pid in children), "the forked worker outlived the command"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in children:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_workers_stop_when_their_launcher_is_killed(
     redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
 ) -> None:
     """The CLI forks its workers (no other thread runs yet); killed outright, they stop on their own."""
     (tmp_path / "sites").mkdir()
-    command = worker_command(redis_url, sqlite_url, tmp_path / "sites", "download", "-n", "2")
+    command = worker_command(redis_url, sqlite_url, tmp_path / "sites", "download", "-n", "3")
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")}
     launcher = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=open(tmp_path / "err.log", "w"), text=True)
     try:
         deadline = time.monotonic() + 30
-        while len(children := worker_children(launcher.pid)) < 2:
+        while len(children := worker_children(launcher.pid)) < 2:  # -n 3: the command is the third
             assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
             assert time.monotonic() < deadline, "the worker processes never started"
             time.sleep(0.1)

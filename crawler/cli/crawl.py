@@ -38,7 +38,6 @@ from ..work.launcher import (
     run_here,
     start_workers,
     stop_workers,
-    wait_for,
 )
 from .context import Context, _export, pass_context, replace
 from .control import report_reset
@@ -271,10 +270,7 @@ def worker(
     each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
     click.echo(f"{processes} {kind} worker process(es), {each} each, on {obj.redis_choice.describe()}", err=True)
     try:
-        if processes == 1:
-            code = run_here(spec, obj.settings, obj.redis_url)
-        else:
-            code = wait_for(start_workers([spec] * processes, obj.settings, obj.redis_url))
+        code = run_here(spec, obj.settings, obj.redis_url, processes)
     finally:
         if server is not None:
             server.shutdown()

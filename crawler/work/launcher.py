@@ -87,10 +87,17 @@ def configure_logging(level: str, log_format: str = "text", secrets: list[str] |
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, launcher_pid: int | None = None) -> None:
+def run_worker_process(
+    spec: WorkerSpec,
+    settings: Settings,
+    redis_url: str,
+    launcher_pid: int | None = None,
+    told_to_stop: Any = None,
+) -> None:
     """Body of one worker process: its workers (``WorkerThreads``) until stopped, drained, or orphaned.
 
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
+    ``told_to_stop``: a ``multiprocessing.Event`` the launcher sets to stop them after their jobs.
     """
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
     libc = _glibc()
@@ -103,7 +110,7 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
     stop = threading.Event()
     if launcher_pid is not None:
         threading.Thread(
-            target=_stop_when_orphaned, args=(launcher_pid, stop), name="orphan-watch", daemon=True
+            target=_stop_when_orphaned, args=(launcher_pid, stop, told_to_stop), name="orphan-watch", daemon=True
         ).start()
     try:
         WorkerThreads(spec, connection, rt, stop, most).run()
@@ -111,21 +118,38 @@ def run_worker_process(spec: WorkerSpec, settings: Settings, redis_url: str, lau
         rt.close()
 
 
-def run_here(spec: WorkerSpec, settings: Settings, redis_url: str) -> int:
-    """Run one worker process's workers in this process (``-n 1``); the exit code a child's would have.
+def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1) -> int:
+    """Run ``processes`` worker processes of ``spec``, this one among them; the worst exit code.
 
-    A launcher of a single worker process would hold every module it imported (some 40
-    MiB of a 200-site crawl's memory) only to wait for it; run here, the command is the
-    worker. Signals reach it as they would a child (SIGTERM stops it after its jobs), and
-    a crash is logged and exits 1, as a child's would.
+    A launcher that only waited for its children would hold every module it imported
+    (some 20-40 MiB of a 200-site crawl's memory) for nothing: the command is the first
+    worker process, and starts the others (``start_workers``) before any thread of its
+    own. Signals reach it as they would a child (SIGTERM stops it after its jobs, a second
+    one at once); when it ends, for whatever reason, it tells the others to stop after
+    their jobs (``told_to_stop``, not a signal: one that already got Ctrl-C from the
+    terminal must not take ours for a second one) and waits for them, STOP_WAIT seconds
+    at most each. A crash is logged and exits 1, as a child's would.
     """
+    told_to_stop = multiprocessing.get_context(start_method()).Event() if processes > 1 else None
+    others = (
+        start_workers([spec] * (processes - 1), settings, redis_url, told_to_stop, first=1) if processes > 1 else []
+    )
     multiprocessing.current_process().name = f"crawler-{spec.kind}-0"  # its log lines read as a child's
+    code = 0
     try:
         run_worker_process(spec, settings, redis_url)
     except Exception:
         log.exception("the %s worker crashed", spec.kind)
-        return 1
-    return 0
+        code = 1
+    finally:
+        if told_to_stop is not None:
+            told_to_stop.set()
+        for process in others:
+            process.join(STOP_WAIT)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    return max([code, *(abs(p.exitcode or 0) for p in others)])
 
 
 def default_processes() -> int:
@@ -278,14 +302,18 @@ def worker_connection(redis_url: str, threads: int) -> Redis:
 ORPHAN_CHECK_EVERY = 1.0
 
 
-def _stop_when_orphaned(launcher_pid: int, stop: threading.Event) -> None:
-    """Stop this process's workers after their current job once the launcher is gone.
+def _stop_when_orphaned(launcher_pid: int, stop: threading.Event, told_to_stop: Any = None) -> None:
+    """Stop this process's workers after their current job once the launcher is gone, or once
+    it sets ``told_to_stop`` (its own workers ended: ``run_here``).
 
     A launcher killed outright (SIGKILL, OOM) cannot stop its workers; without this they
     would run on, unsupervised, until someone finds them. Their jobs are not lost either
     way: a job cut short is handed back by the reaper.
     """
     while True:
+        if told_to_stop is not None and told_to_stop.is_set():
+            stop.set()
+            return
         if os.getppid() != launcher_pid:  # re-parented: the launcher died (maybe before we started)
             logging.getLogger("crawler.launcher").warning(
                 "launcher (pid %d) is gone: stopping after the current job", launcher_pid
@@ -303,8 +331,16 @@ def start_method() -> str:
     return "spawn"
 
 
-def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: str) -> list[Any]:
-    """Start one process per spec (forked or spawned: ``start_method``); returns the processes."""
+def start_workers(
+    specs: Sequence[WorkerSpec], settings: Settings, redis_url: str, told_to_stop: Any = None, first: int = 0
+) -> list[Any]:
+    """Start one process per spec (forked or spawned: ``start_method``); returns the processes.
+
+    ``told_to_stop``: an event of the same start method that stops them after their jobs once
+    set (``run_here``). ``first``: the number in the first one's name (``crawler-download-1``).
+    """
+    if not specs:
+        return []
     forked = start_method() == "fork"
     context = multiprocessing.get_context("fork") if forked else multiprocessing.get_context("spawn")
     if forked:
@@ -318,8 +354,8 @@ def start_workers(specs: Sequence[WorkerSpec], settings: Settings, redis_url: st
         for i, spec in enumerate(specs):
             process = context.Process(
                 target=run_worker_process,
-                args=(spec, settings, redis_url, os.getpid()),
-                name=f"crawler-{spec.kind}-{i}",
+                args=(spec, settings, redis_url, os.getpid(), told_to_stop),
+                name=f"crawler-{spec.kind}-{first + i}",
             )
             process.start()
             processes.append(process)
@@ -344,7 +380,11 @@ def _main_module_left_out() -> Iterator[None]:
         sys.modules["__main__"] = main
 
 
-def stop_workers(processes: Sequence[Any], timeout: float = 30.0) -> None:
+#: Seconds a launcher waits for each worker process it stopped, before it kills it.
+STOP_WAIT = 30.0
+
+
+def stop_workers(processes: Sequence[Any], timeout: float = STOP_WAIT) -> None:
     """Ask every process to stop after its current job (SIGTERM), then wait."""
     for process in processes:
         if process.is_alive() and process.pid:
