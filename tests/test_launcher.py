@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from redis import Redis
 
 from crawler.work.launcher import start_method
@@ -236,6 +237,7 @@ kept = blocks[::2]
 del blocks
 before = rss_mib()
 launcher.TRIM_EVERY = 0.05
+launcher.TRIM_AFTER_CPU = 0.0
 threading.Thread(target=launcher._give_back_free_memory, args=(libc,), daemon=True).start()
 time.sleep(0.5)
 print(before - rss_mib())
@@ -243,3 +245,20 @@ print(before - rss_mib())
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) > 100, f"only {done.stdout.strip()} MiB given back"
+
+
+def test_an_idle_worker_process_does_not_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trim walks the whole heap: one a second costs an idle process CPU it has freed nothing for."""
+    from crawler.work import launcher
+
+    class Libc:
+        trims = 0
+
+        def malloc_trim(self, pad: int) -> None:
+            Libc.trims += 1
+
+    monkeypatch.setattr(launcher, "TRIM_EVERY", 0.01)
+    monkeypatch.setattr(launcher, "TRIM_AFTER_CPU", 10.0)  # CPU this test's process will not spend meanwhile
+    threading.Thread(target=launcher._give_back_free_memory, args=(Libc(),), daemon=True).start()
+    time.sleep(0.3)
+    assert Libc.trims == 0
