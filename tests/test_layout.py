@@ -12,6 +12,7 @@ prints both, to paste when a module is added, moved or redocumented.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,3 +273,16 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
 
 if __name__ == "__main__":
     sys.stdout.write(tree() + "\n\n" + contract() + "\n")
+
+
+def test_the_cli_leaves_out_the_modules_a_worker_process_never_uses() -> None:
+    """Every worker process starts from the CLI's imports: rich (status screens), lxml (sitemaps),
+    PostgreSQL's dialect and httpx's own CLI (rich and pygments) cost some 8 MiB each process
+    that never uses them, so they are imported where used."""
+    code = (
+        "import sys; import crawler.cli.app; from crawler.store.database import Store; "
+        "print(sorted(m for m in ('rich', 'pygments', 'lxml', 'sqlalchemy.dialects.postgresql') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

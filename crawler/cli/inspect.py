@@ -13,8 +13,7 @@ from ..coord import keys, quarantine
 from ..coord.policy import read_live, resolve_policy
 from ..errors import ConfigError, CrawlerError
 from ..ops.failures import FailedPage, failed_pages
-from ..ops.screens import state
-from ..ops.status import known_sites, parse_backlog, politeness, site_status, workers_by_host
+from ..ops.status import known_sites, parse_backlog, politeness, site_status, state, workers_by_host
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from .context import Context, _export, pass_context

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .failures import FailedPage
-from .status import ParseBacklog, SiteStatus
+from .status import ParseBacklog, SiteStatus, state
 
 #: Columns of the plain (tab-separated) status rows, in order.
 STATUS_COLUMNS = (
@@ -37,16 +37,6 @@ STATUS_COLUMNS = (
 )
 #: Columns of the plain (tab-separated) failed-page rows, in order.
 FAILED_COLUMNS = ("site", "url", "kind", "status", "attempt", "finished_utc", "reason")
-
-
-def state(status: SiteStatus, suspended: bool = False) -> str:
-    """``running``, ``paused`` (``crawler pause``), ``suspended`` (``rq suspend``: no worker takes a job),
-    or ``closed 12s: backoff after 503`` (the site's gate closed for everyone, and why)."""
-    if suspended:
-        return "suspended"
-    if status.paused:
-        return "paused"
-    return f"closed {status.closed_for:.0f}s: {status.closed_why}" if status.closed_for else "running"
 
 
 def _rate(status: SiteStatus) -> str:

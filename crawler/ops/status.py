@@ -203,3 +203,13 @@ def workers_by_host(connection: Redis) -> dict[str, dict[str, int]]:
     for consumer in pages.live_consumers(connection):
         count(consumer.host, "busy" if consumer.pending else "idle")
     return hosts
+
+
+def state(status: SiteStatus, suspended: bool = False) -> str:
+    """``running``, ``paused`` (``crawler pause``), ``suspended`` (``rq suspend``: no worker takes a job),
+    or ``closed 12s: backoff after 503`` (the site's gate closed for everyone, and why)."""
+    if suspended:
+        return "suspended"
+    if status.paused:
+        return "paused"
+    return f"closed {status.closed_for:.0f}s: {status.closed_why}" if status.closed_for else "running"

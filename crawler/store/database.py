@@ -45,7 +45,6 @@ from sqlalchemy import (
     literal,
     select,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import (
@@ -315,7 +314,13 @@ class Store:
         # Built once per Store: building it took about 70% of an upsert's CPU, and one
         # statement object also keeps its SQL cache key memoized between executions.
         postgres = self.engine.dialect.name == "postgresql"
-        stmt = (pg_insert if postgres else sqlite_insert)(items)
+        stmt: Any
+        if postgres:  # imported here: a SQLite process has no use for the dialect (some 2 MiB)
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            stmt = pg_insert(items)
+        else:
+            stmt = sqlite_insert(items)
         # SQLite's min and max of several arguments are PostgreSQL's least and greatest.
         earliest = getattr(func, "least" if postgres else "min")
         latest = getattr(func, "greatest" if postgres else "max")

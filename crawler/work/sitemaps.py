@@ -35,7 +35,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from lxml import etree  # type: ignore[import-untyped]  # lxml ships no type information
 from protego import Protego
 from redis import Redis
 
@@ -125,6 +124,8 @@ def entries(pieces: Iterable[bytes]) -> Generator[Entry, None, None]:
     fault. An entry whose ``<loc>`` holds anything but text (an unresolved entity) is
     dropped.
     """
+    from lxml import etree  # type: ignore[import-untyped]  # lxml ships no types; imported here: ~6 MiB a process
+
     parser = etree.XMLPullParser(
         events=("end",),
         resolve_entities=False,
