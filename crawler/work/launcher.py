@@ -144,11 +144,7 @@ def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: in
     finally:
         if told_to_stop is not None:
             told_to_stop.set()
-        for process in others:
-            process.join(STOP_WAIT)
-            if process.is_alive():
-                process.kill()
-                process.join()
+        join_or_kill(others)
     return max([code, *(abs(p.exitcode or 0) for p in others)])
 
 
@@ -399,6 +395,11 @@ def stop_workers(processes: Sequence[Any], timeout: float = STOP_WAIT) -> None:
                 os.kill(process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+    join_or_kill(processes, timeout)
+
+
+def join_or_kill(processes: Sequence[Any], timeout: float = STOP_WAIT) -> None:
+    """Wait for each process ``timeout`` seconds at most, then kill it."""
     for process in processes:
         process.join(timeout)
         if process.is_alive():
