@@ -692,7 +692,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             "seed_wall": seed_wall,
             "seed_cpu": seed_cpu,
             "redis_commands": commands,
-            "top_commands": sorted(delta.items(), key=lambda kv: -kv[1])[:6],
+            "top_commands": sorted(delta.items(), key=lambda kv: -kv[1])[:12],
             "breakdown": breakdown,
             "stderr": [e.strip().splitlines()[-3:] for e in errors if e.strip()],
         }
@@ -992,7 +992,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 ),
                 r["redis_cpu"],
                 r["redis_commands"] / max(1, r["requests"]),
-                ", ".join(f"{name} {n / max(1, r['requests']):.0f}" for name, n in r["top_commands"]),
+                ", ".join(f"{name} {n / max(1, r['requests']):.1f}" for name, n in r["top_commands"]),
                 r["seed_wall"],
                 r["seed_cpu"],
                 ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items())),

@@ -383,3 +383,35 @@ def test_a_holder_that_never_sends_passes_its_turn_on_when_it_lets_go(runtime: R
     thread.join(5)
     # The gate itself opens with the unsent holder's send grace: a request may never follow a take sooner.
     assert taken and taken[0] >= let_go
+
+
+def test_a_rearm_sent_with_a_record_ends_the_lock_an_interval_after_the_send(redis_conn: Redis) -> None:
+    gate = site_gate(redis_conn, "late-rearm", 0.3)
+    assert gate.try_acquire() == 0.0
+    assert redis_conn.pttl(gate.key) > 300  # as taken: the interval and the send grace
+    gate.sent()
+    time.sleep(0.1)
+    redis_conn.script_flush()  # a Redis restarted mid-crawl: the script is no longer loaded
+    with redis_conn.pipeline(transaction=False) as pipe:
+        pipe.echo("the record's own commands")
+        gate.rearm_sent(pipe)
+        replies = pipe.execute(raise_on_error=False)
+    since_send_ms = (time.monotonic() - gate.sent_at) * 1000  # type: ignore[operator]
+    assert gate.check_rearm_sent(replies[1:]) == [1]
+    assert 300 - since_send_ms - 2 <= redis_conn.pttl(gate.key) <= 200
+
+
+def test_a_rearm_sent_never_takes_a_lost_gate_and_opens_one_whose_interval_is_over(redis_conn: Redis) -> None:
+    gate = site_gate(redis_conn, "lost", 0.05)
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    redis_conn.set(gate.key, "someone-else", px=5000)  # expired and taken by another holder
+    assert not gate.rearm_sent_now()
+    assert redis_conn.get(gate.key) == b"someone-else" and redis_conn.pttl(gate.key) > 4000
+    redis_conn.delete(gate.key)
+    assert not gate.rearm_sent_now() and not redis_conn.exists(gate.key)  # expired: not taken again
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    time.sleep(0.1)  # past the interval, within the send grace: the lock still holds
+    assert redis_conn.pttl(gate.key) > 0
+    assert gate.rearm_sent_now() and not redis_conn.exists(gate.key)  # open at once

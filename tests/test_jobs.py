@@ -26,6 +26,8 @@ from rq.serializers import JSONSerializer
 
 from crawler.coord import keys, pages, quarantine
 from crawler.coord.frontier import DownloadTask, Frontier, fingerprint
+from crawler.coord.gate import Gate
+from crawler.coord.policy import set_live
 from crawler.coord.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.demo import ShopSite
 from crawler.http.addresses import is_public_address
@@ -512,6 +514,44 @@ def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(
     redis_conn.delete(keys.gate(SITE))
     jobs.download(payload(f"{redirector.url}/hop/0"))  # the site answers again
     assert redis_conn.get(keys.errors(SITE)) is None
+
+
+def test_a_request_answered_well_within_its_interval_is_rearmed_with_its_record_and_spacing_holds(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
+    set_live(redis_conn, SITE, interval=0.4)
+    rearm_ms = (0.4 + runtime.settings.gate_margin) * 1000
+    at_the_send: list[str] = []
+    rearm = Gate.rearm
+    monkeypatch.setattr(Gate, "rearm", lambda gate: at_the_send.append(gate.key) or rearm(gate))
+    with ShopSite(products=5, faults=False) as shop:
+        jobs.download(payload(f"{shop.url}/product/1", "parse_product"))  # robots.txt, then the page
+        assert len(at_the_send) == 2  # the site's answer time unknown: rearmed at the send
+        for n in (2, 3):
+            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))
+            since_send_ms = (time.monotonic() - runtime.gate_opens_at(SITE)) * 1000 + rearm_ms
+            # Rearmed with the record: the take's send grace is gone, the lock ends an interval after the send.
+            assert rearm_ms - since_send_ms - 5 <= redis_conn.pttl(keys.gate(SITE)) <= rearm_ms
+        assert len(at_the_send) == 2  # no call of its own
+        assert [r["outcome"] for r in records(runtime, f"{shop.url}/product/3")] == [OK]
+    assert [e.path for e in shop.requests][1:] == [f"/product/{n}" for n in (1, 2, 3)]
+    assert shop.min_gap() is not None and shop.min_gap() >= 0.4  # as the site saw them
+
+
+def test_a_site_answering_late_in_its_interval_is_rearmed_at_the_send(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
+    set_live(redis_conn, SITE, interval=0.4)
+    at_the_send: list[str] = []
+    rearm = Gate.rearm
+    monkeypatch.setattr(Gate, "rearm", lambda gate: at_the_send.append(gate.key) or rearm(gate))
+    with ShopSite(products=3, latency=0.35, faults=False) as slow:
+        for n in (1, 2):
+            jobs.download(payload(f"{slow.url}/product/{n}", "parse_product"))
+    assert at_the_send.count(keys.gate(SITE)) == 3  # robots.txt and both pages: 0.35 s is late in 0.4 s
+    assert slow.min_gap() is not None and slow.min_gap() >= 0.4
 
 
 def test_a_send_after_the_gate_was_lost_is_warned_about(

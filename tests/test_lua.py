@@ -352,6 +352,9 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         scheduler.forget_empty_levels("shop", [0, 1, 5])  # FORGET_EMPTY_LEVELS
         assert gate.try_acquire() == 0.0  # ACQUIRE_OR_PTTL
         assert gate.rearm() and gate.release()  # REARM, RELEASE_IF_OWNER
+        assert gate.try_acquire() == 0.0
+        gate.sent()
+        assert gate.rearm_sent_now()  # REARM_SENT
         Pacer(redis_conn).observe(
             keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
         )  # PACE

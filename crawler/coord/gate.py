@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from redis import Redis
+from redis.exceptions import NoScriptError
 
 from . import keys, lua
 
@@ -88,6 +90,10 @@ class Gate:
         self._acquire = lua.script(connection, "acquire_or_pttl")
         self._release = lua.script(connection, "release_if_owner")
         self._rearm = lua.script(connection, "rearm")
+        self._rearm_sent = lua.script(connection, "rearm_sent")
+        #: ``time.monotonic()`` when the request went out with its rearm left for later (``sent``).
+        self.sent_at: float | None = None
+        self._sent_turn: Turn | None = None
 
     def try_acquire(self) -> float:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
@@ -148,6 +154,47 @@ class Gate:
             return held
         finally:
             self.let_go()
+
+    def sent(self) -> None:
+        """The request is on the wire, its rearm left for later (``rearm_sent``, in the pipeline of its
+        record): the turn passes on now. Meanwhile the lock lives on as taken, ``expire`` from
+        the take, which outlasts ``rearm_expire`` from the send (``before_send``): spacing holds
+        whenever the rearm comes, or if it never does."""
+        self.sent_at = self.rearmed_at = time.monotonic()
+        self._sent_turn = self.turn[0] if self.turn is not None else None
+        self.let_go()
+
+    def rearm_sent(self, pipe: Any) -> None:
+        """Queue in ``pipe`` the rearm of the request ``sent`` earlier: the lock, if this token still holds
+        it, ends ``rearm_expire`` after the send (counted on this process's clock up to now, so it
+        ends no sooner), or now if that is past. Pass the reply to ``check_rearm_sent``.
+
+        Costs no round trip of its own: a slow site's responses come well within its interval,
+        so the lock that would open at ``expire`` after the take is cut short before then.
+        """
+        assert self.sent_at is not None and self.token is not None, "rearm_sent without sent"
+        pipe.evalsha(self._rearm_sent.sha, 1, self.key, self.token, self._left_ms())
+        if self._sent_turn is not None:
+            self._sent_turn.opens_at = self.sent_at + self.rearm_expire
+
+    def check_rearm_sent(self, replies: list[Any]) -> list[Any]:
+        """The pipeline's replies from ``rearm_sent``'s on, given back: a script Redis had not loaded (a
+        Redis restarted mid-crawl, a process's first call) is run on its own instead."""
+        if isinstance(replies[0], NoScriptError):
+            replies[0] = self._rearm_sent(keys=[self.key], args=[self.token or "", self._left_ms()])
+        return replies
+
+    def rearm_sent_now(self) -> bool:
+        """``rearm_sent`` on its own (no record took it along); whether this token still held the lock."""
+        assert self.sent_at is not None and self.token is not None, "rearm_sent_now without sent"
+        held = int(self._rearm_sent(keys=[self.key], args=[self.token, self._left_ms()])) != 0
+        if self._sent_turn is not None:
+            self._sent_turn.opens_at = self.sent_at + self.rearm_expire
+        return held
+
+    def _left_ms(self) -> int:
+        assert self.sent_at is not None
+        return math.ceil((self.rearm_expire - (time.monotonic() - self.sent_at)) * 1000)
 
     def let_go(self) -> None:
         """Pass this process's turn at the gate on (see ``Turn``): the request is sent, or will not be."""

@@ -13,7 +13,7 @@ every worker on every host within that time.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,24 +166,40 @@ def reset_live(connection: Redis, site: str) -> None:
 
 
 class PolicyCache:
-    """Per-process cache of site policies, refreshed from Redis every LIVE_REFRESH seconds."""
+    """Per-process cache of site policies, refreshed from Redis every LIVE_REFRESH seconds.
 
-    def __init__(self, connection: Redis, settings: Settings, spiders: dict[str, type[Spider]]):
+    ``refresh(site)`` re-reads a site's live settings and hands them to ``put``; by default
+    it reads them alone (``read_live``). A worker's runtime reads them with the site's spider
+    arguments, in one round trip (``Runtime``).
+    """
+
+    def __init__(
+        self,
+        connection: Redis,
+        settings: Settings,
+        spiders: dict[str, type[Spider]],
+        refresh: Callable[[str], None] | None = None,
+    ):
         self.connection = connection
         self.settings = settings
         self.spiders = spiders
+        self.refresh = refresh or (lambda site: self.put(site, read_live(connection, site)))
         self._cache: dict[str, tuple[float, SitePolicy]] = {}
 
     def get(self, site: str, fresh: bool = False) -> SitePolicy:
         """The policy of ``site``, read from Redis again if older than LIVE_REFRESH (or ``fresh``)."""
-        now = time.monotonic()
         cached = self._cache.get(site)
-        if not fresh and cached is not None and now - cached[0] < LIVE_REFRESH:
-            return cached[1]
-        live = read_live(self.connection, site)
+        if fresh or cached is None or time.monotonic() - cached[0] >= LIVE_REFRESH:
+            self.refresh(site)
+            cached = self._cache[site]
+        return cached[1]
+
+    def put(self, site: str, live: dict[str, str], read_at: float | None = None) -> None:
+        """Resolve ``site``'s policy with ``live``, its live settings as read at ``read_at``
+        (``time.monotonic()``; now when None), and keep it; values that do not hold are
+        quarantined (``quarantine_live``)."""
         policy = resolve_policy(self.spiders[site], self.settings, live)
         _, bad = check_live(live)
         if bad:
             quarantine_live(self.connection, site, bad, live)
-        self._cache[site] = (now, policy)
-        return policy
+        self._cache[site] = (time.monotonic() if read_at is None else read_at, policy)

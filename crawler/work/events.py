@@ -84,6 +84,9 @@ class Done:
     gate_wait: float | None = None
     also: Callable[[Any], None] | None = None
     stats: Mapping[str, int] | None = None
+    #: Takes the replies to ``also``'s commands and gives them back, errors it dealt with replaced
+    #: (``Gate.rearm_sent``); any error left is raised once the whole pipeline has run.
+    check: Callable[[list[Any]], list[Any]] | None = None
 
 
 def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
@@ -96,12 +99,21 @@ def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
         return
     parked = [] if written else outbox.write_all(rt, [d.record for d in done])
     with rt.connection.pipeline(transaction=False) as pipe:
+        spans = []
         for d in done:
+            start = len(pipe)
             if d.also is not None:
                 d.also(pipe)
+            spans.append((start, len(pipe)))
         for entry in parked:
             outbox.park(pipe, entry)
-        pipe.execute()  # no round trip when empty
+        replies = pipe.execute(raise_on_error=False)  # no round trip when empty
+    for d, (start, end) in zip(done, spans, strict=True):
+        if d.check is not None and end > start:
+            replies[start:end] = d.check(replies[start:end])
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
     for d in done:
         rt.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
         if log.isEnabledFor(logging.INFO):

@@ -24,8 +24,9 @@ from ..coord.frontier import Frontier
 from ..coord.gate import Gate, Turn, site_gate
 from ..coord.pacing import Pace, Pacer
 from ..coord.policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
+from ..coord.replies import text_map
 from ..coord.scheduler import PREPARE_AHEAD, Scheduler, publish_conf
-from ..coord.spiderargs import ARGS_REFRESH, build_spider, read_args, usable_args
+from ..coord.spiderargs import ARGS_REFRESH, build_spider, usable_args
 from ..coord.vetting import MAX_BATCH
 from ..demo.spider import DemoShop
 from ..http.addresses import AddressCache
@@ -67,6 +68,10 @@ PACED_MAX_INTERVAL = 2.0
 #: back to one URL a job for UNBATCHED_FOR seconds.
 LATE_SPACING = 1.25
 UNBATCHED_FOR = 120.0
+#: A request leaves its gate's rearm to its record (``rearms_late``) when the site's last answer
+#: took less than this share of the interval: a later answer would hold the gate shut past it
+#: (at most the send grace, ``gate.SEND_GRACE``), so such a site's gate is rearmed at the send.
+REARM_LATE_WITHIN = 0.75
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,7 @@ class Runtime:
         self.connection = connection
         self.settings = settings
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
-        self.policies = PolicyCache(connection, settings, self.spider_set.named())
+        self.policies = PolicyCache(connection, settings, self.spider_set.named(), refresh=self._read_site)
         self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}
@@ -118,6 +123,7 @@ class Runtime:
         self._frontiers: dict[str, Frontier] = {}
         self._turns: dict[str, Turn] = {}
         self._unbatched: dict[str, float] = {}  # site -> until when (monotonic) its jobs carry one URL
+        self._answer_times: dict[str, float] = {}  # site -> seconds its last answer took (``answered``)
         #: The process's stats and metrics not yet written to Redis (``counters``).
         self.counters = Counters(connection)
         self._pipelines: dict[str, Pipelines] = {}
@@ -172,21 +178,40 @@ class Runtime:
         The arguments are read from Redis at most once per ARGS_REFRESH seconds; when they
         changed, a new instance is built with them (``spiderargs``), which later calls get.
         """
-        now = time.monotonic()
         with self._lock:
             held = self._spiders.get(site)
-            if held is not None and now - held[0] < ARGS_REFRESH:
-                return held[2]
+        if held is not None and time.monotonic() - held[0] < ARGS_REFRESH:
+            return held[2]
+        self.spider_set.get(site)  # ConfigError for a site with no spider, before anything is read
+        self._read_site(site)
+        with self._lock:
+            return self._spiders[site][2]
+
+    def _read_site(self, site: str) -> None:
+        """Read ``site``'s live settings and spider arguments from Redis, in one round trip, and keep
+        both: the policy (``policies.put``) and the spider instance (``_put_args``). Each is read
+        once a second at most, a site and process; read together, the two cost one call."""
+        now = time.monotonic()
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hgetall(keys.live_settings(site))
+            pipe.hgetall(keys.spider_args(site))
+            live, args = pipe.execute()
+        self.policies.put(site, text_map(live), now)
+        self._put_args(site, text_map(args), now)
+
+    def _put_args(self, site: str, raw: dict[str, str], read_at: float) -> None:
+        """Keep ``site``'s spider built with ``raw`` arguments (those that hold): the instance held
+        when they did not change, else a new one (``build_spider``)."""
         cls = self.spider_set.get(site)
-        args = usable_args(cls, read_args(self.connection, site))
+        args = usable_args(cls, raw)
         with self._lock:
             held = self._spiders.get(site)
             if held is not None and held[1] == args:
-                self._spiders[site] = (now, args, held[2])
-                return held[2]
-            spider = build_spider(cls, args)
-            self._spiders[site] = (now, args, spider)
-            return spider
+                self._spiders[site] = (read_at, args, held[2])
+                return
+        spider = build_spider(cls, args)
+        with self._lock:
+            self._spiders[site] = (read_at, args, spider)
 
     def pipelines(self, site: str) -> Pipelines:
         """``site``'s ``process_item`` and pipelines, opened on first use, once per process and spider instance.
@@ -278,6 +303,21 @@ class Runtime:
             margin=self.settings.gate_margin,
             since_send=time.monotonic() - sent,
         )
+
+    def answered(self, site: str, elapsed: float | None) -> None:
+        """A request to ``site`` took ``elapsed`` seconds to answer in full (None: no answer)."""
+        self._answer_times[site] = float("inf") if elapsed is None else elapsed
+
+    def rearms_late(self, site: str, gate: Gate) -> bool:
+        """Whether a request of ``site``'s through ``gate`` may leave its rearm to the page's record
+        (``Gate.sent``): when the site's last answer came within REARM_LATE_WITHIN of its interval.
+        The record then comes before the gate would have opened had it been rearmed at the send, so
+        the rearm costs no round trip of its own and opens the gate when it would have. Not for an
+        adaptive interval (its pace is read by the rearm), nor with the development cache."""
+        if self.settings.http_cache or gate.pace_key is not None:  # a cache's gate is a stand-in (``DeferredGate``)
+            return False
+        last = self._answer_times.get(site)
+        return last is not None and last < REARM_LATE_WITHIN * gate.rearm_expire
 
     def frontier(self, site: str) -> Frontier:
         """The site's frontier; also (re)publishes the site's politeness for the scheduler.
