@@ -803,3 +803,43 @@ def test_a_job_left_in_an_intermediate_list_by_a_worker_that_died_before_claimin
         assert items_by_sku(settings.database_url) == shop.expected_items()
         assert [e.path for e in shop.requests].count("/") == 1
         assert took <= STRANDED_AFTER + 3 * REAP_EVERY + 10, f"the burst took {took:.0f}s"
+
+
+def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lease(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rq import Queue
+    from rq.executions import prepare_execution
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+    from crawler.work.download_worker import DownloadWorker, LeaseKeeper
+
+    lease = 3  # the least allowed: renewed every second (``joblife.renew_every``)
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))
+    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer)
+    renewed: list[int] = []
+    renew = joblife.renew_claims
+    monkeypatch.setattr(joblife, "renew_claims", lambda conn, due: renewed.append(len(due)) or renew(conn, due))
+    keeper = LeaseKeeper("claims", redis_conn, lease)
+    held = []
+    try:
+        for n in range(3):  # three threads' jobs, started together
+            worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+            worker.register_birth()
+            job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": f"https://demo.example/{n}"})
+            execution = prepare_execution(worker, job)
+            keeper.hold(worker, job, execution)
+            held.append((worker, job, execution))
+        time.sleep(lease * 1.5)  # each claim would have lapsed by now, unrenewed
+        for _, job, execution in held:
+            assert redis_conn.ttl(execution.key) > 0  # renewed: it still holds
+            assert redis_conn.hexists(job.key, "last_heartbeat")
+            assert redis_conn.zscore(job.started_job_registry.key, execution.composite_key) is not None
+        assert len(renewed) >= 2 and all(n == 3 for n in renewed)  # all three at once, each time
+    finally:
+        for worker, _, _ in held:
+            keeper.release(worker)
+        keeper.close()
+        rt.close()

@@ -75,6 +75,43 @@ def renew_every(job_lease: float) -> float:
 #: Least seconds between two heartbeats of a worker's own key (job heartbeats are separate):
 #: its key lives ``worker_ttl`` + 60 s from a plain beat, so more often is waste.
 WORKER_BEAT_EVERY = 5.0
+
+
+def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]) -> None:
+    """Renew the claims of running jobs (worker, job, execution), all in one transaction: for each,
+    what RQ's ``maintain_heartbeats`` writes, the worker's own key beaten only if it was not in
+    the last WORKER_BEAT_EVERY seconds.
+
+    One round trip for every claim due at once (``LeaseKeeper``): at 200 slow sites, renewing
+    a batch's claim in a round trip of its own every few seconds was some 0.4 round trips and
+    11 commands a page.
+    """
+    if not claims:
+        return
+    beaten_workers: list[tuple[int, Any]] = []
+    job_beats: list[tuple[int, Job]] = []
+    with connection.pipeline() as pipe:
+        for worker, job, execution in claims:
+            if worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY:
+                beaten_workers.append((len(pipe), worker))
+                worker.heartbeat(worker.job_monitoring_interval + 60, pipeline=pipe)
+            ttl = int(worker.get_heartbeat_ttl(job))
+            execution.heartbeat(job.started_job_registry, ttl, pipeline=pipe)
+            job_beats.append((len(pipe), job))
+            job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
+        results = pipe.execute()
+        # As ``maintain_heartbeats``: a job deleted as it ended (its beat made a new hash) is deleted
+        # again; a worker's hash that had expired (its beat made a new one) is written whole again.
+        for index, job in job_beats:
+            if results[index] == 1:
+                pipe.delete(job.key)
+        for index, worker in beaten_workers:
+            if results[index] == 1:
+                pipe.hset(worker.key, mapping=worker.serialize())
+                pipe.expire(worker.key, worker.job_monitoring_interval + 60)
+        pipe.execute()  # no round trip when empty
+
+
 #: Seconds between two reaper passes, fleet-wide.
 REAP_EVERY = 5.0
 #: Delays (seconds) before the retries of a job that raised or whose worker died. The first is

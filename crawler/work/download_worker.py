@@ -80,6 +80,8 @@ MOST_QUEUES_LISTED = 20
 FOLLOW_WAIT = runtime.PACED_MAX_INTERVAL
 #: Seconds between two renewals of a process's note that it has jobs in hand (``inflight``).
 BUSY_NOTE_EVERY = 1.0
+#: A claim due within this share of ``joblife.renew_every`` is renewed with one due now (``LeaseKeeper``).
+RENEW_TOGETHER = 0.25
 #: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
 #: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
 SLEEPER_BEAT_EVERY = 60.0
@@ -89,10 +91,11 @@ class LeaseKeeper:
     """One thread per process that renews the leases of the jobs its worker threads run.
 
     ``hold`` and ``release`` bracket a worker's job (one at a time per worker); its lease is
-    renewed (the worker's ``maintain_heartbeats``) every ``joblife.renew_every`` seconds from the
+    renewed (``joblife.renew_claims``: RQ's heartbeats) every ``joblife.renew_every`` seconds from the
     job's start while it runs, and once ``release`` returns no renewal of that job is under
-    way or to come. One thread for the process, not one per worker: hundreds of workers
-    cost one waiting thread. While it holds any job, it notes the process busy for the
+    way or to come. Claims due within ``RENEW_TOGETHER`` of a renewal's period of the first due
+    are renewed with it, in one round trip. One thread for the process, not one per worker:
+    hundreds of workers cost one waiting thread. While it holds any job, it notes the process busy for the
     fleet's drain looks (``inflight``), once a second, and takes the note back once it
     holds none.
     """
@@ -105,7 +108,7 @@ class LeaseKeeper:
         self._me = inflight.member()
         self._noted = False
         self._note_due = 0.0
-        self._renewing: Any = None
+        self._renewing: set[Any] = set()  # the workers whose claims are being renewed now
         self._cond = threading.Condition()
         #: Per worker: its job, the job's execution, when the next renewal is due.
         self._held: dict[Any, tuple[Job, Execution, float]] = {}
@@ -123,7 +126,7 @@ class LeaseKeeper:
     def release(self, worker: Any) -> None:
         with self._cond:
             self._held.pop(worker, None)
-            while self._renewing is worker:  # a renewal of its job under way: wait for it to end
+            while worker in self._renewing:  # a renewal of its job under way: wait for it to end
                 self._cond.wait()
             if not self._held:
                 self._cond.notify_all()  # the process's busy note is taken back
@@ -155,20 +158,26 @@ class LeaseKeeper:
                 if not self._held:
                     self._cond.wait()
                     continue
-                worker, (job, execution, due) = min(self._held.items(), key=lambda item: item[1][2])
-                if min(due, self._note_due) > now:
-                    self._cond.wait(min(due, self._note_due) - now)
+                first_due = min(due for _, _, due in self._held.values())
+                if min(first_due, self._note_due) > now:
+                    self._cond.wait(min(first_due, self._note_due) - now)
                     continue
-                if due > now:
+                if first_due > now:
                     continue
-                self._renewing = worker
+                # Every claim due soon is renewed with the first: one round trip for them all.
+                soon = now + self._renew_every * RENEW_TOGETHER
+                claims = [
+                    (worker, job, execution) for worker, (job, execution, due) in self._held.items() if due <= soon
+                ]
+                self._renewing = {worker for worker, _, _ in claims}
                 try:
-                    self._unlocked(self._renew, worker, job, execution)
+                    self._unlocked(self._renew, claims)
                 finally:
-                    self._renewing = None
+                    self._renewing = set()
                     self._cond.notify_all()
-                if self._held.get(worker, (None,))[0] is job:
-                    self._held[worker] = (job, execution, time.monotonic() + self._renew_every)
+                for worker, job, execution in claims:
+                    if self._held.get(worker, (None,))[0] is job:
+                        self._held[worker] = (job, execution, time.monotonic() + self._renew_every)
             if self._noted:
                 self._unlocked(self._note, False)
 
@@ -180,10 +189,9 @@ class LeaseKeeper:
         finally:
             self._cond.acquire()
 
-    @staticmethod
-    def _renew(worker: Any, job: Job, execution: Execution) -> None:
+    def _renew(self, claims: list[tuple[Any, Job, Execution]]) -> None:
         try:
-            worker.maintain_heartbeats(job, execution)
+            joblife.renew_claims(self._connection, claims)
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # the main loop reports Redis outages
 

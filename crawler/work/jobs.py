@@ -849,7 +849,12 @@ def _schedule_refresh(rt: runtime.Runtime, task: DownloadTask, validators: Valid
 
 
 def _sent(attempt: Attempt, gate: Gate) -> None:
-    """The request is on the wire: the gate's rearm goes with the page's record (``Gate.sent``)."""
+    """The request is on the wire: the gate's rearm goes with the page's record (``Gate.sent``); or
+    at once, as ever, if the send came past the gate's send grace (a process frozen as it wrote
+    the request): the lock may be gone, the gap short, and ``_rearm`` says so."""
+    if gate.acquired_at is not None and time.monotonic() - gate.acquired_at >= gate.expire - gate.rearm_expire:
+        _rearm(gate, attempt.task)
+        return
     gate.sent()
     attempt.unarmed = gate
 
