@@ -94,6 +94,7 @@ class Gate:
         #: ``time.monotonic()`` when the request went out with its rearm left for later (``sent``).
         self.sent_at: float | None = None
         self._sent_turn: Turn | None = None
+        self._sent_left_ms = 0
 
     def try_acquire(self) -> float:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
@@ -173,28 +174,36 @@ class Gate:
         so the lock that would open at ``expire`` after the take is cut short before then.
         """
         assert self.sent_at is not None and self.token is not None, "rearm_sent without sent"
-        pipe.evalsha(self._rearm_sent.sha, 1, self.key, self.token, self._left_ms())
-        if self._sent_turn is not None:
-            self._sent_turn.opens_at = self.sent_at + self.rearm_expire
+        self._sent_left_ms = self._left_ms()
+        pipe.evalsha(self._rearm_sent.sha, 1, self.key, self.token, self._sent_left_ms)
 
     def check_rearm_sent(self, replies: list[Any]) -> list[Any]:
         """The pipeline's replies from ``rearm_sent``'s on, given back: a script Redis had not loaded (a
-        Redis restarted mid-crawl, a process's first call) is run on its own instead."""
+        Redis restarted mid-crawl, a process's first call) is run on its own instead. Tells this
+        process's turn at the gate when it opens (``Turn.opens_at``), as ``rearm`` does."""
         if isinstance(replies[0], NoScriptError):
-            replies[0] = self._rearm_sent(keys=[self.key], args=[self.token or "", self._left_ms()])
+            replies[0] = self.rearm_sent_now()
+        else:
+            self._opens_in(int(replies[0]) != 0, self._sent_left_ms)
         return replies
 
-    def rearm_sent_now(self) -> bool:
-        """``rearm_sent`` on its own (no record took it along); whether this token still held the lock."""
+    def rearm_sent_now(self) -> int:
+        """``rearm_sent`` on its own (no record took it along): 1 if this token still held the lock, else 0."""
         assert self.sent_at is not None and self.token is not None, "rearm_sent_now without sent"
-        held = int(self._rearm_sent(keys=[self.key], args=[self.token, self._left_ms()])) != 0
-        if self._sent_turn is not None:
-            self._sent_turn.opens_at = self.sent_at + self.rearm_expire
-        return held
+        left_ms = self._left_ms()
+        held = int(self._rearm_sent(keys=[self.key], args=[self.token, left_ms])) != 0
+        self._opens_in(held, left_ms)
+        return int(held)
 
     def _left_ms(self) -> int:
         assert self.sent_at is not None
         return math.ceil((self.rearm_expire - (time.monotonic() - self.sent_at)) * 1000)
+
+    def _opens_in(self, held: bool, left_ms: int) -> None:
+        # Counted from the reply, which came after Redis set the lifetime: the lock is surely
+        # closed until then, and the turn's next ask finds it open instead of asking twice.
+        if held and self._sent_turn is not None:
+            self._sent_turn.opens_at = time.monotonic() + max(0, left_ms) / 1000
 
     def let_go(self) -> None:
         """Pass this process's turn at the gate on (see ``Turn``): the request is sent, or will not be."""
