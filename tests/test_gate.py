@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from redis import Redis
+from redis.exceptions import ResponseError
 
 from crawler.coord import keys
 from crawler.coord.gate import SEND_GRACE, Gate, Turn, site_gate
@@ -415,3 +416,19 @@ def test_a_rearm_sent_never_takes_a_lost_gate_and_opens_one_whose_interval_is_ov
     time.sleep(0.1)  # past the interval, within the send grace: the lock still holds
     assert redis_conn.pttl(gate.key) > 0
     assert gate.rearm_sent_now() and not redis_conn.exists(gate.key)  # open at once
+
+
+def test_a_rearm_sent_that_meets_another_error_leaves_it_for_the_caller_to_raise(redis_conn: Redis) -> None:
+    from crawler.coord import lua
+
+    redis_conn.script_load(lua.source("rearm_sent"))  # loaded: the error comes in the pipeline's replies
+    gate = site_gate(redis_conn, "junk-gate", 0.3)
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    redis_conn.delete(gate.key)
+    redis_conn.hset(gate.key, "written", "by hand")  # anyone who can write to Redis: not a string
+    with redis_conn.pipeline(transaction=False) as pipe:
+        gate.rearm_sent(pipe)
+        replies = pipe.execute(raise_on_error=False)
+    (reply,) = gate.check_rearm_sent(replies)
+    assert isinstance(reply, ResponseError) and "WRONGTYPE" in str(reply)

@@ -183,7 +183,7 @@ class Gate:
         process's turn at the gate when it opens (``Turn.opens_at``), as ``rearm`` does."""
         if isinstance(replies[0], NoScriptError):
             replies[0] = self.rearm_sent_now()
-        else:
+        elif not isinstance(replies[0], Exception):  # another error is the caller's to raise
             self._opens_in(int(replies[0]) != 0, self._sent_left_ms)
         return replies
 

@@ -204,13 +204,9 @@ class Runtime:
         when they did not change, else a new one (``build_spider``)."""
         cls = self.spider_set.get(site)
         args = usable_args(cls, raw)
-        with self._lock:
+        with self._lock:  # built under the lock: two threads reading at once build one instance
             held = self._spiders.get(site)
-            if held is not None and held[1] == args:
-                self._spiders[site] = (read_at, args, held[2])
-                return
-        spider = build_spider(cls, args)
-        with self._lock:
+            spider = held[2] if held is not None and held[1] == args else build_spider(cls, args)
             self._spiders[site] = (read_at, args, spider)
 
     def pipelines(self, site: str) -> Pipelines:
