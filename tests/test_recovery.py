@@ -843,3 +843,70 @@ def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lea
             keeper.release(worker)
         keeper.close()
         rt.close()
+
+
+def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_few_round_trips(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper surveys every served queue in one pipeline and acts on those with something to do:
+    a lease run out, a retry due, a job stranded in the intermediate list. A pass over 1,000 sites
+    read each queue in four round trips of its own, a twelfth of the download processes' CPU."""
+    from datetime import datetime, timedelta
+
+    from redis.connection import AbstractConnection
+    from rq import Queue
+    from rq.job import JobStatus
+    from rq.registry import ScheduledJobRegistry
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+
+    sites = [f"site{i:04d}" for i in range(1000)]
+    redis_conn.sadd(keys.sites(), *sites)
+
+    def queue_of(site: str) -> Queue:
+        return Queue(keys.download_queue(site), connection=redis_conn, serializer=JSONSerializer)
+
+    def job_of(site: str) -> Any:
+        return queue_of(site).enqueue(
+            DOWNLOAD_FUNC, {"site": site, "url": f"https://{site}.example/"}, retry=joblife.job_retry()
+        )
+
+    # site0100: a job whose worker died (its lease ran out an hour ago)
+    abandoned = job_of("site0100")
+    redis_conn.lrem(queue_of("site0100").key, 1, abandoned.id)
+    abandoned.set_status(JobStatus.STARTED)
+    redis_conn.zadd(queue_of("site0100").started_job_registry.key, {f"{abandoned.id}:dead-execution": 1})
+    # site0500: a retry that came due
+    retry = job_of("site0500")
+    redis_conn.lrem(queue_of("site0500").key, 1, retry.id)
+    ScheduledJobRegistry(queue=queue_of("site0500"), serializer=JSONSerializer).schedule(
+        retry, datetime.now(UTC) - timedelta(seconds=1)
+    )
+    # site0900: a job handed out and never claimed, first seen long ago
+    stranded = job_of("site0900")
+    redis_conn.lrem(queue_of("site0900").key, 1, stranded.id)
+    redis_conn.lpush(queue_of("site0900").intermediate_queue_key, stranded.id)
+    redis_conn.hset(keys.stranded(), stranded.id, time.time() - 10 * joblife.STRANDED_AFTER)
+    redis_conn.delete(keys.ready())
+
+    round_trips = 0
+    send = AbstractConnection.send_packed_command
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal round_trips
+        round_trips += 1
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    assert joblife.reap(redis_conn)
+    monkeypatch.undo()
+    for site, job in (("site0100", abandoned), ("site0500", retry), ("site0900", stranded)):
+        assert queue_of(site).get_job_ids() == [job.id], site  # back in its queue, for a worker to take
+    assert not redis_conn.lrange(queue_of("site0900").intermediate_queue_key, 0, -1)
+    assert {m.decode() for m in redis_conn.zrange(keys.ready(), 0, -1)} == {"site0100", "site0500", "site0900"}
+    # Lock, site list, survey (2 chunks), the three sites' own work, ready set, stranded note: not 4 a site.
+    print(f"a reaper pass over 1,000 sites: {round_trips} round trips")
+    assert round_trips <= 30, f"a reaper pass over 1,000 sites took {round_trips} round trips"
+    assert not joblife.reap(redis_conn)  # one pass a period for the whole fleet

@@ -277,6 +277,38 @@ def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_con
         assert items_by_sku(runtime.settings.database_url) == shop.expected_items()
 
 
+def test_a_download_process_of_many_threads_sends_nothing_while_suspended_and_crawls_after_resume(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """``rq suspend`` holds every thread of a download process: one of them looks once a second and
+    the others read what it saw (``Suspension``); ``rq resume`` lets them all go on."""
+    from rq.suspension import resume, suspend
+
+    from crawler.work.download_worker import SUSPENSION_CHECK_EVERY
+
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": 0.05}})
+    with ShopSite(products=6) as shop:
+        processes = start_workers([WorkerSpec("download", ("demo",), threads=8)], settings, redis_url)
+        try:
+            time.sleep(1.0)  # started, looking for work
+            suspend(redis_conn)
+            time.sleep(2 * SUSPENSION_CHECK_EVERY)  # past every thread's look
+            with installed_runtime(redis_conn, settings) as rt:
+                seed(rt.frontier("demo"), [shop.url + "/"])
+            time.sleep(3 * SUSPENSION_CHECK_EVERY)
+            assert shop.requests == [], "a suspended download worker sent a request"
+            assert all(p.is_alive() for p in processes)  # suspended, not ended
+
+            resume(redis_conn)
+            deadline = time.monotonic() + 20
+            while not any(e.path == "/" for e in shop.requests):
+                assert time.monotonic() < deadline, "nothing downloaded after rq resume"
+                time.sleep(0.05)
+        finally:
+            resume(redis_conn)
+            stop_workers(processes)
+
+
 def test_items_are_identical_on_sqlite_and_postgresql(
     redis_conn: Redis, settings: Settings, sqlite_url: str, postgres_url: str
 ) -> None:

@@ -36,7 +36,8 @@ A killed worker's page is thus picked up again within job_lease + REAP_EVERY sec
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
@@ -142,27 +143,41 @@ def queue_names(connection: Redis) -> list[str]:
     return [keys.download_queue(site) for site in sites]
 
 
+#: Queues whose state one survey pipeline of the reaper reads (four commands each).
+SURVEY_CHUNK = 500
+
+
 def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     """Run one reaper pass unless another worker ran one in the last REAP_EVERY seconds.
 
     Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
     that are due into their queues, and jobs stranded in an intermediate list
     (``rescue_stranded``). Returns whether this call did the pass.
+
+    The pass first surveys every queue in one pipeline (``survey``: four counts a queue, a
+    round trip per SURVEY_CHUNK queues), then acts only on the queues the survey found
+    something to do in: a pass over 1,000 sites was 4,000 round trips every REAP_EVERY,
+    a twelfth of the download processes' CPU.
     """
     lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
         return False
     seen: dict[str, float] = {}
-    for name in queue_names(connection) if names is None else names:
+    queued: dict[str, float] = {}
+    for name, found in survey(connection, queue_names(connection) if names is None else names):
         queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
-        registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
-        registry.cleanup()  # refused jobs are quarantined as RQ reads them (see ``vetting``)
-        promote_scheduled(connection, queue)
-        rescue_stranded(connection, queue, seen)
+        if found.expired:
+            registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
+            registry.cleanup(found.at)  # refused jobs are quarantined as RQ reads them (see ``vetting``)
+        if found.due:
+            promote_scheduled(connection, queue)
+        if found.handed_out:
+            rescue_stranded(connection, queue, seen)
         site = keys.site_of_queue(name)
-        if site is not None and connection.llen(queue.key):
-            # A job handed back must be seen by the scheduler.
-            mark_ready(connection, {site: 0})
+        if site is not None and (found.queued or found.expired or found.due or found.handed_out):
+            queued[site] = 0
+    # A job handed back must be seen by the scheduler; a site already in the ready set is left as it is.
+    mark_ready(connection, queued)
     # Forget the ids no longer stranded (claimed, or handed back), keep the others' first sighting.
     with connection.pipeline(transaction=True) as pipe:
         pipe.delete(keys.stranded())
@@ -170,6 +185,36 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
             pipe.hset(keys.stranded(), mapping=seen)  # type: ignore[arg-type]  # redis-py types keys invariantly
         pipe.execute()
     return True
+
+
+@dataclass(frozen=True)
+class QueueSurvey:
+    """What the reaper found in one queue: ``at``, the timestamp (RQ's clock, seconds) it counted against."""
+
+    at: float
+    expired: int  # leases in the started registry that ran out by ``at``
+    due: int  # RQ-scheduled jobs (retries) due by ``at``
+    handed_out: int  # job ids in the intermediate list
+    queued: int  # job ids in the queue
+
+
+def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, QueueSurvey]]:
+    """Each queue of ``names`` with its counts (``QueueSurvey``), read SURVEY_CHUNK queues a round trip."""
+    names = list(names)
+    for start in range(0, len(names), SURVEY_CHUNK):
+        chunk = names[start : start + SURVEY_CHUNK]
+        at = current_timestamp()
+        with connection.pipeline(transaction=False) as pipe:
+            for name in chunk:
+                queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+                pipe.zcount(queue.started_job_registry.key, 0, at)
+                pipe.zcount(queue.scheduled_job_registry.key, 0, at)
+                pipe.llen(queue.intermediate_queue_key)
+                pipe.llen(queue.key)
+            replies = pipe.execute()
+        for i, name in enumerate(chunk):
+            expired, due, handed_out, queued = (int(n) for n in replies[4 * i : 4 * i + 4])
+            yield name, QueueSurvey(at, expired, due, handed_out, queued)
 
 
 def rescue_stranded(connection: Redis, queue: Queue, seen: dict[str, float]) -> int:
