@@ -448,3 +448,49 @@ def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
         rt.close()
     assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1"]
     assert waiting == [(f"{shop.url}/product/9", 10), (f"{shop.url}/product/2", 0), (f"{shop.url}/product/4", 0)]
+
+
+@pytest.mark.parametrize("scripts_flushed", [False, True])
+def test_a_slow_sites_job_gives_its_turns_back_in_the_transaction_that_finishes_it(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, scripts_flushed: bool
+) -> None:
+    """A job of a site slower than BATCH_BELOW ends with ``batch_over`` (NEXT_JOB may have held the site
+    for a batch's span), carried by ``joblife.finish``'s transaction, not a round trip of its own; a
+    Redis that lost its scripts meanwhile gets it on its own. A job that raised gets it too."""
+    from crawler.work.download_worker import DownloadWorker
+
+    interval = 5.0
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: {"interval": interval}}))
+    alone: list[str] = []
+    batch_over = Scheduler.batch_over
+    monkeypatch.setattr(Scheduler, "batch_over", lambda self, site: alone.append(site) or batch_over(self, site))
+    try:
+        with ShopSite(products=1) as shop:
+            rt.frontier(SITE).add([Request(shop.url + "/robots.txt"), Request(shop.url + "/nothing-here")])
+            worker = DownloadWorker(redis_conn, [SITE], rt=rt)
+            rt.scheduler.batch_over("elsewhere")  # loaded, as after a process's first job
+            alone.clear()
+            for raised in (False, True):
+                redis_conn.zadd(keys.ready(), {SITE: 0})  # due now
+                found, _ = worker.next_job()
+                if found is None:  # its queue was empty: refilled first, as a worker does
+                    rt.frontier(SITE).refill(JOBS_AHEAD, due_now=True)
+                    redis_conn.delete(keys.gate(SITE))
+                    found, _ = worker.next_job()
+                assert found is not None
+                job, queue = found
+                # Held out of other workers' picks for a minute, as for a batch's span.
+                redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})
+                if scripts_flushed:
+                    redis_conn.script_flush()
+                if raised:
+                    monkeypatch.setattr(jobs, "_download_one", lambda *args, **kwargs: 1 / 0)
+                worker.execute_job(job, queue)
+                due = redis_conn.zscore(keys.ready(), SITE)
+                assert due is not None and due <= redis_ms(redis_conn) + interval * 1000 + 1000, "still held"
+                expected = [SITE] if scripts_flushed else []  # a failed job's goes in a pipeline after it
+                assert alone == expected, f"raised={raised}: batch_over called on its own {alone}"
+                alone.clear()
+                redis_conn.delete(keys.gate(SITE))
+    finally:
+        rt.close()

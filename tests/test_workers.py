@@ -737,3 +737,41 @@ def test_one_default_download_process_keeps_many_slow_sites_in_flight_at_once(
     print(f"{len(arrivals)} requests, at most {at_once} in flight at once, closest gap {min(filter(None, gaps)):.3f} s")
     assert at_once >= count, f"one process kept at most {at_once} requests in flight for {count} slow sites"
     assert all(gap is None or gap >= interval for gap in gaps), f"two requests closer than {interval}: {gaps}"
+
+
+def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_a_re_read(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site's live settings and spider arguments, due for their once-a-second re-read, ride in the
+    transaction that claims its job (``Runtime.read_site_along``): at 1,000 sites, each site's job
+    came every few seconds and paid a round trip of its own for them. A change made meanwhile is
+    in force for the job all the same."""
+    from rq import Queue
+
+    from crawler.coord.frontier import DownloadTask
+    from crawler.coord.vetting import CrawlerJob
+    from crawler.work import jobs
+    from crawler.work.runtime import READ_ALONG_AHEAD
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites={"demo": {"interval": 0.05}}))
+    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    reads_alone: list[str] = []
+    read_site = Runtime._read_site
+    monkeypatch.setattr(Runtime, "_read_site", lambda self, site: reads_alone.append(site) or read_site(self, site))
+    try:
+        with ShopSite(products=1) as shop:
+            worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+            for path, interval in (("/", 0.25), ("/products?page=1", 0.5)):
+                assert rt.policy("demo").interval != interval
+                set_live(redis_conn, "demo", interval=interval)  # as `crawler set demo interval=...`
+                time.sleep(1.0 - READ_ALONG_AHEAD + 0.05)  # what this process holds is now due for a re-read
+                reads_alone.clear()
+                job = queue.enqueue(jobs.download, DownloadTask("demo", shop.url + path).to_json())
+                redis_conn.lrem(queue.key, 1, job.id)  # handed out, as NEXT_JOB does
+                redis_conn.delete(keys.gate("demo"))
+                worker.execute_job(job, queue)
+                assert reads_alone == [], "the job read its site's settings in a round trip of its own"
+                assert rt.policy("demo").interval == interval  # in force: read along with the claim
+                assert path in [e.path for e in shop.requests]
+    finally:
+        rt.close()

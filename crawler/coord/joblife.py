@@ -36,11 +36,12 @@ A killed worker's page is thus picked up again within job_lease + REAP_EVERY sec
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import NoScriptError
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
@@ -351,7 +352,14 @@ def fetch(connection: Redis, job_id: str, queue: Queue) -> Job | None:
         return None
 
 
-def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
+#: What a job's finish carries besides RQ's writes: queues one command (a script's EVALSHA) in the
+#: transaction and gives back what to run instead if Redis answers NoScriptError (``Scheduler.batch_over_in``).
+Finishing = Callable[[Any], Callable[[], None]]
+
+
+def claim(
+    worker: BaseWorker, job: Job, queue: Queue, along: Callable[[Any], Callable[[list[Any]], None] | None] | None = None
+) -> Execution:
     """Claim ``job`` for ``worker`` in one transaction: what RQ writes before a job, in one round trip.
 
     The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``, made
@@ -362,6 +370,9 @@ def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
     only when they change or are due: a worker that goes from job to job is already
     ``busy``, and its key was renewed less than WORKER_BEAT_EVERY ago (it outlives the
     job: the lease keeper renews it while the job runs).
+
+    ``along(pipe)`` may queue reads last in the transaction (``Runtime.read_site_along``: the
+    site's live settings, due for a re-read) and give back what to call with its replies.
     """
     ttl = worker.get_heartbeat_ttl(job)
     beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
@@ -375,18 +386,21 @@ def claim(worker: BaseWorker, job: Job, queue: Queue) -> Execution:
         job.prepare_for_execution(worker.name, pipeline=pipe)
         pipe.persist(job.key)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-        pipe.execute()
+        keep = along(pipe) if along is not None else None
+        replies = pipe.execute()
+    if keep is not None:
+        keep(replies)
     return execution
 
 
-def finish(worker: BaseWorker, job: Job, execution: Execution) -> None:
+def finish(worker: BaseWorker, job: Job, execution: Execution, finishing: Sequence[Finishing] = ()) -> None:
     """RQ's success handling of a plain job, in one transaction instead of four round trips.
 
     The same end state (the worker stays ``busy`` until its next look for work finds
     none): the worker's counters, the job's execution and its lease gone, the job
     deleted (``result_ttl`` 0) with its result, dependency and execution keys. Crawler
     jobs have no dependents (``vetting``), so RQ's watch of the dependents set is left
-    out.
+    out. ``finishing``: what the job left to be done in the same transaction (``Finishing``).
     """
     assert job.started_at is not None and job.ended_at is not None
     with worker.connection.pipeline() as pipe:
@@ -396,7 +410,28 @@ def finish(worker: BaseWorker, job: Job, execution: Execution) -> None:
         pipe.delete(
             job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
         )
-        pipe.execute()
+        _execute_finishing(pipe, finishing)
+
+
+def run_finishing(connection: Redis, finishing: Sequence[Finishing]) -> None:
+    """What a job left to its finish (``Finishing``), for a job that failed: one round trip, none if nothing."""
+    if finishing:
+        with connection.pipeline(transaction=False) as pipe:
+            _execute_finishing(pipe, finishing)
+
+
+def _execute_finishing(pipe: Any, finishing: Sequence[Finishing]) -> None:
+    """Execute ``pipe`` with ``finishing``'s commands added; a NoScriptError among their replies
+    is answered by running that one on its own, another error raised once all have run."""
+    rerun = [(len(pipe), add(pipe)) for add in finishing]
+    replies = pipe.execute(raise_on_error=False)
+    for index, again in rerun:
+        if isinstance(replies[index], NoScriptError):
+            again()
+            replies[index] = None
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
 
 
 def give_back(connection: Redis, site: str, job_id: str) -> None:

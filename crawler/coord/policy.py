@@ -194,6 +194,11 @@ class PolicyCache:
             cached = self._cache[site]
         return cached[1]
 
+    def read_at(self, site: str) -> float | None:
+        """When ``site``'s policy held here was read (``time.monotonic()``); None if none is held."""
+        cached = self._cache.get(site)
+        return cached[0] if cached is not None else None
+
     def put(self, site: str, live: dict[str, str], read_at: float | None = None) -> None:
         """Resolve ``site``'s policy with ``live``, its live settings as read at ``read_at``
         (``time.monotonic()``; now when None), and keep it; values that do not hold are

@@ -322,6 +322,13 @@ class Scheduler:
         is sooner than NEXT_JOB had it (held for the batch's whole span). Nothing if it left the ready set."""
         self._batch_over(keys=[keys.ready(), keys.gate(site)], args=[site])
 
+    def batch_over_in(self, pipe: Any, site: str) -> Callable[[], None]:
+        """``batch_over`` queued in ``pipe`` (a transaction, or not); what runs it on its own instead, for a
+        reply of NoScriptError (a Redis restarted: EVALSHA, since redis-py asks whether a ``Script`` is
+        loaded before every pipeline that runs one). A download job's finish carries it (``joblife.finish``)."""
+        pipe.evalsha(self._batch_over.sha, 2, keys.ready(), keys.gate(site), site)
+        return lambda: self.batch_over(site)
+
 
 def mark_ready(connection: Redis, sites: Mapping[str, float]) -> None:
     """Add ``sites`` (name: ready-set score, ms) to the ready set unless there, announcing each one added.

@@ -17,6 +17,7 @@ when one queue is momentarily empty.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import signal
@@ -473,7 +474,10 @@ class CrawlWorker(SimpleWorker):
         """Claim the job, then run it in this thread while the lease keeper renews the claim."""
         try:
             prune_dead_executions(self.connection, job)
-            execution = joblife.claim(self, job, queue)
+            site = keys.site_of_queue(queue.name)
+            # The site's live settings ride along when due for a re-read: the job reads them first thing.
+            along = functools.partial(self.runtime.read_site_along, site=site) if site is not None else None
+            execution = joblife.claim(self, job, queue, along)
             self._leases.hold(self, job, execution)
             try:
                 self.perform_job(job, queue, execution)
@@ -490,14 +494,21 @@ class CrawlWorker(SimpleWorker):
         repeat (``vetting`` refuses those), so a success only has to be counted and the job
         deleted (``joblife.finish``); a rate-limited job goes through RQ's ``handle_job_success``.
         A failure goes through RQ's ``handle_exception`` and ``handle_job_failure``
-        (retries, the failed registry).
+        (retries, the failed registry). What the job leaves to its end (``finishing``: its site's
+        ``batch_over``) goes in the success's transaction, or after a failure, on its own.
         """
+        finishing: list[joblife.Finishing] = []
         try:
             job.started_at = now()
             timeout = job.timeout or self.queue_class.DEFAULT_TIMEOUT
             if isinstance(job, CrawlerJob):
                 # The job runs against this worker's runtime, given, not looked up; a batch stops early on a stop.
-                job.bound = {"rt": self.runtime, "stopping": self.stop_event.is_set, "crowded": self._idle.room.crowded}
+                job.bound = {
+                    "rt": self.runtime,
+                    "stopping": self.stop_event.is_set,
+                    "crowded": self._idle.room.crowded,
+                    "finishing": finishing,
+                }
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 job.perform()
         except:  # noqa: E722 -- as in RQ: whatever the job raised fails the job
@@ -511,13 +522,15 @@ class CrawlWorker(SimpleWorker):
                 exc_string="".join(traceback.format_exception(*exc_info)),
                 execution=execution,
             )
+            joblife.run_finishing(self.connection, finishing)
             return False
         if job.has_rate_limit:
             job.ended_at = now()
             self.handle_job_success(job, queue, queue.started_job_registry, execution)
+            joblife.run_finishing(self.connection, finishing)
         else:
             job.ended_at = now()
-            joblife.finish(self, job, execution)
+            joblife.finish(self, job, execution, finishing)
             self.log.info("Worker %s: %s: Job OK (%s)", self.name, job.origin, job.id)
         return True
 

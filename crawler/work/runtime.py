@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis import Redis
@@ -40,6 +42,9 @@ from ..store.database import Store
 from .render import Renderer
 from .robots import RobotsCache
 
+#: Seconds before a site's live settings and spider arguments are due for a re-read that a download
+#: job's claim reads them along (``Runtime.read_site_along``): the job reads them within that time.
+READ_ALONG_AHEAD = 0.25
 #: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
 REPUBLISH_EVERY = 30.0
 #: A site whose fixed interval in force (margin included) is at most this many seconds gets
@@ -191,13 +196,43 @@ class Runtime:
         """Read ``site``'s live settings and spider arguments from Redis, in one round trip, and keep
         both: the policy (``policies.put``) and the spider instance (``_put_args``). Each is read
         once a second at most, a site and process; read together, the two cost one call."""
-        now = time.monotonic()
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.hgetall(keys.live_settings(site))
-            pipe.hgetall(keys.spider_args(site))
-            live, args = pipe.execute()
-        self.policies.put(site, text_map(live), now)
-        self._put_args(site, text_map(args), now)
+            keep = self._read_site_in(pipe, site)
+            keep(pipe.execute())
+
+    def read_site_along(self, pipe: Any, site: str) -> Callable[[list[Any]], None] | None:
+        """Queue in ``pipe`` the reads ``_read_site`` makes, if ``site``'s are due within READ_ALONG_AHEAD
+        seconds (the job about to run would read them); what to call with the pipeline's replies, its
+        last two, else None. A download job's claim carries them (``joblife.claim``): at 1,000 sites
+        a site's job comes every few seconds, and its read was a round trip of its own each time."""
+        if site not in self.policies.spiders:
+            return None  # no spider here: the job is handed back unread
+        now = time.monotonic()
+        with self._lock:
+            held = self._spiders.get(site)
+        policy_at = self.policies.read_at(site)
+        if (
+            held is not None
+            and policy_at is not None
+            and now - held[0] < ARGS_REFRESH - READ_ALONG_AHEAD
+            and now - policy_at < LIVE_REFRESH - READ_ALONG_AHEAD
+        ):
+            return None
+        keep = self._read_site_in(pipe, site)
+        return lambda replies: keep(replies[-2:])
+
+    def _read_site_in(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
+        """Queue ``_read_site``'s two reads in ``pipe``; what keeps them, given their two replies."""
+        now = time.monotonic()
+        pipe.hgetall(keys.live_settings(site))
+        pipe.hgetall(keys.spider_args(site))
+
+        def keep(replies: list[Any]) -> None:
+            live, args = replies
+            self.policies.put(site, text_map(live), now)
+            self._put_args(site, text_map(args), now)
+
+        return keep
 
     def _put_args(self, site: str, raw: dict[str, str], read_at: float) -> None:
         """Keep ``site``'s spider built with ``raw`` arguments (those that hold): the instance held
