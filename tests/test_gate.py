@@ -402,6 +402,42 @@ def test_a_rearm_sent_with_a_record_ends_the_lock_an_interval_after_the_send(red
     assert 300 - since_send_ms - 2 <= redis_conn.pttl(gate.key) <= 200
 
 
+def test_a_rearm_sent_moves_its_sites_turn_in_the_ready_set_to_when_the_gate_opens(redis_conn: Redis) -> None:
+    """A slow site's next job was handed out about an interval after the last hand-out, some ms before
+    its gate (taken later, at the send) opened: NEXT_JOB found it closed and re-scored the site, a
+    PICK_SITE and a NEXT_JOB lost for each request. The late rearm moves the turn to the gate's opening,
+    never sooner than it was, and only for a site in the ready set, and only while its token held."""
+
+    def redis_ms() -> int:
+        seconds, micros = redis_conn.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    gate = site_gate(redis_conn, "turns", 0.5, ready_member="turns")
+    redis_conn.zadd(keys.ready(), {"turns": redis_ms() + 100})  # as NEXT_JOB left it: too soon
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    assert gate.rearm_sent_now()
+    opens = redis_ms() + redis_conn.pttl(gate.key)
+    score = redis_conn.zscore(keys.ready(), "turns")
+    assert score is not None and abs(score - opens) <= 5, (score, opens)
+    # Never sooner: a batch's span held by NEXT_JOB stays.
+    held = redis_ms() + 60_000
+    redis_conn.zadd(keys.ready(), {"turns": held})
+    redis_conn.delete(gate.key)
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    assert gate.rearm_sent_now() and redis_conn.zscore(keys.ready(), "turns") == held
+    # A site out of the ready set (no work) is not put back; a lost gate moves nothing.
+    redis_conn.zrem(keys.ready(), "turns")
+    redis_conn.delete(gate.key)
+    assert gate.try_acquire() == 0.0
+    gate.sent()
+    assert gate.rearm_sent_now() and redis_conn.zscore(keys.ready(), "turns") is None
+    redis_conn.zadd(keys.ready(), {"turns": 1})
+    redis_conn.set(gate.key, "someone-else", px=5000)
+    assert not gate.rearm_sent_now() and redis_conn.zscore(keys.ready(), "turns") == 1
+
+
 def test_a_rearm_sent_never_takes_a_lost_gate_and_opens_one_whose_interval_is_over(redis_conn: Redis) -> None:
     gate = site_gate(redis_conn, "lost", 0.05)
     assert gate.try_acquire() == 0.0

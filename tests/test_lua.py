@@ -355,6 +355,10 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         assert gate.try_acquire() == 0.0
         gate.sent()
         assert gate.rearm_sent_now()  # REARM_SENT
+        sent = site_gate(redis_conn, "sent", 0.05, ready_member="shop")
+        assert sent.try_acquire() == 0.0
+        sent.sent()
+        assert sent.rearm_sent_now()  # REARM_SENT moving the site's turn in the ready set
         Pacer(redis_conn).observe(
             keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
         )  # PACE

@@ -68,6 +68,7 @@ class Gate:
         pace_key: str | None = None,
         pace_margin: float = 0.0,
         key: str | None = None,
+        ready_member: str | None = None,
     ):
         if expire <= 0:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
@@ -79,6 +80,9 @@ class Gate:
         self.auto_release = auto_release
         self.pace_key = pace_key
         self.pace_margin = pace_margin
+        #: The site whose requests take the gate, as a member of the ready set: a late rearm
+        #: (``rearm_sent``) moves its next turn to when the gate opens.
+        self.ready_member = ready_member
         self.token: str | None = None
         #: ``time.monotonic()`` just before the SET that took the gate (the lock's lifetime
         #: started at or after it, on the Redis clock).
@@ -175,7 +179,7 @@ class Gate:
         """
         assert self.sent_at is not None and self.token is not None, "rearm_sent without sent"
         self._sent_left_ms = self._left_ms()
-        pipe.evalsha(self._rearm_sent.sha, 1, self.key, self.token, self._sent_left_ms)
+        pipe.evalsha(self._rearm_sent.sha, len(self._sent_keys), *self._sent_keys, *self._sent_args(self._sent_left_ms))
 
     def check_rearm_sent(self, replies: list[Any]) -> list[Any]:
         """The pipeline's replies from ``rearm_sent``'s on, given back: a script Redis had not loaded (a
@@ -191,9 +195,18 @@ class Gate:
         """``rearm_sent`` on its own (no record took it along): 1 if this token still held the lock, else 0."""
         assert self.sent_at is not None and self.token is not None, "rearm_sent_now without sent"
         left_ms = self._left_ms()
-        held = int(self._rearm_sent(keys=[self.key], args=[self.token, left_ms])) != 0
+        held = int(self._rearm_sent(keys=self._sent_keys, args=self._sent_args(left_ms))) != 0
         self._opens_in(held, left_ms)
         return int(held)
+
+    @property
+    def _sent_keys(self) -> list[str]:
+        """REARM_SENT's keys: the gate, and the ready set when the gate knows its site's member."""
+        return [self.key] if self.ready_member is None else [self.key, keys.ready()]
+
+    def _sent_args(self, left_ms: int) -> list[Any]:
+        assert self.token is not None
+        return [self.token, left_ms] if self.ready_member is None else [self.token, left_ms, self.ready_member]
 
     def _left_ms(self) -> int:
         assert self.sent_at is not None
@@ -343,7 +356,14 @@ SEND_SAFETY = 0.05
 SEND_GRACE = 0.25
 
 
-def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0, pace_key: str | None = None) -> Gate:
+def site_gate(
+    connection: Redis,
+    site: str,
+    interval: float,
+    margin: float = 0.0,
+    pace_key: str | None = None,
+    ready_member: str | None = None,
+) -> Gate:
     """The gate that spaces requests to ``site`` by ``interval`` (+ ``margin``) seconds.
 
     Taken before a request, it stays closed for interval + margin + SEND_GRACE; rearmed
@@ -351,6 +371,7 @@ def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0
     ``pace_key`` (the site's conf hash, for an adaptive interval), the ``pace_ms`` stored
     there replaces ``interval`` when longer, read by Redis at the take and at the rearm.
     ``site`` may also name a gate several sites share (``keys.shared_gate_name``).
+    ``ready_member``: the site whose request takes it (``Gate.ready_member``).
     """
     return Gate(
         connection,
@@ -360,4 +381,5 @@ def site_gate(connection: Redis, site: str, interval: float, margin: float = 0.0
         pace_key=pace_key,
         pace_margin=margin,
         key=keys.gate(site),
+        ready_member=ready_member,
     )

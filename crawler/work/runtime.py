@@ -306,6 +306,7 @@ class Runtime:
             interval,
             self.settings.gate_margin,
             pace_key=keys.conf(site) if policy.auto else None,
+            ready_member=site,
         )
 
     def close_gate(self, site: str, url: str | None, seconds: float, why: str) -> None:
