@@ -114,6 +114,30 @@ def test_the_watcher_is_poked_awake_and_a_sleeper_is_woken_by_work_found() -> No
     assert max(returned) < 5
 
 
+def test_a_look_that_knew_nothing_else_is_due_hands_its_watch_to_the_next_thread_once() -> None:
+    """``found_work(quiet_for)``: the next thread to look first watches for that time (``handed_watch``),
+    one thread only; none is handed over while a watcher is already there."""
+    room = IdleRoom()
+    room.found_work(0.3)
+    first = room.handed_watch()
+    assert 0.25 <= first <= 0.3
+    assert room.handed_watch() == 0.0  # taken: the next thread looks at once
+    room.found_work()  # nothing known: look at once
+    assert room.handed_watch() == 0.0
+    room.found_work(0.05)
+    time.sleep(0.1)
+    assert room.handed_watch() == 0.0  # run out
+    stop = threading.Event()
+    watcher = threading.Thread(target=room.rest, args=(30.0, stop))
+    watcher.start()
+    time.sleep(0.1)
+    room.found_work(0.3)  # a watcher is there already: it looks when its own wait ends
+    assert room.handed_watch() == 0.0
+    stop.set()
+    room.poke()
+    watcher.join(5)
+
+
 def test_a_grown_thread_unwanted_for_long_retires_and_the_first_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(idle, "SLEEPER_CHECK_EVERY", 0.05)
     monkeypatch.setattr(idle, "RETIRE_AFTER", 0.3)

@@ -36,6 +36,7 @@ retry, the keys of its site) before the call.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -155,6 +156,11 @@ class Next:
     job_id: str | None = None
     refill: bool = False
     wait: float | None = None  # seconds; None with no site means no work at all
+    #: With a job from ``next``: seconds until another of the worker's sites is due (PICK_SITE's
+    #: next one, or this one again), as far as the ready set knows now; None if not known.
+    quiet_for: float | None = None
+    #: With a job: seconds until its site is due again (NEXT_JOB's re-score).
+    again: float | None = None
 
 
 class Scheduler:
@@ -191,7 +197,8 @@ class Scheduler:
         pick: one round trip (NEXT_JOB, which answers with the site's wait too).
         """
         if len(self.sites) == 1:
-            return self._take(self.sites[0])
+            only = self._take(self.sites[0])
+            return dataclasses.replace(only, quiet_for=only.again)
         tried: set[str] = set()
         for _ in range(MAX_TRIES):
             reply = self._pick(keys=self._pick_keys, args=self._pick_args)
@@ -206,7 +213,7 @@ class Scheduler:
             tried.add(site)
             step = self.take(site)
             if step is not None:
-                return step
+                return dataclasses.replace(step, quiet_for=_quiet_for(step.again, int(reply[2])))
         return Next(wait=0.0)
 
     def take(self, site: str) -> Next | None:
@@ -227,7 +234,7 @@ class Scheduler:
             reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
             code = int(reply[0])
             if code == 1:
-                return Next(site=site, job_id=text(reply[1]), refill=bool(int(reply[2])))
+                return Next(site=site, job_id=text(reply[1]), refill=bool(int(reply[2])), again=int(reply[3]) / 1000)
             if code == 2:
                 return Next(site=site, refill=True)
             if code == 0:
@@ -328,6 +335,14 @@ class Scheduler:
         loaded before every pipeline that runs one). A download job's finish carries it (``joblife.finish``)."""
         pipe.evalsha(self._batch_over.sha, 2, keys.ready(), keys.gate(site), site)
         return lambda: self.batch_over(site)
+
+
+def _quiet_for(again: float | None, after_ms: int) -> float | None:
+    """``Next.quiet_for`` of a job picked by PICK_SITE: the sooner of its site's re-score (``again``)
+    and the next site's (``after_ms``: -1 none, -2 not known)."""
+    if again is None or after_ms == -2:
+        return None
+    return max(0.0, again if after_ms == -1 else min(again, after_ms / 1000))
 
 
 def mark_ready(connection: Redis, sites: Mapping[str, float]) -> None:

@@ -267,6 +267,9 @@ class CrawlWorker(SimpleWorker):
         #: Whether this worker may end once it slept unwanted for ``idle.RETIRE_AFTER`` seconds
         #: (the threads a process's pool added, not its first).
         self.may_retire = False
+        #: Set by ``next_job`` with the job it found: seconds until another of the worker's sites is
+        #: due, if the scheduler knows (``Next.quiet_for``); the thread woken to look next sleeps until then.
+        self.quiet_for: float | None = None
 
     def work(self, burst: bool = False, logging_level: str | None = None, **kwargs: Any) -> bool:  # type: ignore[override]
         """Run jobs until stopped, or (``burst``) until the crawl is drained; whether any job ran.
@@ -389,6 +392,12 @@ class CrawlWorker(SimpleWorker):
         while not self.stop_event.is_set():
             if self.suspended(self._burst):  # a thread woken by new work takes none while suspended
                 return None
+            handed = room.handed_watch()
+            if handed > 0:  # the look that woke this thread knew nothing else is due before then
+                if room.rest(handed, self.stop_event, self._sleeper_beat, self.may_retire):
+                    self.log.debug("Worker %s: not needed for %.0f s, retiring", self.name, idle.RETIRE_AFTER)
+                    return None
+                continue
             may_look = room.start_look(self.stop_event, self._sleeper_beat, self.may_retire)
             if may_look is None:
                 self.log.debug("Worker %s: not needed for %.0f s, retiring", self.name, idle.RETIRE_AFTER)
@@ -406,7 +415,8 @@ class CrawlWorker(SimpleWorker):
                 continue
             self._redis_back()
             if found is not None:
-                room.found_work()  # there may be more: one more thread looks
+                quiet_for, self.quiet_for = self.quiet_for, None
+                room.found_work(None if quiet_for is None else min(quiet_for, IDLE_SLEEP))  # one more thread looks
                 return found
             if wait is None:  # drained
                 return None
@@ -686,6 +696,7 @@ class DownloadWorker(CrawlWorker):
                 if job is None:
                     continue
                 self._refill = step.site if step.refill else None
+                self.quiet_for = step.quiet_for
                 return (job, queue), None
             if step.site is None:
                 return None, step.wait

@@ -16,7 +16,8 @@
 --   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides,
 --   ARGV[4] = ms the site is held out of other workers' picks while one refills its queue
 --   (scheduler.REFILL_HOLD).
--- Returns {1, job_id, refill} | {2} (its RQ queue is empty: refill, then call again; the site is
+-- Returns {1, job_id, refill, again_ms} (again_ms: when the site is due again, ms from now) |
+--   {2} (its RQ queue is empty: refill, then call again; the site is
 --   re-scored ARGV[4] ms ahead meanwhile, so other workers pick other sites, and the refill marks it
 --   due again once done) |
 --   {3, gate} (its conf names a gate that is not KEYS[9]: call again with that one) |
@@ -80,7 +81,8 @@ redis.call('ZREM', queued_set, job)
 -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that,
 -- or after the batch's span for a paced batch (its thread takes those turns).
 local span = math.max(1, math.min(tonumber(conf[8]) or 1, 16))
-redis.call('ZADD', ready, now + math.max(gate_ttl, 0) + interval * span, site)
+local again = math.max(gate_ttl, 0) + interval * span
+redis.call('ZADD', ready, now + again, site)
 local refill = 0
 if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
-return {1, job, refill}
+return {1, job, refill, again - ahead}
