@@ -322,3 +322,11 @@ def test_records_written_again_after_a_lost_answer_are_recorded_once(store: Stor
 
     rows = sorted((r["kind"], naive_utc(r["started"])) for r in store.fetch_rows("s"))
     assert rows == sorted((r.kind, naive_utc(r.started)) for r in (first, later, parse))
+
+
+def test_a_server_database_is_pinged_before_each_use_and_a_sqlite_file_is_not(store: Store) -> None:
+    """A connection to a server may have been cut meanwhile (a restart): pinged before use. A SQLite
+    file has no server: the ping was a statement per transaction for nothing (a download job's record)."""
+    pinged = store.engine.pool._pre_ping  # type: ignore[attr-defined]
+    assert pinged == (store.engine.dialect.name == "postgresql")
+    store.record_fetches([])  # still usable

@@ -200,7 +200,12 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         try:
-            self.engine: Engine = create_engine(engine_url(url), future=True, pool_pre_ping=True)
+            target = engine_url(url)
+            # A server's connection may have been cut (a restart, an idle timeout): pinged before use.
+            # A SQLite file has no server: its ping was a statement per transaction for nothing.
+            self.engine: Engine = create_engine(
+                target, future=True, pool_pre_ping=target.get_backend_name() != "sqlite"
+            )
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)}: {url_error(url, exc)}") from None
         except ImportError as exc:
