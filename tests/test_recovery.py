@@ -910,3 +910,46 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
     print(f"a reaper pass over 1,000 sites: {round_trips} round trips")
     assert round_trips <= 30, f"a reaper pass over 1,000 sites took {round_trips} round trips"
     assert not joblife.reap(redis_conn)  # one pass a period for the whole fleet
+
+
+def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_next_period(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only Redis outages were caught: anything else (a reply refused, a bug) ended the keeper's thread,
+    and every claim of its process lapsed, each job handed back by the reaper and run twice."""
+    from rq import Queue
+    from rq.executions import prepare_execution
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+    from crawler.work.download_worker import DownloadWorker, LeaseKeeper
+
+    lease = 3  # renewed every second
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))
+    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer)
+    calls: list[int] = []
+    renew = joblife.renew_claims
+
+    def failing_once(conn: Redis, due: Any) -> None:
+        calls.append(len(due))
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a renewal")
+        renew(conn, due)
+
+    monkeypatch.setattr(joblife, "renew_claims", failing_once)
+    keeper = LeaseKeeper("failing", redis_conn, lease)
+    worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+    worker.register_birth()
+    job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"})
+    execution = prepare_execution(worker, job)
+    try:
+        keeper.hold(worker, job, execution)
+        time.sleep(lease * 1.5)  # the first renewal raised; the next ones went
+        assert len(calls) >= 2, calls
+        assert redis_conn.ttl(execution.key) > 0  # still claimed
+        assert "renewing 1 claims failed" in caplog.text
+    finally:
+        keeper.release(worker)
+        keeper.close()
+        rt.close()

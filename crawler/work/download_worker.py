@@ -195,6 +195,10 @@ class LeaseKeeper:
             joblife.renew_claims(self._connection, claims)
         except (redis.ConnectionError, redis.TimeoutError):
             pass  # the main loop reports Redis outages
+        except Exception:  # refused by Redis (a key written by hand), or a bug: said, and the thread lives on
+            # Ended, the thread would renew no claim of the process again: every job it runs
+            # would be handed back by the reaper and run twice.
+            log.exception("lease keeper: renewing %d claims failed; trying again next period", len(claims))
 
     def _note(self, busy: bool) -> None:
         try:
@@ -205,6 +209,8 @@ class LeaseKeeper:
             self._noted = busy
         except redis.RedisError:
             pass  # the note lapses on its own; the main loop reports Redis outages
+        except Exception:  # a bug: said, and the thread lives on (it renews the claims too)
+            log.exception("lease keeper: noting the process %s failed", "busy" if busy else "idle")
 
 
 class Suspension:
