@@ -123,6 +123,35 @@ def test_robots_allow_lets_an_allowed_page_on_recording_only_robots_txt(runtime:
     assert [entry.path for entry in quiet_shop.requests] == ["/robots.txt"]
 
 
+@pytest.mark.parametrize("interval", [0.05, 3.0])
+def test_a_page_whose_turn_went_to_robots_txt_goes_back_to_its_frontier_when_the_next_is_far(
+    redis_conn: Redis, settings: Any, quiet_shop: ShopSite, interval: float
+) -> None:
+    """robots.txt took the site's turn at its gate: at an interval past TURN_WAIT_MOST the page goes back
+    to the front of its frontier, for the site's next turn, not holding its thread a whole interval (at
+    1,000 sites of 5 s the threads ran out, and the last site's first request came 10 s after the start).
+    At a short interval it waits, as before; once robots.txt is cached, no page goes back."""
+    import dataclasses
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: {"interval": interval}}))
+    try:
+        for path in ("/product/1", "/product/2"):
+            attempt = attempt_at(rt, f"{quiet_shop.url}{path}")
+            assert attempt.robots_allow() is True
+            sent_back = not attempt.next_turn_near()
+            first = path == "/product/1"
+            assert sent_back == (first and interval > jobs.TURN_WAIT_MOST)
+        assert [entry.path for entry in quiet_shop.requests] == ["/robots.txt"]
+        handed_back = redis_conn.lrange(keys.frontier(SITE, attempt.task.priority), 0, -1)
+        assert len(handed_back) == (1 if interval > jobs.TURN_WAIT_MOST else 0)
+        assert all(b"/product/1" in entry for entry in handed_back)
+        if handed_back:
+            assert redis_conn.zscore(keys.ready(), SITE) is not None  # ready for its next turn
+        assert rows(rt) == [("robots.txt", OK)]  # nothing recorded for the page: not attempted yet
+    finally:
+        rt.close()
+
+
 # -- build_request, take_gate ---------------------------------------------------------------------
 
 
