@@ -36,6 +36,8 @@ A killed worker's page is thus picked up again within job_lease + REAP_EVERY sec
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,7 +168,7 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
     seen: dict[str, float] = {}
     queued: dict[str, float] = {}
     for name, found in survey(connection, queue_names(connection) if names is None else names):
-        queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+        queue = _queue(connection, name)
         if found.expired:
             registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
             registry.cleanup(found.at)  # refused jobs are quarantined as RQ reads them (see ``vetting``)
@@ -207,7 +209,7 @@ def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, Queue
         at = current_timestamp()
         with connection.pipeline(transaction=False) as pipe:
             for name in chunk:
-                queue = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+                queue = _queue(connection, name)
                 pipe.zcount(queue.started_job_registry.key, 0, at)
                 pipe.zcount(queue.scheduled_job_registry.key, 0, at)
                 pipe.llen(queue.intermediate_queue_key)
@@ -216,6 +218,21 @@ def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, Queue
         for i, name in enumerate(chunk):
             expired, due, handed_out, queued = (int(n) for n in replies[4 * i : 4 * i + 4])
             yield name, QueueSurvey(at, expired, due, handed_out, queued)
+
+
+_queues: weakref.WeakKeyDictionary[Redis, dict[str, Queue]] = weakref.WeakKeyDictionary()
+_queues_lock = threading.Lock()
+
+
+def _queue(connection: Redis, name: str) -> Queue:
+    """RQ's queue ``name`` on ``connection``, made once: a pass over 1,000 sites made 1,000 each
+    5 s, and making one checks its serializer against a typing Protocol (slow)."""
+    with _queues_lock:
+        made = _queues.setdefault(connection, {})
+        queue = made.get(name)
+        if queue is None:
+            queue = made[name] = Queue(name, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
+        return queue
 
 
 def rescue_stranded(connection: Redis, queue: Queue, seen: dict[str, float]) -> int:
