@@ -775,3 +775,31 @@ def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_
                 assert path in [e.path for e in shop.requests]
     finally:
         rt.close()
+
+
+def test_a_parse_batchs_sites_are_re_read_in_one_round_trip_before_its_pages_are_parsed(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Runtime.read_sites_due``: the live settings and spider arguments of a batch's sites that are due
+    for a re-read, in one pipeline; a site without a spider here is not read, and one read a moment ago
+    is not read again. At 1,000 sites a parse worker read each page's site in a round trip of its own."""
+    from crawler.work.runtime import READ_ALONG_AHEAD
+
+    rt = Runtime(redis_conn, settings)
+    reads_alone: list[str] = []
+    read_site = Runtime._read_site
+    monkeypatch.setattr(Runtime, "_read_site", lambda self, site: reads_alone.append(site) or read_site(self, site))
+    try:
+        assert rt.policy("demo").interval != 0.75
+        set_live(redis_conn, "demo", interval=0.75)
+        time.sleep(1.0 - READ_ALONG_AHEAD + 0.05)
+        reads_alone.clear()
+        rt.read_sites_due(["demo", "demo", "no-spider-here"])
+        assert rt.policy("demo").interval == 0.75 and rt.spider("demo") is not None
+        assert reads_alone == []
+        read_at = rt.policies.read_at("demo")
+        rt.read_sites_due(["demo"])  # fresh: nothing read
+        assert rt.policies.read_at("demo") == read_at
+        assert not rt.has_spider("no-spider-here") and rt.has_spider("demo")
+    finally:
+        rt.close()

@@ -389,7 +389,7 @@ def claim(
     job: the lease keeper renews it while the job runs).
 
     ``along(pipe)`` may queue reads last in the transaction (``Runtime.read_site_along``: the
-    site's live settings, due for a re-read) and give back what to call with its replies.
+    site's live settings, due for a re-read) and give back what to call with their replies.
     """
     ttl = worker.get_heartbeat_ttl(job)
     beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
@@ -403,10 +403,11 @@ def claim(
         job.prepare_for_execution(worker.name, pipeline=pipe)
         pipe.persist(job.key)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        start = len(pipe)
         keep = along(pipe) if along is not None else None
         replies = pipe.execute()
     if keep is not None:
-        keep(replies)
+        keep(replies[start:])
     return execution
 
 

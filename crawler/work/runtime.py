@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -200,10 +200,14 @@ class Runtime:
             keep = self._read_site_in(pipe, site)
             keep(pipe.execute())
 
+    def has_spider(self, site: str) -> bool:
+        """Whether this process has a spider for ``site`` (one lookup: no dict of every spider built)."""
+        return site in self.policies.spiders
+
     def read_site_along(self, pipe: Any, site: str) -> Callable[[list[Any]], None] | None:
         """Queue in ``pipe`` the reads ``_read_site`` makes, if ``site``'s are due within READ_ALONG_AHEAD
-        seconds (the job about to run would read them); what to call with the pipeline's replies, its
-        last two, else None. A download job's claim carries them (``joblife.claim``): at 1,000 sites
+        seconds (the job about to run would read them); what to call with the replies to the commands
+        it queued, else None. A download job's claim carries them (``joblife.claim``): at 1,000 sites
         a site's job comes every few seconds, and its read was a round trip of its own each time."""
         if site not in self.policies.spiders:
             return None  # no spider here: the job is handed back unread
@@ -218,8 +222,23 @@ class Runtime:
             and now - policy_at < LIVE_REFRESH - READ_ALONG_AHEAD
         ):
             return None
-        keep = self._read_site_in(pipe, site)
-        return lambda replies: keep(replies[-2:])
+        return self._read_site_in(pipe, site)
+
+    def read_sites_due(self, sites: Iterable[str]) -> None:
+        """``read_site_along`` for each of ``sites``, in one round trip (none if none is due): a parse
+        worker's batch of pages, read before its pages are parsed, each needing its site's spider."""
+        with self.connection.pipeline(transaction=False) as pipe:
+            kept: list[tuple[int, Callable[[list[Any]], None]]] = []
+            for site in dict.fromkeys(sites):
+                start = len(pipe)
+                keep = self.read_site_along(pipe, site)
+                if keep is not None:
+                    kept.append((start, keep))
+            if not kept:
+                return
+            replies = pipe.execute()
+        for start, keep in kept:
+            keep(replies[start : start + 2])
 
     def _read_site_in(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
         """Queue ``_read_site``'s two reads in ``pipe``; what keeps them, given their two replies."""
