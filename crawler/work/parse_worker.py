@@ -278,7 +278,8 @@ class ParseWorker:
         ran = False
         # The sites' live settings and spider arguments due for a re-read, in one round trip for the
         # batch: at 1,000 sites each page's site was due, and read in a round trip of its own.
-        self.runtime.read_sites_due(site for site in map(_site_of, entries) if site is not None)
+        decoded = [_decode(entry) for entry in entries]  # once: ``_run`` takes them as they are
+        self.runtime.read_sites_due(found[0]["site"] for found in decoded if not isinstance(found, RefusedEntry))
         held = jobs.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None
         in_held: list[pages.Entry] = []  # the entries whose pages ``held`` holds
         self._lease.hold([entry_id for entry_id, _, _ in entries])
@@ -290,7 +291,7 @@ class ParseWorker:
                 if self._lease.lost(entry[0]):
                     continue
                 holding = len(held.pages) if held is not None else 0
-                ran = self._run(entry, held) or ran
+                ran = self._run(entry, held, decoded[index]) or ran
                 if held is None:
                     self._lease.drop(entry[0])
                 elif len(held.pages) > holding:
@@ -326,13 +327,19 @@ class ParseWorker:
             self._db_wait = 0.0
             return
 
-    def _run(self, entry: pages.Entry, held: jobs.HeldParses | None = None) -> bool:
+    def _run(
+        self,
+        entry: pages.Entry,
+        held: jobs.HeldParses | None = None,
+        decoded: tuple[dict[str, Any], bytes] | RefusedEntry | None = None,
+    ) -> bool:
+        """Parse one page entry (``decoded``: what ``page_entry`` made of it, if already asked)."""
         entry_id, fields, deliveries = entry
-        try:
-            task, body = page_entry(fields)
-        except RefusedEntry as exc:
-            pages.refuse(self._client, entry_id, fields, str(exc))
+        found = _decode(entry) if decoded is None else decoded
+        if isinstance(found, RefusedEntry):
+            pages.refuse(self._client, entry_id, fields, str(found))
             return True
+        task, body = found
         site = task["site"]
         if not self.runtime.has_spider(site):
             if site not in self._warned:
@@ -411,10 +418,9 @@ class ParseWorker:
         self._client.close()
 
 
-def _site_of(entry: pages.Entry) -> str | None:
-    """The site of a page entry, or None if it is not one (``_run`` refuses it)."""
+def _decode(entry: pages.Entry) -> tuple[dict[str, Any], bytes] | RefusedEntry:
+    """``page_entry`` of the entry's fields: its task (a str ``site`` in it) and body, or why it is refused."""
     try:
-        site = page_entry(entry[1])[0]["site"]
-    except RefusedEntry:
-        return None
-    return site if isinstance(site, str) else None
+        return page_entry(entry[1])
+    except RefusedEntry as exc:
+        return exc
