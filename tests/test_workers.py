@@ -640,7 +640,7 @@ def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_
         redis_conn.zadd(keys.ready(), {site: 0})
         pending, costs[count] = look_cost(sites)
         assert pending >= 1
-    assert max(costs.values()) <= 3 + 2 * QUICK_SITES, f"commands a look: {costs}"
+    assert max(costs.values()) <= 4 + 2 * QUICK_SITES, f"commands a look: {costs}"
 
 
 def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_at_20_or_2000_sites(
@@ -670,6 +670,33 @@ def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_a
     lua.script(redis_conn, "mark_busy")(keys=[keys.busy()], args=["host:2:b", lua_ttl_ms])
     time.sleep(0.01)
     assert inflight.busy_processes(redis_conn) == 0
+
+
+def test_burst_workers_end_once_the_crawl_drains_not_when_the_sites_next_turn_comes(
+    redis_url: str, redis_conn: Redis, settings: Settings
+) -> None:
+    """A site that was served stays in the ready set until its next turn, an interval on, shows it has
+    no work left: a burst download process, told to wait for that turn, ended only then (5 s of a 78 s
+    crawl of 1,000 sites at 5 s). It looks for the drain after every look that finds no job."""
+    interval = 6.0
+    settings = dataclasses.replace(settings, sites={"demo": {"interval": interval, "obey_robots": False}})
+    with ShopSite(products=1, faults=False) as shop:
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("demo"), [shop.url + "/catalogue.pdf"])  # not HTML: no links to follow
+        specs = [WorkerSpec("download", ("demo",), burst=True), WorkerSpec("parse", ("demo",), burst=True)]
+        processes = start_workers(specs, settings, redis_url)
+        try:
+            deadline = time.monotonic() + 60
+            for process in processes:
+                process.join(max(0.0, deadline - time.monotonic()))
+            ended = time.time()  # the wire's clock (``RequestLogEntry.time``)
+            assert not any(p.is_alive() for p in processes), "the burst did not end"
+        finally:
+            stop_workers(processes)
+        assert [p.exitcode for p in processes] == [0, 0]
+        assert [e.path for e in shop.requests] == ["/catalogue.pdf"]
+        after = ended - shop.requests[-1].time
+    assert after < interval / 2, f"the burst ended {after:.1f} s after its last request (interval {interval} s)"
 
 
 def test_a_busy_download_process_notes_itself_and_takes_the_note_back(

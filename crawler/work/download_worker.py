@@ -463,16 +463,25 @@ class CrawlWorker(SimpleWorker):
             return found, None
         if self.get_state() != WorkerStatus.IDLE:
             self.set_state(WorkerStatus.IDLE)
+        # A burst looks for the drain after any look that found no job, not only one that found no
+        # site: the ready set keeps each site that was served until its next turn shows it has no
+        # work left, so at the end of a crawl it waited one interval more (5 s of 78 at 1,000 sites).
+        if self._drained():
+            self._idle.room.end_all()  # the process's sleeping workers end too
+            return None, None
         if wait is None:  # no work anywhere we serve
-            if self._burst and (
-                self._idle.room.drained
-                or (self._idle.every.due("drain", DRAIN_EVERY) and crawl_drained(self.connection, self.sites))
-            ):
-                self._idle.room.end_all()  # the process's sleeping workers end too
-                return None, None
             self.when_idle()
             wait = DRAIN_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
-        return None, min(wait, IDLE_SLEEP)
+        return None, min(wait, DRAIN_EVERY if self._burst else IDLE_SLEEP)
+
+    def _drained(self) -> bool:
+        """A burst's drain look (``crawl_drained``), once a DRAIN_EVERY per process; False when not a burst."""
+        if not self._burst:
+            return False
+        room = self._idle.room
+        return room.drained or (
+            self._idle.every.due("drain", DRAIN_EVERY) and crawl_drained(self.connection, self.sites)
+        )
 
     def _redis_down(self, exc: Exception) -> float:
         """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""

@@ -76,17 +76,18 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
 def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
-    First the quick look (``quick_work``: at most 3 + 2 x QUICK_SITES commands in two round
-    trips, however many sites): while a crawl has work queued it answers. Then one
-    command: the download processes of the fleet with jobs in hand (``inflight``), which
-    answers while any download runs. Only when both see nothing are delayed retries, RQ
+    First one command: the download processes of the fleet with jobs in hand (``inflight``),
+    which answers while any download runs (a burst's workers ask after every look that found
+    no job to run now). Then the quick look (``quick_work``: at most 3 + 2 x QUICK_SITES
+    commands in two round trips, however many sites): while a crawl has work queued it
+    answers. Only when both see nothing are delayed retries, RQ
     jobs, every page to parse and records waiting for the database counted (one round
     trip, five commands a site), then the compact frontiers (their levels, then a script a
     site: two more) when those come to nothing: once at the end of a crawl, or while only
     retries wait. So the answer is exact when it is 0, and a lower bound otherwise.
     """
     sites = list(sites)
-    quick = quick_work(connection, sites) or busy_processes(connection)
+    quick = busy_processes(connection) or quick_work(connection, sites)
     if quick:
         return quick
     with connection.pipeline(transaction=False) as pipe:
