@@ -60,13 +60,16 @@ def test_a_sites_urls_go_in_batches_of_one_priority_a_fast_sites_of_16_a_slow_si
     assert FAST + 0.0 <= BATCH_BELOW
     count = 2 * MAX_BATCH + 4
     urls = [f"http://127.0.0.1:9/p/{i}" for i in range(count)]
-    per_span = int(PACED_BATCH_SPAN // PACED_MAX_INTERVAL)
-    assert 1 < per_span < MAX_BATCH and 3 * per_span < count - 1 < 4 * per_span and PACED_MIN_INTERVAL <= 1.0
+    slow = 5.0  # the 1,000 sites of issue 21
+    per_span = int(PACED_BATCH_SPAN // slow)
+    assert 1 < per_span < MAX_BATCH and 4 * per_span < count - 1 and PACED_MIN_INTERVAL <= 1.0
+    assert slow < PACED_MAX_INTERVAL and int(PACED_BATCH_SPAN // PACED_MAX_INTERVAL) > 1
     cases: list[tuple[dict[str, Any], list[int]]] = [
         ({"interval": FAST}, [MAX_BATCH, MAX_BATCH, 3, 1]),
         ({"interval": 1.0}, [MAX_BATCH, MAX_BATCH, 3, 1]),  # 20 URLs fit in the span: MAX_BATCH
-        ({"interval": PACED_MAX_INTERVAL}, [per_span] * 3 + [count - 1 - 3 * per_span]),
-        ({"interval": 5.0}, [1, 1, 1, 1]),  # a batch would hold a thread a site: 1,000 sites, 1,000 threads
+        ({"interval": slow}, [per_span] * 4),
+        ({"interval": PACED_MAX_INTERVAL}, [int(PACED_BATCH_SPAN // PACED_MAX_INTERVAL)] * 4),
+        ({"interval": 2 * PACED_MAX_INTERVAL}, [1, 1, 1, 1]),  # a thread held that long for each request
         ({"interval": 0.1}, [1, 1, 1, 1]),  # responses often slower than that: one thread could not keep up
         ({"interval": 1.0, "concurrency": 2}, [1, 1, 1, 1]),  # requests that overlap: a batch's would not
         ({"interval": {"min": 1.0, "max": 5.0}}, [1, 1, 1, 1]),  # adaptive: it may grow at any time
@@ -365,6 +368,31 @@ def test_a_stopping_worker_or_a_crowded_process_hands_the_rest_of_a_paced_batch_
         rt.close()
     assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1", "/product/2"]
     assert waiting == [f"{shop.url}/product/4"]
+
+
+def test_a_graceful_stop_ends_a_paced_batchs_wait_for_its_next_turn_at_once(
+    redis_conn: Redis, settings: Settings, shop: ShopSite
+) -> None:
+    """A paced batch at 5 s (issue 21's 1,000 sites) rests between its URLs on the worker's stop
+    event, not in the gate's sleep: a graceful stop hands the rest back at once, not a turn later."""
+    interval = 5.0
+    no_robots = {SITE: {"interval": interval, "obey_robots": False}}  # the first URL goes at once
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites=no_robots, gate_margin=0.0))
+    install(rt)
+    stop = threading.Event()
+    try:
+        assert rt.batching(SITE).paced
+        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
+        threading.Timer(1.0, stop.set).start()
+        started = time.monotonic()
+        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+        took = time.monotonic() - started
+        waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+    finally:
+        rt.close()
+    assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == ["/product/1"]
+    assert waiting == [f"{shop.url}/product/2", f"{shop.url}/product/4"]
+    assert took < interval / 2, f"the stop ended the batch {took:.1f} s after it began (interval {interval} s)"
 
 
 def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_job(

@@ -157,3 +157,27 @@ def test_a_grown_thread_unwanted_for_long_retires_and_the_first_does_not(monkeyp
     first.join(5)
     watcher.join(5)
     assert answers["first"] is False and answers["watcher"] is False
+
+
+def test_a_paused_thread_ends_at_once_when_the_room_is_drained_and_otherwise_sleeps_its_time() -> None:
+    """A thread following its slow site to its next turn (up to PACED_MAX_INTERVAL, 10 s) must not hold
+    a drained burst open that long (``IdleRoom.pause``)."""
+    room, stop = IdleRoom(), threading.Event()
+    started = time.monotonic()
+    assert room.pause(0.2, stop) is False
+    assert 0.2 <= time.monotonic() - started < 1.0
+
+    ended: list[tuple[bool, float]] = []
+    paused = threading.Thread(target=lambda: ended.append((room.pause(30.0, stop), time.monotonic())))
+    paused.start()
+    time.sleep(0.2)
+    drained_at = time.monotonic()
+    room.end_all()
+    paused.join(5)
+    assert ended and ended[0][0] is True and ended[0][1] - drained_at < 0.5
+
+    room = IdleRoom()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    assert room.pause(30.0, stop) is True
+    assert time.monotonic() - started < idle.SLEEPER_CHECK_EVERY + 0.5  # a stop is seen within a check

@@ -258,11 +258,16 @@ class CrawlWorker(SimpleWorker):
         #: What this worker's jobs run against (Redis, settings, spiders, HTTP pool, database); it gives
         #: it to each job it runs. Without one, the runtime installed in this process.
         self.runtime = rt if rt is not None else runtime.current()
-        self.sites = list(sites)
+        #: Shared with the process's other workers of this class: one looks when there is no work.
+        self._idle = idle.shared(self.runtime, type(self), sites)
+        # One list of sites and of queues for every worker of the process, not copies a worker: RQ
+        # copies its queues twice, and a slow site's paced batch holds a thread (24 KB a thread at
+        # 1,000 sites). RQ reads its ordered copy only in the dequeue loop, rebuilt here.
+        self.sites: list[str] = self._idle.made("sites", lambda: list(sites))
+        if isinstance(queues, list):
+            self.queues = self._ordered_queues = queues
         self.stop_event = stop_event or threading.Event()
         self._burst = False
-        #: Shared with the process's other workers of this class: one looks when there is no work.
-        self._idle = idle.shared(self.runtime, type(self), self.sites)
         self._suspension: Suspension = self._idle.made("suspension", Suspension)
         self._stop_requests = 0
         self._redis_wait = 0.0
@@ -335,6 +340,16 @@ class CrawlWorker(SimpleWorker):
             pipe.sadd(self.redis_workers_keys, self.key)
             pipe.expire(self.key, self.worker_ttl + 60)
             pipe.execute()
+
+    def serialize(self) -> dict:  # as RQ declares it
+        """RQ's worker hash, its ``queues`` field cut to MOST_QUEUES_LISTED names and a count of the
+        others (``rq info`` shows it as written) for a worker of more: the whole list was 20 KB of Redis
+        memory a worker thread at 1,000 sites."""
+        data = super().serialize()
+        names = self.queue_names()
+        if len(names) > MOST_QUEUES_LISTED:
+            data["queues"] = ",".join([*names[:MOST_QUEUES_LISTED], f"(and {len(names) - MOST_QUEUES_LISTED} more)"])
+        return data
 
     def register_death(self) -> None:
         if len(self.queues) <= MOST_QUEUES_LISTED:
@@ -533,6 +548,7 @@ class CrawlWorker(SimpleWorker):
                     "stopping": self.stop_event.is_set,
                     "crowded": self._idle.room.crowded,
                     "finishing": finishing,
+                    "rest": self.stop_event.wait,
                 }
             with self.death_penalty_class(timeout, JobTimeoutException, job_id=job.id):
                 job.perform()
@@ -670,7 +686,7 @@ class DownloadWorker(CrawlWorker):
         room.hold_thread()
         found: tuple[Job, Queue] | None = None
         try:
-            if wait > 0 and self.stop_event.wait(wait):
+            if wait > 0 and room.pause(wait, self.stop_event):  # a burst that drained meanwhile ends at once
                 return None
             step = self.site_scheduler.take(site)
             if step is not None and step.job_id is None:  # its RQ queue ran dry: refill, then take

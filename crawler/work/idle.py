@@ -77,6 +77,7 @@ class IdleRoom:
         self._starting = 0
         self._busy = 0
         self._handed_until = 0.0  # monotonic: the watch ``found_work`` handed over (``handed_watch``)
+        self._ending = threading.Condition(threading.Lock())  # what ``pause`` waits on: ``end_all`` wakes it
         #: Set when a burst found the crawl drained: every thread of the process ends. Cleared
         #: when the last of them leaves, so workers started later find work added since.
         self.drained = False
@@ -241,11 +242,25 @@ class IdleRoom:
         with self._cond:
             self._busy = max(0, self._busy - 1)
 
+    def pause(self, seconds: float, stop: threading.Event) -> bool:
+        """Sleep ``seconds`` outside the room (a thread that follows its site to its next turn); True when
+        it should end instead: ``end_all`` (woken at once) or ``stop`` (seen within SLEEPER_CHECK_EVERY)."""
+        deadline = time.monotonic() + seconds
+        with self._ending:
+            while not (self.drained or stop.is_set()):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._ending.wait(min(left, SLEEPER_CHECK_EVERY))
+        return True
+
     def end_all(self) -> None:
         """The crawl is drained (a burst): every thread of the process ends its work."""
         with self._cond:
             self.drained = True
             self._cond.notify_all()
+        with self._ending:
+            self._ending.notify_all()
         self._poked.set()
 
 

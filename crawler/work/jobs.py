@@ -33,6 +33,7 @@ from ..coord import joblife, keys, pages, quarantine
 from ..coord.frontier import Candidate, Frontier, check_url, fingerprint
 from ..coord.gate import Gate
 from ..coord.pacing import throttle_pause
+from ..coord.scheduler import PREPARE_AHEAD
 from ..coord.session import LOGIN_WAIT, Jar, Session, logs_in, uses_cookies
 from ..coord.task import DownloadTask
 from ..errors import (
@@ -67,7 +68,7 @@ log = logging.getLogger("crawler.jobs")
 
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
-TURN_WAIT_MOST = runtime.PACED_MAX_INTERVAL
+TURN_WAIT_MOST = 2.0
 #: Transient errors in a row from one site before its gate is closed for everyone.
 ERRORS_BEFORE_PAUSE = 3
 #: Longest such pause, seconds.
@@ -103,6 +104,7 @@ def download(
     stopping: Callable[[], bool] | None = None,
     crowded: Callable[[], bool] | None = None,
     finishing: list[joblife.Finishing] | None = None,
+    rest: Callable[[float], bool] | None = None,
 ) -> None:
     """Download the job's URLs, all of one site, in turn: one URL, or a batch (``Runtime.batching``).
 
@@ -124,7 +126,9 @@ def download(
     site for a whole batch), the scheduler has the site due again as its gate opens
     (``Scheduler.batch_over``). The job's meta counts the URLs done (``joblife.BATCH_DONE``),
     so a batch retried (its worker died, or it raised) skips what is written and fetches again
-    what was not. A download worker gives ``finishing`` and runs what the job leaves there once it
+    what was not. Between a paced batch's URLs the thread ``rest``s (given by a download worker: its
+    stop event's wait) until just before the gate opens, so a graceful stop ends the wait at once and
+    hands the rest back. A download worker gives ``finishing`` and runs what the job leaves there once it
     ends, whatever the outcome: that call, in the transaction that finishes the job
     (``joblife.finish``), or when the job failed, on its own: at 1,000 sites it was a round trip
     of its own for each request.
@@ -157,6 +161,7 @@ def download(
                     or rt.policy(site).paused
                     or (batching.paced and crowded is not None and crowded())
                     or (batching.paced and rt.frontier(site).outranks(priority, _progress(job, i)))
+                    or (batching.paced and not _rest_until_turn(rt, site, rest))
                     or not _download_one(rt, payloads[i], batching.gate_wait, held)
                 ):
                     if held is not None:
@@ -182,6 +187,14 @@ def _batch_over(rt: runtime.Runtime, site: str, finishing: list[joblife.Finishin
         rt.scheduler.batch_over(site)
     else:
         finishing.append(functools.partial(rt.scheduler.batch_over_in, site=site))
+
+
+def _rest_until_turn(rt: runtime.Runtime, site: str, rest: Callable[[float], bool] | None) -> bool:
+    """Wait with ``rest`` until PREPARE_AHEAD before ``site``'s gate opens, as this process's last send
+    rearmed it (``Runtime.gate_opens_at``); False when ``rest`` said stop meanwhile. Without ``rest``
+    (a direct call), nothing: the gate's own wait is the wait."""
+    left = rt.gate_opens_at(site) - PREPARE_AHEAD - time.monotonic()
+    return rest is None or left <= 0 or not rest(left)
 
 
 def _progress(job: Any, done: int) -> Callable[[Any], Any] | None:

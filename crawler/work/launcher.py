@@ -197,7 +197,7 @@ def _give_back_free_memory(libc: Any) -> None:
 #: Most download workers (requests in flight) a process grows to unless told (``--threads``).
 #: Each costs a thread that waits on its socket; past a few hundred, the process's CPU, not
 #: its count of threads, is what limits it (``bench fleet``, docs/DEPLOYMENT.md).
-MOST_DOWNLOAD_THREADS = 256
+MOST_DOWNLOAD_THREADS = 1024
 
 
 class WorkerThreads:

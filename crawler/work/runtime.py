@@ -67,7 +67,7 @@ PACED_MIN_INTERVAL = 0.5
 #: batch holds its thread for its whole span, asleep between requests, so the threads a process
 #: needs follow the sites it serves at once rather than its requests in flight: 1,000 sites at
 #: 5 s would want 1,000 threads (a job of one URL holds one for a response's time only).
-PACED_MAX_INTERVAL = 2.0
+PACED_MAX_INTERVAL = 10.0
 #: A slow site whose batch's requests came on average more than this many intervals apart
 #: (responses slower than its interval: a thread in turn cannot keep up, several would) goes
 #: back to one URL a job for UNBATCHED_FOR seconds.
