@@ -228,8 +228,9 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
 )
 @click.option(
     "--threads",
-    type=click.IntRange(1, 1024),
-    help="Download: most requests in flight a process [as the sites need, up to 256]. Parse: threads [1].",
+    type=click.IntRange(1, 4096),
+    help="Download: most worker threads a process (requests in flight, slow sites' batches) "
+    "[as the sites need, up to 1024]. Parse: threads [1].",
 )
 @click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
@@ -284,8 +285,9 @@ def worker(
 @click.option("-n", "--processes", type=click.IntRange(1, 256), help="Download worker processes [one per core].")
 @click.option(
     "--threads",
-    type=click.IntRange(1, 1024),
-    help="Most requests in flight a process [as the site needs, up to 256].",
+    type=click.IntRange(1, 4096),
+    help="Most worker threads a download process (requests in flight, slow sites' batches) "
+    "[as the site needs, up to 1024].",
 )
 @click.option("--parsers", default=1, show_default=True, type=click.IntRange(1, 64), help="Parse worker processes.")
 @click.option("--fresh", is_flag=True, help="Forget SITE's queued and seen URLs and counters first (crawler reset).")

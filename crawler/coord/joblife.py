@@ -77,8 +77,10 @@ def renew_every(job_lease: float) -> float:
 
 
 #: Least seconds between two heartbeats of a worker's own key (job heartbeats are separate):
-#: its key lives ``worker_ttl`` + 60 s from a plain beat, so more often is waste.
-WORKER_BEAT_EVERY = 5.0
+#: its key lives ``worker_ttl`` + 60 s from a plain beat and ``job_monitoring_interval`` + 60 s
+#: (90) from a renewal's, so more often is waste: with a thread a slow site (paced batches of
+#: 1,000 sites at 5 s), a beat every 5 s a thread was 200 worker beats a second.
+WORKER_BEAT_EVERY = 30.0
 
 
 def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]) -> None:
