@@ -487,7 +487,7 @@ def test_a_slow_sites_job_gives_its_turns_back_in_the_transaction_that_finishes_
     Redis that lost its scripts meanwhile gets it on its own. A job that raised gets it too."""
     from crawler.work.download_worker import DownloadWorker
 
-    interval = 5.0
+    interval = 2 * PACED_MAX_INTERVAL  # one URL a job: each turn of the loop below takes one
     rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: {"interval": interval}}))
     alone: list[str] = []
     batch_over = Scheduler.batch_over

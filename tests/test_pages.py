@@ -127,6 +127,28 @@ def test_two_workers_never_parse_one_entry_twice_even_when_a_page_outlasts_the_l
     assert_stream_empty(redis_conn)
 
 
+def test_a_burst_parse_worker_ends_soon_after_its_last_page(echo: Runtime, redis_conn: Redis) -> None:
+    """A burst worker looks for the drain after each read that found nothing: it reads with a short
+    block (BURST_READ_BLOCK), not READ_BLOCK, after which a burst ended up to a second late."""
+    from crawler.work.parse_worker import BURST_READ_BLOCK
+
+    assert BURST_READ_BLOCK < READ_BLOCK / 2
+    add_page(redis_conn, 1)
+    pages.ensure_group(redis_conn)
+    worker = ParseWorker(redis_conn, (SITE,), stop_event=threading.Event())
+    thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while redis_conn.xlen(keys.pages()):  # parsed, acknowledged and deleted
+        assert time.monotonic() < deadline, "the page was never parsed"
+        time.sleep(0.01)
+    parsed_at = time.monotonic()
+    thread.join(10)
+    took = time.monotonic() - parsed_at
+    assert not thread.is_alive()
+    assert took < (BURST_READ_BLOCK + READ_BLOCK) / 2 + 0.2, f"the burst ended {took:.2f} s after its last page"
+
+
 def test_a_stopped_worker_finishes_its_page_and_puts_the_rest_of_its_batch_back(
     echo: Runtime, redis_conn: Redis
 ) -> None:

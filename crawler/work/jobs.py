@@ -68,7 +68,7 @@ log = logging.getLogger("crawler.jobs")
 
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
-TURN_WAIT_MOST = 2.0
+TURN_WAIT_MOST = runtime.PACED_MAX_INTERVAL
 #: Transient errors in a row from one site before its gate is closed for everyone.
 ERRORS_BEFORE_PAUSE = 3
 #: Longest such pause, seconds.
@@ -385,8 +385,9 @@ class Attempt:
         robots.txt took this turn (``robots_allow``) and the next is more than TURN_WAIT_MOST away; the
         page then goes back to the front of its frontier, to be handed out at that turn.
 
-        So a thread never waits a whole interval: at 1,000 sites of 5 s, every site's first job held
-        its thread 5 s, the threads ran out, and the last site's first request came 10 s after the start.
+        Up to TURN_WAIT_MOST the page waits in its thread, as a paced batch's URLs do (a thread a slow
+        site: at 1,000 sites of 5 s, a hand-back, a refill and a job a site spared); beyond it no thread
+        waits that long.
         """
         if not self.robots_fetched or self.rt.batching(self.task.site).interval <= TURN_WAIT_MOST:
             return True

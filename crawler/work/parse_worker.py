@@ -54,8 +54,11 @@ log = logging.getLogger("crawler.parsing")
 
 #: Entries read at once: fewer round trips, at the cost of spreading a small backlog less evenly.
 READ_COUNT = 8
-#: Longest wait for a new entry, seconds (stop requests and burst drains are seen this often).
+#: Longest wait for a new entry, seconds (stop requests are seen this often).
 READ_BLOCK = 1.0
+#: Longest wait for a new entry of a burst worker (its drain look follows each wait that found
+#: none): with READ_BLOCK a burst ended up to a second after its last page.
+BURST_READ_BLOCK = 0.25
 #: Seconds a worker lets pages gather after a batch that was not full: a batch's links, items,
 #: records and acknowledgements are written together, so fuller batches cost less a page. A
 #: worker that keeps up waits this long, a page this much later; one behind reads full batches.
@@ -243,7 +246,8 @@ class ParseWorker:
             self._last_reclaim = now
             entries = pages.reclaim(self._client, self.name, self.runtime.settings.job_lease * 1000, READ_COUNT)
         if not entries:
-            entries = pages.read(self._client, self.name, READ_COUNT, int(READ_BLOCK * 1000))
+            block = BURST_READ_BLOCK if burst else READ_BLOCK
+            entries = pages.read(self._client, self.name, READ_COUNT, int(block * 1000))
         if entries:
             if not self._run_batch(entries):  # only pages of sites with no spider here: let others take them
                 self.stop_event.wait(HAND_BACK_WAIT)
