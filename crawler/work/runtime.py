@@ -66,7 +66,9 @@ PACED_MIN_INTERVAL = 0.5
 #: Longest interval in force (seconds) for which a slow site's jobs are paced batches. A paced
 #: batch holds its thread for its whole span, asleep between requests, so the threads a process
 #: needs follow the sites it serves at once rather than its requests in flight: 1,000 sites at
-#: 5 s would want 1,000 threads (a job of one URL holds one for a response's time only).
+#: 5 s want some 1,100 threads (``launcher.MOST_DOWNLOAD_THREADS``). In return RQ's bookkeeping is
+#: paid once a batch, not once a request: a third of a download process's CPU at one URL a job.
+#: Beyond 10 s a span holds too few requests to be worth a thread held that long.
 PACED_MAX_INTERVAL = 10.0
 #: A slow site whose batch's requests came on average more than this many intervals apart
 #: (responses slower than its interval: a thread in turn cannot keep up, several would) goes
