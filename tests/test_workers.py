@@ -610,6 +610,15 @@ def test_a_worker_of_many_sites_is_listed_by_rq_without_joining_each_queues_work
         assert {few.name, many.name} <= listed
         assert redis_conn.smembers(f"rq:workers:{keys.download_queue('f1')}") == {few.key.encode()}
         assert not redis_conn.exists(f"rq:workers:{keys.download_queue('m0')}")
+        # Its hash lists MOST_QUEUES_LISTED queues and a count of the rest, not every name (20 KB a
+        # thread at 1,000 sites, with a thread a slow site); a few are listed whole.
+        listed_queues = {
+            w.name: [q.name for q in w.queues] for w in Worker.all(connection=redis_conn, serializer=few.serializer)
+        }
+        assert listed_queues[few.name] == [keys.download_queue("f1"), keys.download_queue("f2")]
+        assert listed_queues[many.name] == [keys.download_queue(f"m{i}") for i in range(MOST_QUEUES_LISTED)] + [
+            "(and 1 more)"
+        ]
     finally:
         for worker in (few, many):
             worker.register_death()
