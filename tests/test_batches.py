@@ -1,7 +1,8 @@
 """Batch jobs: a site's URLs ride several to an RQ job, each still through the gate, none lost or fetched twice.
 
 A fast site's batch holds its records back and writes them together; a slow site's (paced) one
-is fetched in turn by one thread waiting on the gate between URLs, each record written at once.
+is fetched in turn by one thread waiting on the gate between URLs, each record written before the
+next URL (with other threads' records: ``events.RecordWriter``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from crawler.coord.vetting import MAX_BATCH, CrawlerJob
 from crawler.demo import ShopSite
 from crawler.settings import Settings
 from crawler.spiders.spider import Request
+from crawler.store import outbox
 from crawler.work import jobs
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.runtime import (
@@ -316,7 +318,7 @@ def test_next_job_holds_a_paced_sites_turns_for_its_batch_and_batch_over_gives_t
     assert score is not None and before + 1000 <= score <= redis_ms(redis_conn) + 1000
 
 
-def test_a_paced_batch_writes_each_record_at_once_and_saves_its_progress_before_each_wait(
+def test_a_paced_batch_writes_each_record_and_saves_its_progress_before_each_wait(
     redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = Runtime(redis_conn, fast(settings, SLOW))
@@ -351,6 +353,41 @@ def test_a_paced_batch_writes_each_record_at_once_and_saves_its_progress_before_
     # Over: the site is due again when its gate opens, not in a minute.
     score = redis_conn.zscore(keys.ready(), SITE)
     assert score is not None and score <= redis_ms(redis_conn) + SLOW * 1000
+
+
+def test_a_paced_batch_whose_record_is_not_written_counts_the_url_undone_and_its_retry_fetches_it(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paced batch hands its records to the process's writer (``SoonRecords``) and waits for each
+    before the URL counts as done: one whose write failed is fetched again by the retry."""
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12)]
+        frontier = rt.frontier(SITE)
+        frontier.add([Request(u, callback="parse_product") for u in urls])
+        frontier.refill(1)
+        (job,) = queued_jobs(redis_conn)
+        real, failed = outbox.write_all, []
+
+        def gone_at_11(rt: Any, records: Any) -> list[str]:
+            if any(r.url.endswith("/product/11") for r in records) and not failed:
+                failed.append(True)
+                raise RuntimeError("the write of /product/11 broke")
+            return real(rt, records)
+
+        monkeypatch.setattr(outbox, "write_all", gone_at_11)
+        with pytest.raises(RuntimeError, match="/product/11"):
+            job.perform()  # as a worker runs it
+        again = queued_jobs_by_id(redis_conn, job.id)
+        assert joblife.batch_done(again) == 1 and redis_conn.xlen(keys.pages()) == 1
+        again.perform()  # the retry
+        recorded = [r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download" and "product" in r["url"]]
+    finally:
+        rt.close()
+    assert sorted(recorded) == urls and redis_conn.xlen(keys.pages()) == 3
+    asked = [entry.path for entry in shop.requests if entry.path.startswith("/product/")]
+    assert asked == ["/product/10", "/product/11", "/product/11", "/product/12"]
 
 
 @pytest.mark.parametrize("why", ["stopping", "crowded"])

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from redis import Redis
 from test_cli import run_console_script
 
+from crawler.coord import keys
 from crawler.coord.frontier import Frontier, seed
 from crawler.demo import ShopSite
+from crawler.store import outbox
 from crawler.store.database import FAILED, OK, FetchRecord, utcnow
-from crawler.work.events import JSONFormatter, fields, summary
+from crawler.work.events import Done, JSONFormatter, RecordWriter, SoonRecords, fields, summary
+from crawler.work.runtime import Runtime
 
 
 def record(**changes: object) -> FetchRecord:
@@ -87,3 +94,96 @@ def test_a_worker_with_log_format_json_logs_each_job_as_json(
     assert (jobs["/missing"]["outcome"], jobs["/missing"]["status"]) == (FAILED, 404)
     assert all(isinstance(j["elapsed_ms"], float) and j["worker"] for j in jobs.values())
     assert "gate_wait_ms" in jobs["/missing"]
+
+
+# -- records written together (``RecordWriter``) ------------------------------------------------
+
+
+def counted_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many records each database write held, as ``outbox.write_all`` is called."""
+    sizes: list[int] = []
+    real = outbox.write_all
+
+    def write_all(rt: Any, records: Any) -> list[str]:
+        sizes.append(len(records))
+        return real(rt, records)
+
+    monkeypatch.setattr(outbox, "write_all", write_all)
+    return sizes
+
+
+def test_records_handed_by_many_threads_are_written_together_once_the_first_is_due(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight threads each hand a record due in 0.5 s, one a record due at once: one database
+    write and one pipeline take all nine, well before 0.5 s; each thread's flush then returns."""
+    sizes = counted_writes(monkeypatch)
+    writer = RecordWriter(runtime)
+    handed = threading.Barrier(9)
+    flushed: list[float] = []
+
+    def batch_thread(index: int, due_in: float) -> None:
+        soon = SoonRecords(writer, lambda: time.monotonic() + due_in)
+        done = Done(record(url=f"http://127.0.0.1:9/p{index}"), also=lambda pipe: pipe.incr("handed"))
+        if due_in > 0:
+            soon.add(done)
+            handed.wait()
+        else:
+            handed.wait()  # the others are waiting to be written
+            soon.add(done)
+        soon.flush()
+        flushed.append(time.monotonic())
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=batch_thread, args=(i, 0.5 if i else 0.0)) for i in range(9)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    writer.close()
+    assert sizes == [9], f"database writes of {sizes} records"
+    assert redis_conn.get("handed") == b"9"
+    assert len(runtime.store.fetch_rows("demo")) == 9
+    assert max(flushed) - started < 0.4, "the record due at once waited for the others' time"
+
+
+def test_an_error_in_one_records_commands_goes_to_its_thread_alone_and_others_are_written(
+    runtime: Runtime, redis_conn: Redis
+) -> None:
+    writer = RecordWriter(runtime)
+    good = SoonRecords(writer, lambda: time.monotonic() + 0.2)
+    bad = SoonRecords(writer, lambda: time.monotonic() + 0.2)
+    redis_conn.set("not-a-hash", "x")
+    good.add(Done(record(url="http://127.0.0.1:9/good"), also=lambda pipe: pipe.incr("handed"), stats={"fetched": 1}))
+    bad.add(Done(record(url="http://127.0.0.1:9/bad"), also=lambda pipe: pipe.hset("not-a-hash", "f", 1)))
+    good.flush()
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        bad.flush()
+    bad.flush()  # told once
+    writer.close()
+    assert redis_conn.get("handed") == b"1"
+    runtime.counters.flush()
+    assert redis_conn.hget(keys.stats("demo"), "fetched") == b"1"
+
+
+def test_a_whole_write_that_fails_fails_every_record_in_it_and_the_writer_lives_on(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = RecordWriter(runtime)
+    real = outbox.write_all
+
+    def broken(rt: Any, records: Any) -> list[str]:
+        raise RuntimeError("the write broke")
+
+    monkeypatch.setattr(outbox, "write_all", broken)
+    first, second = (SoonRecords(writer, time.monotonic) for _ in range(2))
+    first.add(Done(record(url="http://127.0.0.1:9/a")))
+    second.add(Done(record(url="http://127.0.0.1:9/b")))
+    for soon in (first, second):
+        with pytest.raises(RuntimeError, match="the write broke"):
+            soon.flush()
+    monkeypatch.setattr(outbox, "write_all", real)
+    first.add(Done(record(url="http://127.0.0.1:9/c")))
+    first.flush()
+    writer.close()
+    assert [row["url"] for row in runtime.store.fetch_rows("demo")] == ["http://127.0.0.1:9/c"]

@@ -1,6 +1,7 @@
 """What happens when a job is done: one fetch record, its counts, one log line.
 
-Every download and parse ends in ``job_done``: the record goes to the ``fetches``
+Every download and parse ends in ``job_done`` (or has its record written with others':
+``HeldRecords``, ``RecordWriter``): the record goes to the ``fetches``
 table, the job's stats and metrics (``job_fields``: the fields of
 ``crawler:metrics:SITE`` that ``ops.metrics`` serves) to its process's counters
 (``counters``: written to Redis about once a second), and one line to the
@@ -14,6 +15,8 @@ import bisect
 import json
 import logging
 import math
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,31 +96,51 @@ def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
     """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order.
 
     ``written``: the records are in the database already (``jobs.HeldParses`` writes
-    them with the items, in one transaction); only the pipeline is left.
+    them with the items, in one transaction); only the pipeline is left. On an error none
+    is counted, and the first error is raised.
     """
-    if not done:
-        return
-    parked = [] if written else outbox.write_all(rt, [d.record for d in done])
+    error = _write_groups(rt, [done], written)[0] if done else None
+    if error is not None:
+        raise error
+
+
+def _write_groups(rt: Any, groups: Sequence[Sequence[Done]], written: bool = False) -> list[BaseException | None]:
+    """Write the records of every group in one transaction and one pipeline, in order; each group's
+    error (the first error reply to its commands, or an error of the whole write), None for those
+    that went, which are counted and logged. A group is counted whole or not at all."""
+    flat = [d for group in groups for d in group]
+    parked = [] if written else outbox.write_all(rt, [d.record for d in flat])
     with rt.connection.pipeline(transaction=False) as pipe:
         spans = []
-        for d in done:
+        for d in flat:
             start = len(pipe)
             if d.also is not None:
                 d.also(pipe)
             spans.append((start, len(pipe)))
+        parked_from = len(pipe)
         for entry in parked:
             outbox.park(pipe, entry)
         replies = pipe.execute(raise_on_error=False)  # no round trip when empty
-    for d, (start, end) in zip(done, spans, strict=True):
+    for d, (start, end) in zip(flat, spans, strict=True):
         if d.check is not None and end > start:
             replies[start:end] = d.check(replies[start:end])
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    for d in done:
-        rt.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
-        if log.isEnabledFor(logging.INFO):
-            log.info(summary(d.record, d.gate_wait), extra={"job": fields(d.record, d.gate_wait)})
+    # A record parked but not in Redis is lost to every group: none is told it went.
+    lost = next((reply for reply in replies[parked_from:] if isinstance(reply, Exception)), None)
+    errors: list[BaseException | None] = []
+    at = 0
+    for group in groups:
+        group_spans = spans[at : at + len(group)]
+        at += len(group)
+        error = lost
+        for start, end in group_spans:
+            error = error or next((r for r in replies[start:end] if isinstance(r, Exception)), None)
+        errors.append(error)
+        if error is None:
+            for d in group:
+                rt.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
+                if log.isEnabledFor(logging.INFO):
+                    log.info(summary(d.record, d.gate_wait), extra={"job": fields(d.record, d.gate_wait)})
+    return errors
 
 
 #: Bytes of held pages' bodies past which a batch writes its held records at once.
@@ -130,6 +153,9 @@ class HeldRecords:
     What a record's ``also`` sends (a page handed to the parse workers, above all) goes
     out with it, after it is written, never before.
     """
+
+    #: Whether a record goes within its batch, soon enough to carry its gate's rearm: not here.
+    prompt = False
 
     def __init__(self, rt: Any):
         self.rt = rt
@@ -146,6 +172,114 @@ class HeldRecords:
     def flush(self) -> None:
         held, self.held, self._bytes = self.held, [], 0
         jobs_done(self.rt, held)
+
+
+#: Longest a paced batch's record waits for others to be written with (``RecordWriter``): at 200
+#: slow sites a process writes some 100 records a second, one transaction and one round trip each.
+WRITE_WITHIN = 0.05
+
+
+class _Ticket:
+    """One record handed to a ``RecordWriter``: set once it is written, with its error if it was not."""
+
+    __slots__ = ("error", "written")
+
+    def __init__(self) -> None:
+        self.written = threading.Event()
+        self.error: BaseException | None = None
+
+
+class RecordWriter:
+    """Writes the records this process's threads hand it together: one transaction and one pipeline
+    (``_write_groups``) for all that are waiting, as soon as the first of them is due.
+
+    A paced batch's thread rests up to its interval between requests, so its record can wait
+    a little for others (``SoonRecords``); written one by one, each took a database
+    transaction and a Redis round trip of its own, a fifth of a download process's CPU at 200
+    slow sites. One writer thread a process, started at the first record (in a forked process
+    too: the thread stays in the parent); a record's error goes back to the thread that
+    handed it (``SoonRecords.flush``), and is the only one it gets.
+    """
+
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self._changed = threading.Condition()
+        self._waiting: list[tuple[Done, _Ticket]] = []
+        self._due = math.inf
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self._closing = False
+
+    def submit(self, done: Done, by: float) -> _Ticket:
+        """Hand ``done`` to be written by ``by`` (``time.monotonic()``) at the latest; its ticket."""
+        ticket = _Ticket()
+        with self._changed:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid, self._closing = os.getpid(), False
+                self._thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
+                self._thread.start()
+            self._waiting.append((done, ticket))
+            if by < self._due:
+                self._due = by
+                self._changed.notify()
+        return ticket
+
+    def close(self) -> None:
+        """Write what waits, and end the writer thread (a later ``submit`` starts another)."""
+        with self._changed:
+            thread = self._thread if self._pid == os.getpid() else None
+            self._closing, self._due = True, -math.inf
+            self._changed.notify()
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while not (self._closing and not self._waiting) and (not self._waiting or time.monotonic() < self._due):
+                    self._changed.wait(None if not self._waiting else self._due - time.monotonic())
+                if not self._waiting:
+                    return  # closing, nothing left
+                taken, self._waiting = self._waiting, []
+                self._due = -math.inf if self._closing else math.inf
+            self.write(taken)
+
+    def write(self, taken: Sequence[tuple[Done, _Ticket]]) -> None:
+        """Write ``taken`` together and settle their tickets, whatever happens (nothing raises here)."""
+        try:
+            errors = _write_groups(self.rt, [[done] for done, _ in taken])
+        except BaseException as exc:  # noqa: BLE001  # an outage of the whole write: every record's error
+            errors = [exc] * len(taken)
+        for (_, ticket), error in zip(taken, errors, strict=True):
+            ticket.error = error
+            ticket.written.set()
+
+
+class SoonRecords:
+    """A paced batch's records, handed to its process's ``RecordWriter`` and written within
+    WRITE_WITHIN, before ``by()`` (when the batch's next request is prepared); ``flush``
+    waits for them. Same use as ``HeldRecords``, but what a record's ``also`` sends (the
+    rearm of its gate, its page to the parse workers) goes within the batch, not at its end.
+    """
+
+    prompt = True
+
+    def __init__(self, writer: RecordWriter, by: Callable[[], float]):
+        self.writer = writer
+        self.by = by
+        self.tickets: list[_Ticket] = []
+
+    def add(self, done: Done) -> None:
+        self.tickets.append(self.writer.submit(done, min(time.monotonic() + WRITE_WITHIN, self.by())))
+
+    def flush(self) -> None:
+        """Wait until every record added is written; raise the first error among them."""
+        tickets, self.tickets = self.tickets, []
+        for ticket in tickets:
+            ticket.written.wait()
+        error = next((ticket.error for ticket in tickets if ticket.error is not None), None)
+        if error is not None:
+            raise error
 
 
 def fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, Any]:

@@ -59,7 +59,7 @@ from ..spiders.items import Pipelines, failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, SentRequest, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
 from . import runtime
-from .events import Done, HeldRecords, job_done, jobs_done
+from .events import Done, HeldRecords, SoonRecords, job_done, jobs_done
 from .render import DEFAULT_BLOCK, Visit, rendering
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
 
@@ -69,6 +69,8 @@ log = logging.getLogger("crawler.jobs")
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
 TURN_WAIT_MOST = runtime.PACED_MAX_INTERVAL
+#: Seconds before a paced batch's next request is prepared by which its last record is written (``SoonRecords``).
+WRITE_AHEAD = 0.02
 #: Transient errors in a row from one site before its gate is closed for everyone.
 ERRORS_BEFORE_PAUSE = 3
 #: Longest such pause, seconds.
@@ -121,8 +123,9 @@ def download(
     parse workers with their records) and writes them together: in one database transaction
     and one Redis pipeline at its end, before a record that must go at once (an error, a
     retry), and when it stops on an exception. A slow site's batch (``Batching.paced``: its
-    thread waits on the gate between URLs) writes each record at once and, before each wait,
-    saves how far it got; when any job of such a site ends (of one URL too: NEXT_JOB held the
+    thread waits on the gate between URLs) hands each record to its process's writer, to be
+    written with other threads' (``events.SoonRecords``), waits until it is, and, before each
+    wait for the gate, saves how far it got; when any job of such a site ends (of one URL too: NEXT_JOB held the
     site for a whole batch), the scheduler has the site due again as its gate opens
     (``Scheduler.batch_over``). The job's meta counts the URLs done (``joblife.BATCH_DONE``),
     so a batch retried (its worker died, or it raised) skips what is written and fetches again
@@ -147,7 +150,7 @@ def download(
             if batching.slow:  # held for a batch's span by NEXT_JOB, which cannot tell this job is one URL
                 _batch_over(rt, site, finishing)
         return
-    held = None if batching.paced else HeldRecords(rt)
+    held = _soon_records(rt, site) if batching.paced else HeldRecords(rt)
     done = first
     paced_since = time.monotonic()
     try:
@@ -164,17 +167,17 @@ def download(
                     or (batching.paced and not _rest_until_turn(rt, site, rest))
                     or not _download_one(rt, payloads[i], batching.gate_wait, held)
                 ):
-                    if held is not None:
-                        held.flush()
+                    held.flush()
                     rt.frontier(site).hand_back([DownloadTask.from_json(p) for p in payloads[i:]])
                     done = len(payloads)
                     return
+            if batching.paced:  # written before the URL counts as done: a batch retried fetches it again
+                held.flush()
             done = i + 1
         if batching.paced:
             rt.batch_paced(site, done - first - 1, time.monotonic() - paced_since, batching)
     finally:
-        if held is not None:
-            held.flush()
+        held.flush()
         if job is not None and done > first:
             joblife.save_batch_done(job, done)
         if batching.slow:
@@ -187,6 +190,12 @@ def _batch_over(rt: runtime.Runtime, site: str, finishing: list[joblife.Finishin
         rt.scheduler.batch_over(site)
     else:
         finishing.append(functools.partial(rt.scheduler.batch_over_in, site=site))
+
+
+def _soon_records(rt: runtime.Runtime, site: str) -> SoonRecords:
+    """Where a paced batch of ``site`` hands its records: to its process's writer, to be written with
+    others' before the batch's next request is prepared (WRITE_AHEAD before ``_rest_until_turn`` ends)."""
+    return SoonRecords(rt.record_writer, lambda: rt.gate_opens_at(site) - PREPARE_AHEAD - WRITE_AHEAD)
 
 
 def _rest_until_turn(rt: runtime.Runtime, site: str, rest: Callable[[float], bool] | None) -> bool:
@@ -206,7 +215,10 @@ def _progress(job: Any, done: int) -> Callable[[Any], Any] | None:
 
 
 def _download_one(
-    rt: runtime.Runtime, payload: dict[str, Any], max_gate_wait: float | None, held: HeldRecords | None = None
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    max_gate_wait: float | None,
+    held: HeldRecords | SoonRecords | None = None,
 ) -> bool:
     """Download one URL; False, having done nothing, if its gate stayed closed for ``max_gate_wait``
     seconds. With ``held``, its record waits there (see ``download``), unless it must go at once:
@@ -238,7 +250,7 @@ def _download_one(
     return True
 
 
-def _taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | None) -> Attempt | None:
+def _taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | SoonRecords | None) -> Attempt | None:
     """The first step: the attempt at the payload's URL, or None when the URL is refused now (its
     domain, its scheme: ``check_url``), the payload quarantined (``quarantine.record``) and nothing
     recorded. Checked again here: a job can be written straight into Redis, past the frontier."""
@@ -305,8 +317,9 @@ class Attempt:
     rt: runtime.Runtime
     task: DownloadTask
     spider: Any
-    #: A batch's records held back (``download``), or None: each written at once.
-    held: HeldRecords | None
+    #: A batch's records held back (``download``): until its end, or (a paced batch's) a little; or
+    #: None: each written at once.
+    held: HeldRecords | SoonRecords | None
     obey_robots: bool
     user_agent: str
     #: When the attempt began: the ``started`` of records with no response of their own.
@@ -457,9 +470,9 @@ class Attempt:
         rt, task, spider = self.rt, self.task, self.spider
         response: Response | None = None  # kept when its status is an error, for its timing and size
         self.sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
-        # A record written at once (not held by a fast site's batch) carries the rearm when the site
+        # A record written soon (not held by a fast site's batch) carries the rearm when the site
         # answers well within its interval: one round trip less, the gate opening when it would have.
-        if self.held is None and rt.rearms_late(task.site, gate):
+        if (self.held is None or self.held.prompt) and rt.rearms_late(task.site, gate):
             on_sent = functools.partial(_sent, self, gate)
         else:
             on_sent = functools.partial(_rearm, gate, task)

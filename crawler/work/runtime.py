@@ -39,6 +39,7 @@ from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet, load_spiders
 from ..spiders.spider import Spider
 from ..store.database import Store
+from .events import RecordWriter
 from .render import Renderer
 from .robots import RobotsCache
 
@@ -140,6 +141,11 @@ class Runtime:
     @cached_property
     def scheduler(self) -> Scheduler:
         return Scheduler(self.connection)
+
+    @cached_property
+    def record_writer(self) -> RecordWriter:
+        """Writes the records of paced batches together (``jobs.SoonRecords``)."""
+        return RecordWriter(self)
 
     @cached_property
     def fetcher(self) -> Fetcher:
@@ -533,6 +539,8 @@ class Runtime:
             self._retired_pipelines = []
         for pipelines in opened:  # the workers have stopped: no item is in a pipeline now
             pipelines.close()
+        if "record_writer" in self.__dict__:
+            self.record_writer.close()
         self.counters.close()
         if "renderer" in self.__dict__:
             self.renderer.close()
