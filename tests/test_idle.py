@@ -69,6 +69,30 @@ def test_a_room_with_a_free_thread_does_not_grow() -> None:
     assert grower.asked == 1
 
 
+def test_a_thread_that_follows_its_site_when_no_other_is_free_has_one_more_grown_to_look() -> None:
+    """A thread between two jobs was the one to look next; following its site instead, it leaves
+    nobody looking: one more thread is grown (at 1,000 slow sites the last 200 waited a minute)."""
+    room = IdleRoom()
+    room.grow = grower = Grower(room)
+    room.most = 10
+    room.enter()
+    room.enter()
+    room.found_work()  # one busy, the other free between two jobs: it looks next
+    assert grower.asked == 0
+    room.hold_thread()  # ... but it follows its site to its next turn instead
+    assert grower.asked == 1 and room.members == 3
+    stop = threading.Event()
+    assert room.start_look(stop) is True  # the grown one looks
+    room.enter()
+    room.hold_thread()  # another follows its site while a thread is looking: that one finds the next
+    room.hold_thread()
+    assert grower.asked == 1
+    room.end_look()
+    room.most = 4
+    room.hold_thread()  # full: nothing grows past its most
+    assert grower.asked == 1 and room.members == 4
+
+
 def test_a_thread_the_pool_could_not_start_is_not_counted() -> None:
     room = IdleRoom()
     room.grow = grower = Grower(room, refuse=True)

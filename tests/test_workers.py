@@ -839,3 +839,30 @@ def test_a_parse_batchs_sites_are_re_read_in_one_round_trip_before_its_pages_are
         assert not rt.has_spider("no-spider-here") and rt.has_spider("demo")
     finally:
         rt.close()
+
+
+def test_a_look_that_meets_a_dry_queue_hands_the_refill_to_its_thread_outside_the_lookers_room(
+    runtime: Runtime, redis_conn: Redis
+) -> None:
+    """A refill is some ten round trips: done in the look, it held one of the process's two looks,
+    and at 1,000 sites on a loaded machine new sites started a few a second. The look ends at
+    once, naming the site; its thread refills and takes the job (``follow``), counted busy, while
+    another thread looks."""
+    from crawler.coord.frontier import DownloadTask
+    from crawler.coord.scheduler import publish_conf
+
+    site = "demo"
+    runtime.frontier(site).push([DownloadTask(site, "http://127.0.0.1:9/first")])
+    publish_conf(redis_conn, site, 0.0, 0.0)
+    redis_conn.zadd(keys.ready(), {site: 0})
+    worker = DownloadWorker(redis_conn, [site], rt=runtime)
+    room = worker._idle.room
+    found, wait = worker.next_job()
+    assert found is None and wait == 0.0
+    queue = worker._by_site[site]
+    assert queue.key == f"rq:queue:{keys.download_queue(site)}"
+    assert redis_conn.llen(queue.key) == 0, "the look refilled the queue itself"
+    room.found_work()  # as the look's end counts its thread busy (``dequeue_job_and_maintain_ttl``)
+    taken = worker.follow()
+    assert taken is not None and taken[0].args[0]["url"] == "http://127.0.0.1:9/first"
+    assert worker.follow() is None  # handed once

@@ -67,8 +67,8 @@ REPAIR_SITES = 25
 WARN_UNSERVED_EVERY = 30.0
 #: Seconds between two looks for ``rq suspend``.
 SUSPENSION_CHECK_EVERY = 1.0
-#: Sites refilled in one dequeue before the worker loops back to its checks.
-MAX_REFILLS = 8
+#: Picks in one look (a site served elsewhere, a job gone) before the worker loops back to its checks.
+MAX_TAKES = 8
 #: Seconds between two reaper passes of a process while no process of the fleet holds a job:
 #: what could be stranded then is a job left between RQ's lists by a process that died.
 IDLE_REAP_EVERY = 60.0
@@ -439,6 +439,9 @@ class CrawlWorker(SimpleWorker):
                 quiet_for, self.quiet_for = self.quiet_for, None
                 room.found_work(None if quiet_for is None else min(quiet_for, IDLE_SLEEP))  # one more thread looks
                 return found
+            if self._handed_off():  # work for this thread outside the room: one more thread looks meanwhile
+                room.found_work()
+                return None
             if wait is None:  # drained
                 return None
             if room.rest(wait, self.stop_event, self._sleeper_beat, self.may_retire):
@@ -476,6 +479,8 @@ class CrawlWorker(SimpleWorker):
         found, wait = self.next_job()
         if found is not None:
             return found, None
+        if self._handed_off():
+            return None, 0.0
         if self.get_state() != WorkerStatus.IDLE:
             self.set_state(WorkerStatus.IDLE)
         # A burst looks for the drain after any look that found no job, not only one that found no
@@ -488,6 +493,10 @@ class CrawlWorker(SimpleWorker):
             self.when_idle()
             wait = DRAIN_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
         return None, min(wait, DRAIN_EVERY if self._burst else IDLE_SLEEP)
+
+    def _handed_off(self) -> bool:
+        """Whether the look handed this thread a site to take a job of outside the lookers' room."""
+        return False
 
     def _drained(self) -> bool:
         """A burst's drain look (``crawl_drained``), once a DRAIN_EVERY per process; False when not a burst."""
@@ -660,10 +669,19 @@ class DownloadWorker(CrawlWorker):
         self._warned: set[str] = set()
         self._site_of: dict[str, str] = shared.made("site_of", lambda: {q.name: s for s, q in self._by_site.items()})
         #: The site whose paced batch this thread just ran, and when (monotonic) its gate opens (``follow``).
-        self._follow: tuple[str, float] | None = None
+        #: The site this thread takes its next job of outside the lookers' room (``follow``), when its
+        #: gate opens (monotonic), and whether a look handed it over (its queue dry; the thread counted busy).
+        self._follow: tuple[str, float, bool] | None = None
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
-        return self.follow() or super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while True:
+            found = self.follow() or super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            if found is not None or self._follow is None or self.stop_event.is_set():
+                return found
+            # The look handed this thread a site whose queue ran dry: it refills it in ``follow``.
+
+    def _handed_off(self) -> bool:
+        return self._follow is not None
 
     def follow(self) -> tuple[Job, Queue] | None:
         """The next job of the site whose paced batch this thread just ran, taken as its gate opens, if any.
@@ -678,18 +696,20 @@ class DownloadWorker(CrawlWorker):
         follow, self._follow = self._follow, None
         if follow is None:
             return None
-        site, opens_at = follow
+        site, opens_at, handed = follow
+        room = self._idle.room
         wait = opens_at - PREPARE_AHEAD - time.monotonic()
         if wait > FOLLOW_WAIT:
             return None
-        room = self._idle.room
-        room.hold_thread()
+        if not handed:  # a look's hand-off was counted busy by the look (``found_work``)
+            room.hold_thread()
         found: tuple[Job, Queue] | None = None
         try:
             if wait > 0 and room.pause(wait, self.stop_event):  # a burst that drained meanwhile ends at once
                 return None
-            step = self.site_scheduler.take(site)
-            if step is not None and step.job_id is None:  # its RQ queue ran dry: refill, then take
+            # Handed by a look, the site's queue is dry (NEXT_JOB said so, and holds the site for the refill).
+            step = None if handed else self.site_scheduler.take(site)
+            if handed or (step is not None and step.job_id is None):  # its RQ queue ran dry: refill, then take
                 self.runtime.frontier(site).refill(JOBS_AHEAD, due_now=True)
                 step = self.site_scheduler.take(site)
             if step is None or step.job_id is None:
@@ -709,14 +729,11 @@ class DownloadWorker(CrawlWorker):
                 room.done_work()
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
-        rt = self.runtime
         scheduler = self.site_scheduler
-        refilled: str | None = None
-        for _ in range(MAX_REFILLS):
+        for _ in range(MAX_TAKES):
             # Every answer is used in the look that asked for it: a job handed out and then
             # left behind would sit in RQ's intermediate list until the reaper's next pass.
-            step = (refilled and scheduler.take(refilled)) or scheduler.next()
-            refilled = None
+            step = scheduler.next()
             if step.site is not None and step.site not in self._by_site:
                 self._give_back(step)
                 continue
@@ -731,9 +748,12 @@ class DownloadWorker(CrawlWorker):
                 return (job, queue), None
             if step.site is None:
                 return None, step.wait
-            # Its RQ queue ran dry: compact entries into jobs, then its turn again.
-            rt.frontier(step.site).refill(JOBS_AHEAD, due_now=True)
-            refilled = step.site
+            # Its RQ queue ran dry: this thread compacts entries into jobs and takes the site's turn
+            # outside the lookers' room (``follow``). Done in the look, each refill held one of the
+            # process's MOST_LOOKING looks for its ten round trips: at 1,000 sites on a loaded
+            # machine 0.8 s each, and new sites started at a few a second.
+            self._follow = (step.site, 0.0, True)
+            return None, 0.0
         return None, 0.0
 
     def when_idle(self) -> None:
@@ -796,7 +816,7 @@ class DownloadWorker(CrawlWorker):
         served = self._site_of.get(queue.name)
         # Not when every thread is busy: the thread's turn goes to whichever site waits longest.
         if served is not None and self.runtime.batching(served).paced and not self._idle.room.crowded():
-            self._follow = (served, self.runtime.gate_opens_at(served))
+            self._follow = (served, self.runtime.gate_opens_at(served), False)
         site, self._refill = self._refill, None
         if site is not None:
             try:
