@@ -313,6 +313,31 @@ def test_a_holder_past_its_grace_that_still_holds_the_gate_renews_it_at_once(red
     assert redis_conn.pttl(gate.key) > 1000  # a full lifetime again
 
 
+def test_many_sends_past_their_grace_are_warned_of_in_one_line_a_period(
+    redis_conn: Redis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An overloaded process meets hundreds at once; a line each queued its threads on the log's lock."""
+    from crawler.coord import gate as gate_module
+
+    monkeypatch.setattr(gate_module, "_late_sends", gate_module._LateSends())
+    gates = [site_gate(redis_conn, f"late-{i}", 1.0) for i in range(5)]
+    for gate in gates:
+        gate.acquire()
+        assert gate.acquired_at is not None
+        gate.acquired_at -= SEND_GRACE  # as if frozen that long since the take
+    with caplog.at_level("WARNING", logger="crawler.gate"):
+        for gate in gates:
+            gate.before_send()
+    lines = [r.getMessage() for r in caplog.records if "send grace ran out" in r.getMessage()]
+    assert len(lines) == 1 and "late-0" in lines[0]
+    assert all(redis_conn.pttl(gate.key) > 1000 for gate in gates)  # each taken again all the same
+    monkeypatch.setattr(gate_module, "LATE_SEND_WARN_EVERY", 0.0)
+    gates[0].acquired_at -= SEND_GRACE  # type: ignore[operator]
+    with caplog.at_level("WARNING", logger="crawler.gate"):
+        gates[0].before_send()
+    assert "(5 such sends since the last warning)" in caplog.records[-1].getMessage()
+
+
 # A process's turn at a gate (gate.Turn, Runtime.take_gate) ---------------------------
 
 
