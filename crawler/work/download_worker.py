@@ -668,7 +668,6 @@ class DownloadWorker(CrawlWorker):
         self._refill: str | None = None
         self._warned: set[str] = set()
         self._site_of: dict[str, str] = shared.made("site_of", lambda: {q.name: s for s, q in self._by_site.items()})
-        #: The site whose paced batch this thread just ran, and when (monotonic) its gate opens (``follow``).
         #: The site this thread takes its next job of outside the lookers' room (``follow``), when its
         #: gate opens (monotonic), and whether a look handed it over (its queue dry; the thread counted busy).
         self._follow: tuple[str, float, bool] | None = None
@@ -676,8 +675,12 @@ class DownloadWorker(CrawlWorker):
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         while True:
             found = self.follow() or super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-            if found is not None or self._follow is None or self.stop_event.is_set():
+            if found is not None or self._follow is None:
                 return found
+            if self.stop_event.is_set():  # the look's hand-off is left: its thread is free again
+                self._follow = None
+                self._idle.room.done_work()
+                return None
             # The look handed this thread a site whose queue ran dry: it refills it in ``follow``.
 
     def _handed_off(self) -> bool:
@@ -691,7 +694,8 @@ class DownloadWorker(CrawlWorker):
         came due, up to a second later. The thread that ran it knows when the gate opens (its own
         send rearmed it): it sleeps until then, FOLLOW_WAIT at most, and asks for that site's
         next job alone (NEXT_JOB), outside the lookers' room. None: no job (not due, taken by
-        another worker, no work left), and the thread looks as usual.
+        another worker, no work left), and the thread looks as usual. A look that met a site
+        whose RQ queue ran dry hands it here too (``next_job``): refilled, then taken.
         """
         follow, self._follow = self._follow, None
         if follow is None:
