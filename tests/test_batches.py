@@ -471,7 +471,7 @@ def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_as_its_gate_ope
         assert scheduler.next().job_id is None  # not due for the lookers
         redis_conn.set(keys.gate(SITE), "x", px=300)
         scheduler.batch_over(SITE)
-        worker._follow = (SITE, time.monotonic() + 0.3)
+        worker._follow = (SITE, time.monotonic() + 0.3, False)
         started = time.monotonic()
         found = worker.follow()
         waited = time.monotonic() - started
@@ -480,10 +480,10 @@ def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_as_its_gate_ope
         assert room._busy == 1  # counted busy: the room grows another thread if work comes meanwhile
         room.done_work()
         # Nothing to follow: no job, no wait, the thread is free again.
-        worker._follow = (SITE, time.monotonic() + 0.05)
+        worker._follow = (SITE, time.monotonic() + 0.05, False)
         assert worker.follow() is None and room._busy == 0
         # Too far ahead: left to the ready set.
-        worker._follow = (SITE, time.monotonic() + 60)
+        worker._follow = (SITE, time.monotonic() + 60, False)
         started = time.monotonic()
         assert worker.follow() is None and time.monotonic() - started < 0.1
     finally:
