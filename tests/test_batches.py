@@ -21,8 +21,8 @@ from rq.serializers import JSONSerializer
 
 from crawler.coord import joblife, keys
 from crawler.coord.frontier import DownloadTask, Frontier, seed
-from crawler.coord.policy import set_live
-from crawler.coord.scheduler import JOBS_AHEAD, Scheduler, publish_conf
+from crawler.coord.policy import LIVE_REFRESH, set_live
+from crawler.coord.scheduler import FOLLOW_AHEAD, JOBS_AHEAD, Scheduler, publish_conf
 from crawler.coord.vetting import MAX_BATCH, CrawlerJob
 from crawler.demo import ShopSite
 from crawler.settings import Settings
@@ -31,6 +31,7 @@ from crawler.store import outbox
 from crawler.work import jobs
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.runtime import (
+    ARGS_REFRESH,
     BATCH_BELOW,
     PACED_BATCH_SPAN,
     PACED_MAX_INTERVAL,
@@ -432,6 +433,66 @@ def test_a_graceful_stop_ends_a_paced_batchs_wait_for_its_next_turn_at_once(
     assert took < interval / 2, f"the stop ended the batch {took:.1f} s after it began (interval {interval} s)"
 
 
+def test_a_paced_batch_does_not_rest_for_a_url_robots_txt_refuses(
+    redis_conn: Redis, settings: Settings, shop: ShopSite
+) -> None:
+    """A link robots.txt disallows is recorded refused without a request: a paced batch does not rest
+    until the next turn for it. Last in its batch, it held the job's end, and the site's next job,
+    that long (at 200 slow sites: the listing page's batch ended with its disallowed link)."""
+    interval = 1.5
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: {"interval": interval}}, gate_margin=0.0))
+    install(rt)
+    stop = threading.Event()
+    try:
+        assert rt.batching(SITE).paced
+        urls = [f"{shop.url}/product/1", f"{shop.url}/private/admin"]
+        batch = [DownloadTask(SITE, url, "parse_product").to_json() for url in urls]
+        started = time.monotonic()
+        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+        took = time.monotonic() - started
+        refused = [r["url"] for r in rt.store.fetch_rows(SITE) if r["outcome"] == "refused"]
+    finally:
+        rt.close()
+    # robots.txt took the first turn, /product/1 the next; the refused URL none, nor the wait for one.
+    assert [entry.path for entry in shop.requests] == ["/robots.txt", "/product/1"]
+    assert refused == [f"{shop.url}/private/admin"]
+    assert took < 2 * interval - FOLLOW_AHEAD - 0.2, f"the batch took {took:.1f} s: it rested for the refused URL"
+
+
+def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_a_round_trip_of_their_own(
+    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live settings and spider arguments are re-read once a second: at an interval of a second or more,
+    before each of a paced batch's URLs. They ride in the look for higher work between its URLs
+    (``frontier.outranked``), read along, not in a round trip of their own for the pause check and the
+    URL's steps."""
+    interval = 1.2
+    assert interval > max(LIVE_REFRESH, ARGS_REFRESH)
+    no_robots = {SITE: {"interval": interval, "obey_robots": False}}
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites=no_robots, gate_margin=0.0))
+    install(rt)
+    stop = threading.Event()
+    alone, along = [], []
+    real_read, real_along = rt._read_site, rt.read_site_along
+    monkeypatch.setattr(rt, "_read_site", lambda site: (alone.append(site), real_read(site))[1])
+    monkeypatch.setattr(rt.policies, "refresh", rt._read_site)  # the policy's reads are the same
+    monkeypatch.setattr(rt, "read_site_along", lambda pipe, site: (along.append(site), real_along(pipe, site))[1])
+    try:
+        assert rt.batching(SITE).paced
+        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3, 4)]
+        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+        read_alone, read_along = len(alone), list(along)
+        set_live(redis_conn, SITE, paused=True)  # read along too: the next look sees the pause
+        jobs.download(*batch[:2], stopping=stop.is_set, rest=stop.wait)
+        waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+    finally:
+        rt.close()
+    assert len([e for e in shop.requests if e.path.startswith("/product/")]) == 5  # 1 to 4, then 1 again
+    assert read_alone <= 2  # rt.batching above and the first URL's, before any look (the same one, soon enough)
+    assert read_along == [SITE] * 3  # each look between two URLs
+    assert waiting == [f"{shop.url}/product/2"]  # handed back: the site was paused
+
+
 def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_job(
     redis_conn: Redis, settings: Settings
 ) -> None:
@@ -450,7 +511,7 @@ def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_j
     assert UNBATCHED_FOR >= 60  # for a while: not batch after batch cut short
 
 
-def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_as_its_gate_opens(
+def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_ahead_of_its_gate(
     redis_conn: Redis, settings: Settings
 ) -> None:
     from crawler.work.download_worker import DownloadWorker
@@ -465,27 +526,76 @@ def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_as_its_gate_ope
         worker = DownloadWorker(redis_conn, [SITE], rt=rt)
         room = worker._idle.room
         # The site is held out of the lookers' picks for a minute (as after its last batch's
-        # hand-out); its gate, rearmed here by the last send, opens in 0.3 s.
+        # hand-out); its gate, rearmed here by the last send, opens in 0.3 s + FOLLOW_AHEAD.
         redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})
         scheduler = Scheduler(redis_conn, [SITE])
         assert scheduler.next().job_id is None  # not due for the lookers
-        redis_conn.set(keys.gate(SITE), "x", px=300)
+        redis_conn.set(keys.gate(SITE), "x", px=int((0.3 + FOLLOW_AHEAD) * 1000))
         scheduler.batch_over(SITE)
-        worker._follow = (SITE, time.monotonic() + 0.3, False)
+        worker._follow = (SITE, time.monotonic() + 0.3 + FOLLOW_AHEAD, False)
         started = time.monotonic()
         found = worker.follow()
         waited = time.monotonic() - started
         assert found is not None and found[0].id == queued.id
-        assert 0.25 <= waited < 1.0  # slept until the gate opened, not a looker's second
+        # Slept until FOLLOW_AHEAD before the gate opens (the job's own gate wait does the rest), not
+        # a looker's second, nor until the gate opened.
+        assert 0.25 <= waited < 0.3 + FOLLOW_AHEAD - 0.05
+        assert redis_conn.pttl(keys.gate(SITE)) > 0  # taken while the gate was still closed
         assert room._busy == 1  # counted busy: the room grows another thread if work comes meanwhile
         room.done_work()
-        # Nothing to follow: no job, no wait, the thread is free again.
-        worker._follow = (SITE, time.monotonic() + 0.05, False)
-        assert worker.follow() is None and room._busy == 0
         # Too far ahead: left to the ready set.
         worker._follow = (SITE, time.monotonic() + 60, False)
         started = time.monotonic()
         assert worker.follow() is None and time.monotonic() - started < 0.1
+        assert room._busy == 0
+    finally:
+        rt.close()
+
+
+def test_a_thread_following_its_site_waits_for_work_announced_for_it_and_takes_it(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site crawled by following its links has no work when its batch ends: its last page's links
+    are with a parse worker. The thread that ran the batch waits for work of that site to be announced,
+    and takes it, rather than leaving it to the lookers' next look."""
+    from crawler.work import download_worker
+    from crawler.work.download_worker import DownloadWorker
+    from crawler.work.listener import of as listener_of
+
+    monkeypatch.setattr(download_worker, "WORK_WAIT", 3.0)
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    install(rt)
+    try:
+        worker = DownloadWorker(redis_conn, [SITE], rt=rt)
+        room = worker._idle.room
+        listener = listener_of(redis_conn)
+        listener.register(worker, room)
+        try:
+            # Nothing queued: the thread waits for work of its site, and a page's links come 0.5 s later.
+            redis_conn.zadd(keys.ready(), {SITE: 0})
+            worker._follow = (SITE, time.monotonic(), False)
+            threading.Timer(0.5, lambda: rt.frontier(SITE).add([Request("http://127.0.0.1:9/p/new")])).start()
+            started = time.monotonic()
+            found = worker.follow()
+            waited = time.monotonic() - started
+            assert found is not None and joblife.tasks_left(found[0])[0]["url"] == "http://127.0.0.1:9/p/new"
+            assert 0.4 <= waited < 1.5  # woken by the announcement, not at the end of WORK_WAIT
+            room.done_work()
+            Scheduler(redis_conn, [SITE]).batch_over(SITE)  # as the job's end does: due again as its gate opens
+            # No work comes: the thread is free again after WORK_WAIT, and looks as usual.
+            monkeypatch.setattr(download_worker, "WORK_WAIT", 0.3)
+            worker._follow = (SITE, time.monotonic(), False)
+            started = time.monotonic()
+            assert worker.follow() is None
+            assert 0.25 <= time.monotonic() - started < 1.0 and room._busy == 0
+            # A burst that drains meanwhile ends the wait at once.
+            monkeypatch.setattr(download_worker, "WORK_WAIT", 30.0)
+            worker._follow = (SITE, time.monotonic(), False)
+            threading.Timer(0.2, room.end_all).start()
+            started = time.monotonic()
+            assert worker.follow() is None and time.monotonic() - started < 1.0
+        finally:
+            listener.unregister(worker)
     finally:
         rt.close()
 

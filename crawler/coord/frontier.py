@@ -45,6 +45,9 @@ REFRESH_PRIORITY = -10
 #: Tries of a refill whose frontier lists change while it reads them.
 REFILL_TRIES = 5
 
+#: Commands that ride in another call's pipeline (given the pipeline), and what takes their replies (None: nothing).
+Rider = Callable[[Any], Callable[[list[Any]], None] | None]
+
 
 def canonicalize(url: str) -> str:
     """The one spelling of ``url`` used for dedup and requests.
@@ -691,19 +694,6 @@ class Frontier:
         lock = keys.refill_lock(self.site)
         return Gate(self.connection, f"refill:{self.site}", expire=5, auto_release=True, key=lock)
 
-    def outranks(self, priority: int, also: Callable[[Any], Any] | None = None) -> bool:
-        """Whether the site has work of a higher priority than ``priority`` waiting: a queued job
-        or a frontier entry (one round trip, which carries what ``also(pipeline)`` adds first).
-        A paced batch asks it between its URLs, so a seed waits for the request in flight, not
-        for the rest of the batch."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            if also is not None:
-                also(pipe)
-            pipe.zrevrange(keys.queued(self.site), 0, 0, withscores=True)
-            pipe.zrevrange(keys.levels(self.site), 0, 0, withscores=True)
-            tops = pipe.execute()[-2:]
-        return any(found and found[0][1] > priority for found in tops)
-
     def waiting(self) -> list[DownloadTask]:
         """Tasks waiting in the compact frontier (not yet RQ jobs), highest priority first."""
         tasks = []
@@ -723,6 +713,23 @@ class Frontier:
             for key in self.seen_keys():
                 pipe.srem(key, member)
             pipe.execute()
+
+
+def outranked(connection: Redis, site: str, priority: int, also: Rider | None = None) -> bool:
+    """Whether ``site`` has work of a higher priority than ``priority`` waiting: a queued job or a
+    frontier entry (one round trip, which carries what ``also(pipeline)`` adds first; what it
+    returns, if anything, is called with the replies to those commands). A paced batch asks it
+    between its URLs, so a seed waits for the request in flight, not for the rest of the batch.
+    A function of the connection, not of the site's ``Frontier``: the runtime's accessor for that
+    reads the site's settings when due, which this look reads along."""
+    with connection.pipeline(transaction=False) as pipe:
+        keep = also(pipe) if also is not None else None
+        pipe.zrevrange(keys.queued(site), 0, 0, withscores=True)
+        pipe.zrevrange(keys.levels(site), 0, 0, withscores=True)
+        replies = pipe.execute()
+    if keep is not None:
+        keep(replies[:-2])
+    return any(found and found[0][1] > priority for found in replies[-2:])
 
 
 def seed(

@@ -194,6 +194,11 @@ class PolicyCache:
             cached = self._cache[site]
         return cached[1]
 
+    def held(self, site: str) -> SitePolicy | None:
+        """The policy of ``site`` as last read here, however old; None if none is held (nothing is read)."""
+        cached = self._cache.get(site)
+        return cached[1] if cached is not None else None
+
     def read_at(self, site: str) -> float | None:
         """When ``site``'s policy held here was read (``time.monotonic()``); None if none is held."""
         cached = self._cache.get(site)

@@ -71,6 +71,15 @@ REFILL_HOLD = 0.05
 #: and prepares it (job, robots rules, headers) meanwhile and takes the gate the moment it
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
 PREPARE_AHEAD = 0.015
+#: Seconds before its gate opens that a thread serving a slow site in turn (a paced batch's next
+#: URL, or the site's next job: ``DownloadWorker.follow``) starts on its request. The thread is
+#: the site's alone, so it may start early: at 200 slow sites on a loaded machine, taking the job,
+#: refilling the site's queue, claiming it and reading the site's settings took 0.1-0.7 s of round
+#: trips, each waiting its turn for the interpreter, and all of it was lost from the interval when
+#: started PREPARE_AHEAD before. The gate still decides when the request goes: the thread sleeps
+#: until it opens. At most half the shortest interval a site is served in turn at
+#: (``runtime.PACED_MIN_INTERVAL``).
+FOLLOW_AHEAD = 0.25
 
 
 def encode_entry(
@@ -197,7 +206,7 @@ class Scheduler:
         pick: one round trip (NEXT_JOB, which answers with the site's wait too).
         """
         if len(self.sites) == 1:
-            only = self._take(self.sites[0])
+            only = self.next_of(self.sites[0])
             return dataclasses.replace(only, quiet_for=only.again)
         tried: set[str] = set()
         for _ in range(MAX_TRIES):
@@ -216,21 +225,22 @@ class Scheduler:
                 return dataclasses.replace(step, quiet_for=_quiet_for(step.again, int(reply[2])))
         return Next(wait=0.0)
 
-    def take(self, site: str) -> Next | None:
-        """One job id of ``site`` if it is due and its gate opens soon (NEXT_JOB), else None.
+    def take(self, site: str, ahead: float = PREPARE_AHEAD) -> Next | None:
+        """One job id of ``site`` if it is due and its gate opens within ``ahead`` seconds (NEXT_JOB), else None.
 
         ``Next(site, refill=True)`` without a job: its RQ queue is empty but its compact
         frontier is not; refill it, then take again.
         """
-        step = self._take(site)
+        step = self.next_of(site, ahead)
         return step if step.site is not None else None
 
-    def _take(self, site: str) -> Next:
-        """NEXT_JOB for ``site``: a job or a refill (``site`` set), else when to look again or nothing."""
+    def next_of(self, site: str, ahead: float = PREPARE_AHEAD) -> Next:
+        """NEXT_JOB for ``site``: a job or a refill (``site`` set), else when to look again (``wait``: when
+        its gate is within ``ahead`` of opening) or nothing (no ``wait``: the site has no work)."""
         for _ in range(2):  # a second time when the site's conf names a gate not known here
             site_keys = self._site_keys.get(site) or self._keys_of(site)
             gate = self._gates.get(site)
-            args: list[str | int] = [site, REFILL_BELOW, *self._pick_args, int(REFILL_HOLD * 1000)]
+            args: list[str | int] = [site, REFILL_BELOW, int(ahead * 1000), int(REFILL_HOLD * 1000)]
             reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
             code = int(reply[0])
             if code == 1:

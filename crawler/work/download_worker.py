@@ -43,7 +43,7 @@ from rq.worker import WorkerStatus
 from ..coord import inflight, joblife, keys
 from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap, renew_every
 from ..coord.replies import text
-from ..coord.scheduler import JOBS_AHEAD, PREPARE_AHEAD, Next, Scheduler, mark_ready
+from ..coord.scheduler import FOLLOW_AHEAD, JOBS_AHEAD, Next, Scheduler, mark_ready
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
 from . import idle, listener, runtime
@@ -79,6 +79,9 @@ MOST_QUEUES_LISTED = 20
 #: Longest a thread that finished a paced batch waits for that site's gate to take its next
 #: job itself (``DownloadWorker.follow``); a longer wait is left to the ready set and the lookers.
 FOLLOW_WAIT = runtime.PACED_MAX_INTERVAL
+#: Longest a thread that finished a paced batch waits for new work of its site when it has none
+#: (``DownloadWorker.follow``): the links of its last pages, on their way through a parse worker.
+WORK_WAIT = 2.0
 #: Seconds between two renewals of a process's note that it has jobs in hand (``inflight``).
 BUSY_NOTE_EVERY = 1.0
 #: A claim due within this share of ``joblife.renew_every`` is renewed with one due now (``LeaseKeeper``).
@@ -687,50 +690,75 @@ class DownloadWorker(CrawlWorker):
         return self._follow is not None
 
     def follow(self) -> tuple[Job, Queue] | None:
-        """The next job of the site whose paced batch this thread just ran, taken as its gate opens, if any.
+        """The next job of the site whose paced batch this thread just ran, taken ahead of its gate, if any.
 
         When a paced batch ends, its site is due again as its gate opens (``BATCH_OVER``); left
         to the ready set, its next job waits for a looker, whose sleep was set before the site
         came due, up to a second later. The thread that ran it knows when the gate opens (its own
-        send rearmed it): it sleeps until then, FOLLOW_WAIT at most, and asks for that site's
-        next job alone (NEXT_JOB), outside the lookers' room. None: no job (not due, taken by
-        another worker, no work left), and the thread looks as usual. A look that met a site
-        whose RQ queue ran dry hands it here too (``next_job``): refilled, then taken.
+        send rearmed it): it sleeps until FOLLOW_AHEAD before (FOLLOW_WAIT at most) and asks for
+        that site's next job alone (NEXT_JOB), outside the lookers' room; the job's gate wait does
+        the rest. When the site has no work yet (its last pages' links are still with a parse
+        worker), the thread waits WORK_WAIT for work of it to be announced (``IdleRoom.expect``)
+        and asks again: a site crawled by following its links got each turn up to a second late.
+        None: no job (taken by another worker, no work came), and the thread looks as usual. A look
+        that met a site whose RQ queue ran dry hands it here too (``next_job``): refilled, then taken.
         """
         follow, self._follow = self._follow, None
         if follow is None:
             return None
         site, opens_at, handed = follow
         room = self._idle.room
-        wait = opens_at - PREPARE_AHEAD - time.monotonic()
+        wait = opens_at - FOLLOW_AHEAD - time.monotonic()
         if wait > FOLLOW_WAIT:
             return None
         if not handed:  # a look's hand-off was counted busy by the look (``found_work``)
             room.hold_thread()
         found: tuple[Job, Queue] | None = None
+        announced = room.expect(site)
         try:
             if wait > 0 and room.pause(wait, self.stop_event):  # a burst that drained meanwhile ends at once
                 return None
-            # Handed by a look, the site's queue is dry (NEXT_JOB said so, and holds the site for the refill).
-            step = None if handed else self.site_scheduler.take(site)
-            if handed or (step is not None and step.job_id is None):  # its RQ queue ran dry: refill, then take
-                self.runtime.frontier(site).refill(JOBS_AHEAD, due_now=True)
-                step = self.site_scheduler.take(site)
-            if step is None or step.job_id is None:
-                return None
-            queue = self._by_site[site]
-            job = joblife.fetch(self.connection, step.job_id, queue)
-            if job is None:
-                return None
-            self._refill = site if step.refill else None
-            found = (job, queue)
-            return found
+            awaited = handed  # a dry queue handed by a look has work: no need to wait for any
+            for _ in range(MAX_TAKES):
+                step = self._take_followed(site, handed)
+                handed = False
+                if step is None or isinstance(step, tuple):
+                    found = step
+                    return found
+                if step.wait is not None and step.wait <= FOLLOW_WAIT:  # due later: its gate, a refill
+                    if room.pause(step.wait, self.stop_event):
+                        return None
+                elif step.wait is None and not awaited:  # no work now: its links may be on their way
+                    awaited = True
+                    if not room.await_work(announced, WORK_WAIT, self.stop_event):
+                        return None
+                else:
+                    return None
+            return None
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self._redis_down(exc)
             return None
         finally:
+            room.unexpect(site, announced)
             if found is None:
                 room.done_work()
+
+    def _take_followed(self, site: str, handed: bool) -> tuple[Job, Queue] | Next | None:
+        """``follow``'s ask for ``site``'s next job, FOLLOW_AHEAD before its gate opens: the job, or the
+        scheduler's answer without one (when to ask again, or no work), or None (the job was gone).
+        ``handed``: a look found the site's queue dry (NEXT_JOB said so and holds the site for the refill)."""
+        step = Next(site=site, refill=True) if handed else self.site_scheduler.next_of(site, FOLLOW_AHEAD)
+        if step.site is not None and step.job_id is None:  # its RQ queue ran dry: refill, then take
+            self.runtime.frontier(site).refill(JOBS_AHEAD, due_now=True)
+            step = self.site_scheduler.next_of(site, FOLLOW_AHEAD)
+        if step.site is None or step.job_id is None:
+            return step if step.site is None else None
+        queue = self._by_site[site]
+        job = joblife.fetch(self.connection, step.job_id, queue)
+        if job is None:
+            return None
+        self._refill = site if step.refill else None
+        return job, queue
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         scheduler = self.site_scheduler

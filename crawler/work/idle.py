@@ -78,6 +78,8 @@ class IdleRoom:
         self._busy = 0
         self._handed_until = 0.0  # monotonic: the watch ``found_work`` handed over (``handed_watch``)
         self._ending = threading.Condition(threading.Lock())  # what ``pause`` waits on: ``end_all`` wakes it
+        #: Sites a thread waits for work of (``expect``), each with what tells it.
+        self._expected: dict[str, threading.Event] = {}
         #: Set when a burst found the crawl drained: every thread of the process ends. Cleared
         #: when the last of them leaves, so workers started later find work added since.
         self.drained = False
@@ -182,9 +184,43 @@ class IdleRoom:
                 self._watching = False
         return False
 
-    def poke(self) -> None:
-        """Work came (Redis said so): the watcher looks now rather than at the end of its sleep."""
+    def poke(self, site: str | None = None) -> None:
+        """Work came (Redis said so; of ``site`` when known): the watcher looks now rather than at the end of
+        its sleep, and a thread that ``expect``s work of that site is told."""
         self._poked.set()
+        if site is not None:
+            expected = self._expected.get(site)  # a dict's get is atomic: no lock for every announcement
+            if expected is not None:
+                expected.set()
+
+    def expect(self, site: str) -> threading.Event:
+        """From now on, set the event returned when work of ``site`` is announced (``poke``) or the burst
+        drains (``end_all``), until ``unexpect``: a thread that follows its site waits on it (``await_work``).
+        Expected before the thread asks for the site's next job, an announcement in between is not lost."""
+        expected = threading.Event()
+        with self._ending:
+            self._expected[site] = expected
+            if self.drained:
+                expected.set()
+        return expected
+
+    def unexpect(self, site: str, expected: threading.Event) -> None:
+        """No longer tell ``expected`` of ``site``'s work."""
+        with self._ending:
+            if self._expected.get(site) is expected:
+                del self._expected[site]
+
+    def await_work(self, expected: threading.Event, seconds: float, stop: threading.Event) -> bool:
+        """Wait up to ``seconds`` for ``expected`` (``expect``); True when it was set for work, False when the
+        time ran out, the burst drained or ``stop`` was set (seen within SLEEPER_CHECK_EVERY)."""
+        deadline = time.monotonic() + seconds
+        while not (self.drained or stop.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if expected.wait(min(left, SLEEPER_CHECK_EVERY)):
+                return not self.drained
+        return False
 
     def found_work(self, quiet_for: float | None = None) -> None:
         """A look found a job for its thread: one more thread looks (a sleeper woken, or one more
@@ -278,6 +314,8 @@ class IdleRoom:
             self._cond.notify_all()
         with self._ending:
             self._ending.notify_all()
+            for expected in self._expected.values():
+                expected.set()
         self._poked.set()
 
 

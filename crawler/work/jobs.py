@@ -30,10 +30,10 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from ..coord import joblife, keys, pages, quarantine
-from ..coord.frontier import Candidate, Frontier, check_url, fingerprint
+from ..coord.frontier import Candidate, Frontier, Rider, check_url, fingerprint, outranked
 from ..coord.gate import Gate
 from ..coord.pacing import throttle_pause
-from ..coord.scheduler import PREPARE_AHEAD
+from ..coord.scheduler import FOLLOW_AHEAD
 from ..coord.session import LOGIN_WAIT, Jar, Session, logs_in, uses_cookies
 from ..coord.task import DownloadTask
 from ..errors import (
@@ -115,7 +115,7 @@ def download(
     ``Batching.gate_wait``: past it (the site was closed, paused or slowed meanwhile) they go
     back to the front of the site's frontier, to be made into jobs again, as they do when the
     worker is ``stopping`` (a graceful stop: checked before each of them), and for a slow site's
-    batch when work of a higher priority waits (``Frontier.outranks``: a seed waits for the
+    batch when work of a higher priority waits (``frontier.outranked``: a seed waits for the
     request in flight, not for the batch), or when the worker's process is ``crowded`` (every
     thread it may have is busy: the other sites' jobs get threads in turn).
 
@@ -125,16 +125,20 @@ def download(
     retry), and when it stops on an exception. A slow site's batch (``Batching.paced``: its
     thread waits on the gate between URLs) hands each record to its process's writer, to be
     written with other threads' (``events.SoonRecords``), waits until it is, and, before each
-    wait for the gate, saves how far it got; when any job of such a site ends (of one URL too: NEXT_JOB held the
+    of its next URLs, saves how far it got; when any job of such a site ends (of one URL too: NEXT_JOB held the
     site for a whole batch), the scheduler has the site due again as its gate opens
     (``Scheduler.batch_over``). The job's meta counts the URLs done (``joblife.BATCH_DONE``),
-    so a batch retried (its worker died, or it raised) skips what is written and fetches again
-    what was not. Between a paced batch's URLs the thread ``rest``s (given by a download worker: its
-    stop event's wait) until just before the gate opens, so a graceful stop ends the wait at once and
-    hands the rest back. A download worker gives ``finishing`` and runs what the job leaves there once it
-    ends, whatever the outcome: that call, in the transaction that finishes the job
-    (``joblife.finish``), or when the job failed, on its own: at 1,000 sites it was a round trip
-    of its own for each request.
+    so a batch retried (its worker died, or it raised) skips what is saved done and fetches again
+    what was not: at worst (a worker that died while it rested) the last URL written, once more.
+    Between a paced batch's URLs the thread ``rest``s (given by a download worker: its stop event's
+    wait) until FOLLOW_AHEAD before the gate opens, so a graceful stop ends the wait at once and
+    hands the rest back; a URL robots.txt refuses, as this process knows it, needs no rest
+    (``_takes_turn``). After the rest it looks for work of a higher priority, saving its progress
+    and reading the site's settings along (``_between_urls``): the pause check and the URL's steps
+    use what that look read, not a round trip of their own, and are done before the gate opens.
+    A download worker gives ``finishing`` and runs what the job leaves there once it ends, whatever
+    the outcome: that call, in the transaction that finishes the job (``joblife.finish``), or when
+    the job failed, on its own: at 1,000 sites it was a round trip of its own for each request.
     """
     if rt is None:  # called directly (a test, a benchmark), not by a download worker, which gives its own
         rt = runtime.current()
@@ -161,10 +165,10 @@ def download(
             else:  # the site may have been paused, closed or slowed since
                 if (
                     (stopping is not None and stopping())
-                    or rt.policy(site).paused
                     or (batching.paced and crowded is not None and crowded())
-                    or (batching.paced and rt.frontier(site).outranks(priority, _progress(job, i)))
-                    or (batching.paced and not _rest_until_turn(rt, site, rest))
+                    or (batching.paced and _takes_turn(rt, payloads[i]) and not _rest_until_turn(rt, site, rest))
+                    or (batching.paced and outranked(rt.connection, site, priority, _between_urls(rt, site, job, i)))
+                    or rt.policy(site).paused
                     or not _download_one(rt, payloads[i], batching.gate_wait, held)
                 ):
                     held.flush()
@@ -195,23 +199,52 @@ def _batch_over(rt: runtime.Runtime, site: str, finishing: list[joblife.Finishin
 def _soon_records(rt: runtime.Runtime, site: str) -> SoonRecords:
     """Where a paced batch of ``site`` hands its records: to its process's writer, to be written with
     others' before the batch's next request is prepared (WRITE_AHEAD before ``_rest_until_turn`` ends)."""
-    return SoonRecords(rt.record_writer, lambda: rt.gate_opens_at(site) - PREPARE_AHEAD - WRITE_AHEAD)
+    return SoonRecords(rt.record_writer, lambda: rt.gate_opens_at(site) - FOLLOW_AHEAD - WRITE_AHEAD)
 
 
 def _rest_until_turn(rt: runtime.Runtime, site: str, rest: Callable[[float], bool] | None) -> bool:
-    """Wait with ``rest`` until PREPARE_AHEAD before ``site``'s gate opens, as this process's last send
-    rearmed it (``Runtime.gate_opens_at``); False when ``rest`` said stop meanwhile. Without ``rest``
-    (a direct call), nothing: the gate's own wait is the wait."""
-    left = rt.gate_opens_at(site) - PREPARE_AHEAD - time.monotonic()
+    """Wait with ``rest`` until FOLLOW_AHEAD before ``site``'s gate opens, as this process's last send
+    rearmed it (``Runtime.gate_opens_at``), so the next URL's steps up to the gate are done by then;
+    False when ``rest`` said stop meanwhile. Without ``rest`` (a direct call), nothing: the gate's
+    own wait is the wait."""
+    left = rt.gate_opens_at(site) - FOLLOW_AHEAD - time.monotonic()
     return rest is None or left <= 0 or not rest(left)
 
 
-def _progress(job: Any, done: int) -> Callable[[Any], Any] | None:
-    """What saves, in a pipeline, that a paced batch ``job`` (None: run directly) has done its first
-    ``done`` URLs: before the wait for the next, so a batch retried skips what is done."""
-    if job is None:
-        return None
-    return functools.partial(joblife.save_batch_done, job, done)
+def _takes_turn(rt: runtime.Runtime, payload: dict[str, Any]) -> bool:
+    """Whether the URL of ``payload`` may take its site's next turn, as far as this process knows without
+    asking anyone: False when robots.txt rules held here refuse it. It is then recorded refused without a
+    request, and a paced batch does not rest for it: at 200 slow sites one disallowed link a site cost
+    each an interval's wait for nothing."""
+    task = DownloadTask.from_json(payload)
+    spider = rt.spider(task.site)
+    if not rt.policy(task.site).obey_robots:
+        return True
+    return not rt.robots.refuses(task.site, task.url, _user_agent(rt, spider, task))
+
+
+def _user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:
+    """The User-Agent ``task``'s request goes with: its own header, else the spider's, else the crawl's."""
+    return user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
+
+
+def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int) -> Rider:
+    """What a paced batch sends with its look for work of a higher priority before its next URL
+    (``frontier.outranked``): that its first ``done`` URLs are done (``job`` None: run directly,
+    nothing to save), so a batch retried skips them; and its site's live settings and spider arguments
+    when due for a re-read (``Runtime.read_site_along``), for the pause check and the URL's steps that
+    follow: a round trip of their own before each request at intervals of a second and more."""
+
+    def also(pipe: Any) -> Callable[[list[Any]], None] | None:
+        if job is not None:
+            joblife.save_batch_done(job, done, pipe)
+        start = len(pipe)
+        keep = rt.read_site_along(pipe, site)
+        if keep is None:
+            return None
+        return lambda replies: keep(replies[start:])
+
+    return also
 
 
 def _download_one(
@@ -269,7 +302,7 @@ def _taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | Soo
         )
         return None
     policy = rt.policy(task.site)
-    user_agent = user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
+    user_agent = _user_agent(rt, spider, task)
     started = utcnow()
     return Attempt(rt, task, spider, held, policy.obey_robots, user_agent, started, proxy=rt.proxy(task.site))
 

@@ -88,8 +88,10 @@ class Listener:
             worker.handle_payload(message)
 
     def _wake(self, message: dict[str, Any]) -> None:
+        data = message.get("data")
+        site = data.decode(errors="replace") if isinstance(data, bytes) else data if isinstance(data, str) else None
         for room in list(self._rooms):
-            room.poke()
+            room.poke(site)
 
     def _on_error(self, exc: BaseException, pubsub: PubSub, thread: PubSubWorkerThread) -> None:
         # redis-py subscribes again once the connection is back; meanwhile the workers' own

@@ -170,6 +170,12 @@ class RobotsCache:
             self.connection.hset(keys.conf(site), "robots_delay_ms", int(float(delay) * 1000))
         return bool(rules.can_fetch(url, user_agent))
 
+    def refuses(self, site: str, url: str, user_agent: str) -> bool:
+        """Whether the rules this process holds for ``url``'s origin, still fresh, disallow it; False when
+        none are held (nothing is read or fetched here)."""
+        cached = self._parsed.get((site, origin_of(url)))
+        return cached is not None and cached[0] > time.monotonic() and not cached[1].can_fetch(url, user_agent)
+
     def crawl_delay(self, site: str) -> float:
         """The site's robots.txt Crawl-delay for our user agent as this process last read it (0 if none)."""
         return float(self._published_delay.get(site) or 0.0)

@@ -302,14 +302,15 @@ class Runtime:
     def addresses(self) -> AddressCache:
         return AddressCache()
 
-    def gate_name(self, site: str, url: str | None = None) -> str:
+    def gate_name(self, site: str, url: str | None = None, fresh: bool = True) -> str:
         """The name of the gate that spaces ``site``'s request for ``url`` (see ``keys.gate``).
 
         The site's own; a gate shared by name (``Spider.gate``); or with ``gate_by = "ip"``
         the gate of the address ``url``'s host resolves to (the site's own when it does
-        not resolve: the request will fail anyway).
+        not resolve: the request will fail anyway). Not ``fresh``: by the policy as last read
+        here, however old (nothing is read unless none is held).
         """
-        policy = self.policy(site)
+        policy = self.policy(site) if fresh else (self.policies.held(site) or self.policy(site))
         if policy.gate:
             return keys.shared_gate_name(policy.gate)
         if policy.gate_by == "ip" and url:
@@ -351,7 +352,9 @@ class Runtime:
         ``status`` is the HTTP status, None with ``error`` ('timeout', 'connection') when
         there was no answer.
         """
-        auto = self.policy(site).auto
+        # The policy the request went with, not one read again: at an interval past LIVE_REFRESH that was a
+        # round trip after each response, to learn that the interval is not adaptive.
+        auto = (self.policies.held(site) or self.policy(site)).auto
         if auto is None:
             return None
         sent = gate.rearmed_at or gate.acquired_at or time.monotonic()
@@ -507,7 +510,9 @@ class Runtime:
     def gate_opens_at(self, site: str) -> float:
         """When (``time.monotonic()``) ``site``'s own gate opens as far as this process knows: rearmed
         by its last send from here (``Turn.opens_at``); 0 when it knows nothing of it."""
-        turn = self._turns.get(keys.gate(self.gate_name(site)))
+        # By the policy as last read: a hint to time a wait by, asked after each response; re-read, it
+        # was a round trip after each response at an interval past LIVE_REFRESH.
+        turn = self._turns.get(keys.gate(self.gate_name(site, fresh=False)))
         return turn.opens_at if turn is not None else 0.0
 
     def _acquire(self, site: str, url: str | None, max_wait: float | None = None) -> Gate | None:
