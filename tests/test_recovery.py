@@ -816,7 +816,7 @@ def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lea
     from crawler.coord.vetting import DOWNLOAD_FUNC
     from crawler.work.download_worker import DownloadWorker, LeaseKeeper
 
-    lease = 3  # the least allowed: renewed every second (``joblife.renew_every``)
+    lease = 3  # the least allowed: renewed every 1.5 s (``joblife.renew_every``)
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))
     queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer)
     renewed: list[int] = []

@@ -156,6 +156,7 @@ def download(
         return
     held = _soon_records(rt, site) if batching.paced else HeldRecords(rt)
     done = first
+    complete = False
     paced_since = time.monotonic()
     try:
         for i in range(first, len(payloads)):
@@ -180,9 +181,11 @@ def download(
             done = i + 1
         if batching.paced:
             rt.batch_paced(site, done - first - 1, time.monotonic() - paced_since, batching)
+        complete = True
     finally:
         held.flush()
-        if job is not None and done > first:
+        # A batch done in full is deleted by its finish: no need to save that it is (a round trip a job).
+        if job is not None and done > first and not complete:
             joblife.save_batch_done(job, done)
         if batching.slow:
             _batch_over(rt, site, finishing)
