@@ -714,11 +714,13 @@ class DownloadWorker(CrawlWorker):
         if not handed:  # a look's hand-off was counted busy by the look (``found_work``)
             room.hold_thread()
         found: tuple[Job, Queue] | None = None
-        announced = room.expect(site)
+        # A dry queue handed by a look has work: no need to wait for any (nor to take another
+        # thread's expectation of the site's work).
+        announced = None if handed else room.expect(site)
         try:
             if wait > 0 and room.pause(wait, self.stop_event):  # a burst that drained meanwhile ends at once
                 return None
-            awaited = handed  # a dry queue handed by a look has work: no need to wait for any
+            awaited = announced is None
             for _ in range(MAX_TAKES):
                 step = self._take_followed(site, handed)
                 handed = False
@@ -730,6 +732,7 @@ class DownloadWorker(CrawlWorker):
                         return None
                 elif step.wait is None and not awaited:  # no work now: its links may be on their way
                     awaited = True
+                    assert announced is not None
                     if not room.await_work(announced, WORK_WAIT, self.stop_event):
                         return None
                 else:
@@ -739,7 +742,8 @@ class DownloadWorker(CrawlWorker):
             self._redis_down(exc)
             return None
         finally:
-            room.unexpect(site, announced)
+            if announced is not None:
+                room.unexpect(site, announced)
             if found is None:
                 room.done_work()
 
