@@ -8,6 +8,7 @@ next URL (with other threads' records: ``events.RecordWriter``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 from pathlib import Path
@@ -463,16 +464,17 @@ def test_a_paced_batch_does_not_rest_for_a_url_robots_txt_refuses(
 
 
 def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_a_round_trip_of_their_own(
-    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Live settings and spider arguments are re-read once a second: at an interval of a second or more,
-    before each of a paced batch's URLs. They ride in the look for higher work between its URLs
-    (``frontier.outranked``), read along, not in a round trip of their own for the pause check and the
-    URL's steps."""
-    interval = 1.2
+    before each of a paced batch's URLs. They ride in the look for higher work after its rest
+    (``frontier.outranked``), read along, not in round trips of their own: for the pause check, the
+    URL's steps, or the robots pre-check before the rest, which uses them as last read (with
+    responses of 0.9 s, what the look before a URL read is over a second old at the next URL's)."""
+    interval = 2.0
     assert interval > max(LIVE_REFRESH, ARGS_REFRESH)
-    no_robots = {SITE: {"interval": interval, "obey_robots": False}}
-    rt = Runtime(redis_conn, dataclasses.replace(settings, sites=no_robots, gate_margin=0.0))
+    sites = {SITE: {"interval": interval}}
+    rt = Runtime(redis_conn, dataclasses.replace(settings, sites=sites, gate_margin=0.0))
     install(rt)
     stop = threading.Event()
     alone, along = [], []
@@ -480,20 +482,25 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
     monkeypatch.setattr(rt, "_read_site", lambda site: (alone.append(site), real_read(site))[1])
     monkeypatch.setattr(rt.policies, "refresh", rt._read_site)  # the policy's reads are the same
     monkeypatch.setattr(rt, "read_site_along", lambda pipe, site: (along.append(site), real_along(pipe, site))[1])
-    try:
-        assert rt.batching(SITE).paced
-        batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3, 4)]
-        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
-        read_alone, read_along = len(alone), list(along)
-        set_live(redis_conn, SITE, paused=True)  # read along too: the next look sees the pause
-        jobs.download(*batch[:2], stopping=stop.is_set, rest=stop.wait)
-        waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
-    finally:
-        rt.close()
-    assert len([e for e in shop.requests if e.path.startswith("/product/")]) == 5  # 1 to 4, then 1 again
+    with ShopSite(products=10, latency=0.9, faults=False) as shop:
+        try:
+            assert rt.batching(SITE).paced
+            # robots.txt held already, as after a site's first page (it took the gate's first turn)
+            rt.robots.allowed(SITE, shop.url, "x", functools.partial(rt.take_gate, SITE, shop.url), allow_private=True)
+            batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
+            jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+            read_alone, read_along = len(alone), list(along)
+            set_live(redis_conn, SITE, paused=True)  # read along too: the next look sees the pause
+            jobs.download(*batch[:2], stopping=stop.is_set, rest=stop.wait)
+            waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
+        finally:
+            rt.close()
+        asked = [e.path for e in shop.requests if e.path.startswith("/product/")]
+        handed_back = f"{shop.url}/product/2"
+    assert asked == ["/product/1", "/product/2", "/product/3", "/product/1"]
     assert read_alone <= 2  # rt.batching above and the first URL's, before any look (the same one, soon enough)
-    assert read_along == [SITE] * 3  # each look between two URLs
-    assert waiting == [f"{shop.url}/product/2"]  # handed back: the site was paused
+    assert read_along == [SITE] * 2  # each look between two URLs
+    assert waiting == [handed_back]  # the site was paused
 
 
 def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_job(

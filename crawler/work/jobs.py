@@ -218,12 +218,12 @@ def _takes_turn(rt: runtime.Runtime, payload: dict[str, Any]) -> bool:
     """Whether the URL of ``payload`` may take its site's next turn, as far as this process knows without
     asking anyone: False when robots.txt rules held here refuse it. It is then recorded refused without a
     request, and a paced batch does not rest for it: at 200 slow sites one disallowed link a site cost
-    each an interval's wait for nothing."""
+    each an interval's wait for nothing. By the spider and policy as last read: asked before the rest,
+    it reads nothing (the look after the rest does)."""
     task = DownloadTask.from_json(payload)
-    spider = rt.spider(task.site)
-    if not rt.policy(task.site).obey_robots:
+    if not (rt.policies.held(task.site) or rt.policy(task.site)).obey_robots:
         return True
-    return not rt.robots.refuses(task.site, task.url, _user_agent(rt, spider, task))
+    return not rt.robots.refuses(task.site, task.url, _user_agent(rt, rt.held_spider(task.site), task))
 
 
 def _user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:

@@ -201,6 +201,11 @@ class Runtime:
         self._read_site(site)
         return self._spiders[site][2]
 
+    def held_spider(self, site: str) -> Spider:
+        """``site``'s spider instance as last built here, however old its arguments (``spider`` when none is)."""
+        held = self._spiders.get(site)
+        return held[2] if held is not None else self.spider(site)
+
     def _read_site(self, site: str) -> None:
         """Read ``site``'s live settings and spider arguments from Redis, in one round trip, and keep
         both: the policy (``policies.put``) and the spider instance (``_put_args``). Each is read
