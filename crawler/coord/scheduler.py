@@ -225,13 +225,13 @@ class Scheduler:
                 return dataclasses.replace(step, quiet_for=_quiet_for(step.again, int(reply[2])))
         return Next(wait=0.0)
 
-    def take(self, site: str, ahead: float = PREPARE_AHEAD) -> Next | None:
-        """One job id of ``site`` if it is due and its gate opens within ``ahead`` seconds (NEXT_JOB), else None.
+    def take(self, site: str) -> Next | None:
+        """One job id of ``site`` if it is due and its gate opens soon (NEXT_JOB), else None.
 
         ``Next(site, refill=True)`` without a job: its RQ queue is empty but its compact
         frontier is not; refill it, then take again.
         """
-        step = self.next_of(site, ahead)
+        step = self.next_of(site)
         return step if step.site is not None else None
 
     def next_of(self, site: str, ahead: float = PREPARE_AHEAD) -> Next:

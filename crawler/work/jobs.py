@@ -221,7 +221,7 @@ def _takes_turn(rt: runtime.Runtime, payload: dict[str, Any]) -> bool:
     each an interval's wait for nothing. By the spider and policy as last read: asked before the rest,
     it reads nothing (the look after the rest does)."""
     task = DownloadTask.from_json(payload)
-    if not (rt.policies.held(task.site) or rt.policy(task.site)).obey_robots:
+    if not rt.held_policy(task.site).obey_robots:
         return True
     return not rt.robots.refuses(task.site, task.url, _user_agent(rt, rt.held_spider(task.site), task))
 

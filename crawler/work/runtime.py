@@ -201,6 +201,11 @@ class Runtime:
         self._read_site(site)
         return self._spiders[site][2]
 
+    def held_policy(self, site: str) -> SitePolicy:
+        """``site``'s policy as last read here, however old (``policy`` when none is held): for what
+        may lag a read, asked where a re-read would be a round trip of its own."""
+        return self.policies.held(site) or self.policy(site)
+
     def held_spider(self, site: str) -> Spider:
         """``site``'s spider instance as last built here, however old its arguments (``spider`` when none is)."""
         held = self._spiders.get(site)
@@ -316,7 +321,7 @@ class Runtime:
         not resolve: the request will fail anyway). Not ``fresh``: by the policy as last read
         here, however old (nothing is read unless none is held).
         """
-        policy = self.policy(site) if fresh else (self.policies.held(site) or self.policy(site))
+        policy = self.policy(site) if fresh else self.held_policy(site)
         if policy.gate:
             return keys.shared_gate_name(policy.gate)
         if policy.gate_by == "ip" and url:
@@ -360,7 +365,7 @@ class Runtime:
         """
         # The policy the request went with, not one read again: at an interval past LIVE_REFRESH that was a
         # round trip after each response, to learn that the interval is not adaptive.
-        auto = (self.policies.held(site) or self.policy(site)).auto
+        auto = self.held_policy(site).auto
         if auto is None:
             return None
         sent = gate.rearmed_at or gate.acquired_at or time.monotonic()
