@@ -552,6 +552,30 @@ def test_a_request_answered_well_within_its_interval_is_rearmed_with_its_record_
     assert shop.min_gap() is not None and shop.min_gap() >= 0.4  # as the site saw them
 
 
+def test_when_the_gate_opens_is_known_from_the_send_before_the_record_that_rearms_it_is_written(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A paced batch's record waits to be written with others' until shortly before the gate opens
+    # (``jobs._soon_records``): timed by the last send's opening, long past, each was written alone.
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
+    set_live(redis_conn, SITE, interval=0.4)
+    seen: dict[str, tuple[float, float]] = {}  # URL: (the gate opens in, seconds since the send)
+    write = jobs.jobs_done
+
+    def jobs_done(rt: Runtime, done: list[Any]) -> None:
+        record = done[0].record
+        seen[record.url] = (runtime.gate_opens_at(SITE) - time.monotonic(), record.elapsed)
+        write(rt, done)
+
+    monkeypatch.setattr(jobs, "jobs_done", jobs_done)
+    with ShopSite(products=5, faults=False) as shop:
+        for n in (1, 2):
+            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))
+        opens_in, since_send = seen[f"{shop.url}/product/2"]
+    # An interval after product 2's send, which came after product 1's opening: not already open.
+    assert 0.4 - since_send - 0.05 <= opens_in <= 0.4 + runtime.settings.gate_margin
+
+
 def test_a_site_answering_late_in_its_interval_is_rearmed_at_the_send(
     runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

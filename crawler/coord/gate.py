@@ -199,6 +199,11 @@ class Gate:
         whenever the rearm comes, or if it never does."""
         self.sent_at = self.rearmed_at = time.monotonic()
         self._sent_turn = self.turn[0] if self.turn is not None else None
+        if self._sent_turn is not None:
+            # Known now, not only once the rearm's reply comes: the lock, held until ``expire`` after the
+            # take, is cut to no sooner than this. What is timed by it before then (the record that carries
+            # the rearm, above all: ``jobs._soon_records``) was timed by the last send's, long past.
+            self._sent_turn.opens_at = self.sent_at + self.rearm_expire
         self.let_go()
 
     def rearm_sent(self, pipe: Any) -> None:
