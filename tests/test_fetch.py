@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
 from crawler.errors import (
@@ -31,7 +32,7 @@ from crawler.errors import (
     UnsupportedScheme,
 )
 from crawler.http.addresses import RESOLVER_THREADS
-from crawler.http.fetch import Fetcher, Response, inflate_capped, is_public_address, parse_retry_after
+from crawler.http.fetch import Fetcher, Response, charset_of, inflate_capped, is_public_address, parse_retry_after
 
 CAP = 100 * 1024
 TIMEOUT = 0.5
@@ -298,6 +299,27 @@ def fetcher() -> Iterator[Fetcher]:
     f = Fetcher(timeout=TIMEOUT, max_body_bytes=CAP, user_agent="test-agent/1.0")
     yield f
     f.close()
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/html; charset=ISO-8859-1",
+        'text/html; charset="utf-8"',
+        "text/html;charset=UTF-8; foo=bar",
+        "text/html; CHARSET=windows-1252",
+        "text/html",
+        "text/html; charset=",
+        'text/html; charset="unterminated',
+        "; charset=koi8-r",
+        "",
+    ],
+)
+def test_the_charset_is_read_from_content_type_as_httpx_reads_it(content_type: str) -> None:
+    expected = httpx.Response(200, headers={"content-type": content_type}).charset_encoding
+    assert charset_of(content_type) == expected
+    assert charset_of(content_type) == expected  # the cached answer too
+    assert charset_of(None) is None
 
 
 def test_ok_page_comes_back_with_body_headers_and_charset(server: str, fetcher: Fetcher) -> None:
