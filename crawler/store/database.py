@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -61,6 +61,7 @@ from sqlalchemy.exc import (
 from ..errors import ConfigError, RefusedRecord
 from ..settings import redact_url, url_error
 from . import migrations
+from .write_turns import WriteTurns
 
 metadata = MetaData()
 
@@ -218,7 +219,20 @@ class Store:
             raise ConfigError(
                 f"unsupported database {self.engine.dialect.name!r} in {redact_url(url)}: use SQLite or PostgreSQL"
             )
+        # SQLite: writers queue for their turn rather than poll for the lock (``write_turns``).
+        self._turns = WriteTurns(target.database, self._checkpoint) if self.engine.dialect.name == "sqlite" else None
         self._upgrade()
+
+    @contextmanager
+    def _writing(self) -> Iterator[Any]:
+        """A write transaction (``engine.begin()``), committed in the writer's turn on SQLite (``write_turns``)."""
+        with self._turns.turn() if self._turns is not None else nullcontext(), self.engine.begin() as conn:
+            yield conn
+
+    def _checkpoint(self) -> None:
+        """A PASSIVE WAL checkpoint of the SQLite file: it copies what it can and waits for no one."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _upgrade(self) -> None:
         """Create or migrate the schema (``migrations``); ConfigError if the database cannot be reached.
@@ -269,7 +283,7 @@ class Store:
         if records and not transactions:
             transactions = [[]]
         for index, rows in enumerate(transactions, start=1):
-            with _refusals(), self.engine.begin() as conn:
+            with _refusals(), self._writing() as conn:
                 if rows:
                     conn.execute(self._upsert_statement, rows)
                 if records and index == len(transactions):
@@ -363,13 +377,13 @@ class Store:
             .where(items.c.site == site, items.c.url_hash == text_hash(url), items.c.url == url)
             .values(last_seen=latest(items.c.last_seen, moment))
         )
-        with _refusals(), self.engine.begin() as conn:
+        with _refusals(), self._writing() as conn:
             return int(conn.execute(query).rowcount)
 
     def record_fetches(self, records: Sequence[FetchRecord]) -> None:
         """Append fetch records (in one transaction: RefusedRecord, and none written, if one is refused)."""
         if records:
-            with _refusals(), self.engine.begin() as conn:
+            with _refusals(), self._writing() as conn:
                 self._insert_records(conn, records)
 
     def _insert_records(self, conn: Any, records: Sequence[FetchRecord]) -> None:
@@ -387,7 +401,7 @@ class Store:
         if not records:
             return 0
         rows = self._record_rows(records)
-        with _refusals(), self.engine.begin() as conn:
+        with _refusals(), self._writing() as conn:
             present: set[tuple[str, str, str, datetime]] = set()
             for site in {row["site"] for row in rows}:
                 hashes = sorted({row["url_hash"] for row in rows if row["site"] == site})
@@ -536,6 +550,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
+    # Not at a commit, in the writer's turn: a Store checkpoints outside it (``write_turns``).
+    cursor.execute("PRAGMA wal_autocheckpoint=0")
     cursor.close()
 
 
