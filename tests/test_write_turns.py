@@ -116,3 +116,32 @@ def test_a_sqlite_store_checkpoints_its_log_itself_and_keeps_it_bounded(
         assert sizes[-1] == max(sizes[-60:]) and max(sizes) < sizes[20] * 3
     finally:
         store.close()
+
+
+def test_a_holder_frozen_in_its_turn_holds_the_others_up_turn_wait_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(write_turns, "TURN_WAIT", 0.3)
+    database = str(tmp_path / "crawl.db")
+    frozen, other = WriteTurns(database, lambda: None), WriteTurns(database, lambda: None)  # two open files
+    held, release = threading.Event(), threading.Event()
+
+    def freeze() -> None:
+        with frozen.turn():
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=freeze)
+    holder.start()
+    try:
+        assert held.wait(5)
+        started = time.monotonic()
+        with other.turn():  # goes ahead without the turn: SQLite's own wait decides from here
+            waited = time.monotonic() - started
+    finally:
+        release.set()
+        holder.join()
+    assert 0.3 <= waited < 2.0
+    started = time.monotonic()
+    with other.turn():  # the turn free again: taken at once
+        assert time.monotonic() - started < 0.1

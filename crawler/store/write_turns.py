@@ -7,7 +7,11 @@ download process's threads so waited up to 0.9 s for the database, and the pages
 those records reached the parse workers that much later. A ``WriteTurns`` makes them
 queue instead: the threads of a process on a lock, the processes on an exclusive
 ``flock`` of a file beside the database (``<database>-writer``), each let in as soon as
-the one before commits. The kernel releases the file's lock of a process that dies.
+the one before commits. The kernel releases the file's lock of a process that dies; one
+frozen in its turn (stopped, swapped out) holds the others up TURN_WAIT at most: then they
+go ahead without a turn, and SQLite's own wait decides, as before (its busy timeout, then
+the records wait in Redis: ``outbox``). A process waits for the file's lock by asking
+again every few milliseconds (a blocking ``flock`` cannot time out), not up to 100 ms.
 
 The turn also takes SQLite's WAL checkpoints out of the queue. SQLite runs one at the
 commit that grows the log past a thousand pages, holding that writer's turn while it
@@ -25,11 +29,17 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO
 
 log = logging.getLogger("crawler.store")
+
+#: Longest wait for a turn, seconds: past it a writer goes ahead without one (a holder frozen).
+TURN_WAIT = 5.0
+#: Longest pause between two asks for the file's lock, seconds (the first ones are shorter).
+ASK_EVERY = 0.004
 
 #: A process's write transactions between two of its WAL checkpoints. A transaction writes a
 #: few pages (a record, a batch's items), so the log stays within a few thousand pages.
@@ -57,14 +67,19 @@ class WriteTurns:
     def turn(self) -> Iterator[None]:
         """Hold the writer's turn for the ``with`` block (a write transaction, committed in it)."""
         lock, file = self._own()
-        with lock:
-            if file is not None:
-                fcntl.flock(file, fcntl.LOCK_EX)
+        deadline = time.monotonic() + TURN_WAIT
+        locked = lock.acquire(timeout=TURN_WAIT)
+        try:
+            flocked = file is not None and _flock_by(file, deadline)
             try:
                 yield
             finally:
-                if file is not None:
+                if flocked:
+                    assert file is not None
                     fcntl.flock(file, fcntl.LOCK_UN)
+        finally:
+            if locked:
+                lock.release()
         self._count()
 
     def _own(self) -> tuple[threading.Lock, IO[bytes] | None]:
@@ -93,3 +108,18 @@ class WriteTurns:
                 self._checkpoint()
             except Exception as exc:  # noqa: BLE001  # the next one tries again; SQLite's data is safe meanwhile
                 log.warning("WAL checkpoint failed: %s", str(exc).splitlines()[0][:200])
+
+
+def _flock_by(file: IO[bytes], deadline: float) -> bool:
+    """Take ``file``'s exclusive lock, asking again until ``deadline`` (``time.monotonic()``); whether it was."""
+    pause = 0.0005
+    while True:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                log.warning("the SQLite writer's turn was not free for %.0f s: writing without it", TURN_WAIT)
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, ASK_EVERY)
