@@ -70,13 +70,12 @@ class WriteTurns:
         deadline = time.monotonic() + TURN_WAIT
         locked = lock.acquire(timeout=TURN_WAIT)
         try:
-            flocked = file is not None and _flock_by(file, deadline)
+            flocked = file if file is not None and _flock_by(file, deadline) else None
             try:
                 yield
             finally:
-                if flocked:
-                    assert file is not None
-                    fcntl.flock(file, fcntl.LOCK_UN)
+                if flocked is not None:
+                    fcntl.flock(flocked, fcntl.LOCK_UN)
         finally:
             if locked:
                 lock.release()
