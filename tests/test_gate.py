@@ -493,3 +493,30 @@ def test_a_rearm_sent_that_meets_another_error_leaves_it_for_the_caller_to_raise
         replies = pipe.execute(raise_on_error=False)
     (reply,) = gate.check_rearm_sent(replies)
     assert isinstance(reply, ResponseError) and "WRONGTYPE" in str(reply)
+
+
+@pytest.mark.parametrize("rearmed", ["at the send", "with the record"])
+def test_a_turn_that_knows_when_its_gate_opens_asks_redis_once(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, rearmed: str
+) -> None:
+    """Redis expires a key once its whole-millisecond clock is past the deadline, not at it: a turn
+    that asked at the very deadline its last send set found the gate closed "1 ms" more and asked
+    again (27 % of a paced crawl's takes at 200 sites). The opening it waits for counts that tick."""
+    refused: list[float] = []
+    try_acquire = Gate.try_acquire
+
+    def counted(self: Gate) -> float:
+        wait = try_acquire(self)
+        if wait:
+            refused.append(wait)
+        return wait
+
+    monkeypatch.setattr(Gate, "try_acquire", counted)
+    for _ in range(15):
+        gate = runtime.take_gate("demo")
+        if rearmed == "at the send":
+            gate.rearm()
+        else:
+            gate.sent()
+            assert gate.rearm_sent_now()
+    assert refused == []
