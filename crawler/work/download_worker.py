@@ -86,6 +86,12 @@ WORK_WAIT = 2.0
 BUSY_NOTE_EVERY = 1.0
 #: A claim due within this share of ``joblife.renew_every`` is renewed with one due now (``LeaseKeeper``).
 RENEW_TOGETHER = 0.25
+#: Seconds after a process starts before its first pass of RQ's registry maintenance (then one each
+#: ``maintenance_interval``, 10 min). RQ runs it at once: each process of a fleet cleaning every
+#: site's queue (some ten round trips each), 4,000 round trips at 200 sites while the crawl started,
+#: for nothing our reaper (``joblife.reap``) does not do from its first pass: a job whose worker
+#: died, or left in an intermediate list, is handed back by the reaper, not by RQ's maintenance.
+FIRST_MAINTENANCE_AFTER = 60.0
 #: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
 #: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
 SLEEPER_BEAT_EVERY = 60.0
@@ -456,13 +462,10 @@ class CrawlWorker(SimpleWorker):
 
     @property
     def should_run_maintenance_tasks(self) -> bool:
-        """RQ's registry cleaning, by one worker of the process a period, not by each of its threads."""
-        if not super().should_run_maintenance_tasks:
-            return False
-        if self._idle.every.due("maintenance", self.maintenance_interval):
-            return True
-        self.last_cleaned_at = now()  # type: ignore[assignment]  # another worker of this process has it in hand
-        return False
+        """RQ's registry cleaning, by one worker of the process a period, not by each of its threads,
+        the first FIRST_MAINTENANCE_AFTER after the process started (RQ's own rule: at once, then each
+        ``maintenance_interval`` by each worker)."""
+        return self._idle.every.due("maintenance", self.maintenance_interval, first_after=FIRST_MAINTENANCE_AFTER)
 
     def _sleeper_beat(self) -> None:
         """Keep this worker's RQ key alive while it sleeps in the idle room (a beat a minute)."""

@@ -41,9 +41,13 @@ class Every:
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
 
-    def due(self, name: str, period: float) -> bool:
+    def due(self, name: str, period: float, first_after: float = 0.0) -> bool:
+        """Whether ``name`` is due (then not again for ``period`` seconds); the first time it is asked,
+        only if ``first_after`` is 0, else it is first due ``first_after`` seconds later."""
         now = time.monotonic()
         with self._lock:
+            if name not in self._last and first_after > 0:
+                self._last[name] = now - period + first_after
             if now - self._last.get(name, float("-inf")) < period:
                 return False
             self._last[name] = now
