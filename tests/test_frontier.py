@@ -417,6 +417,58 @@ def test_refill_keeps_only_a_few_jobs_ahead_and_trims_the_frontier(frontier: Fro
     assert queued_urls(frontier) == [f"http://example.com/{i}" for i in (2, 3, 4, 0, 1)]
 
 
+def test_a_refill_is_two_round_trips_and_makes_the_site_due_when_asked(
+    frontier: Frontier, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read (the queue's length, the priorities, the list of priority 0) and one script for the
+    move; a lock, a WATCH and a read a command, then the writes, were some ten at every fifth
+    request of a slow site."""
+    import redis.client
+
+    frontier.add([Request(f"http://example.com/{i}") for i in range(6)])
+    assert frontier.refill(1) == 1  # the process's first: RQ asks the server's version, the script is loaded
+    redis_conn.zadd(keys.ready(), {SITE: 12345})  # as NEXT_JOB left it while the queue was dry
+    trips: list[str] = []
+    single, batch = redis.client.Redis.execute_command, redis.client.Pipeline.execute
+    monkeypatch.setattr(
+        redis.client.Redis, "execute_command", lambda s, *a, **k: (trips.append(str(a[0])), single(s, *a, **k))[1]
+    )
+    monkeypatch.setattr(
+        redis.client.Pipeline, "execute", lambda s, *a, **k: (trips.append("pipeline"), batch(s, *a, **k))[1]
+    )
+    assert frontier.refill(4, due_now=True) == 3
+    monkeypatch.undo()
+    assert trips == ["pipeline", "EVALSHA"]
+    assert redis_conn.zscore(keys.ready(), SITE) == 0  # due at once: its jobs are made
+    assert queued_urls(frontier) == [f"http://example.com/{i}" for i in (4, 5, 0, 1, 2, 3)]
+
+
+def test_a_refill_whose_lists_change_before_its_move_reads_again_losing_and_doubling_nothing(
+    frontier: Frontier, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the read and the move, the rest of a batch is handed back to the list's head (or a
+    retry promoted there): the move of what was read would trim the handed-back entries unread."""
+    frontier.add([Request(f"http://example.com/{i}") for i in range(6)])
+    real_move, handed = Frontier._move_to_queue, []
+
+    def hand_back_once_read(self: Frontier, read: Any, due_now: bool) -> bool:
+        if not handed:
+            handed.append(True)
+            frontier.hand_back([DownloadTask(SITE, "http://example.com/back")])
+        return real_move(self, read, due_now)
+
+    monkeypatch.setattr(Frontier, "_move_to_queue", hand_back_once_read)
+    assert frontier.refill(2) == 2
+    assert handed
+    assert [t.url for t in queued_tasks(frontier)][-2:] == ["http://example.com/back", "http://example.com/0"]
+    assert sorted(queued_urls(frontier)) == sorted(
+        [f"http://example.com/{i}" for i in range(6)] + ["http://example.com/back"]
+    )
+    # emptied to the last entry: the priority leaves the levels set with it
+    frontier.refill(10)
+    assert redis_conn.llen(keys.frontier(SITE)) == 0 and not redis_conn.exists(keys.levels(SITE))
+
+
 def test_jobs_land_in_the_sites_queue_as_json_with_ttls(frontier: Frontier, redis_conn: Redis) -> None:
     frontier.add([Request("http://example.com/p", callback="parse_product", meta={"k": [1, 2]})], depth=3, hops=1)
     frontier.refill(2)

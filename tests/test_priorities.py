@@ -172,19 +172,19 @@ def test_a_seed_overtakes_a_flood_of_background_work(redis_conn: Redis, settings
 def test_a_push_of_a_higher_priority_during_a_refill_is_next_not_behind_the_jobs_it_makes(
     frontier: Frontier, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The refill has read the priorities when a seed of a new, higher one is pushed: the seed still goes first."""
+    """The refill has read the priorities and lists when a seed of a new, higher one is pushed, before
+    its move: the move is not made, the refill reads again, and the seed still goes first."""
     frontier.add(requests([f"/low{i}" for i in range(6)], 0))
     other = Frontier(redis_conn, SITE, ["example.com"], failure_ttl=60, job_timeout=60)  # another worker's
-    real_frontier_key, pushed = keys.frontier, []
+    real_move, pushed = Frontier._move_to_queue, []
 
-    def push_once_the_priorities_are_read(site: str, priority: int = 0) -> str:
-        if not pushed:  # the refill's first list key: its priorities are read, its lists not yet
+    def push_once_read(self: Frontier, read: Any, due_now: bool) -> bool:
+        if not pushed:  # between the refill's read and its move
             pushed.append(True)
             other.add(requests(["/seed"], SEED_PRIORITY))
-        return real_frontier_key(site, priority)
+        return real_move(self, read, due_now)
 
-    monkeypatch.setattr(keys, "frontier", push_once_the_priorities_are_read)
-    frontier.refill(JOBS_AHEAD)
-    monkeypatch.setattr(keys, "frontier", real_frontier_key)
+    monkeypatch.setattr(Frontier, "_move_to_queue", push_once_read)
+    assert frontier.refill(JOBS_AHEAD) == JOBS_AHEAD
     assert pushed
-    assert queued_jobs(frontier)[0] == ("/seed", SEED_PRIORITY)
+    assert queued_jobs(frontier) == [("/seed", SEED_PRIORITY)] + [(f"/low{i}", 0) for i in range(JOBS_AHEAD - 1)]

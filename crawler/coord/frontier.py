@@ -15,13 +15,12 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
-from redis.exceptions import WatchError
 from rq import Queue
 from rq.serializers import JSONSerializer
 from w3lib.url import canonicalize_url
@@ -300,6 +299,20 @@ def push_to_front(pipe: Any, site: str, by_priority: dict[int, list[str]]) -> No
     for priority, entries in by_priority.items():
         pipe.lpush(keys.frontier(site, priority), *reversed(entries))
         pipe.zadd(keys.levels(site), {str(priority): priority})
+
+
+@dataclass
+class _RefillRead:
+    """What one try of ``Frontier.refill`` read, and would move."""
+
+    levels: list[bytes]  # the levels set's members as read, highest first
+    taken: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (priority, entries) per list read
+    batches: list[list[DownloadTask]] = field(default_factory=list)  # each of one priority: a job each
+    refused: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, entry, reason): kept aside
+
+    @property
+    def made(self) -> int:
+        return len(self.batches)
 
 
 class Frontier:
@@ -617,78 +630,102 @@ class Frontier:
         the refill was asked for by a NEXT_JOB that found the queue dry (and held the site out
         of other workers' picks): once jobs are made, the site is due again at once.
 
-        Returns how many. A short per-site lock keeps two workers from turning the same
-        entries into jobs. The read of the frontier lists and the move (jobs written, lists
-        trimmed) form one optimistic transaction: a list changed in between (a retry
-        promoted to its head, an evicted job handed back) aborts it and the refill reads
-        again, so no entry is trimmed unread or made into two jobs.
+        Returns how many. The read (``_read_for_refill``: one round trip, two when priorities
+        above 0 wait) and the move (MOVE_TO_QUEUE: jobs written, lists trimmed, emptied
+        priorities forgotten) form an optimistic transaction: the move is made only if the
+        priorities and the heads of the lists read are still as read, so an entry is never
+        trimmed unread or made into two jobs, and a push of a new, higher priority in between
+        is not left behind the jobs made here (its preemption would find no job yet to hand
+        back). Otherwise it reads again. Two round trips in all; a lock, a WATCH and a read a
+        command, then the writes, were some ten, at every fifth request of a slow site.
         """
-        lock = self._refill_lock()
-        if not lock.acquire(blocking=False):
-            return 0
-        try:
-            for _ in range(REFILL_TRIES):
-                try:
-                    made = self._move_to_queue(jobs_ahead)
-                except WatchError:
-                    continue
-                self.scheduler.forget_empty_levels(self.site, made[1])
-                if made[0] and due_now:
-                    self.connection.zadd(keys.ready(), {self.site: 0}, xx=True)
-                return made[0]
-            return 0  # the lists kept changing; the next refill will do it
-        finally:
-            lock.release()
+        for _ in range(REFILL_TRIES):
+            read = self._read_for_refill(jobs_ahead)
+            if read is None:
+                return 0
+            if self._move_to_queue(read, due_now):
+                return read.made
+        return 0  # the lists kept changing; the next refill will do it
 
-    def _move_to_queue(self, jobs_ahead: int) -> tuple[int, list[int]]:
-        """One try of ``refill``: (jobs made, priorities read). WatchError if a list moved meanwhile."""
-        wanted = jobs_ahead - int(self.connection.llen(self.queue.key))
+    def _read_for_refill(self, jobs_ahead: int) -> _RefillRead | None:
+        """What a refill would move now: None when ``jobs_ahead`` jobs are queued already.
+
+        The list of priority 0 (most links) is read along with the queue's length and the
+        priorities, as far as a refill could take from it; those above it, when any, in a
+        second round trip.
+        """
+        most = jobs_ahead * self.batch
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.llen(self.queue.key)
+            pipe.zrevrange(keys.levels(self.site), 0, -1)
+            pipe.lrange(keys.frontier(self.site, 0), 0, most - 1)
+            queued, levels, default_head = pipe.execute()
+        wanted = jobs_ahead - int(queued)
         if wanted <= 0:
-            return 0, []
-        with self.connection.pipeline(transaction=True) as pipe:
-            # The priorities are read under watch too: a push of a new, higher priority
-            # between this read and the move would otherwise go unseen (its preemption finds
-            # no job yet to hand back) and the jobs made here would all go before it.
-            pipe.watch(keys.levels(self.site))
-            levels = pipe.zrevrange(keys.levels(self.site), 0, -1)
-            taken: list[tuple[int, int]] = []  # (priority, entries read)
-            refused: list[tuple[str, Any, str]] = []  # (list, entry, reason)
-            batches: list[list[DownloadTask]] = []  # each of one priority
-            for raw in levels:
-                if not is_priority(raw):  # written by hand: names no list; kept aside, dropped from the set
-                    refused.append((keys.levels(self.site), raw, "malformed priority in a levels set"))
-                    continue
-                priority = int(text(raw))
-                key = keys.frontier(self.site, priority)
-                pipe.watch(key)
-                entries = pipe.lrange(key, 0, (wanted - len(batches)) * self.batch - 1)
-                taken.append((priority, len(entries)))
-                tasks = []
-                for entry in entries:
-                    try:
-                        tasks.append(DownloadTask.from_entry(self.site, entry, priority))
-                    except ValueError as exc:  # written by hand? kept aside with its reason, never retried
-                        refused.append((key, entry, str(exc)))
-                batches += [tasks[i : i + self.batch] for i in range(0, len(tasks), self.batch)]
-                if len(batches) >= wanted:
-                    break
-            ids = [uuid.uuid4().hex for _ in batches]
-            pipe.multi()
-            if batches:
-                joblife.make_jobs(
-                    self.queue, [[t.to_json() for t in batch] for batch in batches], ids, self.failure_ttl,
-                    self.job_timeout, pipe,
-                )  # fmt: skip
-                pipe.zadd(keys.queued(self.site), {i: b[0].priority for i, b in zip(ids, batches, strict=True)})
-            for priority, count in taken:
-                if count:
-                    pipe.ltrim(keys.frontier(self.site, priority), count, -1)
-            for key, entry, reason in refused:
-                if key == keys.levels(self.site):
-                    pipe.zrem(key, entry)
-                quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=pipe)
-            pipe.execute()
-        return len(batches), [p for p, _ in taken]
+            return None
+        read = _RefillRead(levels=list(levels))
+        priorities = []
+        for raw in levels:
+            if not is_priority(raw):  # written by hand: names no list; kept aside, dropped from the set
+                read.refused.append((keys.levels(self.site), raw, "malformed priority in a levels set"))
+                continue
+            priorities.append(int(text(raw)))
+        heads = {0: default_head}
+        others = [p for p in priorities if p != 0]
+        if others and (max(others) > 0 or len(default_head) < wanted * self.batch):
+            with self.connection.pipeline(transaction=False) as pipe:
+                for priority in others:
+                    pipe.lrange(keys.frontier(self.site, priority), 0, wanted * self.batch - 1)
+                heads.update(zip(others, pipe.execute(), strict=True))
+        for priority in priorities:  # highest first
+            if priority not in heads:  # below 0, left unread: enough was read above it
+                break
+            entries = heads[priority][: (wanted - len(read.batches)) * self.batch]
+            read.taken.append((priority, entries))
+            tasks = []
+            for entry in entries:
+                try:
+                    tasks.append(DownloadTask.from_entry(self.site, entry, priority))
+                except ValueError as exc:  # written by hand? kept aside with its reason, never retried
+                    read.refused.append((keys.frontier(self.site, priority), entry, str(exc)))
+            read.batches += [tasks[i : i + self.batch] for i in range(0, len(tasks), self.batch)]
+            if len(read.batches) >= wanted:
+                break
+        return read
+
+    def _move_to_queue(self, read: _RefillRead, due_now: bool) -> bool:
+        """One try of ``refill``'s move (MOVE_TO_QUEUE); False, nothing written, if what it read changed."""
+        # The writes are queued in a pipeline never sent (RQ's own, as ``enqueue_many`` makes
+        # them), then handed to the script with their keys, which runs them if nothing changed.
+        writes = self.connection.pipeline(transaction=False)
+        ids = [uuid.uuid4().hex for _ in read.batches]
+        if read.batches:
+            joblife.make_jobs(
+                self.queue, [[t.to_json() for t in batch] for batch in read.batches], ids, self.failure_ttl,
+                self.job_timeout, writes,
+            )  # fmt: skip
+            writes.zadd(keys.queued(self.site), {i: b[0].priority for i, b in zip(ids, read.batches, strict=True)})
+        for key, entry, reason in read.refused:
+            if key == keys.levels(self.site):
+                writes.zrem(key, entry)
+            quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=writes)
+        script_keys = [keys.levels(self.site), keys.ready(), *(keys.frontier(self.site, p) for p, _ in read.taken)]
+        args: list[Any] = [self.site if due_now and read.batches else "", len(read.levels), *read.levels]
+        args.append(len(read.taken))
+        for priority, entries in read.taken:
+            args += [str(priority), len(entries), *entries]
+        args.append(len(writes.command_stack))
+        for command, _options in writes.command_stack:
+            name, key, *rest = command
+            if key not in script_keys:
+                script_keys.append(key)
+            args += [name, script_keys.index(key) + 1, len(rest), *rest]
+        writes.reset()
+        return bool(int(self._move(keys=script_keys, args=args)))
+
+    @cached_property
+    def _move(self) -> Any:
+        return lua.script(self.connection, "move_to_queue")
 
     def _refill_lock(self) -> Gate:
         lock = keys.refill_lock(self.site)

@@ -236,7 +236,7 @@ def lock(name: str) -> str:
 
 
 def refill_lock(site: str) -> str:
-    """The short mutex of a refill of ``site``'s RQ queue from its frontier (``Frontier.refill``)."""
+    """The short mutex of a preemption of ``site``'s queued jobs by a higher priority (``Frontier.preempt``)."""
     return f"{PREFIX}lock:refill:{_tag(site)}"
 
 
