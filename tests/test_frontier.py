@@ -362,6 +362,54 @@ def test_a_page_of_repeated_links_sends_each_url_to_the_seen_set_once(frontier: 
     assert calls("evalsha") - before_evalsha <= 2  # one call (a second after loading the script)
 
 
+@pytest.mark.parametrize("scripts_flushed", [False, True])
+def test_links_of_pages_of_several_sites_are_marked_seen_in_one_round_trip(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch, scripts_flushed: bool
+) -> None:
+    """A parse worker's batch holds pages of as many sites: a seen-set call of each site was a round
+    trip for nearly every page at 200 slow sites. One pipeline now marks them all; then one push a
+    site with new links. A site whose URLs are seen for a while only has calls of its own."""
+    import redis.client
+
+    from crawler.coord.frontier import enqueue_together
+
+    sites = [Frontier(redis_conn, f"s{n}", ["example.com"], FAILURE_TTL, JOB_TIMEOUT) for n in range(3)]
+    timed = Frontier(redis_conn, "timed", ["example.com"], FAILURE_TTL, JOB_TIMEOUT, revisit_after=60.0)
+    for frontier in (*sites, timed):
+        frontier.add([Request("http://example.com/seen")])
+    if scripts_flushed:
+        redis_conn.script_flush()  # a Redis restarted mid-crawl: the scripts are no longer loaded
+    pages = [
+        (
+            frontier,
+            [
+                (
+                    frontier.vet([Request("http://example.com/seen"), Request(f"http://example.com/{frontier.site}")])[
+                        0
+                    ],
+                    1,
+                )
+            ],
+        )
+        for frontier in sites
+    ]
+    trips: list[str] = []
+    execute = redis.client.Pipeline.execute
+    monkeypatch.setattr(
+        redis.client.Pipeline, "execute", lambda p, *a, **k: (trips.append(str(len(p))), execute(p, *a, **k))[1]
+    )
+    results = enqueue_together([*pages, (sites[0], [])])
+    monkeypatch.undo()
+    assert trips[0] == "3", "the seen-set calls were not sent together"
+    assert len(trips) == 1 + 3  # then a push for each site with a new link
+    assert [[(r.enqueued, r.duplicates) for r in found] for found in results] == [
+        *([([f"http://example.com/{frontier.site}"], 1)] for frontier in sites),
+        [],
+    ]
+    (timed_result,) = enqueue_together([(timed, [(timed.vet([Request("http://example.com/seen")])[0], 1)])])[0]
+    assert (timed_result.enqueued, timed_result.duplicates) == ([], 1)
+
+
 def test_dont_filter_enqueues_a_seen_url_again(frontier: Frontier) -> None:
     frontier.add([Request("http://example.com/a")])
     result = frontier.add([Request("http://example.com/a", dont_filter=True)])

@@ -520,3 +520,30 @@ def test_a_turn_that_knows_when_its_gate_opens_asks_redis_once(
             gate.sent()
             assert gate.rearm_sent_now()
     assert refused == []
+
+
+@pytest.mark.parametrize("scripts_flushed", [False, True])
+def test_a_take_given_up_by_what_it_asked_along_lets_the_lock_go(redis_conn: Redis, scripts_flushed: bool) -> None:
+    """A paced batch's take asks along whether work of a higher priority waits: if so, the take is
+    given up, and the lock it took is let go (nothing was sent through it), so the work that
+    outranks it takes the gate at once. A Redis that lost its scripts still takes in that round trip's stead."""
+    asked: list[list[Any]] = []
+
+    def unless(give_up: bool) -> Callable[[Any], Callable[[list[Any]], bool]]:
+        def ask(pipe: Any) -> Callable[[list[Any]], bool]:
+            pipe.echo("anything of a higher priority?")
+            return lambda replies: asked.append(replies) or give_up
+
+        return ask
+
+    gate = site_gate(redis_conn, "veto", 5.0)
+    if scripts_flushed:
+        redis_conn.script_flush()
+    assert not gate.acquire(timeout=1, unless=unless(True))
+    assert asked == [[b"anything of a higher priority?"]]
+    assert not redis_conn.exists(gate.key), "a take given up kept the gate closed"
+    assert gate.acquire(timeout=1, unless=unless(False)) and gate.token is not None
+    assert redis_conn.get(gate.key) == gate.token.encode()
+    other = site_gate(redis_conn, "veto", 5.0)  # closed now: given up at once, nothing of another's let go
+    assert not other.acquire(timeout=1, unless=unless(True))
+    assert redis_conn.get(gate.key) == gate.token.encode()

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
+from redis.exceptions import NoScriptError
 from rq import Queue
 from rq.serializers import JSONSerializer
 from w3lib.url import canonicalize_url
@@ -424,11 +425,16 @@ class Frontier:
         One seen-set call and one push for all of them; a URL on two of the pages is new
         on the first one only, as with one ``add`` after the other. Per page, what was done.
         """
+        return enqueue_together([(self, pages)], hops)[0]
+
+    def _enqueue_fresh(
+        self, pages: Sequence[tuple[list[Candidate], int]], fresh: list[bool], hops: int
+    ) -> list[AddResult]:
+        """``enqueue``'s part after the seen-set call: ``fresh`` says, per candidate in order, whether it was new."""
         results = [AddResult(enqueued=[]) for _ in pages]
         flat = [(url, request, depth, result) for (page, depth), result in zip(pages, results) for url, request in page]
         if not flat:
             return results
-        fresh = self._mark_seen([_seen_key(url, request) for url, request, _, _ in flat])
         taken = [is_new or request.dont_filter for (_, request, _, _), is_new in zip(flat, fresh, strict=True)]
         room = self._admit(sum(taken)) if self.max_pages is not None else len(flat)
         by_priority: dict[int, list[str]] = {}
@@ -482,23 +488,18 @@ class Frontier:
         (``_seen_key``). One repeated is new at most once, as with one SADD each, but only
         its first occurrence is sent.
         """
+        return mark_seen_together([(self, urls)])[0]
+
+    def _seen_chunks(self, urls: list[SeenKey]) -> tuple[list[int], list[bytes]]:
+        """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK."""
         first: dict[SeenKey, int] = {}
         for index, url in enumerate(urls):
             first.setdefault(url, index)
         members = [
             fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
         ]
-        # One call (one round trip) for a page of up to SEEN_CHUNK links; not in a pipeline,
-        # where redis-py would first ask whether the script is loaded, a round trip more.
-        added = b""
-        for start in range(0, len(members), SEEN_CHUNK):
-            chunk = b"".join(members[start : start + SEEN_CHUNK])
-            if self.revisit_after is None:
-                added += _bytes(self._add_seen(keys=[keys.seen(self.site)], args=[chunk]))
-            else:
-                added += self._add_seen_for_a_while(chunk)
-        new = {index for index, flag in zip(first.values(), added, strict=True) if flag == ord("1")}
-        return [index in new for index in range(len(urls))]
+        chunks = [b"".join(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
+        return list(first.values()), chunks
 
     @cached_property
     def _add_seen(self) -> Any:
@@ -752,21 +753,84 @@ class Frontier:
             pipe.execute()
 
 
+def enqueue_together(
+    frontiers: Sequence[tuple[Frontier, Sequence[tuple[list[Candidate], int]]]], hops: int = 0
+) -> list[list[AddResult]]:
+    """``Frontier.enqueue`` for several sites at once (one ``Frontier`` each, with its pages): their
+    seen-set calls in one round trip (``mark_seen_together``), then a push for each site with new
+    links. A parse worker's batch of pages comes from as many sites: a seen-set call of each was
+    a round trip for nearly every page at 200 slow sites."""
+    flats = [[_seen_key(url, request) for page, _ in pages for url, request in page] for _, pages in frontiers]
+    fresh = mark_seen_together([(frontier, flat) for (frontier, _), flat in zip(frontiers, flats, strict=True) if flat])
+    found = iter(fresh)
+    return [
+        frontier._enqueue_fresh(pages, next(found) if flat else [], hops)
+        for (frontier, pages), flat in zip(frontiers, flats, strict=True)
+    ]
+
+
+def mark_seen_together(frontiers: Sequence[tuple[Frontier, list[SeenKey]]]) -> list[list[bool]]:
+    """``Frontier._mark_seen`` for several sites: the plain seen sets' ADD_SEEN calls in one pipeline
+    (by hash: a script Redis had not loaded is run again on its own, which loads it); a site whose
+    URLs are seen for a while only (``revisit_after``) in calls of its own."""
+    chunked = [(frontier, urls, *frontier._seen_chunks(urls)) for frontier, urls in frontiers]
+    added: list[bytes] = [b""] * len(chunked)
+    plain = [
+        (at, frontier, chunk)
+        for at, (frontier, _, _, chunks) in enumerate(chunked)
+        if frontier.revisit_after is None
+        for chunk in chunks
+    ]
+    if plain:
+        connection = plain[0][1].connection
+        script = plain[0][1]._add_seen
+        with connection.pipeline(transaction=False) as pipe:
+            for _, frontier, chunk in plain:
+                pipe.evalsha(script.sha, 1, keys.seen(frontier.site), chunk)
+            replies = pipe.execute(raise_on_error=False)
+        for (at, frontier, chunk), reply in zip(plain, replies, strict=True):
+            if isinstance(reply, NoScriptError):  # a Redis restarted mid-crawl, or this process's first call
+                reply = frontier._add_seen(keys=[keys.seen(frontier.site)], args=[chunk])
+            elif isinstance(reply, Exception):
+                raise reply
+            added[at] += _bytes(reply)
+    for at, (frontier, _, _, chunks) in enumerate(chunked):
+        if frontier.revisit_after is not None:
+            for chunk in chunks:
+                added[at] += frontier._add_seen_for_a_while(chunk)
+    results = []
+    for (_, urls, firsts, _), flags in zip(chunked, added, strict=True):
+        new = {index for index, flag in zip(firsts, flags, strict=True) if flag == ord("1")}
+        results.append([index in new for index in range(len(urls))])
+    return results
+
+
 def outranked(connection: Redis, site: str, priority: int, also: Rider | None = None) -> bool:
     """Whether ``site`` has work of a higher priority than ``priority`` waiting: a queued job or a
     frontier entry (one round trip, which carries what ``also(pipeline)`` adds first; what it
     returns, if anything, is called with the replies to those commands). A paced batch asks it
-    between its URLs, so a seed waits for the request in flight, not for the rest of the batch.
+    between its URLs, so a seed waits for the request in flight, not for the rest of the batch
+    (riding in the write of the batch's last record, when it can: ``jobs._Look``).
     A function of the connection, not of the site's ``Frontier``: the runtime's accessor for that
     reads the site's settings when due, which this look reads along."""
     with connection.pipeline(transaction=False) as pipe:
         keep = also(pipe) if also is not None else None
-        pipe.zrevrange(keys.queued(site), 0, 0, withscores=True)
-        pipe.zrevrange(keys.levels(site), 0, 0, withscores=True)
+        look_for_higher(pipe, site)
         replies = pipe.execute()
     if keep is not None:
         keep(replies[:-2])
-    return any(found and found[0][1] > priority for found in replies[-2:])
+    return higher_waits(replies[-2:], priority)
+
+
+def look_for_higher(pipe: Any, site: str) -> None:
+    """Queue in ``pipe`` the two reads ``higher_waits`` answers from: ``site``'s best queued job and frontier level."""
+    pipe.zrevrange(keys.queued(site), 0, 0, withscores=True)
+    pipe.zrevrange(keys.levels(site), 0, 0, withscores=True)
+
+
+def higher_waits(replies: Sequence[Any], priority: int) -> bool:
+    """From the replies to ``look_for_higher``: whether work of a higher priority than ``priority`` waits."""
+    return any(found and found[0][1] > priority for found in replies)
 
 
 def seed(

@@ -73,6 +73,17 @@ RELEASE_POLL = 0.05
 EXPIRY_TICK = 0.001
 
 
+#: Reads a take asks along (given the pipeline, it queues them) and what tells, from their replies,
+#: whether to give the take up (``Gate.try_acquire``).
+Unless = Callable[[Any], Callable[[list[Any]], bool]]
+
+
+def _raised(reply: Any) -> int:
+    if isinstance(reply, Exception):
+        raise reply
+    return int(reply)
+
+
 class GateTimeout(Exception):
     """``acquire`` with a timeout could not take the gate in time."""
 
@@ -122,6 +133,8 @@ class Gate:
         #: (``rearm_sent``) moves its next turn to when the gate opens.
         self.ready_member = ready_member
         self.token: str | None = None
+        #: Whether the last ``try_acquire``'s ``unless`` said to give the take up.
+        self.gave_up = False
         #: ``time.monotonic()`` just before the SET that took the gate (the lock's lifetime
         #: started at or after it, on the Redis clock).
         self.acquired_at: float | None = None
@@ -138,26 +151,53 @@ class Gate:
         self._sent_turn: Turn | None = None
         self._sent_left_ms = 0
 
-    def try_acquire(self) -> float:
-        """Take the gate if open. Returns 0.0 if taken, else seconds until it opens."""
+    def try_acquire(self, unless: Unless | None = None) -> float:
+        """Take the gate if open. Returns 0.0 if taken, else seconds until it opens.
+
+        ``unless`` queues reads in the same round trip (given the pipeline) and returns what
+        says, from their replies, whether to give the take up: ``gave_up`` then tells so
+        (``acquire`` lets the lock go: no request follows that take).
+        """
         token = secrets.token_hex(8)
         expire_ms = max(1, int(round(self.expire * 1000)))
+        args: list[str | int] = [token, expire_ms, self._pace_extra_ms(take=True)]
         asked_at = time.monotonic()
-        wait_ms = int(self._acquire(keys=self._keys, args=[token, expire_ms, self._pace_extra_ms(take=True)]))
+        self.gave_up = False
+        if unless is None:
+            wait_ms = int(self._acquire(keys=self._keys, args=args))
+        else:
+            with self.connection.pipeline(transaction=False) as pipe:
+                verdict = unless(pipe)
+                pipe.evalsha(self._acquire.sha, len(self._keys), *self._keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            error = next((reply for reply in replies[:-1] if isinstance(reply, Exception)), None)
+            if isinstance(replies[-1], NoScriptError):  # a Redis restarted mid-crawl: loaded, run alone
+                replies[-1] = self._acquire(keys=self._keys, args=args)
+            wait_ms = _raised(replies[-1])
+            if error is not None:
+                raise error
+            self.gave_up = verdict(replies[:-1])
         if wait_ms == 0:
             self.token, self.acquired_at = token, asked_at
             return 0.0
         return wait_ms / 1000.0
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None, unless: Unless | None = None) -> bool:
         """Take the gate; wait for it unless ``blocking`` is False.
 
         Waits at most ``timeout`` seconds (forever when None). Returns whether the
-        gate was taken. Each wait is the lock's remaining PTTL.
+        gate was taken. Each wait is the lock's remaining PTTL. ``unless``: asked along with
+        each try (``try_acquire``); once it says give up, False, and a lock just taken is
+        released (nothing was sent through it, so the next request may go at once: the last
+        one went at least its interval ago, or the gate would not have been open).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = self.try_acquire()
+            wait = self.try_acquire() if unless is None else self.try_acquire(unless)
+            if unless is not None and self.gave_up:
+                if wait == 0.0:
+                    self.release()
+                return False
             if wait == 0.0:
                 return True
             if not blocking:

@@ -122,7 +122,7 @@ def _write_groups(rt: Any, groups: Sequence[Sequence[Done]], written: bool = Fal
             outbox.park(pipe, entry)
         replies = pipe.execute(raise_on_error=False)  # no round trip when empty
     for d, (start, end) in zip(flat, spans, strict=True):
-        if d.check is not None and end > start:
+        if d.check is not None:  # called even with no reply: a rider that had nothing to send rode too
             replies[start:end] = d.check(replies[start:end])
     # A record parked but not in Redis is lost to every group: none is told it went.
     lost = next((reply for reply in replies[parked_from:] if isinstance(reply, Exception)), None)
@@ -268,8 +268,18 @@ class SoonRecords:
         self.writer = writer
         self.by = by
         self.tickets: list[_Ticket] = []
+        self._rider: Callable[[Any], Callable[[list[Any]], None]] | None = None
+
+    def ride(self, rider: Callable[[Any], Callable[[list[Any]], None]] | None) -> None:
+        """Send ``rider``'s commands in the write of the next record added (given the pipeline, it
+        queues them and returns what takes their replies, called once they are in); ``None``:
+        nothing. A record that never comes, or goes at once on its own (a retry), takes none."""
+        self._rider = rider
 
     def add(self, done: Done) -> None:
+        rider, self._rider = self._rider, None
+        if rider is not None:
+            done = _riding(done, rider)
         self.tickets.append(self.writer.submit(done, min(time.monotonic() + WRITE_WITHIN, self.by())))
 
     def flush(self) -> None:
@@ -280,6 +290,30 @@ class SoonRecords:
         error = next((ticket.error for ticket in tickets if ticket.error is not None), None)
         if error is not None:
             raise error
+
+
+def _riding(done: Done, rider: Callable[[Any], Callable[[list[Any]], None]]) -> Done:
+    """``done`` with ``rider``'s commands queued after its own, and their replies handed to what
+    ``rider`` returned (unless one is an error: the write's error then goes to the batch)."""
+    own: list[int] = []
+    kept: list[Callable[[list[Any]], None]] = []
+
+    def also(pipe: Any) -> None:
+        start = len(pipe)
+        if done.also is not None:
+            done.also(pipe)
+        own.append(len(pipe) - start)
+        kept.append(rider(pipe))
+
+    def check(replies: list[Any]) -> list[Any]:
+        mine, theirs = replies[: own[-1]], replies[own[-1] :]
+        if done.check is not None and mine:
+            mine = done.check(mine)
+        if not any(isinstance(reply, Exception) for reply in theirs):
+            kept[-1](theirs)
+        return [*mine, *theirs]
+
+    return Done(done.record, done.gate_wait, also, done.stats, check)
 
 
 def fields(record: FetchRecord, gate_wait: float | None = None) -> dict[str, Any]:

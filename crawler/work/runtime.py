@@ -23,7 +23,7 @@ from redis import Redis
 from ..coord import keys
 from ..coord.counters import Counters
 from ..coord.frontier import Frontier
-from ..coord.gate import Gate, Turn, site_gate
+from ..coord.gate import Gate, Turn, Unless, site_gate
 from ..coord.pacing import Pace, Pacer
 from ..coord.policy import LIVE_REFRESH, PolicyCache, SitePolicy, effective_interval
 from ..coord.replies import text_map
@@ -124,6 +124,7 @@ class Runtime:
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
         self.policies = PolicyCache(connection, settings, self.spider_set.named(), refresh=self._read_site)
         self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
+        self._raw_args: dict[str, dict[str, str]] = {}  # site -> its spider arguments as last read
         self._lock = threading.Lock()
         self._published: dict[str, float] = {}
         self._conf_written: dict[str, tuple[float, tuple[object, ...]]] = {}  # site -> (when, what)
@@ -274,10 +275,14 @@ class Runtime:
     def _put_args(self, site: str, raw: dict[str, str], read_at: float) -> None:
         """Keep ``site``'s spider built with ``raw`` arguments (those that hold): the instance held
         when they did not change, else a new one (``build_spider``)."""
+        held = self._spiders.get(site)
+        if held is not None and self._raw_args.get(site) == raw:  # the usual case: nothing changed
+            self._spiders[site] = (read_at, held[1], held[2])
+            return
         cls = self.spider_set.get(site)
         args = usable_args(cls, raw)
-        held = self._spiders.get(site)
-        if held is not None and held[1] == args:  # the usual case: the arguments did not change
+        self._raw_args[site] = dict(raw)
+        if held is not None and held[1] == args:  # the arguments that hold did not change
             self._spiders[site] = (read_at, args, held[2])
             return
         with self._lock:  # built under the lock: two threads reading at once build one instance
@@ -509,14 +514,17 @@ class Runtime:
         assert gate is not None  # taken: no time limit
         return gate
 
-    def take_gate_within(self, site: str, url: str | None, max_wait: float) -> Gate | None:
-        """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long.
+    def take_gate_within(
+        self, site: str, url: str | None, max_wait: float, unless: Unless | None = None
+    ) -> Gate | None:
+        """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long,
+        or if ``unless``, asked along with each try, said to give the take up (``Gate.acquire``).
 
         With the development cache the gate is taken later, on a miss (``take_gate``).
         """
         if self.settings.http_cache:
             return self.take_gate(site, url)
-        return self._acquire(site, url, max_wait)
+        return self._acquire(site, url, max_wait, unless)
 
     def gate_opens_at(self, site: str) -> float:
         """When (``time.monotonic()``) ``site``'s own gate opens as far as this process knows: rearmed
@@ -526,7 +534,9 @@ class Runtime:
         turn = self._turns.get(keys.gate(self.gate_name(site, fresh=False)))
         return turn.opens_at if turn is not None else 0.0
 
-    def _acquire(self, site: str, url: str | None, max_wait: float | None = None) -> Gate | None:
+    def _acquire(
+        self, site: str, url: str | None, max_wait: float | None = None, unless: Unless | None = None
+    ) -> Gate | None:
         """Take the gate in this process's turn at it (``gate.Turn``), which passes on at the send."""
         gate = self.gate(site, url)
         turn = self._turns.get(gate.key) or self._turns.setdefault(gate.key, Turn())  # atomic: no lock
@@ -540,7 +550,7 @@ class Runtime:
             if closed_for > 0 and (left is None or closed_for < left):
                 time.sleep(closed_for)
                 left = None if left is None else left - closed_for
-            taken = gate.acquire(timeout=left)
+            taken = gate.acquire(timeout=left, unless=unless)
         except BaseException:
             turn.give(ticket)
             raise
