@@ -681,6 +681,29 @@ def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_a
     assert inflight.busy_processes(redis_conn) == 0
 
 
+def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_own_pace(
+    redis_conn: Redis,
+) -> None:
+    """A burst ended up to 0.25 s after its last page in each worker kind (their drain looks came
+    that far apart), 0.3-0.6 s of a 38 s crawl of 200 sites. Its looks now come every 50 ms; the
+    count of every site's work, five commands a site, only when ``count_all`` says it is due."""
+    from crawler.work.drain import QUICK_SITES, crawl_drained
+
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
+    sites = [f"t{i}" for i in range(500)]
+    asked: list[bool] = []
+
+    def commands(due: bool) -> int:
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        drained = crawl_drained(redis_conn, sites, lambda: asked.append(due) or due)
+        assert drained is due  # nothing is left: drained once counted
+        return int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    assert commands(due=False) <= 4 + 2 * QUICK_SITES, "a look not due to count read every site"
+    assert commands(due=True) >= 2 * 5 * len(sites), "a look due to count every site did not"
+    assert asked == [False, True]
+
+
 def test_burst_workers_end_once_the_crawl_drains_not_when_the_sites_next_turn_comes(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:

@@ -55,7 +55,12 @@ log = logging.getLogger("crawler.workers")
 #: Longest sleep between two looks of an idle process: new work is announced by Redis
 #: (``listener``), so this only bounds how late a retry that came due is put back.
 IDLE_SLEEP = 1.0
-#: Least seconds between two drain looks of a burst process (``drain.crawl_drained``).
+#: Least seconds between two drain looks of a burst process (``drain.crawl_drained``): a look
+#: while anything runs or is queued costs a few commands, so a burst ends soon after its last page.
+DRAIN_LOOK_EVERY = 0.05
+#: Least seconds between two drain looks of a process that count every site's work (five commands
+#: a site): made once nothing runs and the few commands found nothing (at the end, or while only
+#: retries wait).
 DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2
@@ -497,20 +502,22 @@ class CrawlWorker(SimpleWorker):
             return None, None
         if wait is None:  # no work anywhere we serve
             self.when_idle()
-            wait = DRAIN_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
-        return None, min(wait, DRAIN_EVERY if self._burst else IDLE_SLEEP)
+            wait = DRAIN_LOOK_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
+        return None, min(wait, DRAIN_LOOK_EVERY if self._burst else IDLE_SLEEP)
 
     def _handed_off(self) -> bool:
         """Whether the look handed this thread a site to take a job of outside the lookers' room."""
         return False
 
     def _drained(self) -> bool:
-        """A burst's drain look (``crawl_drained``), once a DRAIN_EVERY per process; False when not a burst."""
+        """A burst's drain look (``crawl_drained``), once a DRAIN_LOOK_EVERY per process, its count of
+        every site's work once a DRAIN_EVERY; False when not a burst."""
         if not self._burst:
             return False
-        room = self._idle.room
+        room, every = self._idle.room, self._idle.every
         return room.drained or (
-            self._idle.every.due("drain", DRAIN_EVERY) and crawl_drained(self.connection, self.sites)
+            every.due("drain", DRAIN_LOOK_EVERY)
+            and crawl_drained(self.connection, self.sites, lambda: every.due("drain-all", DRAIN_EVERY))
         )
 
     def _redis_down(self, exc: Exception) -> float:

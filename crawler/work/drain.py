@@ -7,7 +7,7 @@ Asked by burst workers before they stop, by ``crawler crawl`` before it ends, an
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from redis import Redis
@@ -100,12 +100,18 @@ def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     return waiting or sum(frontier_sizes(connection, sites))
 
 
-def crawl_drained(connection: Redis, sites: Iterable[str]) -> bool:
+def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[], bool] | None = None) -> bool:
     """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
 
     Checked twice a moment apart, so work passing between two lists is not missed.
+    ``count_all``: asked before a look reads every site (``pending_work``, once the first
+    few commands saw nothing); False: not drained, as far as this look says. So a burst may
+    look often (its end comes as soon as its last page is parsed) while its every-site
+    counts, five commands a site, are made at the pace ``count_all`` sets.
     """
     sites = list(sites)
+    if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):
+        return False
     if pending_work(connection, sites):
         return False
     time.sleep(0.05)

@@ -26,6 +26,7 @@ drained (``drain.crawl_drained``).
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -57,8 +58,11 @@ READ_COUNT = 8
 #: Longest wait for a new entry, seconds (stop requests are seen this often).
 READ_BLOCK = 1.0
 #: Longest wait for a new entry of a burst worker (its drain look follows each wait that found
-#: none): with READ_BLOCK a burst ended up to a second after its last page.
-BURST_READ_BLOCK = 0.25
+#: none): with READ_BLOCK a burst ended up to a second after its last page, 0.25 s with 0.25 s.
+BURST_READ_BLOCK = 0.05
+#: Least seconds between two drain looks of a burst worker that count every site's work (five
+#: commands a site): the look after each empty wait costs a few commands until then.
+DRAIN_COUNT_EVERY = 0.25
 #: Seconds a worker lets pages gather after a batch that was not full: a batch's links, items,
 #: records and acknowledgements are written together, so fuller batches cost less a page. A
 #: worker that keeps up waits this long, a page this much later; one behind reads full batches.
@@ -170,6 +174,7 @@ class ParseWorker:
         self._lease = EntryLease(self._client, self.name)
         self._warned: set[str] = set()
         self._last_reclaim = self._last_flush = self._last_forget = self._last_suspension_check = 0.0
+        self._counted_all_at = -math.inf
         self._redis_wait = self._db_wait = 0.0
         self._started = False
 
@@ -255,7 +260,14 @@ class ParseWorker:
                 self.stop_event.wait(READ_PAUSE)
             return True
         self.runtime.counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
-        return not (burst and crawl_drained(self.connection, self.sites))
+        return not (burst and crawl_drained(self.connection, self.sites, self._count_all_due))
+
+    def _count_all_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._counted_all_at < DRAIN_COUNT_EVERY:
+            return False
+        self._counted_all_at = now
+        return True
 
     def _periodic(self) -> None:
         """Fetch records waiting for the database (every 2 s); long-gone consumers out of the group."""
