@@ -467,8 +467,8 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Live settings and spider arguments are re-read once a second: at an interval of a second or more,
-    before each of a paced batch's URLs. They ride in the look for higher work after its rest
-    (``frontier.outranked``), read along, not in round trips of their own: for the pause check, the
+    before each of a paced batch's URLs. They ride in the write of the record before
+    (``SoonRecords.ride``), read along, not in round trips of their own: for the pause check, the
     URL's steps, or the robots pre-check before the rest, which uses them as last read (with
     responses of 0.9 s, what the look before a URL read is over a second old at the next URL's)."""
     interval = 2.0
@@ -481,7 +481,9 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
     real_read, real_along = rt._read_site, rt.read_site_along
     monkeypatch.setattr(rt, "_read_site", lambda site: (alone.append(site), real_read(site))[1])
     monkeypatch.setattr(rt.policies, "refresh", rt._read_site)  # the policy's reads are the same
-    monkeypatch.setattr(rt, "read_site_along", lambda pipe, site: (along.append(site), real_along(pipe, site))[1])
+    monkeypatch.setattr(
+        rt, "read_site_along", lambda pipe, site, *rest: (along.append(site), real_along(pipe, site, *rest))[1]
+    )
     with ShopSite(products=10, latency=0.9, faults=False) as shop:
         try:
             assert rt.batching(SITE).paced

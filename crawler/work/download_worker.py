@@ -146,6 +146,12 @@ class LeaseKeeper:
             if not self._held:
                 self._cond.notify_all()  # the process's busy note is taken back
 
+    @property
+    def holding(self) -> bool:
+        """Whether a worker of the process holds a job now."""
+        with self._cond:
+            return bool(self._held)
+
     def close(self) -> None:
         """End the thread (a later ``hold`` starts another)."""
         with self._cond:
@@ -502,21 +508,28 @@ class CrawlWorker(SimpleWorker):
             return None, None
         if wait is None:  # no work anywhere we serve
             self.when_idle()
-            wait = DRAIN_LOOK_EVERY if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
-        return None, min(wait, DRAIN_LOOK_EVERY if self._burst else IDLE_SLEEP)
+            wait = self._drain_wait() if self._burst else IDLE_SLEEP  # a burst's drain look is what it waits for
+        return None, min(wait, self._drain_wait() if self._burst else IDLE_SLEEP)
+
+    def _drain_wait(self) -> float:
+        """Longest a burst's look waits for the next: DRAIN_LOOK_EVERY once no thread of the process
+        holds a job (the crawl may be over), DRAIN_EVERY while one does (it cannot be)."""
+        return DRAIN_EVERY if self._leases.holding else DRAIN_LOOK_EVERY
 
     def _handed_off(self) -> bool:
         """Whether the look handed this thread a site to take a job of outside the lookers' room."""
         return False
 
     def _drained(self) -> bool:
-        """A burst's drain look (``crawl_drained``), once a DRAIN_LOOK_EVERY per process, its count of
-        every site's work once a DRAIN_EVERY; False when not a burst."""
+        """A burst's drain look (``crawl_drained``), once a DRAIN_LOOK_EVERY per process while none of
+        its threads holds a job, its count of every site's work once a DRAIN_EVERY; False when not a
+        burst, or while a thread of the process holds a job (the crawl is not drained)."""
         if not self._burst:
             return False
         room, every = self._idle.room, self._idle.every
         return room.drained or (
-            every.due("drain", DRAIN_LOOK_EVERY)
+            not self._leases.holding  # a job of this process in hand: not drained, nothing to ask
+            and every.due("drain", DRAIN_LOOK_EVERY)
             and crawl_drained(self.connection, self.sites, lambda: every.due("drain-all", DRAIN_EVERY))
         )
 

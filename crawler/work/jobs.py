@@ -255,7 +255,7 @@ def _user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:
     return user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
 
 
-def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int) -> Rider:
+def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int, always: bool = False) -> Rider:
     """What a paced batch sends with its look for work of a higher priority before its next URL
     (``frontier.outranked``): that its first ``done`` URLs are done (``job`` None: run directly,
     nothing to save), so a batch retried skips them; and its site's live settings and spider arguments
@@ -267,7 +267,7 @@ def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int) -> Rider:
         if job is not None:
             joblife.save_batch_done(job, done, pipe)
         start = len(pipe) - base
-        keep = rt.read_site_along(pipe, site)
+        keep = rt.read_site_along(pipe, site, always)
         if keep is None:
             return None
         return lambda replies: keep(replies[start:])
@@ -284,7 +284,9 @@ class _Look:
     at once, on its own, or never came: the batch then looks on its own after the rest, as before)."""
 
     def __init__(self, rt: runtime.Runtime, site: str, job: Any, done: int):
-        self.between = _between_urls(rt, site, job, done)
+        # Read whether due or not: the write may come well before the URL's steps (records are written
+        # together as the first is due), and a read skipped then was a round trip of its own at the steps.
+        self.between = _between_urls(rt, site, job, done, always=True)
         self.rode = False
 
     def __call__(self, pipe: Any) -> Callable[[list[Any]], None]:

@@ -224,18 +224,21 @@ class Runtime:
         """Whether this process has a spider for ``site`` (one lookup: no dict of every spider built)."""
         return site in self.policies.spiders
 
-    def read_site_along(self, pipe: Any, site: str) -> Callable[[list[Any]], None] | None:
+    def read_site_along(self, pipe: Any, site: str, always: bool = False) -> Callable[[list[Any]], None] | None:
         """Queue in ``pipe`` the reads ``_read_site`` makes, if ``site``'s are due within READ_ALONG_AHEAD
         seconds (the job about to run would read them); what to call with the replies to the commands
         it queued, else None. A download job's claim carries them (``joblife.claim``): at 1,000 sites
-        a site's job comes every few seconds, and its read was a round trip of its own each time."""
+        a site's job comes every few seconds, and its read was a round trip of its own each time.
+        ``always``: whether due or not (a pipeline that goes anyway, some time before the reads are used).
+        """
         if site not in self.policies.spiders:
             return None  # no spider here: the job is handed back unread
         now = time.monotonic()
         held = self._spiders.get(site)
         policy_at = self.policies.read_at(site)
         if (
-            held is not None
+            not always
+            and held is not None
             and policy_at is not None
             and now - held[0] < ARGS_REFRESH - READ_ALONG_AHEAD
             and now - policy_at < LIVE_REFRESH - READ_ALONG_AHEAD
