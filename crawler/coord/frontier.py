@@ -481,15 +481,6 @@ class Frontier:
         """New pages admitted to the site's frontier so far (counted only for a spider with ``max_pages``)."""
         return int(self.connection.get(keys.admitted(self.site)) or 0)
 
-    def _mark_seen(self, urls: list[SeenKey]) -> list[bool]:
-        """Add the requests' fingerprints to the seen set; per request, whether it was new (in order).
-
-        ``urls``: canonical URLs of GETs without a body, (method, URL, body) of the others
-        (``_seen_key``). One repeated is new at most once, as with one SADD each, but only
-        its first occurrence is sent.
-        """
-        return mark_seen_together([(self, urls)])[0]
-
     def _seen_chunks(self, urls: list[SeenKey]) -> tuple[list[int], list[bytes]]:
         """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK."""
         first: dict[SeenKey, int] = {}
@@ -770,7 +761,9 @@ def enqueue_together(
 
 
 def mark_seen_together(frontiers: Sequence[tuple[Frontier, list[SeenKey]]]) -> list[list[bool]]:
-    """``Frontier._mark_seen`` for several sites: the plain seen sets' ADD_SEEN calls in one pipeline
+    """Add the requests' fingerprints (``urls``: ``_seen_key``s) to each site's seen set; per site, per
+    request, whether it was new (in order; one repeated is new at most once, and only its first
+    occurrence is sent). The plain seen sets' ADD_SEEN calls go in one pipeline
     (by hash: a script Redis had not loaded is run again on its own, which loads it); a site whose
     URLs are seen for a while only (``revisit_after``) in calls of its own."""
     chunked = [(frontier, urls, *frontier._seen_chunks(urls)) for frontier, urls in frontiers]
