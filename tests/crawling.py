@@ -15,6 +15,9 @@ import pytest
 from click.testing import Result
 from redis import Redis
 
+from crawler.coord import joblife
+from crawler.coord.frontier import Frontier
+from crawler.coord.task import DownloadTask
 from crawler.settings import Settings
 from crawler.store.database import Store
 from crawler.testing import join_burst_workers, start_burst_workers
@@ -22,6 +25,14 @@ from crawler.work.runtime import Runtime, install
 
 #: Seconds an in-process crawl may take before the test fails.
 CRAWL_TIMEOUT = 60.0
+
+
+def waiting_tasks(connection: Redis, site: str) -> list[DownloadTask]:
+    """Every task waiting for ``site``, in the order it is served: its RQ queue's jobs (a seed makes
+    the first ones: ``cli.crawl._first_jobs``), then its compact frontier, highest priority first."""
+    frontier = Frontier(connection, site, [], 60, 60)
+    jobs = frontier.queue.get_jobs()
+    return [DownloadTask.from_json(p) for job in jobs for p in joblife.tasks_left(job)] + frontier.waiting()
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from crawling import assert_one_line_error
+from crawling import assert_one_line_error, waiting_tasks
 from redis import Redis
 from rq import Queue
 
@@ -496,8 +496,8 @@ def test_export_of_a_site_without_items_is_empty_and_succeeds(invoke: Invoke, sq
 
 
 def _queued(redis_conn: Redis, site: str) -> int:
-    """URLs waiting in the site's frontier, every priority."""
-    return sum(redis_conn.llen(keys.frontier(site, int(p))) for p in redis_conn.zrange(keys.levels(site), 0, -1))
+    """URLs waiting for the site, every priority (its first jobs made by the seed, then its frontier)."""
+    return len(waiting_tasks(redis_conn, site))
 
 
 def _write_spiders(sites_dir: Path, count: int) -> list[str]:
@@ -553,7 +553,7 @@ def test_seed_of_several_named_sites_seeds_each_and_refuses_urls_for_more_than_o
 def test_seed_priority_is_kept_and_bounded(invoke: Invoke, redis_conn: Redis) -> None:
     assert invoke("seed", "demo", "http://127.0.0.1:9/", "--priority", "50").exit_code == 0
     assert invoke("seed", "demo", "http://127.0.0.1:9/default").exit_code == 0
-    waiting = Frontier(redis_conn, "demo", [], 0, 0).waiting()
+    waiting = waiting_tasks(redis_conn, "demo")
     assert [(t.url, t.priority) for t in waiting] == [
         ("http://127.0.0.1:9/", 50),
         ("http://127.0.0.1:9/default", SEED_PRIORITY),

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from crawling import assert_one_line_error, cli_reporting_peak_rss
+from crawling import assert_one_line_error, cli_reporting_peak_rss, waiting_tasks
 from redis import Redis
-from rq import Queue
 from w3lib.url import canonicalize_url
 
 from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
+from crawler.coord.scheduler import Scheduler
 from crawler.coord.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
 from crawler.errors import RefusedURL
 from crawler.store.database import FAILED, FetchRecord, Store
@@ -59,11 +59,8 @@ def url_file_lines() -> tuple[list[bytes], set[str]]:
 
 
 def queued_urls(connection: Redis, site: str = "demo") -> list[str]:
-    """Every URL waiting for ``site`` (frontier lists of every priority and RQ jobs), repeats kept."""
-    frontier = Frontier(connection, site, ["127.0.0.1"], 60, 60)
-    urls = [task.url for task in frontier.waiting()]
-    assert connection.llen(Queue(keys.download_queue(site), connection=connection).key) == 0
-    return urls
+    """Every URL waiting for ``site`` (RQ jobs, then frontier lists of every priority), repeats kept."""
+    return [task.url for task in waiting_tasks(connection, site)]
 
 
 def commands(connection: Redis) -> dict[str, int]:
@@ -85,7 +82,7 @@ def check_seeded(result: Result, connection: Redis, expected: set[str]) -> None:
     urls = queued_urls(connection)
     assert len(urls) == COUNT and set(urls) == expected  # each once
     assert connection.scard(keys.seen("demo")) == COUNT
-    assert connection.llen(keys.frontier("demo", SEED_PRIORITY)) == COUNT
+    assert all(task.priority == SEED_PRIORITY for task in waiting_tasks(connection, "demo"))
 
 
 def test_a_file_of_20000_urls_queues_each_good_one_once_and_counts_the_rest(
@@ -128,7 +125,9 @@ def test_seeding_the_same_file_again_queues_nothing_new_unless_forced(
     assert again.exit_code == 0 and again.stdout.strip() == "demo: 0 enqueued, 3,000 already seen"
     forced = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path), "--force", "--priority", "50")
     assert forced.stdout.strip() == "demo: 3,000 enqueued, 0 already seen"
-    assert redis_conn.llen(keys.frontier("demo", 50)) == 3000 and len(queued_urls(redis_conn)) == 6000
+    waiting = waiting_tasks(redis_conn, "demo")
+    assert len(waiting) == 6000 and sum(task.priority == 50 for task in waiting) == 3000
+    assert [task.priority for task in waiting[:3000]] == [50] * 3000  # served first
 
 
 def test_seeded_pages_go_to_the_callback_given(
@@ -139,7 +138,7 @@ def test_seeded_pages_go_to_the_callback_given(
     result = seed_cli(redis_url, sqlite_url, tmp_path, "--from", str(path), "--callback", "parse_product")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "demo: 2 enqueued, 0 already seen"
-    tasks = Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60).waiting()
+    tasks = waiting_tasks(redis_conn, "demo")
     assert [(t.url, t.callback) for t in tasks] == [
         ("http://127.0.0.1/product/1", "parse_product"),
         ("http://127.0.0.1/product/2", "parse_product"),
@@ -300,6 +299,22 @@ def test_a_line_of_200_mb_is_skipped_unread_and_counted_bad_within_150_mib(
     assert out.decode().strip() == "demo: 2 enqueued, 0 already seen, 1 bad line"
     assert err.decode().strip() == "warning: line 2: longer than 8,192 bytes (not read whole)"
     assert sorted(queued_urls(redis_conn)) == ["http://127.0.0.1/a", "http://127.0.0.1/b"]
+
+
+def test_a_seed_makes_the_sites_first_jobs_so_the_first_look_for_it_takes_one(
+    redis_conn: Redis, redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """Left to the first look, the queue was dry: NEXT_JOB said "refill", the worker refilled and
+    asked again, four round trips more at each site's start of a crawl of many sites."""
+    urls = [f"http://127.0.0.1/s/{i}" for i in range(3)]
+    result = seed_cli(redis_url, sqlite_url, tmp_path, *urls)
+    assert result.exit_code == 0, result.output
+    queue = Frontier(redis_conn, "demo", [], 60, 60).queue
+    assert queue.count >= 1
+    assert queued_urls(redis_conn) == urls  # each once, in their order, the first in jobs
+    first = queue.job_ids[0]
+    step = Scheduler(redis_conn, ["demo"]).take("demo")
+    assert step is not None and not step.refill and step.job_id == first
 
 
 def test_a_seed_or_retry_of_a_url_over_max_url_length_is_a_one_line_error(

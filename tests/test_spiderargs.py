@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from crawling import assert_one_line_error
+from crawling import assert_one_line_error, waiting_tasks
 from redis import Redis
 
 from crawler.cli.app import cli
@@ -117,8 +117,8 @@ def test_seed_arguments_are_seen_by_the_start_requests(base: list[str], redis_co
     result = invoke(base, "seed", "shelf", "-a", f"base={pages}", "-a", "category=music", "-a", "pages=2")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "shelf: 2 enqueued, 0 already seen"
-    queued = redis_conn.lrange(keys.frontier("shelf", SEED_PRIORITY), 0, -1)
-    assert len(queued) == 2 and all(b"/music/" in entry for entry in queued), queued
+    queued = [task.url for task in waiting_tasks(redis_conn, "shelf") if task.priority == SEED_PRIORITY]
+    assert len(queued) == 2 and all("/music/" in url for url in queued), queued
     again = invoke(base, "seed", "shelf")  # no -a: the crawl's arguments are kept, and named
     assert again.exit_code == 0, again.output
     assert "spider arguments kept from before: base=" in again.stderr and "category=music" in again.stderr
