@@ -18,7 +18,7 @@ from crawler.coord.frontier import Frontier, seed
 from crawler.demo import ShopSite
 from crawler.store import outbox
 from crawler.store.database import FAILED, OK, FetchRecord, utcnow
-from crawler.work.events import Done, JSONFormatter, RecordWriter, SoonRecords, fields, summary
+from crawler.work.events import Done, JSONFormatter, RecordWriter, SoonRecords, fields, summary, write_now
 from crawler.work.runtime import Runtime
 
 
@@ -187,3 +187,45 @@ def test_a_whole_write_that_fails_fails_every_record_in_it_and_the_writer_lives_
     first.flush()
     writer.close()
     assert [row["url"] for row in runtime.store.fetch_rows("demo")] == ["http://127.0.0.1:9/c"]
+
+
+def test_records_written_now_by_many_threads_share_the_writers_transactions(
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job of one URL writes its record at once (``write_now``): while the process's writer is in
+    one write, the records of four more threads wait for it and go in its next write together, not
+    in a transaction each, queued one by one for the database."""
+    sizes = counted_writes(monkeypatch)
+    real, in_write, go_on = outbox.write_all, threading.Event(), threading.Event()
+
+    def first_write_waits(rt: Any, records: Any) -> list[str]:
+        if not in_write.is_set():
+            in_write.set()
+            go_on.wait(5)
+        return real(rt, records)
+
+    monkeypatch.setattr(outbox, "write_all", first_write_waits)
+    errors: list[BaseException] = []
+
+    def write(index: int) -> None:
+        try:
+            write_now(runtime, Done(record(url=f"http://127.0.0.1:9/p{index}"), also=lambda pipe: pipe.incr("handed")))
+        except BaseException as exc:  # noqa: BLE001  # told to the test
+            errors.append(exc)
+
+    first = threading.Thread(target=write, args=(0,))
+    first.start()
+    assert in_write.wait(5)
+    others = [threading.Thread(target=write, args=(i,)) for i in range(1, 5)]
+    for thread in others:
+        thread.start()
+    deadline = time.monotonic() + 5
+    while len(runtime.record_writer._waiting) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go_on.set()
+    for thread in [first, *others]:
+        thread.join(5)
+    assert not errors
+    assert sizes == [1, 4], f"database writes of {sizes} records"
+    assert redis_conn.get("handed") == b"5"
+    assert len(runtime.store.fetch_rows("demo")) == 5

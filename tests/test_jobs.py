@@ -560,14 +560,13 @@ def test_when_the_gate_opens_is_known_from_the_send_before_the_record_that_rearm
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
     set_live(redis_conn, SITE, interval=0.4)
     seen: dict[str, tuple[float, float]] = {}  # URL: (the gate opens in, seconds since the send)
-    write = jobs.jobs_done
+    write = jobs.write_now  # a job of one URL: its record is written by the process's writer
 
-    def jobs_done(rt: Runtime, done: list[Any]) -> None:
-        record = done[0].record
-        seen[record.url] = (runtime.gate_opens_at(SITE) - time.monotonic(), record.elapsed)
+    def write_now(rt: Runtime, done: Any) -> None:
+        seen[done.record.url] = (runtime.gate_opens_at(SITE) - time.monotonic(), done.record.elapsed)
         write(rt, done)
 
-    monkeypatch.setattr(jobs, "jobs_done", jobs_done)
+    monkeypatch.setattr(jobs, "write_now", write_now)
     with ShopSite(products=5, faults=False) as shop:
         for n in (1, 2):
             jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))

@@ -292,6 +292,21 @@ class SoonRecords:
             raise error
 
 
+def write_now(rt: Any, done: Done) -> None:
+    """``job_done`` through the process's ``RecordWriter`` (``Runtime.record_writer``): due at once, so
+    written in its next transaction and pipeline together with whatever other threads hand it
+    meanwhile, and waited for; its error raised, as ``jobs_done`` raises it.
+
+    For a job's record that no batch holds (a job of one URL, robots.txt): each written in a
+    transaction of its own, the threads of a process queued for the database's writer one by one,
+    each turn slowed by the others' hold on the interpreter; as 200 slow sites started, a page then
+    reached the parse workers up to a second after its response (its record goes first).
+    """
+    soon = SoonRecords(rt.record_writer, time.monotonic)
+    soon.add(done)
+    soon.flush()
+
+
 def _riding(done: Done, rider: Callable[[Any], Callable[[list[Any]], None]]) -> Done:
     """``done`` with ``rider``'s commands queued after its own, and their replies handed to what
     ``rider`` returned (unless one is an error: the write's error then goes to the batch)."""

@@ -69,7 +69,7 @@ from ..spiders.items import Pipelines, failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, SentRequest, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
 from . import runtime
-from .events import Done, HeldRecords, SoonRecords, job_done, jobs_done
+from .events import Done, HeldRecords, SoonRecords, job_done, jobs_done, write_now
 from .render import DEFAULT_BLOCK, Visit, rendering
 from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
 
@@ -743,8 +743,10 @@ class Attempt:
         if self.held is not None and outcome in HELD_OUTCOMES:
             self.held.add(done)
             return
-        if self.held is not None:  # in order: what was held goes first
-            self.held.flush()
+        if self.held is None:  # with other threads' records, in one write
+            write_now(self.rt, done)
+            return
+        self.held.flush()  # in order: what was held goes first
         jobs_done(self.rt, [done])
 
 
