@@ -682,12 +682,19 @@ def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_a
 
 
 def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_own_pace(
-    redis_conn: Redis,
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A burst ended up to 0.25 s after its last page in each worker kind (their drain looks came
     that far apart), 0.3-0.6 s of a 38 s crawl of 200 sites. Its looks now come every 50 ms; the
-    count of every site's work, five commands a site, only when ``count_all`` says it is due."""
+    count of every site's work, five commands a site, only when ``count_all`` says it is due. The
+    few commands that look first are not made again before that count: once, then once more a
+    moment later (the second of the two passes that make a drained answer exact)."""
+    from crawler.work import drain
     from crawler.work.drain import QUICK_SITES, crawl_drained
+
+    busy_asked: list[int] = []
+    busy = drain.busy_processes
+    monkeypatch.setattr(drain, "busy_processes", lambda connection: busy_asked.append(1) or busy(connection))
 
     redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
     sites = [f"t{i}" for i in range(500)]
@@ -700,8 +707,10 @@ def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_ow
         return int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
 
     assert commands(due=False) <= 4 + 2 * QUICK_SITES, "a look not due to count read every site"
+    busy_asked.clear()
     assert commands(due=True) >= 2 * 5 * len(sites), "a look due to count every site did not"
     assert asked == [False, True]
+    assert len(busy_asked) == 2, "the busy processes were asked again before the count"
 
 
 def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_at_its_usual_pace(

@@ -73,7 +73,7 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
         return sum(int(n or 0) for n in pipe.execute())
 
 
-def pending_work(connection: Redis, sites: Iterable[str]) -> int:
+def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
     First one command: the download processes of the fleet with jobs in hand (``inflight``),
@@ -85,9 +85,10 @@ def pending_work(connection: Redis, sites: Iterable[str]) -> int:
     trip, five commands a site), then the compact frontiers (their levels, then a script a
     site: two more) when those come to nothing: once at the end of a crawl, or while only
     retries wait. So the answer is exact when it is 0, and a lower bound otherwise.
+    ``looked``: the caller has just made the first command and the quick look, which saw nothing.
     """
     sites = list(sites)
-    quick = busy_processes(connection) or quick_work(connection, sites)
+    quick = 0 if looked else busy_processes(connection) or quick_work(connection, sites)
     if quick:
         return quick
     with connection.pipeline(transaction=False) as pipe:
@@ -112,7 +113,7 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     sites = list(sites)
     if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):
         return False
-    if pending_work(connection, sites):
+    if pending_work(connection, sites, looked=count_all is not None):
         return False
     time.sleep(0.05)
     return pending_work(connection, sites) == 0

@@ -26,7 +26,6 @@ drained (``drain.crawl_drained``).
 from __future__ import annotations
 
 import logging
-import math
 import signal
 import threading
 import time
@@ -49,6 +48,7 @@ from ..errors import ConfigError, RefusedRecord
 from ..store import outbox
 from . import jobs, runtime
 from .drain import crawl_drained
+from .idle import Every
 from .watchdog import WatchdogDeathPenalty
 
 log = logging.getLogger("crawler.parsing")
@@ -174,7 +174,7 @@ class ParseWorker:
         self._lease = EntryLease(self._client, self.name)
         self._warned: set[str] = set()
         self._last_reclaim = self._last_flush = self._last_forget = self._last_suspension_check = 0.0
-        self._counted_all_at = -math.inf
+        self._every = Every()
         self._redis_wait = self._db_wait = 0.0
         self._started = False
 
@@ -260,14 +260,8 @@ class ParseWorker:
                 self.stop_event.wait(READ_PAUSE)
             return True
         self.runtime.counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
-        return not (burst and crawl_drained(self.connection, self.sites, self._count_all_due))
-
-    def _count_all_due(self) -> bool:
-        now = time.monotonic()
-        if now - self._counted_all_at < DRAIN_COUNT_EVERY:
-            return False
-        self._counted_all_at = now
-        return True
+        count_all = partial(self._every.due, "drain-all", DRAIN_COUNT_EVERY)
+        return not (burst and crawl_drained(self.connection, self.sites, count_all))
 
     def _periodic(self) -> None:
         """Fetch records waiting for the database (every 2 s); long-gone consumers out of the group."""
