@@ -1,4 +1,5 @@
-"""One subscription per process: RQ's commands reach the worker they name, a site that got work wakes the idle."""
+"""One subscription per process: RQ's commands reach the worker they name, a site that got work wakes the
+idle, more work of a site already known reaches the thread that follows it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from redis import Redis
 from rq.command import send_command
 
 from crawler.coord import keys
+from crawler.coord.frontier import DownloadTask, Frontier
 from crawler.coord.scheduler import mark_ready
 from crawler.work import listener
 from crawler.work.idle import IdleRoom
@@ -97,4 +99,33 @@ def test_a_site_newly_marked_ready_is_announced_once_and_wakes_the_idle_watcher(
     finally:
         stop.set()
         own.close()
+        hears.unregister(worker)
+
+
+def test_more_work_of_a_site_already_ready_tells_the_thread_that_follows_it_and_wakes_no_one_else(
+    redis_conn: Redis,
+) -> None:
+    """A site whose last job left it in the ready set (due when its gate opens) is not announced again
+    when its links come: the thread that follows it (``DownloadWorker.follow``) is told on its own channel."""
+    site = "followed"
+    redis_conn.delete(keys.frontier(site))
+    mark_ready(redis_conn, {site: 0})  # in the ready set already: ``mark_ready`` would say nothing
+    room = IdleRoom()
+    worker = Heard("following")
+    hears = listener.of(redis_conn)
+    hears.register(worker, room)
+    stop = threading.Event()
+    expected, other = room.expect(site), room.expect("another")
+    try:
+        _subscribed(redis_conn, keys.more_work())
+        started = time.monotonic()
+        Frontier(redis_conn, site, [], 0, 0).push([DownloadTask(site, "http://127.0.0.1:9/next")])
+        assert room.await_work(expected, 5.0, stop), "the follower was not told of its site's work"
+        assert time.monotonic() - started < 5
+        assert not other.is_set(), "another site's follower was told"
+        assert not room._poked.is_set(), "the idle watcher was woken for a site it already knows of"
+    finally:
+        stop.set()
+        room.unexpect(site, expected)
+        room.unexpect("another", other)
         hears.unregister(worker)

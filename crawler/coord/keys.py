@@ -170,6 +170,12 @@ def wake() -> str:
     return f"{PREFIX}wake"
 
 
+def more_work() -> str:
+    """Pub/sub channel on which a site already in the ready set that got more work is announced (its name):
+    a thread that follows the site is told (``IdleRoom.expect``); the idle ones need not look."""
+    return f"{PREFIX}more-work"
+
+
 def busy() -> str:
     """Sorted set of the download processes with jobs in hand, scored by when (ms, Redis clock) the note lapses."""
     return f"{PREFIX}busy"

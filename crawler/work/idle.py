@@ -193,9 +193,13 @@ class IdleRoom:
         its sleep, and a thread that ``expect``s work of that site is told."""
         self._poked.set()
         if site is not None:
-            expected = self._expected.get(site)  # a dict's get is atomic: no lock for every announcement
-            if expected is not None:
-                expected.set()
+            self.tell(site)
+
+    def tell(self, site: str) -> None:
+        """Work of ``site`` came (Redis said so): the thread that ``expect``s it is told, no one else."""
+        expected = self._expected.get(site)  # a dict's get is atomic: no lock for every announcement
+        if expected is not None:
+            expected.set()
 
     def expect(self, site: str) -> threading.Event:
         """From now on, set the event returned when work of ``site`` is announced (``poke``) or the burst

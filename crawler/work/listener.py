@@ -3,11 +3,13 @@
 RQ gives each worker a subscription and a thread of its own to hear ``rq``'s commands
 (shutdown, kill-horse, stop-job) on ``rq:pubsub:NAME``: a process of hundreds of worker
 threads would hold hundreds of connections and threads for messages that seldom come.
-Here one connection per process subscribes to every worker's channel by pattern, and to
+Here one connection per process subscribes to every worker's channel by pattern, to
 ``keys.wake()``, on which the crawl announces a site that got work
-(``scheduler.mark_ready``); one thread hands each command to the worker it names and
-each wake-up to the process's idle rooms (``idle.IdleRoom.poke``), so an idle process
-sleeps until work comes instead of looking for it. The subscription lives while the
+(``scheduler.mark_ready``), and to ``keys.more_work()``, on which it announces more work of
+a site already in the ready set (``Frontier.push``); one thread hands each command to the
+worker it names, each wake-up to the process's idle rooms (``idle.IdleRoom.poke``), so an
+idle process sleeps until work comes instead of looking for it, and each more-work to the
+thread that follows that site, if any (``idle.IdleRoom.tell``). The subscription lives while the
 process has a worker registered with it.
 """
 
@@ -76,7 +78,7 @@ class Listener:
     def _start(self) -> None:
         pubsub = self._connection.pubsub(ignore_subscribe_messages=True)
         pubsub.psubscribe(**{f"{self._prefix}*": self._command})
-        pubsub.subscribe(**{keys.wake(): self._wake})
+        pubsub.subscribe(**{keys.wake(): self._wake, keys.more_work(): self._more_work})
         self._pubsub = pubsub
         self._thread = pubsub.run_in_thread(sleep_time=60, daemon=True, exception_handler=self._on_error)
 
@@ -92,6 +94,13 @@ class Listener:
         site = data.decode(errors="replace") if isinstance(data, bytes) else data if isinstance(data, str) else None
         for room in list(self._rooms):
             room.poke(site)
+
+    def _more_work(self, message: dict[str, Any]) -> None:
+        data = message.get("data")
+        if isinstance(data, bytes | str):
+            site = data.decode(errors="replace") if isinstance(data, bytes) else data
+            for room in list(self._rooms):
+                room.tell(site)
 
     def _on_error(self, exc: BaseException, pubsub: PubSub, thread: PubSubWorkerThread) -> None:
         # redis-py subscribes again once the connection is back; meanwhile the workers' own
