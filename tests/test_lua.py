@@ -376,3 +376,27 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
     for name, declared, touched in seen.calls:
         assert touched <= declared, f"{name} touched keys not in its KEYS: {sorted(touched - declared)}"
     assert {name for name, _, _ in seen.calls} == set(lua.names())
+
+
+def test_a_registered_script_is_handed_out_without_the_registration_lock(redis_conn: Redis) -> None:
+    """The hundreds of threads of a download process ask for scripts all the time: once made, a
+    script is read without the lock that making one takes, so they do not wait on each other."""
+    import threading
+
+    made = lua.script(redis_conn, "next_job")
+    handed: list[Any] = []
+    with lua._registering:  # another thread making a script holds it
+        reader = threading.Thread(target=lambda: handed.append(lua.script(redis_conn, "next_job")))
+        reader.start()
+        reader.join(2)
+        assert handed == [made], "a script already made waited for the registration lock"
+
+
+def test_a_frontier_has_no_lazy_attribute_whose_first_read_takes_a_lock_of_its_class(redis_conn: Redis) -> None:
+    """On Python 3.11 a ``cached_property``'s first read on any instance takes one lock of the class: a
+    download process's frontiers (one a site) waited on it in turn as 1,000 sites' first refills came."""
+    from functools import cached_property
+
+    assert [name for name, value in vars(Frontier).items() if isinstance(value, cached_property)] == []
+    frontier = Frontier(redis_conn, "demo", [], 0, 0)
+    assert {"scheduler", "_add_seen", "_add_seen_buckets", "_move"} <= set(vars(frontier))

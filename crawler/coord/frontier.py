@@ -16,7 +16,6 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -368,10 +367,13 @@ class Frontier:
         self.max_request_body_bytes = max_request_body_bytes
         self.max_pages = max_pages
         self.queue = download_queue(connection, site)
-
-    @cached_property
-    def scheduler(self) -> Scheduler:
-        return Scheduler(self.connection)
+        # Made now, not as cached properties: on Python 3.11 a cached property's first read takes a
+        # lock of its class, which every site's frontier shares: at 1,000 sites 40 threads of a download
+        # process waited on it at once, as each site's first refill came.
+        self.scheduler = Scheduler(connection)
+        self._add_seen = lua.script(connection, "add_seen")
+        self._add_seen_buckets = lua.script(connection, "add_seen_for_a_while")
+        self._move = lua.script(connection, "move_to_queue")
 
     def check(self, url: str) -> str:
         """The canonical URL, or RefusedURL if it is malformed, off-domain or too long."""
@@ -492,10 +494,6 @@ class Frontier:
         chunks = [b"".join(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
         return list(first.values()), chunks
 
-    @cached_property
-    def _add_seen(self) -> Any:
-        return lua.script(self.connection, "add_seen")
-
     def _add_seen_for_a_while(self, chunk: bytes) -> bytes:
         """ADD_SEEN_FOR_A_WHILE of ``chunk``, its buckets named from the Redis clock as estimated here.
 
@@ -514,10 +512,6 @@ class Frontier:
                 return _bytes(reply)
             redisclock.resync(self.connection)
         raise RuntimeError("the Redis clock moved by more than a seen-set bucket at each of three reads")
-
-    @cached_property
-    def _add_seen_buckets(self) -> Any:
-        return lua.script(self.connection, "add_seen_for_a_while")
 
     @property
     def _bucket_width_ms(self) -> int:
@@ -719,10 +713,6 @@ class Frontier:
             args += [name, script_keys.index(key) + 1, len(rest), *rest]
         writes.reset()
         return bool(int(self._move(keys=script_keys, args=args)))
-
-    @cached_property
-    def _move(self) -> Any:
-        return lua.script(self.connection, "move_to_queue")
 
     def _refill_lock(self) -> Gate:
         lock = keys.refill_lock(self.site)

@@ -43,8 +43,13 @@ def script(connection: Redis, name: str) -> Script:
     """Script ``name`` registered on ``connection``: run with EVALSHA, loaded on first use.
 
     One ``Script`` per connection and name, made once: a gate or frontier object made per
-    request asks for its scripts every time (registering hashes the source).
+    request asks for its scripts every time (registering hashes the source). Found, it is
+    read without the lock: the hundreds of threads of a download process ask for scripts
+    all the time, and a lock they all share held them up in turn (``Frontier._move``).
     """
+    found = _registered.get(connection, {}).get(name)  # a dict read is atomic: no lock once made
+    if found is not None:
+        return found
     with _registering:
         scripts = _registered.setdefault(connection, {})
         found = scripts.get(name)
