@@ -90,15 +90,13 @@ class Listener:
             worker.handle_payload(message)
 
     def _wake(self, message: dict[str, Any]) -> None:
-        data = message.get("data")
-        site = data.decode(errors="replace") if isinstance(data, bytes) else data if isinstance(data, str) else None
+        site = _site_of(message)
         for room in list(self._rooms):
             room.poke(site)
 
     def _more_work(self, message: dict[str, Any]) -> None:
-        data = message.get("data")
-        if isinstance(data, bytes | str):
-            site = data.decode(errors="replace") if isinstance(data, bytes) else data
+        site = _site_of(message)
+        if site is not None:
             for room in list(self._rooms):
                 room.tell(site)
 
@@ -112,6 +110,12 @@ class Listener:
             return
         log.warning("the subscription for commands and wake-ups ended on %s", exc)
         raise exc
+
+
+def _site_of(message: dict[str, Any]) -> str | None:
+    """The site a wake-up or more-work message names (anyone may publish: None when it names none)."""
+    data = message.get("data")
+    return data.decode(errors="replace") if isinstance(data, bytes) else data if isinstance(data, str) else None
 
 
 _listeners: weakref.WeakKeyDictionary[Redis, Listener] = weakref.WeakKeyDictionary()
