@@ -34,9 +34,11 @@ from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_
 from crawler.work.runtime import (
     ARGS_REFRESH,
     BATCH_BELOW,
+    LATE_SPACING,
     PACED_BATCH_SPAN,
     PACED_MAX_INTERVAL,
     PACED_MIN_INTERVAL,
+    SLOW_ANSWER,
     UNBATCHED_FOR,
     Runtime,
     install,
@@ -521,6 +523,26 @@ def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_j
         finally:
             rt.close()
     assert UNBATCHED_FOR >= 60  # for a while: not batch after batch cut short
+
+
+def test_a_late_batch_of_a_site_answering_fast_stays_batched_the_lateness_being_the_workers_own(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """On a loaded machine a batch comes late though the site answers fast: one URL a job would add
+    RQ's bookkeeping, a look and a claim to every request, and the load with them."""
+    rt = Runtime(redis_conn, fast(settings, SLOW))
+    try:
+        batching = rt.batching(SITE)
+        assert batching.paced
+        late = 3 * LATE_SPACING * batching.interval  # for each of two URLs
+        rt.answered(SITE, 0.1 * batching.interval)
+        rt.batch_paced(SITE, 2, 2 * late, batching)
+        assert rt.batching(SITE).paced
+        rt.answered(SITE, SLOW_ANSWER * batching.interval)
+        rt.batch_paced(SITE, 2, 2 * late, batching)
+        assert not rt.batching(SITE).paced  # the site's own slowness: several threads keep up, one cannot
+    finally:
+        rt.close()
 
 
 def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_ahead_of_its_gate(

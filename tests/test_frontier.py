@@ -20,7 +20,7 @@ from rq.job import Job
 from w3lib.url import canonicalize_url
 
 from crawler.coord import keys
-from crawler.coord.frontier import DownloadTask, Frontier, canonicalize, host_allowed, seed
+from crawler.coord.frontier import DownloadTask, Frontier, canonicalize, host_allowed, refill_together, seed
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.errors import RefusedURL
 from crawler.settings import DEFAULT_MAX_URL_LENGTH
@@ -489,6 +489,55 @@ def test_a_refill_is_two_round_trips_and_makes_the_site_due_when_asked(
     assert trips == ["pipeline", "EVALSHA"]
     assert redis_conn.zscore(keys.ready(), SITE) == 0  # due at once: its jobs are made
     assert queued_urls(frontier) == [f"http://example.com/{i}" for i in (4, 5, 0, 1, 2, 3)]
+
+
+def test_refilling_sites_together_takes_two_round_trips_for_all_and_leaves_the_others_to_their_own(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``refill_together``: the reads of every site in one pipeline, the moves in another. A site with
+    jobs enough is left as it is; one with another priority waiting refills on its own (its read may
+    need a second look); one whose lists changed between the read and the move too."""
+    import redis.client
+
+    def made(site: str, urls: int, priority: int = 0) -> Frontier:
+        frontier = Frontier(redis_conn, site, ["example.com"], FAILURE_TTL, JOB_TIMEOUT)
+        frontier.add([Request(f"http://example.com/{site}/{i}", priority=priority) for i in range(urls)])
+        return frontier
+
+    dry = [made(f"dry{i}", 3) for i in range(3)]
+    full = made("full", 6)
+    assert full.refill(4) == 4
+    ranked = made("ranked", 2, priority=5)
+    changed = made("changed", 2)
+    made("warm", 1).refill(1)  # the process's first: RQ asks the server's version, the script is loaded
+    real_execute, trips = redis.client.Pipeline.execute, []
+
+    def execute(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(len(pipe.command_stack))
+        replies = real_execute(pipe, *args, **kwargs)
+        if len(trips) == 1:  # after the reads: a push to the head of one site's list (its own pipeline)
+            real_hand_back([DownloadTask("changed", "http://example.com/changed/back")])
+        return replies
+
+    def real_hand_back(tasks: list[DownloadTask]) -> None:
+        monkeypatch.setattr(redis.client.Pipeline, "execute", real_execute)
+        changed.hand_back(tasks)
+        monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    assert refill_together([*dry, full, ranked, changed], jobs_ahead=4) == 3 * 3 + 2 + 3
+    monkeypatch.undo()
+    assert trips[:2] == [3 * 6, 4]  # three reads a site at once; the moves of the three dry sites and `changed`
+    assert trips[2:] == [3, 1, 3]  # then `ranked` alone (two reads), `changed` alone (read again; moves are scripts)
+    for frontier in dry:
+        assert queued_urls(frontier) == [f"http://example.com/{frontier.site}/{i}" for i in range(3)]
+        assert redis_conn.llen(keys.frontier(frontier.site)) == 0
+    assert full.queue.count == 4 and redis_conn.llen(keys.frontier("full")) == 2  # untouched
+    assert ranked.queue.count == 2
+    assert sorted(queued_urls(changed)) == sorted(
+        ["http://example.com/changed/back", "http://example.com/changed/0", "http://example.com/changed/1"]
+    )
+    assert changed.queue.count == 3
 
 
 def test_a_refill_whose_lists_change_before_its_move_reads_again_losing_and_doubling_nothing(

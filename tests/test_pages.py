@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from crawling import installed_runtime, peak_rss_mib
+from crawling import installed_runtime, peak_rss_mib, waiting_tasks
 from redis import Redis
 from rq.suspension import resume, suspend
 
@@ -289,9 +289,29 @@ def test_a_page_over_max_links_per_page_keeps_its_first_links_and_its_record_say
             "links capped at max_links_per_page (100): 151 more dropped; "
             "1 links refused: URL longer than 8,192 bytes (9,019)"
         )
-        queued = [task.url for task in rt.frontier("links").waiting()]
+        queued = [task.url for task in waiting_tasks(redis_conn, "links")]  # the first made into jobs already
         assert queued == [f"http://127.0.0.1:9/p/1/{i}" for i in range(99)]
         assert [item["url"] for item in rt.store.items("links")] == [url]  # the callback ran to its end
+    assert_stream_empty(redis_conn)
+
+
+def test_a_parse_worker_makes_jobs_of_links_whose_site_has_none_queued_and_leaves_the_others_in_the_frontier(
+    redis_conn: Redis, links_settings: Settings
+) -> None:
+    """A slow site crawled by following its links runs dry after each of its first pages; its next job
+    was made only when a look found it due, five round trips before its send (``refill_together``)."""
+    with installed_runtime(redis_conn, links_settings) as rt:
+        add_links_page(redis_conn, 1, links_page(1, 3))
+        parse_the_stream(redis_conn, "links")
+        frontier = rt.frontier("links")
+        assert frontier.queue.count >= 1  # made by the parse worker: no download worker runs here
+        assert frontier.waiting() == []
+        assert [t.url for t in waiting_tasks(redis_conn, "links")] == [f"http://127.0.0.1:9/p/1/{i}" for i in range(3)]
+        jobs_before = frontier.queue.job_ids
+        add_links_page(redis_conn, 2, links_page(2, 3))
+        parse_the_stream(redis_conn, "links")
+        assert frontier.queue.job_ids == jobs_before  # jobs were queued: the links wait for the usual refill
+        assert [t.url for t in frontier.waiting()] == [f"http://127.0.0.1:9/p/2/{i}" for i in range(3)]
     assert_stream_empty(redis_conn)
 
 
@@ -311,7 +331,7 @@ def test_a_batch_is_written_before_the_next_page_once_its_links_pass_the_byte_bu
         # A batch's records are written together with one finishing time (``HeldParses.flush``).
         assert len({r["finished"] for r in records[:4]}) == 1  # few links: one batch, one write
         assert len({r["finished"] for r in records[4:]}) == 4  # many: a write a page
-        assert len(rt.frontier("links").waiting()) == 4 * 10 + 4 * 1000
+        assert len(waiting_tasks(redis_conn, "links")) == 4 * 10 + 4 * 1000  # the first made into jobs already
     assert_stream_empty(redis_conn)
 
 

@@ -279,6 +279,8 @@ class AddResult:
     refused: list[tuple[str, str]] | None = None  # (url, reason)
     #: New requests not queued: the site's ``max_pages`` were admitted already.
     over_max_pages: int = 0
+    #: Links were queued and the site's RQ queue held no job as they were (``Frontier.refill_if_dry``).
+    queue_dry: bool = False
 
 
 def download_queue(connection: Redis, site: str) -> Queue:
@@ -467,7 +469,9 @@ class Frontier:
                 )
             by_priority.setdefault(request.priority, []).append(encode(url))
             result.enqueued.append(url)
-        self._push_entries(by_priority)
+        if self._push_entries(by_priority):
+            for result in results:
+                result.queue_dry = True
         return results
 
     def _admit(self, pages: int) -> int:
@@ -548,10 +552,10 @@ class Frontier:
         if added:
             announce_work(self.connection, [self.site])
 
-    def _push_entries(self, by_priority: dict[int, list[str]]) -> None:
-        """``push`` for entries already encoded, by priority."""
+    def _push_entries(self, by_priority: dict[int, list[str]]) -> bool:
+        """``push`` for entries already encoded, by priority; whether the site's RQ queue held no job then."""
         if not by_priority:
-            return
+            return False
         # A transaction runs as one block on the server: a big batch goes in pieces of
         # PUSH_CHUNK entries, each a transaction of its own (entries, levels), so other
         # clients are served in between. Each piece leaves the lists consistent.
@@ -577,11 +581,13 @@ class Frontier:
             # links of its last page reached the thread only by way of the lookers' picks, 0.3 s late
             # at 200 slow sites as they started.
             pipe.publish(keys.more_work(), self.site)
-            *_, added, _, outranked, _ = pipe.execute()
+            pipe.llen(self.queue.key)
+            *_, added, _, outranked, _, queued = pipe.execute()
         if added:
             announce_work(self.connection, [self.site])
         if outranked:
             self.preempt(max(by_priority))
+        return not queued
 
     def preempt(self, priority: int) -> int:
         """Hand queued jobs below ``priority`` back to the frontier and refill. Returns how many.
@@ -645,12 +651,20 @@ class Frontier:
         priorities, as far as a refill could take from it; those above it, when any, in a
         second round trip.
         """
-        most = jobs_ahead * self.batch
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.llen(self.queue.key)
-            pipe.zrevrange(keys.levels(self.site), 0, -1)
-            pipe.lrange(keys.frontier(self.site, 0), 0, most - 1)
-            queued, levels, default_head = pipe.execute()
+            self._queue_refill_read(pipe, jobs_ahead)
+            return self._refill_read(jobs_ahead, *pipe.execute())
+
+    def _queue_refill_read(self, pipe: Any, jobs_ahead: int) -> None:
+        """Queue in ``pipe`` the first round trip of ``_read_for_refill`` (three replies)."""
+        pipe.llen(self.queue.key)
+        pipe.zrevrange(keys.levels(self.site), 0, -1)
+        pipe.lrange(keys.frontier(self.site, 0), 0, jobs_ahead * self.batch - 1)
+
+    def _refill_read(
+        self, jobs_ahead: int, queued: Any, levels: list[bytes], default_head: list[bytes]
+    ) -> _RefillRead | None:
+        """``_read_for_refill`` from the replies of its first round trip (``_queue_refill_read``)."""
         wanted = jobs_ahead - int(queued)
         if wanted <= 0:
             return None
@@ -686,6 +700,11 @@ class Frontier:
 
     def _move_to_queue(self, read: _RefillRead, due_now: bool) -> bool:
         """One try of ``refill``'s move (MOVE_TO_QUEUE); False, nothing written, if what it read changed."""
+        script_keys, args = self._move_call(read, due_now)
+        return bool(int(self._move(keys=script_keys, args=args)))
+
+    def _move_call(self, read: _RefillRead, due_now: bool) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of MOVE_TO_QUEUE for ``read``."""
         # The writes are queued in a pipeline never sent (RQ's own, as ``enqueue_many`` makes
         # them), then handed to the script with their keys, which runs them if nothing changed.
         writes = self.connection.pipeline(transaction=False)
@@ -712,7 +731,7 @@ class Frontier:
                 script_keys.append(key)
             args += [name, script_keys.index(key) + 1, len(rest), *rest]
         writes.reset()
-        return bool(int(self._move(keys=script_keys, args=args)))
+        return script_keys, args
 
     def _refill_lock(self) -> Gate:
         lock = keys.refill_lock(self.site)
@@ -737,6 +756,53 @@ class Frontier:
             for key in self.seen_keys():
                 pipe.srem(key, member)
             pipe.execute()
+
+
+def refill_together(frontiers: Sequence[Frontier], jobs_ahead: int = JOBS_AHEAD) -> int:
+    """``Frontier.refill`` for several sites at once: their reads in one round trip, their moves in
+    another. A site whose read needs a second look (priorities other than 0 waiting), or whose move
+    found its lists changed or its script not loaded, is refilled on its own. Returns the jobs made.
+
+    A parse worker refills the sites whose queue its links found dry (``AddResult.queue_dry``): a
+    slow site crawled by following its links runs dry after nearly every page as it starts
+    (home, listing, first products), and its next job was made only once a look found the site
+    due and dry and handed it to a thread to refill, some five round trips between the gate
+    opening and the send, each a wait for the interpreter on a loaded process: at 1,000 sites a
+    whole 5 s interval at the first product. The links come an interval, less the answer's
+    time, before the site's turn: the jobs are made then, off the path to the send.
+    """
+    if not frontiers:
+        return 0
+    connection = frontiers[0].connection
+    with connection.pipeline(transaction=False) as pipe:
+        for frontier in frontiers:
+            frontier._queue_refill_read(pipe, jobs_ahead)
+        replies = pipe.execute()
+    made = 0
+    alone: list[Frontier] = []
+    moves: list[tuple[Frontier, _RefillRead]] = []
+    for at, frontier in enumerate(frontiers):
+        queued, levels, default_head = replies[3 * at : 3 * at + 3]
+        if int(queued) >= jobs_ahead or not levels:  # enough jobs, or nothing to make them of
+            continue
+        if any(raw != b"0" for raw in levels):  # other priorities: the read may take a second look
+            alone.append(frontier)
+            continue
+        read = frontier._refill_read(jobs_ahead, queued, levels, default_head)
+        if read is not None:
+            moves.append((frontier, read))
+    if moves:
+        with connection.pipeline(transaction=False) as pipe:
+            for frontier, read in moves:
+                script_keys, args = frontier._move_call(read, due_now=False)
+                pipe.evalsha(frontier._move.sha, len(script_keys), *script_keys, *args)
+            outcomes = pipe.execute(raise_on_error=False)
+        for (frontier, read), outcome in zip(moves, outcomes, strict=True):
+            if isinstance(outcome, Exception) or not int(outcome):  # not loaded (NOSCRIPT), or changed
+                alone.append(frontier)
+            else:
+                made += read.made
+    return made + sum(frontier.refill(jobs_ahead) for frontier in alone)
 
 
 def enqueue_together(

@@ -26,11 +26,13 @@ from typing import Any
 from urllib.parse import urljoin
 
 import httpx
+import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from ..coord import joblife, keys, pages, quarantine
 from ..coord.frontier import (
+    AddResult,
     Candidate,
     Frontier,
     Rider,
@@ -40,6 +42,7 @@ from ..coord.frontier import (
     higher_waits,
     look_for_higher,
     outranked,
+    refill_together,
 )
 from ..coord.gate import Gate, Unless
 from ..coord.pacing import throttle_pause
@@ -1323,9 +1326,11 @@ class HeldParses:
         """
         links, self.links = self.links, []
         sites = dict.fromkeys(site for site, _, _ in links)
-        enqueue_together(
-            [(self.rt.frontier(site), [(page, depth) for s, page, depth in links if s == site]) for site in sites]
+        frontiers = [self.rt.frontier(site) for site in sites]
+        added = enqueue_together(
+            [(frontier, [(page, depth) for s, page, depth in links if s == frontier.site]) for frontier in frontiers]
         )
+        _refill_dry([frontier for frontier, results in zip(frontiers, added, strict=True) if _found_dry(results)])
         finished = utcnow()
         for held in self.done:
             held.record.finished = finished
@@ -1375,6 +1380,19 @@ class HeldParses:
         """
         held = sum(2 * len(url) + HELD_LINK_COST for _, candidates, _ in self.links for url, _ in candidates)
         return held >= HELD_LINK_BYTES
+
+
+def _found_dry(results: list[AddResult]) -> bool:
+    return any(result.queue_dry for result in results)
+
+
+def _refill_dry(frontiers: list[Frontier]) -> None:
+    """``refill_together`` the sites whose RQ queue a parse worker's links found dry. A refill that fails
+    (Redis went away) is left to the download workers: a look finds the site dry and refills it."""
+    try:
+        refill_together(frontiers)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        log.info("refill of %d site(s) after their links left to the download workers: %s", len(frontiers), exc)
 
 
 def parse_failed(
