@@ -26,9 +26,10 @@ interval, its address as start URL and allowed domain; URLs naming an IP address
 --all`` in one process (its wall and CPU reported apart, not in the figures below), then
 ``crawler worker download --burst`` and ``crawler worker parse --burst``, the CLI as users
 run it, as two subprocesses started together. The download worker's extra arguments come
-from ``BENCH_FLEET_DOWNLOAD_ARGS`` (e.g. ``"-n 2 --threads 64"``); by default none: the plain
-default command. Scrapy: one ``scrapy runspider`` process of the spider of ``bench
-throughput`` (same selectors and items) with every site's home as start URL,
+from ``BENCH_FLEET_DOWNLOAD_ARGS`` (e.g. ``"-n 2 --threads 64"``), the parse worker's from
+``BENCH_FLEET_PARSE_ARGS`` (e.g. ``"-n 2"``); by default none: the plain default commands.
+Scrapy: one ``scrapy runspider`` process of the spider of ``bench throughput`` (same
+selectors and items) with every site's home as start URL,
 ``DOWNLOAD_DELAY`` = interval with no jitter (``DOWNLOAD_DELAY_JITTER=0``, or
 ``RANDOMIZE_DOWNLOAD_DELAY=False`` in a Scrapy without it; by default each delay is drawn
 from 0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
@@ -129,8 +130,10 @@ SAMPLE_EVERY = 0.25
 IDLE_SETTLE = 5.0
 IDLE_WINDOW = 10.0
 QUICK_IDLE_WINDOW = 5.0
-#: Environment: extra arguments of ``crawler worker download``; seconds a crawl may take; rounds.
+#: Environment: extra arguments of ``crawler worker download``, of ``crawler worker parse``; seconds a
+#: crawl may take; rounds.
 DOWNLOAD_ARGS_ENV = "BENCH_FLEET_DOWNLOAD_ARGS"
+PARSE_ARGS_ENV = "BENCH_FLEET_PARSE_ARGS"
 #: ``0``: run ours only (a look at our figures, not a comparison).
 SCRAPY_ENV = "BENCH_FLEET_SCRAPY"
 TIMEOUT_ENV = "BENCH_FLEET_TIMEOUT"
@@ -609,12 +612,17 @@ def download_args() -> list[str]:
     return shlex.split(os.environ.get(DOWNLOAD_ARGS_ENV, ""))
 
 
+def parse_args() -> list[str]:
+    """Extra arguments of ``crawler worker parse`` (``BENCH_FLEET_PARSE_ARGS``; none by default)."""
+    return shlex.split(os.environ.get(PARSE_ARGS_ENV, ""))
+
+
 def worker_commands(config_file: Path, burst: bool) -> list[list[str]]:
     base = crawler_command(config_file)
     flag = ["--burst"] if burst else []
     return [
         [*base, "worker", "download", *flag, *download_args()],
-        [*base, "worker", "parse", *flag],
+        [*base, "worker", "parse", *flag, *parse_args()],
     ]
 
 
