@@ -279,7 +279,7 @@ class AddResult:
     refused: list[tuple[str, str]] | None = None  # (url, reason)
     #: New requests not queued: the site's ``max_pages`` were admitted already.
     over_max_pages: int = 0
-    #: Links were queued and the site's RQ queue held no job as they were (``Frontier.refill_if_dry``).
+    #: Links were queued and the site's RQ queue held no job as they were (``refill_together``).
     queue_dry: bool = False
 
 
