@@ -151,14 +151,20 @@ def test_a_download_worker_killed_in_the_middle_of_a_batch_loses_no_page(
 def test_a_parse_worker_killed_mid_job_loses_no_item(
     redis_url: str, redis_conn: Redis, settings: Settings, tmp_path: Path
 ) -> None:
-    # A spider whose product callback is slow, so a page is surely being parsed when killed.
+    # A spider whose product callback is slow, and stops in the middle of a page while the test
+    # holds it (``hold``: it says so in ``holding``), so a page is surely being parsed when killed:
+    # a check of the stream's pending pages before the kill could see a batch about to be acknowledged.
+    hold, holding = tmp_path / "hold", tmp_path / "holding"
     (Path(settings.sites_dir) / "slowparse.py").write_text(
-        "import time\n"
+        "import os, time\n"
         "from crawler.demo.spider import DemoShop\n\n"
         "class SlowParse(DemoShop):\n"
         "    name = 'slowparse'\n"
         "    def parse_product(self, page):\n"
         "        time.sleep(0.3)\n"
+        f"        if os.path.exists({str(hold)!r}):\n"
+        f"            open({str(holding)!r}, 'w').close()\n"
+        "            time.sleep(60)\n"
         "        yield from super().parse_product(page)\n"
     )
     settings = dataclasses.replace(settings, sites={"slowparse": {"interval": 0.01}}, job_lease=LEASE)
@@ -170,14 +176,13 @@ def test_a_parse_worker_killed_mid_job_loses_no_item(
         (victim,) = start_workers([WorkerSpec("parse", ("slowparse",), burst=True)], settings, redis_url)
         store = Store(settings.database_url)
         # Items are written a batch at a time: wait, too, for the worker to hold its next batch.
-        wait_until(
-            lambda: store.count_items("slowparse") >= 3 and redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"],
-            60,
-            "some items to be stored and more pages to be held",
-        )
+        wait_until(lambda: store.count_items("slowparse") >= 3, 60, "some items to be stored")
+        hold.touch()
+        wait_until(holding.exists, 60, "the parse worker to be in the middle of a page")
         os.kill(victim.pid, signal.SIGKILL)
         killed_at = time.time()
         victim.join()
+        hold.unlink()  # the rescuer parses on
         held = redis_conn.xpending_range(keys.pages(), keys.PARSERS, "-", "+", 100)
         assert held, "the killed parse worker held no page"
         (victim_name,) = {p["consumer"].decode() for p in held}
