@@ -48,7 +48,7 @@ Figures, per crawler:
   the window of a site being the time from the first request to reach it to the last (to
   the end of the run when it got fewer than all its requests: a cut crawl). Each
   gap spaced exactly one interval gives 1; the gate margin alone caps ours at interval /
-  (interval + margin) (0.99 at 1 s). What it leaves out, the ramp (from the start to each
+  (interval + margin) (0.995 at 1 s). What it leaves out, the ramp (from the start to each
   site's first request), is shown apart, as is requests / (wall x budget);
 - CPU per request: ours, the CPU seconds of every process the two worker commands ran
   (the launchers and their forked workers: ``RUSAGE_CHILDREN`` deltas once all are reaped)
@@ -397,14 +397,19 @@ class FleetServer:
     def url(self, index: int) -> str:
         return f"http://{site_host(index)}:{self.port}/"
 
-    def stop(self) -> dict[str, Any]:
-        """Stop serving; returns {"log": [(arrival, site, method, target)...], "cpu": s, "wall": s}."""
+    def stop(self, crawler: str) -> dict[str, Any]:
+        """Stop serving; returns {"log": [(arrival, site, method, target)...], "cpu": s, "wall": s}.
+
+        With ``BENCH_FLEET_LOGS`` the log is also kept there as ``server-log-<crawler>.json``.
+        """
         assert self.process.stdin is not None
         self.process.stdin.close()
         self.process.wait(60)
         data: dict[str, Any] = json.loads(self.out.read_text())
         if os.environ.get("BENCH_FLEET_LOGS"):  # kept with the workers' logs
-            shutil.copy(self.out, Path(os.environ["BENCH_FLEET_LOGS"]) / self.out.name)
+            kept = Path(os.environ["BENCH_FLEET_LOGS"])
+            kept.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.out, kept / f"server-log-{crawler}.json")
         return data
 
 
@@ -676,7 +681,7 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             kept.mkdir(parents=True, exist_ok=True)
             for log_path in logs:
                 shutil.copy(log_path, kept / log_path.name)
-        served = server.stop()
+        served = server.stop("crawler")
     except BaseException:
         server.process.kill()
         raise
@@ -835,7 +840,7 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
         peak = sampler.stop()
         cpu = _children_cpu() - cpu0
         stderr = process.stderr.read() if process.stderr else ""
-        served = server.stop()
+        served = server.stop("scrapy")
     except BaseException:
         server.process.kill()
         raise

@@ -6,7 +6,7 @@ interval; 2 download processes x 3 threads and one parse process; the default
 rate is taken from its first to its last request arriving in the window (free of the
 window's edges) and utilization is the mean over sites of rate x interval: 1.0 is one
 request per interval at every site. The margin alone caps it at interval / (interval
-+ margin) (0.99 at 1 s, 0.96 at 0.25 s, 0.91 at 0.1 s with the default 10 ms); what is
++ margin) (0.995 at 1 s, 0.98 at 0.25 s, 0.95 at 0.1 s with the default 5 ms); what is
 lost beyond that is the time from a gate opening to the next request leaving.
 Targets: >= 0.98 at 1 s and >= 0.95 at 0.25 s, no request closer than the interval.
 """

@@ -60,8 +60,10 @@ DEFAULT_BACKOFF = 2.0
 DEFAULT_MAX_RETRY_AFTER = 3600.0
 """Longest Retry-After honoured, in seconds; longer ones are capped to this."""
 
-DEFAULT_GATE_MARGIN = 0.01
-"""Seconds added to every site interval for timing noise (1% of a 1 s interval); raise it across hosts."""
+DEFAULT_GATE_MARGIN = 0.005
+"""Seconds added to every site interval for network jitter (0.5% of a 1 s interval); raise it across hosts.
+
+One host needs none: the gate counts the interval from after the send (docs/GATE.md, "The margin")."""
 
 DEFAULT_FAILURE_TTL = 7 * 24 * 3600
 """Seconds a failed RQ job is kept in Redis for inspection."""

@@ -24,7 +24,7 @@ from .types import FINITE_FLOAT
     "--gate-margin",
     type=FINITE_FLOAT,
     metavar="SECONDS",
-    help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.01].",
+    help="Added to every site's interval, for hosts at different distances [env CRAWLER_GATE_MARGIN, 0.005].",
 )
 @click.option(
     "--http-cache",
