@@ -59,8 +59,8 @@ IDLE_SLEEP = 1.0
 #: while anything runs or is queued costs a few commands, so a burst ends soon after its last page.
 DRAIN_LOOK_EVERY = 0.05
 #: Least seconds between two drain looks of a process that count every site's work (five commands
-#: a site): made once nothing runs and the few commands found nothing (at the end, or while only
-#: retries wait).
+#: a site): made once nothing runs and the few commands found nothing (at the end, or while the
+#: crawl's only retries wait behind other crawls' on the same Redis).
 DRAIN_EVERY = 0.25
 #: Seconds between two looks for retries that have come due.
 PROMOTE_EVERY = 0.2

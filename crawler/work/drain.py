@@ -16,6 +16,7 @@ from rq.serializers import JSONSerializer
 
 from ..coord import keys
 from ..coord.inflight import busy_processes
+from ..coord.replies import text
 from ..coord.scheduler import frontier_sizes
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
@@ -48,20 +49,27 @@ QUICK_SITES = 3
 def quick_work(connection: Redis, sites: Sequence[str]) -> int:
     """Work found by a look of a constant number of commands, whatever the number of sites; 0: none seen.
 
-    Pages to parse, records waiting for the database, and the first QUICK_SITES of
-    ``sites`` in the ready set (one ZMSCORE) whose RQ queue or compact frontier holds
-    entries. A count found here is real work; 0 proves nothing (running jobs, retries
+    Pages to parse, records waiting for the database, the QUICK_SITES retries due soonest
+    (those of ``sites``), and the first QUICK_SITES of ``sites`` in the ready set (one
+    ZMSCORE) whose RQ queue or compact frontier holds entries. A count found here is real
+    work; 0 proves nothing (running jobs, the retries of ``sites`` behind other sites'
     and sites missing from the ready set are not looked at): ``pending_work`` then reads
     every site.
     """
     with connection.pipeline(transaction=False) as pipe:
         if sites:
             pipe.zmscore(keys.ready(), list(sites))
+            # While only retries wait (a crawl's tail of sites answering 503), this look answers,
+            # not an every-site count each DRAIN_EVERY: 5,000 commands at 1,000 sites.
+            pipe.zrange(keys.delayed(), 0, QUICK_SITES - 1)
         outbox.count_waiting(pipe)
         pipe.xlen(keys.pages())
         replies = pipe.execute()
     found = int(replies[-1] or 0) + int(replies[-2] or 0)
     if found or not sites:
+        return found
+    found = _retries_of(replies[1], sites)
+    if found:
         return found
     listed = [site for site, score in zip(sites, replies[0], strict=True) if score is not None][:QUICK_SITES]
     if not listed:
@@ -73,18 +81,25 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
         return sum(int(n or 0) for n in pipe.execute())
 
 
+def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
+    """How many of the retries ``members`` (``site\tpriority\tnonce\tentry``, a few) are of ``sites``."""
+    named = [text(member).split("\t", 1)[0] for member in members]
+    return sum(1 for site in named if site in sites)
+
+
 def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
     First one command: the download processes of the fleet with jobs in hand (``inflight``),
     which answers while any download runs (a burst's workers ask after every look that found
-    no job to run now). Then the quick look (``quick_work``: at most 3 + 2 x QUICK_SITES
-    commands in two round trips, however many sites): while a crawl has work queued it
-    answers. Only when both see nothing are delayed retries, RQ
+    no job to run now). Then the quick look (``quick_work``: at most 4 + 2 x QUICK_SITES
+    commands in two round trips, however many sites): while a crawl has work queued, or
+    retries waiting, it answers. Only when both see nothing are delayed retries, RQ
     jobs, every page to parse and records waiting for the database counted (one round
     trip, five commands a site), then the compact frontiers (their levels, then a script a
     site: two more) when those come to nothing: once at the end of a crawl, or while only
-    retries wait. So the answer is exact when it is 0, and a lower bound otherwise.
+    retries of its sites wait behind other crawls' retries on the same Redis. So the answer
+    is exact when it is 0, and a lower bound otherwise.
     ``looked``: the caller has just made the first command and the quick look, which saw nothing.
     """
     sites = list(sites)
