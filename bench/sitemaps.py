@@ -93,7 +93,7 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     from crawler.settings import Settings
     from crawler.spiders.loading import SpiderSet
     from crawler.spiders.spider import Spider
-    from crawler.work import jobs
+    from crawler.work import jobs, parse_job
     from crawler.work.runtime import Runtime, install
     from crawler.work.sitemaps import SITEMAP_CALLBACK
 
@@ -135,7 +135,7 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     ((_, fields),) = connection.xrange(keys.pages())  # the one page entry, as a parse worker reads it
     task, compressed = page_entry(fields)
     started = time.monotonic()
-    jobs.parse(task, compressed)
+    parse_job.parse(task, compressed)
     parsed = time.monotonic() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     queued = connection.llen(keys.frontier("bigmap"))

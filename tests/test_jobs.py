@@ -1,6 +1,6 @@
 """The job functions, called directly (no worker) on single URLs of a real loopback shop.
 
-Each test pins one outcome of ``crawler.work.jobs.download`` / ``crawler.work.jobs.parse``: what
+Each test pins one outcome of ``crawler.work.jobs.download`` / ``crawler.work.parse_job.parse``: what
 is recorded in the database and what is left in Redis (pages to parse, retries).
 """
 
@@ -34,7 +34,7 @@ from crawler.http.addresses import is_public_address
 from crawler.http.fetch import Fetcher
 from crawler.spiders.spider import Request
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.work import jobs
+from crawler.work import jobs, parse_job
 from crawler.work.download_worker import DownloadWorker
 from crawler.work.robots import origin_of
 from crawler.work.runtime import Runtime, current
@@ -246,7 +246,7 @@ def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
         jobs.download(payload(url, "parse_product", refresh=refresh))
         entry_id, task, body = read_page(redis_conn)
         assert task.get("refresh") == refresh
-        jobs.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+        parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
         assert redis_conn.scard(keys.parse_failed(SITE)) == left
         redis_conn.delete(keys.parse_failed(SITE), keys.seen(SITE))
 
@@ -259,7 +259,7 @@ def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_
     entry_id, task, body = read_page(redis_conn)
     assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 1
 
-    jobs.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+    parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
 
     assert pages_waiting(redis_conn) == 0 and redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 0
     assert list(runtime.store.items(SITE)) == [shop.expected_items()["SKU-00001"]]
@@ -410,7 +410,7 @@ def test_a_stored_body_that_is_a_zlib_bomb_fails_its_page_within_the_cap(
     entry_id, task, _ = read_page(redis_conn)
     bomb = zlib.compress(b"<p>" + b"a" * (runtime.settings.max_body_bytes * 4), 9)  # written by someone else
 
-    jobs.parse(task, bomb, "w1", partial(pages.ack, entry_id=entry_id))
+    parse_job.parse(task, bomb, "w1", partial(pages.ack, entry_id=entry_id))
 
     (record,) = records(runtime, url, kind="parse")
     assert record["outcome"] == FAILED and "BodyTooLarge" in record["error"]
@@ -458,7 +458,7 @@ def test_download_rejects_a_payload_that_is_not_a_download_task(runtime: Runtime
     with pytest.raises(ValueError, match="not a download task"):
         jobs.download(["demo", "http://127.0.0.1/"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a parse task"):
-        jobs.parse("crawler:body:x", b"")  # type: ignore[arg-type]
+        parse_job.parse("crawler:body:x", b"")  # type: ignore[arg-type]
     assert runtime.store.fetch_rows(SITE) == []
 
 

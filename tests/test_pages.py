@@ -25,7 +25,7 @@ from rq.suspension import resume, suspend
 from crawler.coord import keys, pages, quarantine
 from crawler.coord.vetting import page_entry
 from crawler.settings import Settings
-from crawler.work import jobs
+from crawler.work import parse_job
 from crawler.work.download_worker import SUSPENSION_CHECK_EVERY
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
 from crawler.work.parse_worker import READ_BLOCK, ParseWorker
@@ -319,7 +319,7 @@ def test_a_batch_is_written_before_the_next_page_once_its_links_pass_the_byte_bu
     redis_conn: Redis, links_settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Four pages of 1,000 links each hold about 350 KB each: over this budget, each is written alone.
-    monkeypatch.setattr(jobs, "HELD_LINK_BYTES", 300_000)
+    monkeypatch.setattr(parse_job, "HELD_LINK_BYTES", 300_000)
     with installed_runtime(redis_conn, links_settings) as rt:
         for few_or_many in (10, 1000):
             redis_conn.delete(keys.pages())

@@ -217,9 +217,9 @@ def test_a_parse_that_times_out_fails_that_page_visibly_and_it_can_be_retried(
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from crawler.ops.failures import failed_pages
-    from crawler.work import jobs
+    from crawler.work import parse_job
 
-    monkeypatch.setattr(jobs, "DEFAULT_PARSE_TIMEOUT", 2)
+    monkeypatch.setattr(parse_job, "DEFAULT_PARSE_TIMEOUT", 2)
     slow = 3
     Path(settings.sites_dir, "slow.py").write_text(SLOW_SPIDER.format(slow=slow))
     with ShopSite(products=12) as shop, installed_runtime(redis_conn, settings) as rt:

@@ -95,7 +95,7 @@ class Done:
 def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
     """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order.
 
-    ``written``: the records are in the database already (``jobs.HeldParses`` writes
+    ``written``: the records are in the database already (``parse_job.HeldParses`` writes
     them with the items, in one transaction); only the pipeline is left. On an error none
     is counted, and the first error is raised.
     """

@@ -1,14 +1,11 @@
-"""The two jobs: ``download``, which RQ runs, and ``parse``, which parse workers run. Arguments are plain JSON.
+"""The download job, which RQ runs: ``download``. Arguments are plain JSON.
 
 download, one ``Attempt`` a URL, in named steps (``_download_one``): taken (the URL checked
 again) → robots.txt → login session → request headers → gate → GET (or a browser's render)
 → ``classify`` → record, and: (HTML) add the page, its body compressed, to the pages stream
-(``pages``) | (3xx) send the target through the frontier | (304 to a refresh) its items
-seen again | (5xx/429/timeout) schedule a retry with backoff | (4xx, refused) record and
-stop; then its next refresh, if it has one.
-
-parse: run the spider callback on the page → upsert items → new requests through the
-frontier → record, with the worker's acknowledgement of the page in the same pipeline.
+(``pages``), where parse workers take it (``parse_job``) | (3xx) send the target through the
+frontier | (304 to a refresh) its items seen again | (5xx/429/timeout) schedule a retry with
+backoff | (4xx, refused) record and stop; then its next refresh, if it has one.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import enum
 import functools
 import logging
 import time
-import traceback
 import zlib
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -26,23 +22,17 @@ from typing import Any
 from urllib.parse import urljoin
 
 import httpx
-import redis
 from rq import get_current_job
-from rq.timeouts import JobTimeoutException
 
 from ..coord import joblife, keys, pages, quarantine
 from ..coord.frontier import (
-    AddResult,
-    Candidate,
     Frontier,
     Rider,
     check_url,
-    enqueue_together,
     fingerprint,
     higher_waits,
     look_for_higher,
     outranked,
-    refill_together,
 )
 from ..coord.gate import Gate, Unless
 from ..coord.pacing import throttle_pause
@@ -57,7 +47,6 @@ from ..errors import (
     FetchTimeout,
     PermanentError,
     ProxyError,
-    RefusedRecord,
     RefusedURL,
     RetryableStatus,
     RobotsUnavailable,
@@ -66,15 +55,14 @@ from ..errors import (
 )
 from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
-from ..http.fetch import DecodeError, Response, inflate_capped, merge_headers, user_agent_of
-from ..settings import DEFAULT_PARSE_TIMEOUT
-from ..spiders.items import Pipelines, failure_text
-from ..spiders.spider import HTML_TYPES, Page, Request, SentRequest, accepts
-from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, Item, utcnow
+from ..http.fetch import Response, merge_headers, user_agent_of
+from ..spiders.items import failure_text
+from ..spiders.spider import HTML_TYPES, Page, Request, accepts
+from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, utcnow
 from . import runtime
-from .events import Done, HeldRecords, SoonRecords, job_done, jobs_done, write_now
+from .events import Done, HeldRecords, SoonRecords, jobs_done, write_now
 from .render import DEFAULT_BLOCK, Visit, rendering
-from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapReader, SitemapSink
+from .sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapSink
 
 log = logging.getLogger("crawler.jobs")
 
@@ -99,13 +87,6 @@ KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
 #: Bytes of names and values of the response headers a page carries to its callback: enough for a
 #: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
 HANDED_HEADER_BYTES = 8 * 1024
-
-#: Bytes a held link costs beyond twice its URL (as requested, and canonical): its ``Request``
-#: and the tuples and dict around it. Measured: 339 bytes a link of 22 characters (tracemalloc).
-HELD_LINK_COST = 300
-#: Estimated bytes of links (``HeldParses.link_bytes``) past which a parse worker writes its
-#: batch before parsing the next page: a batch holds this much, plus one page's links at most.
-HELD_LINK_BYTES = 32 * 1024 * 1024
 
 
 def _worker_name() -> str | None:
@@ -1183,368 +1164,7 @@ def _hand_to_parser(
         if task.method != "GET" or task.body is not None:
             sent_request["variant"] = task.fingerprint.hex()
         payload["request"] = sent_request
-    if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``_parse_done``)
+    if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``parse_job._parse_done``)
         payload["refresh"] = task.refresh
     body = compressed if compressed is not None else zlib.compress(response.body, 6)
     pages.add(pipe, payload, body)
-
-
-def parse(
-    payload: dict[str, Any],
-    body: bytes,
-    worker: str | None = None,
-    done: Callable[[Any], None] | None = None,
-    held: HeldParses | None = None,
-    rt: runtime.Runtime | None = None,
-) -> None:
-    """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
-
-    Whatever the outcome, the page's record and counters go out in one pipeline, with
-    ``done``'s commands (the parse worker's acknowledgement of the page). A callback
-    that raises or times out fails the page alone (recorded with the traceback, for
-    ``crawler failed`` and ``crawler retry``). Errors of the database or Redis raise:
-    the page was not parsed and stays with the worker.
-
-    With ``held``, the page's links (vetted now, refusals in its record), items and
-    record wait there, written with the rest of the parse worker's batch
-    (``HeldParses.flush``).
-    """
-    if rt is None:  # called directly (a test, a benchmark), not by a parse worker
-        rt = runtime.current()
-    if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
-        raise ValueError(f"not a parse task: {payload!r:.200}")
-    site, url = payload["site"], str(payload["url"])
-    started = utcnow()
-    if payload.get("callback") == SITEMAP_CALLBACK:
-        _read_sitemap(rt, payload, body, worker, done, started, held)
-        return
-    try:
-        items, requests, dropped, links_dropped = _run_callback(
-            rt.spider(site),
-            rt.pipelines(site),
-            url,
-            body,
-            payload,
-            rt.settings.max_body_bytes,
-            rt.settings.max_links_per_page,
-        )
-    except JobTimeoutException:
-        parse_failed(
-            rt,
-            payload,
-            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
-            worker,
-            done,
-            started,
-            held,
-        )
-        return
-    except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
-        parse_failed(rt, payload, failure_text(exc), worker, done, started, held)
-        return
-    depth = int(payload.get("depth", 0)) + 1
-    spider = rt.spider(site)
-    beyond_depth = len(requests) if spider.depth_limit is not None and depth > spider.depth_limit else 0
-    if beyond_depth:
-        requests = []
-    try:
-        if held is None:
-            rt.store.upsert_items(site, items, seen=_fetched_at(payload))
-            refused = rt.frontier(site).add(requests, depth=depth).refused
-        else:
-            held.hold_items(site, items, _fetched_at(payload))
-            candidates, refused = rt.frontier(site).vet(requests)
-            held.links.append((site, candidates, depth))
-    except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
-        parse_failed(
-            rt,
-            payload,
-            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
-            f"and {len(requests)} links\n" + traceback.format_exc(limit=20),
-            worker,
-            done,
-            started,
-            held,
-        )
-        return
-    notes = [_refusals(refused)] if refused else []
-    if beyond_depth:
-        notes.append(f"{beyond_depth:,} links beyond depth_limit ({spider.depth_limit}): not queued")
-    if requests and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
-        notes.append(f"max_pages ({spider.max_pages:,}) reached: new links not queued")
-    if links_dropped:
-        notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
-    counts = {"parsed": 1, "items": len(items)}
-    if dropped:  # by process_item or a pipeline (DropItem)
-        counts["dropped"] = dropped
-    _parse_done(rt, payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
-
-
-class HeldParses:
-    """Links, items and records of a parse worker's batch of pages, held back and written together.
-
-    ``flush`` queues every page's new links (the seen-set calls of all its sites in one round
-    trip, then one push a site with new links: ``frontier.enqueue_together``),
-    upserts every page's items and writes the records in one database transaction, and
-    sends their counters and the pages' acknowledgements in one Redis pipeline
-    (``events.jobs_done``): where each page took two transactions and three round trips,
-    a batch takes one and three. A page is acknowledged only once its links
-    are queued and its items stored: a worker that dies first leaves its whole batch to
-    be parsed again (its links are then duplicates, its items written again).
-
-    A batch the database refuses (``store.refused``: not an outage) is written a page at
-    a time, each page's items with its record: a page refused alone is recorded failed
-    with the database's reason, the others are written.
-    """
-
-    def __init__(self, rt: runtime.Runtime):
-        self.rt = rt
-        #: Per page: its site, links (``Frontier.vet``'s candidates) and their depth.
-        self.links: list[tuple[str, list[Candidate], int]] = []
-        #: Per page: its site, items and when they were seen (fetched).
-        self.items: list[tuple[str, list[Item], datetime | None]] = []
-        #: Index in ``items`` of the items of the page whose record is ``done[i]``, by i.
-        self.items_of: dict[int, int] = {}
-        self.done: list[Done] = []
-        #: Per page held: what ``fail`` needs to record it failed instead.
-        self.pages: list[tuple[dict[str, Any], str | None, Callable[[Any], None] | None, datetime]] = []
-        #: Pages written one at a time (a refused batch) whose pipeline is still to go.
-        self._written: list[Done] = []
-
-    def hold_items(self, site: str, items: list[Item], seen: datetime | None) -> None:
-        """Hold the items of the page whose record comes next (``_parse_done``)."""
-        self.items_of[len(self.done)] = len(self.items)
-        self.items.append((site, items, seen))
-
-    def flush(self) -> None:
-        """Write what is held: links, then items and records in one transaction, then the pipeline.
-
-        A database that is down raises SQLAlchemyError, with the items and records still
-        held (the links, once queued, are not queued again; pages written already, after
-        a refused batch, are not written again). Each record's page counts as done when
-        its batch is written: its ``finished`` is now.
-        """
-        links, self.links = self.links, []
-        sites = dict.fromkeys(site for site, _, _ in links)
-        frontiers = [self.rt.frontier(site) for site in sites]
-        added = enqueue_together(
-            [(frontier, [(page, depth) for s, page, depth in links if s == frontier.site]) for frontier in frontiers]
-        )
-        _refill_dry([frontier for frontier, results in zip(frontiers, added, strict=True) if _found_dry(results)])
-        finished = utcnow()
-        for held in self.done:
-            held.record.finished = finished
-            held.record.elapsed = (finished - held.record.started).total_seconds()
-        try:
-            self.rt.store.upsert_pages(self.items, [held.record for held in self.done])
-            self._written += self.done
-        except RefusedRecord:
-            self._write_each()
-        written, self._written = self._written, []
-        self.items, self.items_of, self.done, self.pages = [], {}, [], []
-        jobs_done(self.rt, written, written=True)
-
-    def _write_each(self) -> None:
-        """A page at a time, its items with its record: refused alone, the page is recorded failed.
-
-        Each page leaves what is held once dealt with, so an outage on the way (raised)
-        leaves only the others to write when ``flush`` is called again.
-        """
-        while self.done:
-            held, page = self.done[0], self.pages[0]
-            at = self.items_of.get(0)
-            try:
-                self.rt.store.upsert_pages([self.items[at]] if at is not None else [], [held.record])
-                self._written.append(held)
-            except RefusedRecord as exc:
-                payload, worker, done, started = page
-                log.warning("the database refused the items or record of %s: %s", payload.get("url"), exc)
-                parse_failed(self.rt, payload, f"{exc} (this page's items or parse record)", worker, done, started)
-            del self.done[0], self.pages[0]
-            self.items_of = {i - 1: j for i, j in self.items_of.items() if i > 0}
-
-    def fail(self, reason: str) -> None:
-        """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
-        pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
-        written, self.items_of, self._written = self._written, {}, []
-        jobs_done(self.rt, written, written=True)  # pages written one at a time before the timeout
-        for payload, worker, done, started in pages_:
-            parse_failed(self.rt, payload, reason, worker, done, started)
-
-    def full(self) -> bool:
-        """Whether the links held pass ``HELD_LINK_BYTES`` (estimated): time to write the batch.
-
-        The parse worker then writes the batch before its next page, so pages of many
-        links never pile up in memory (each page's links are capped by
-        ``max_links_per_page`` too). Counted again at each call: a batch is a few pages.
-        """
-        held = sum(2 * len(url) + HELD_LINK_COST for _, candidates, _ in self.links for url, _ in candidates)
-        return held >= HELD_LINK_BYTES
-
-
-def _found_dry(results: list[AddResult]) -> bool:
-    return any(result.queue_dry for result in results)
-
-
-def _refill_dry(frontiers: list[Frontier]) -> None:
-    """``refill_together`` the sites whose RQ queue a parse worker's links found dry. A refill that fails
-    (Redis went away) is left to the download workers: a look finds the site dry and refills it."""
-    try:
-        refill_together(frontiers)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        log.info("refill of %d site(s) after their links left to the download workers: %s", len(frontiers), exc)
-
-
-def parse_failed(
-    rt: runtime.Runtime,
-    payload: dict[str, Any],
-    error: str,
-    worker: str | None = None,
-    done: Callable[[Any], None] | None = None,
-    started: datetime | None = None,
-    held: HeldParses | None = None,
-) -> None:
-    """Record the page failed with ``error`` (the page alone fails: ``crawler retry`` requeues it)."""
-    _parse_done(rt, payload, FAILED, error, worker, done, started or utcnow(), {"failed": 1}, held)
-
-
-def _parse_done(
-    rt: runtime.Runtime,
-    payload: dict[str, Any],
-    outcome: str,
-    error: str | None,
-    worker: str | None,
-    done: Callable[[Any], None] | None,
-    started: datetime,
-    counts: dict[str, int],
-    held: HeldParses | None = None,
-) -> None:
-    site = str(payload["site"])
-
-    def also(pipe: Any) -> None:
-        # A page whose parse failed is fetched whole on its next refresh (its validators would
-        # otherwise answer 304 and its items never be stored); once parsed, validators hold again.
-        # Only refreshed pages are ever asked about (``_conditional_headers``), so only theirs are
-        # cleared: a page without ``refresh`` spares an SREM that would find nothing.
-        if outcome == FAILED:
-            pipe.sadd(keys.parse_failed(site), fingerprint(str(payload["url"])))
-        elif payload.get("refresh"):
-            pipe.srem(keys.parse_failed(site), fingerprint(str(payload["url"])))
-        if done is not None:
-            done(pipe)
-
-    finished = utcnow()
-    record = FetchRecord(
-        site=site,
-        url=str(payload["url"]),
-        outcome=outcome,
-        kind="parse",
-        started=started,
-        finished=finished,
-        status=payload.get("status"),
-        worker=worker,
-        error=error,
-        callback=payload.get("callback"),
-        elapsed=(finished - started).total_seconds(),
-        meta=payload.get("meta") or None,
-    )
-    if held is None:
-        job_done(rt, record, also=also, stats=counts)
-    else:
-        held.done.append(Done(record, None, also, counts))
-        held.pages.append((payload, worker, done, started))
-
-
-def _read_sitemap(
-    rt: runtime.Runtime,
-    payload: dict[str, Any],
-    body: bytes,
-    worker: str | None,
-    done: Callable[[Any], None] | None,
-    started: datetime,
-    held: HeldParses | None = None,
-) -> None:
-    """The parse step of a sitemap (or robots.txt read for its Sitemap: lines): queue what it lists."""
-    site, url = payload["site"], str(payload["url"])
-    try:
-        reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
-    except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
-        parse_failed(rt, payload, str(exc), worker, done, started, held)
-        return
-    try:
-        report = reader.read(url, body)
-    except JobTimeoutException:  # what was queued stays queued; the retry adds only the rest (seen set)
-        parse_failed(
-            rt,
-            payload,
-            f"sitemap read timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
-            worker,
-            done,
-            started,
-            held,
-        )
-        return
-    except (PermanentError, DecodeError) as exc:  # not XML, over the cap, a corrupt gzip
-        parse_failed(
-            rt,
-            payload,
-            f"sitemap unreadable after {reader.report.urls} URLs: {type(exc).__name__}: {exc}",
-            worker,
-            done,
-            started,
-            held,
-        )
-        return
-    _parse_done(rt, payload, OK, report.summary(), worker, done, started, {"parsed": 1}, held)
-
-
-def _run_callback(
-    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, max_links: int
-) -> tuple[list[Item], list[Request], int, int]:
-    """The page's items (through ``process_item`` and the pipelines), its first ``max_links``
-    requests, the items dropped and the requests past ``max_links``, as its callback yields
-    them; raises whatever the callback raises, and ItemError (``items``).
-
-    The callback runs to its end (items may come after links), but requests past
-    ``max_links`` are not kept: a page of half a million links costs its parse, not
-    half a million held requests. The stored body is inflated within ``max_body`` bytes
-    (BodyTooLarge past it): a body written into Redis by someone else may be a zlib bomb.
-    """
-    sent = payload.get("request") or {}
-    page = Page(
-        url,
-        inflate_capped(raw, max_body),
-        status=int(payload.get("status", 200)),
-        headers=payload.get("headers") or {},
-        meta=payload.get("meta") or {},
-        encoding=payload.get("encoding"),
-        request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
-    )
-    name = str(payload.get("callback") or "parse")
-    out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
-    variant = (payload.get("request") or {}).get("variant")
-    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
-    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
-    return items, out.requests, len(out.dropped), out.links_dropped
-
-
-def _fetched_at(payload: dict[str, Any]) -> datetime | None:
-    """When the page was fetched (its items were seen), if the payload says and it is valid."""
-    try:
-        moment = datetime.fromisoformat(str(payload["fetched"]))
-    except (KeyError, ValueError):
-        return None
-    return moment if moment.tzinfo is not None else None
-
-
-def _item_key(field: str | None, item: dict[str, Any], url: str, position: int) -> str:
-    """The item's key: its ``field`` value, else the page URL and its position on the page."""
-    if field and item.get(field) not in (None, ""):
-        return str(item[field])
-    return f"{url}#{position}"
-
-
-def _refusals(refused: list[tuple[str, str]]) -> str:
-    shown = "; ".join(reason for _, reason in refused[:3])
-    more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
-    return f"{len(refused)} links refused: {shown}{more}"

@@ -5,10 +5,10 @@ A parse worker is not an RQ worker: it is one consumer of the group ``parsers`` 
 second), else read up to ``READ_COUNT`` new ones (``XREADGROUP``, blocking up to
 ``READ_BLOCK`` seconds; after a batch that was not full, it first lets ``READ_PAUSE``
 pass); for each, check it (``vetting.page_entry``: a malformed entry is quarantined and
-dropped, never run) and run ``jobs.parse`` on it under the process's job-timeout
+dropped, never run) and run ``parse_job.parse`` on it under the process's job-timeout
 watchdog. Entries on their first delivery are one batch, whose links, items and records
-are written together at its end (``jobs.HeldParses``), or as soon as the links held pass
-``jobs.HELD_LINK_BYTES``, the entries acknowledged and deleted in the pipeline that counts
+are written together at its end (``parse_job.HeldParses``), or as soon as the links held pass
+``parse_job.HELD_LINK_BYTES``, the entries acknowledged and deleted in the pipeline that counts
 them; entries delivered before run one at a time,
 each written before the next. While it holds a batch, a lease thread keeps the entries
 from being reclaimed by others. A page of a site this process has no spider for goes back to the
@@ -46,7 +46,7 @@ from ..coord.joblife import HEARTBEAT_EVERY
 from ..coord.vetting import RefusedEntry, page_entry
 from ..errors import ConfigError, RefusedRecord
 from ..store import outbox
-from . import jobs, runtime
+from . import parse_job, runtime
 from .drain import crawl_drained
 from .idle import Every
 from .watchdog import WatchdogDeathPenalty
@@ -279,7 +279,7 @@ class ParseWorker:
         """Run each entry in turn, oldest first (``pages.reclaim`` relies on it); whether any was ours to run.
 
         Entries on their first delivery are parsed as one batch: their items and records
-        are held and written together at its end (``jobs.HeldParses``), or before the next
+        are held and written together at its end (``parse_job.HeldParses``), or before the next
         page once the links held pass their byte budget (``HeldParses.full``). Entries delivered
         before (their worker died holding them, maybe because of one of them) run one at
         a time, each written before the next, so a page that kills its worker takes no
@@ -290,7 +290,7 @@ class ParseWorker:
         # batch: at 1,000 sites each page's site was due, and read in a round trip of its own.
         decoded = [_decode(entry) for entry in entries]  # once: ``_run`` takes them as they are
         self.runtime.read_sites_due(found[0]["site"] for found in decoded if not isinstance(found, RefusedEntry))
-        held = jobs.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None
+        held = parse_job.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None
         in_held: list[pages.Entry] = []  # the entries whose pages ``held`` holds
         self._lease.hold([entry_id for entry_id, _, _ in entries])
         try:
@@ -317,7 +317,7 @@ class ParseWorker:
             self._lease.release()
         return ran
 
-    def _flush(self, held: jobs.HeldParses, entries: list[pages.Entry]) -> None:
+    def _flush(self, held: parse_job.HeldParses, entries: list[pages.Entry]) -> None:
         """Write a batch's held pages (``entries``), waiting while the database is down.
 
         Stopped while waiting, the entries go back to the stream for any worker, to be
@@ -325,7 +325,7 @@ class ParseWorker:
         """
         while True:
             try:
-                with WatchdogDeathPenalty(jobs.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entries[0][0]):
+                with WatchdogDeathPenalty(parse_job.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entries[0][0]):
                     held.flush()
             except (SQLAlchemyError, ConfigError) as exc:
                 if self.stop_event.wait(self._db_down(exc)):
@@ -333,14 +333,14 @@ class ParseWorker:
                     return
                 continue
             except JobTimeoutException:
-                held.fail(f"storing the page timed out after {jobs.DEFAULT_PARSE_TIMEOUT}s (with its batch)")
+                held.fail(f"storing the page timed out after {parse_job.DEFAULT_PARSE_TIMEOUT}s (with its batch)")
             self._db_wait = 0.0
             return
 
     def _run(
         self,
         entry: pages.Entry,
-        held: jobs.HeldParses | None = None,
+        held: parse_job.HeldParses | None = None,
         decoded: tuple[dict[str, Any], bytes] | RefusedEntry | None = None,
     ) -> bool:
         """Parse one page entry (``decoded``: what ``page_entry`` made of it, if already asked)."""
@@ -359,7 +359,7 @@ class ParseWorker:
             return False
         done = partial(pages.ack, entry_id=entry_id)
         if deliveries > pages.MAX_DELIVERIES:
-            jobs.parse_failed(
+            parse_job.parse_failed(
                 self.runtime,
                 task,
                 f"parse worker died {deliveries - 1} times on this page: not parsed again",
@@ -376,25 +376,25 @@ class ParseWorker:
         task: dict[str, Any],
         body: bytes,
         done: Any,
-        held: jobs.HeldParses | None = None,
+        held: parse_job.HeldParses | None = None,
     ) -> None:
-        """``jobs.parse`` under the watchdog; the page waits in hand while the database is down."""
+        """``parse_job.parse`` under the watchdog; the page waits in hand while the database is down."""
         while True:
             try:
-                with WatchdogDeathPenalty(jobs.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entry[0]):
-                    jobs.parse(task, body, self.name, done, held, rt=self.runtime)
+                with WatchdogDeathPenalty(parse_job.DEFAULT_PARSE_TIMEOUT, JobTimeoutException, job_id=entry[0]):
+                    parse_job.parse(task, body, self.name, done, held, rt=self.runtime)
             except (redis.ConnectionError, redis.TimeoutError):
                 raise
             except RefusedRecord as exc:  # the database will never take this page's items: it fails alone
-                jobs.parse_failed(self.runtime, task, f"{exc} (this page's items)", self.name, done, held=held)
+                parse_job.parse_failed(self.runtime, task, f"{exc} (this page's items)", self.name, done, held=held)
             except (SQLAlchemyError, ConfigError) as exc:
                 if self.stop_event.wait(self._db_down(exc)):
                     pages.hand_back(self._client, [entry])
                     return
                 continue
-            except Exception:  # not the callback's (jobs.parse records those): ours, or a late timeout
+            except Exception:  # not the callback's (parse_job.parse records those): ours, or a late timeout
                 log.exception("parse of %s failed outside its callback", task.get("url"))
-                jobs.parse_failed(self.runtime, task, traceback.format_exc(limit=20), self.name, done, held=held)
+                parse_job.parse_failed(self.runtime, task, traceback.format_exc(limit=20), self.name, done, held=held)
             self._db_wait = 0.0
             return
 
