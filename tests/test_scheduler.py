@@ -436,3 +436,36 @@ def test_a_job_handed_out_says_how_long_nothing_else_of_the_workers_is_due(redis
     redis_conn.delete(keys.gate("a"))
     taken = scheduler.take("a")
     assert taken is not None and taken.job_id is not None and taken.quiet_for is None
+
+
+def test_a_sites_conf_is_written_in_one_transaction_of_two_commands_and_drops_what_no_longer_holds(
+    redis_conn: Redis,
+) -> None:
+    """Every process writes the conf of each site it meets, and again every REPUBLISH_EVERY: 3,000
+    writes at 1,000 sites, each an HSET or HDEL a field (seven commands). Now one HSET of what holds
+    and one HDEL of what no longer does, whatever the options."""
+    conf = keys.conf("pub")
+    redis_conn.delete(conf)
+    redis_conn.hset(conf, mapping={"pace_ms": 900, "pace_why": "auto"})
+
+    def commands(**options: object) -> int:
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        publish_conf(redis_conn, "pub", 1.0, 0.005, **options)  # type: ignore[arg-type]
+        return int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    assert commands(concurrency=2, batch=8, auto=True, gate_key="crawler:gate:{shared:x}") == 3  # MULTI HSET EXEC
+    assert redis_conn.hgetall(conf) == {
+        b"interval_ms": b"1005",
+        b"margin_ms": b"5",
+        b"paused": b"0",
+        b"concurrency": b"2",
+        b"batch": b"8",
+        b"gate": b"crawler:gate:{shared:x}",
+        b"pace_ms": b"900",
+        b"pace_why": b"auto",
+    }
+    assert commands(paused=True) == 4  # MULTI HSET HDEL EXEC
+    assert redis_conn.hgetall(conf) == {b"interval_ms": b"1005", b"margin_ms": b"5", b"paused": b"1"}
+    redis_conn.hset(conf, "gate", "crawler:gate:{ip:10.0.0.1}")  # written by the download workers
+    publish_conf(redis_conn, "pub", 1.0, 0.005, gate_by_ip=True)
+    assert redis_conn.hget(conf, "gate") == b"crawler:gate:{ip:10.0.0.1}"
