@@ -8,8 +8,10 @@ threads, its failures listed, fixed, retried and gone, each item stored once.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from crawler.errors import ConfigError
 from crawler.ops.failures import FailedPage, failed_pages, retry_pages
 from crawler.settings import Settings
 from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
+from crawler.work import jobs
 from crawler.work.runtime import Runtime
 
 SHOP = "http://127.0.0.1:9"
@@ -62,6 +65,7 @@ class Records:
         callback: str | None = "parse_product",
         attempt: int = 1,
         meta: dict | None = None,
+        request: dict | None = None,
     ) -> None:
         self.clock += timedelta(seconds=1)
         self.store.record_fetches(
@@ -78,6 +82,7 @@ class Records:
                     started=self.clock,
                     finished=self.clock,
                     meta=meta,
+                    request=request,
                 )
             ]
         )
@@ -353,6 +358,70 @@ def test_retry_pages_refuses_a_page_now_outside_the_allowed_domains(runtime: Run
     with pytest.raises(ConfigError, match="cannot requeue http://elsewhere.example/"):
         retry_pages(runtime.store, runtime.frontier("demo"))
     assert not queued_tasks(runtime.connection)
+
+
+def test_retry_sends_a_failed_post_again_as_that_post_and_refuses_a_recorded_request_that_does_not_hold(
+    invoke: Invoke, records: Records, redis_conn: Redis
+) -> None:
+    post = {"method": "POST", "headers": {"X-Api-Key": "k"}, "body": '{"page":2}'}
+    records.add("/api/items", FAILED, status=500, callback="parse_items", request=post)
+    records.add("/api/binary", FAILED, status=500, request={"method": "PUT", "body64": "AAEC"})
+
+    assert invoke("retry", "demo", "--all").stdout.strip() == "demo: 2 failed pages requeued"
+
+    queued = {t.url: (t.method, t.headers, t.body, t.callback) for t in queued_tasks(redis_conn)}
+    assert queued == {
+        SHOP + "/api/items": ("POST", {"X-Api-Key": "k"}, b'{"page":2}', "parse_items"),
+        SHOP + "/api/binary": ("PUT", {}, b"\x00\x01\x02", "parse_product"),
+    }
+    records.add("/api/odd", FAILED, status=500, request={"method": "PO ST"})  # written by someone else
+    result = invoke("retry", "demo", "--all")
+    assert_one_line_error(result, "cannot requeue " + SHOP + "/api/odd: its recorded request does not hold")
+    assert len(queued_tasks(redis_conn)) == 2
+
+
+def test_a_post_that_failed_is_recorded_with_its_request_but_not_its_credentials(
+    runtime: Runtime, redis_conn: Redis, invoke: Invoke
+) -> None:
+    """The fetch record keeps what ``crawler retry`` needs to send the request again, as it was;
+    Authorization, Proxy-Authorization and Cookie stay out of the database."""
+    bodies: list[bytes] = []
+
+    class Refusing(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # robots.txt: none
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/api/items"
+        headers = {"X-Api-Key": "k", "Authorization": "Bearer secret", "Cookie": "session=secret"}
+        task = DownloadTask("demo", url, "parse_items", method="POST", headers=headers, body=b'{"page":3}')
+        for _ in range(2):  # robots.txt may take the site's turn first, the page put back for the next
+            jobs.download(task.to_json())
+            if bodies:
+                break
+        assert bodies == [b'{"page":3}']
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    (page,) = failed_json(invoke, "demo")
+    assert (page["url"], page["status"]) == (url, 404)
+    assert page["request"] == {"method": "POST", "headers": {"X-Api-Key": "k"}, "body": '{"page":3}'}
+    assert "secret" not in json.dumps(page)
+    assert invoke("retry", "demo", "--all").exit_code == 0
+    (again,) = [t for t in queued_tasks(redis_conn) if t.url == url]
+    assert (again.method, again.body, again.headers) == ("POST", b'{"page":3}', {"X-Api-Key": "k"})
 
 
 # -- end to end: a real crawl, its failures fixed and retried -------------------------------

@@ -230,7 +230,7 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
     assert "callback" not in columns(empty_db, "fetches")
     store = Store(empty_db)
     try:
-        assert {"callback", "meta"} <= columns(empty_db, "fetches")
+        assert {"callback", "meta", "request"} <= columns(empty_db, "fetches")
         assert recorded_versions(empty_db) == MIGRATED
         (item,) = store.item_rows(SITE)
         assert {k: as_utc(v) if isinstance(v, datetime) else v for k, v in item.items() if k != "id"} == OLD_ITEM
@@ -250,12 +250,15 @@ def test_a_previous_release_database_is_migrated_on_start_with_its_data_intact(e
                     finished=now,
                     callback="parse_product",
                     meta={"from": "listing"},
+                    request={"method": "POST", "body": "q=1"},
                 )
             ]
         )
-        assert (store.fetch_rows(SITE)[-1]["callback"], store.fetch_rows(SITE)[-1]["meta"]) == (
+        latest = store.fetch_rows(SITE)[-1]
+        assert (latest["callback"], latest["meta"], latest["request"]) == (
             "parse_product",
             {"from": "listing"},
+            {"method": "POST", "body": "q=1"},
         )
         store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 11})])
         assert as_utc(store.item_rows(SITE)[0]["first_seen"]) == OLD_ITEM["first_seen"]

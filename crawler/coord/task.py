@@ -72,6 +72,17 @@ class DownloadTask:
         """The request's method, headers and body as plain JSON data, each left out at its default."""
         return request_data(self.method, self.headers, self.body)
 
+    def recorded(self) -> dict[str, Any] | None:
+        """What a fetch record keeps of the request, to send it again (``crawler retry``): ``extra``
+        without the headers of RECORDED_NOT (credentials stay out of the database); None for a
+        plain GET."""
+        data = self.extra()
+        if "headers" in data:
+            data["headers"] = {k: v for k, v in data["headers"].items() if k.lower() not in RECORDED_NOT}
+            if not data["headers"]:
+                del data["headers"]
+        return data or None
+
     def to_json(self) -> dict[str, Any]:
         data = {
             "site": self.site,
@@ -136,6 +147,11 @@ class DownloadTask:
             body=body,
             **counters,
         )
+
+
+#: Request headers a fetch record leaves out (``DownloadTask.recorded``): credentials. A request
+#: sent again by ``crawler retry`` goes without them (a site's session adds its cookies again).
+RECORDED_NOT = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
 def request_data(method: str, headers: Mapping[str, str], body: bytes | None) -> dict[str, Any]:

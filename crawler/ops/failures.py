@@ -17,6 +17,7 @@ from redis import Redis
 
 from ..coord import counters
 from ..coord.frontier import SEED_PRIORITY, Frontier, canonicalize
+from ..coord.task import read_request_data
 from ..errors import ConfigError, RefusedURL
 from ..spiders.spider import Request
 from ..store.database import FAILED, REQUEUED, FetchRecord, Store
@@ -37,6 +38,8 @@ class FailedPage:
     callback: str | None
     worker: str | None = None
     meta: dict[str, Any] | None = None
+    #: What the record keeps of the request to send it again (``DownloadTask.recorded``); None for a plain GET.
+    request: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> FailedPage:
@@ -53,6 +56,7 @@ class FailedPage:
             callback=row["callback"],
             worker=row["worker"],
             meta=row.get("meta"),
+            request=row.get("request"),
         )
 
     @property
@@ -77,6 +81,7 @@ class FailedPage:
             "callback": self.callback,
             "worker": self.worker,
             "meta": self.meta,
+            "request": self.request,
         }
 
 
@@ -89,8 +94,9 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
     """Requeue failed pages of the frontier's site: ``urls``, or every one when None.
 
     Each URL must be a failed page of the site (or one already requeued), else
-    ConfigError naming it and nothing is requeued. Pages go back with the callback they
-    failed for and skip the seen set (they are in it); items are upserted, so a page
+    ConfigError naming it and nothing is requeued. Pages go back as the request that
+    failed (its method, headers and body: a POST is sent again as a POST), with the callback
+    they failed for, and skip the seen set (they are in it); items are upserted, so a page
     parsed again duplicates nothing. Each requeued page gets a ``retry`` record
     (``requeued``), so it is no longer listed as failed and asking again queues it
     once, not twice, until it has been fetched and failed again. Returns the pages
@@ -118,11 +124,13 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             if form in found and found[form]["outcome"] == FAILED
         )
         pages = list({_canonical(page.url): page for page in map(FailedPage.from_row, chosen)}.values())
+    requests = []
     for page in pages:  # all or nothing: a page the spider would now refuse stops the lot
         try:
             frontier.check(page.url)
         except RefusedURL as exc:
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
+        requests.append(_request_again(page))
     now = datetime.now(UTC)
     # The records first: a second retry finds these pages requeued, whatever happens next.
     store.record_fetches(
@@ -136,26 +144,34 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
                 finished=now,
                 callback=page.callback,
                 meta=page.meta,
+                request=page.request,
             )
             for page in pages
         ]
     )
     # A page that failed because robots.txt could not be read gets it asked again now, not after its backoff.
     ask_again(frontier.connection, site, [origin_of(page.url) for page in pages])
-    frontier.add(
-        [
-            Request(
-                page.url,
-                callback=page.callback or "parse",
-                meta=page.meta or {},
-                dont_filter=True,
-                priority=SEED_PRIORITY,
-            )
-            for page in pages
-        ]
-    )
+    frontier.add(requests)
     _uncount_failed(frontier.connection, site, len(pages))
     return pages
+
+
+def _request_again(page: FailedPage) -> Request:
+    """The request that failed, as its record keeps it; ConfigError if what it keeps does not hold."""
+    try:
+        method, headers, body = read_request_data(page.request or {})
+        return Request(
+            page.url,
+            callback=page.callback or "parse",
+            meta=page.meta or {},
+            dont_filter=True,
+            priority=SEED_PRIORITY,
+            method=method,
+            headers=headers,
+            body=body,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"cannot requeue {page.url}: its recorded request does not hold ({exc})") from None
 
 
 def _uncount_failed(connection: Redis, site: str, pages: int) -> None:

@@ -119,6 +119,9 @@ fetches = Table(
     Column("error", Text),
     Column("callback", String(200)),  # the spider method the page was for, so it can be retried
     Column("meta", JSON),  # the request's meta (None when empty), so a retry hands it to the callback again
+    # The request's method, own headers and body (``DownloadTask.recorded``; None for a plain GET), so a
+    # retry sends the same request, not a GET of its URL.
+    Column("request", JSON),
     Index("fetches_site_outcome", "site", "outcome"),
     Index("fetches_site_url_hash", "site", "url_hash"),
 )
@@ -133,6 +136,7 @@ MIGRATIONS: tuple[migrations.Migration, ...] = (
     migrations.add_index(4, "items", "items_site_url", ["site", "url"]),
     # URLs and keys longer than a PostgreSQL btree entry (~2.7 KB) broke these three.
     migrations.index_hashes(5, [fetches, items], ["fetches_site_url", "items_site_url", "items_site_key"]),
+    migrations.add_column(6, fetches.c.request),
 )
 
 #: The schema version this code writes.
@@ -174,6 +178,8 @@ class FetchRecord:
     error: str | None = None
     callback: str | None = None
     meta: dict[str, Any] | None = None
+    #: What the record keeps of the request to send it again (``DownloadTask.recorded``); None for a plain GET.
+    request: dict[str, Any] | None = None
 
 
 @dataclass

@@ -717,6 +717,7 @@ class Attempt:
                 error=error,
                 callback=task.callback,
                 meta=task.meta or None,
+                request=task.recorded(),
             ),
             self.gate_wait if url == task.url else None,
             also=functools.partial(_after_record, task.site, ends_errors, then, self.unarmed),
@@ -1164,6 +1165,9 @@ def _hand_to_parser(
         if task.method != "GET" or task.body is not None:
             sent_request["variant"] = task.fingerprint.hex()
         payload["request"] = sent_request
+    again = task.recorded()
+    if again:  # what the page's record keeps of its request, should its parse fail (``crawler retry``)
+        payload["again"] = again
     if task.refresh is not None:  # the page will be refreshed: its parse outcome matters (``parse_job._parse_done``)
         payload["refresh"] = task.refresh
     body = compressed if compressed is not None else zlib.compress(response.body, 6)

@@ -308,6 +308,7 @@ def _parse_done(
         callback=payload.get("callback"),
         elapsed=(finished - started).total_seconds(),
         meta=payload.get("meta") or None,
+        request=payload["again"] if isinstance(payload.get("again"), dict) else None,
     )
     if held is None:
         job_done(rt, record, also=also, stats=counts)
