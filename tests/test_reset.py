@@ -48,6 +48,7 @@ def progress_of(connection: Redis, site: str) -> dict[str, int]:
         "levels": connection.exists(keys.levels(site)),
         "jobs": Queue(keys.download_queue(site), connection=connection).count,
         "ready": int(connection.zscore(keys.ready(), site) is not None),
+        "sitemap lastmods": connection.exists(keys.lastmod(site)),
         "waiting": sum(
             1
             for m in connection.zrange(keys.delayed(), 0, -1) + connection.zrange(keys.recrawls(), 0, -1)
@@ -62,6 +63,7 @@ def fill(connection: Redis, site: str) -> None:
     seed(frontier, [f"http://127.0.0.1:9/{site}/urgent"], priority=50)
     frontier.refill(4)
     connection.hset(keys.stats(site), mapping={"fetched": 5, "parsed": 4, "items": 9})
+    connection.hset(keys.lastmod(site), b"\x01" * 8, 1_700_000_000)  # a sitemap URL's <lastmod>, as read
     scheduler = Scheduler(connection)
     scheduler.schedule(site, f'["http://127.0.0.1:9/{site}/retry"]', 60)
     scheduler.schedule_refresh(site, f'["http://127.0.0.1:9/{site}/again"]', 3600, -10)

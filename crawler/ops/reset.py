@@ -2,8 +2,8 @@
 
 A reset drops what Redis holds about the site's progress: queued URLs (the compact
 frontier, its RQ jobs, retries and refreshes waiting), the seen set, the counters, the
-spider arguments (``crawl -a``), and the site's cookie jar and login session (the fresh
-crawl logs in again).
+spider arguments (``crawl -a``), the ``<lastmod>`` its sitemaps gave each URL, and the
+site's cookie jar and login session (the fresh crawl logs in again).
 It keeps what was crawled and how the site is crawled: items and fetch records in the
 database, robots.txt, the live settings and the pause. Jobs a worker already holds
 finish, and pages already downloaded (in the pages stream) are parsed; their links then
@@ -65,6 +65,8 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
             *(keys.frontier(site, p) for p in {0, *levels}),
             keys.cookies(site),  # a fresh crawl starts with an empty jar, and logs in again
             keys.session(site),
+            # The sitemaps' <lastmod> of each URL: a fresh crawl takes them as new, not as "not newer".
+            keys.lastmod(site),
         )
         counters.forget(pipe, site)  # and counts a worker made before, not yet written, never will be
         pipe.zrem(keys.ready(), site)
