@@ -76,12 +76,8 @@ class DownloadTask:
         """What a fetch record keeps of the request, to send it again (``crawler retry``): ``extra``
         without the headers of RECORDED_NOT (credentials stay out of the database); None for a
         plain GET."""
-        data = self.extra()
-        if "headers" in data:
-            data["headers"] = {k: v for k, v in data["headers"].items() if k.lower() not in RECORDED_NOT}
-            if not data["headers"]:
-                del data["headers"]
-        return data or None
+        kept = {name: value for name, value in self.headers.items() if name.lower() not in RECORDED_NOT}
+        return request_data(self.method, kept, self.body) or None
 
     def to_json(self) -> dict[str, Any]:
         data = {

@@ -244,6 +244,7 @@ class HeldParses:
 
 
 def _found_dry(results: list[AddResult]) -> bool:
+    """Whether a site's links found its RQ queue without a job (``AddResult.queue_dry``)."""
     return any(result.queue_dry for result in results)
 
 
