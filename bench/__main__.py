@@ -37,6 +37,7 @@ BENCHMARKS = (
     "sitemaps",
     "render",
     "fleet",
+    "models",
 )
 
 
