@@ -19,6 +19,11 @@ Models (each in a fresh process of its own, one after the other, the same sites)
 
 - ``threads``: a thread per site, ``httpx.Client`` and ``redis.Redis`` (what the download
   workers use now);
+- ``threads-transport``: as ``threads``, each request handed to an ``httpx.HTTPTransport`` of
+  the site's as an ``httpx.Request``, its body read raw (``iter_raw``): how our ``Fetcher``
+  sends, without ``httpx.Client`` (its cookies, redirects, auth and hooks);
+- ``threads-httpcore``: as ``threads``, each request sent by a ``httpcore.ConnectionPool`` of
+  the site's (what ``httpx.Client`` sends through), without httpx's layer above it;
 - ``asyncio-httpx``: a task per site on one asyncio loop, ``httpx.AsyncClient`` and
   ``redis.asyncio``;
 - ``asyncio-aiohttp``: the same with ``aiohttp`` for HTTP (skipped when not installed:
@@ -33,7 +38,8 @@ Each model runs ``WARMUP`` s, then its process's CPU (user + system, ``RUSAGE_SE
 Redis server's (``INFO cpu``) are taken over ``WINDOW`` s and divided by the requests answered
 in it. Figures: CPU ms a request (the model's process, and with Redis), the ratio to
 ``threads`` in the same run, and the share of the budget used (requests / (sites x window /
-interval)). ``BENCH_MODELS_ROUNDS=N`` repeats the set, each round in another order.
+interval)). ``BENCH_MODELS_ROUNDS=N`` repeats the set, each round in another order; ``BENCH_MODELS=a,b``
+runs only those models (and ``threads``).
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ from typing import Any
 from .common import BenchRedis, BenchResult, Check
 from .fleet import CONFIGS, FleetConfig, FleetServer, site_host
 
-MODELS = ("threads", "asyncio-httpx", "asyncio-aiohttp", "threads-aiohttp")
+MODELS = ("threads", "threads-transport", "threads-httpcore", "asyncio-httpx", "asyncio-aiohttp", "threads-aiohttp")
+#: Environment: the models to run, comma-separated (default all; ``threads`` always runs, as the base).
+MODELS_ENV = "BENCH_MODELS"
 WARMUP = 5.0
 WINDOW = 20.0
 QUICK_WARMUP = 2.0
@@ -124,7 +132,14 @@ def _loop_getter(sites: int) -> Any:
     return get
 
 
-def run_threads(spec: dict[str, Any], tally: Tally, stop: threading.Event, via_loop: bool = False) -> None:
+def run_threads(
+    spec: dict[str, Any],
+    tally: Tally,
+    stop: threading.Event,
+    via_loop: bool = False,
+    bare: bool = False,
+    transport: bool = False,
+) -> None:
     import httpx
     import redis
 
@@ -133,6 +148,26 @@ def run_threads(spec: dict[str, Any], tally: Tally, stop: threading.Event, via_l
     gate = client.register_script(GATE)
     if via_loop:
         get = _loop_getter(len(sites))
+    elif transport:
+        transports = {url: httpx.HTTPTransport() for _, url in sites}
+        headers = httpx.Headers({"user-agent": "models", "accept-encoding": "identity"})
+
+        def get(url: str) -> tuple[int, bytes]:
+            response = transports[url].handle_request(httpx.Request("GET", url, headers=headers))
+            try:
+                return response.status_code, b"".join(response.iter_raw())
+            finally:
+                response.close()
+
+    elif bare:
+        import httpcore
+
+        pools = {url: httpcore.ConnectionPool() for _, url in sites}
+
+        def get(url: str) -> tuple[int, bytes]:
+            response = pools[url].request("GET", url)
+            return response.status, response.content
+
     # A client per site, as the download workers' pools are per origin (``crawler.http.pools``):
     # httpcore's pool looks at each of its connections on every request.
     clients = {site: httpx.Client(timeout=30) for site, _ in sites}
@@ -144,7 +179,7 @@ def run_threads(spec: dict[str, Any], tally: Tally, stop: threading.Event, via_l
             if wait:
                 time.sleep(wait / 1000)
                 continue
-            if via_loop:
+            if via_loop or bare or transport:
                 status, body = get(url)
             else:
                 response = clients[site].get(url)
@@ -232,7 +267,14 @@ def model_main() -> None:
     model, spec = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     tally = Tally(spec)
     if model.startswith("threads"):
-        run_threads(spec, tally, threading.Event(), via_loop=model == "threads-aiohttp")
+        run_threads(
+            spec,
+            tally,
+            threading.Event(),
+            via_loop=model == "threads-aiohttp",
+            bare=model == "threads-httpcore",
+            transport=model == "threads-transport",
+        )
     else:
         asyncio.run(_run_asyncio(spec, tally, use_aiohttp=model == "asyncio-aiohttp"))
     w = tally.window
@@ -276,7 +318,9 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     config: FleetConfig = CONFIGS["200"]
     warmup, window = (QUICK_WARMUP, QUICK_WINDOW) if quick else (WARMUP, WINDOW)
     rounds = 1 if quick else int(os.environ.get(ROUNDS_ENV, "1"))
-    models = [model for model in MODELS if available(model)]
+    chosen = os.environ.get(MODELS_ENV)
+    wanted = {"threads", *chosen.split(",")} if chosen else set(MODELS)
+    models = [model for model in MODELS if model in wanted and available(model)]
     result = BenchResult(
         "models",
         {
@@ -290,7 +334,7 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         },
     )
     for model in MODELS:
-        if model not in models:
+        if model in wanted and model not in models:
             result.notes.append(f"{model} left out: not installed in this Python")
     rows = []
     by_round: list[dict[str, dict[str, Any]]] = []
