@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,9 @@ def _record(pipe: Any, site: str, url: str, status: int, body: bytes) -> None:
 class Tally:
     """Requests answered, and the CPU of this process and of Redis at the window's edges."""
 
-    def __init__(self, spec: dict[str, Any]):
-        self.spec = spec
+    def __init__(self) -> None:
         self.requests = 0
         self.lock = threading.Lock()
-        self.started = time.monotonic()
         self.window: dict[str, float] = {}
 
     def add(self) -> None:
@@ -110,46 +109,25 @@ def _redis_cpu(info: dict[str, Any]) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def _loop_getter(sites: int) -> Any:
-    """``get(url) -> (status, body)`` for any thread, sent by ``aiohttp`` on an asyncio loop of its own thread."""
-    import aiohttp
-
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, name="http-loop", daemon=True).start()
-
-    async def make() -> Any:
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-
-    session = asyncio.run_coroutine_threadsafe(make(), loop).result()
-
-    async def fetch(url: str) -> tuple[int, bytes]:
-        async with session.get(url) as response:
-            return response.status, await response.read()
-
-    def get(url: str) -> tuple[int, bytes]:
-        return asyncio.run_coroutine_threadsafe(fetch(url), loop).result()
-
-    return get
+#: A thread model's ``get(url) -> (status, body)``, callable from any thread.
+Getter = Callable[[str], tuple[int, bytes]]
 
 
-def run_threads(
-    spec: dict[str, Any],
-    tally: Tally,
-    stop: threading.Event,
-    via_loop: bool = False,
-    bare: bool = False,
-    transport: bool = False,
-) -> None:
+def _getter(model: str, urls: list[str]) -> Getter:
+    """How ``model`` (a ``threads*`` one) sends: each with a pool or client a site, as the download
+    workers' pools are per origin (``crawler.http.pools``: httpcore's pool looks at each of its
+    connections on every request)."""
     import httpx
-    import redis
 
-    sites = spec["sites"]
-    client = redis.Redis.from_url(spec["redis_url"], max_connections=len(sites) + 8)
-    gate = client.register_script(GATE)
-    if via_loop:
-        get = _loop_getter(len(sites))
-    elif transport:
-        transports = {url: httpx.HTTPTransport() for _, url in sites}
+    if model == "threads":
+        clients = {url: httpx.Client(timeout=30) for url in urls}
+
+        def get(url: str) -> tuple[int, bytes]:
+            response = clients[url].get(url)
+            return response.status_code, response.content
+
+    elif model == "threads-transport":
+        transports = {url: httpx.HTTPTransport() for url in urls}
         headers = httpx.Headers({"user-agent": "models", "accept-encoding": "identity"})
 
         def get(url: str) -> tuple[int, bytes]:
@@ -159,19 +137,46 @@ def run_threads(
             finally:
                 response.close()
 
-    elif bare:
+    elif model == "threads-httpcore":
         import httpcore
 
-        pools = {url: httpcore.ConnectionPool() for _, url in sites}
+        pools = {url: httpcore.ConnectionPool() for url in urls}
 
         def get(url: str) -> tuple[int, bytes]:
             response = pools[url].request("GET", url)
             return response.status, response.content
 
-    # A client per site, as the download workers' pools are per origin (``crawler.http.pools``):
-    # httpcore's pool looks at each of its connections on every request.
-    clients = {site: httpx.Client(timeout=30) for site, _ in sites}
+    else:  # threads-aiohttp: one asyncio loop thread sends for every thread
+        import aiohttp
+
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="http-loop", daemon=True).start()
+
+        async def make() -> Any:
+            return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+        session = asyncio.run_coroutine_threadsafe(make(), loop).result()
+
+        async def fetch(url: str) -> tuple[int, bytes]:
+            async with session.get(url) as response:
+                return response.status, await response.read()
+
+        def get(url: str) -> tuple[int, bytes]:
+            return asyncio.run_coroutine_threadsafe(fetch(url), loop).result()
+
+    return get
+
+
+def run_threads(model: str, spec: dict[str, Any], tally: Tally) -> None:
+    """A thread a site, each sending as ``model`` says (``_getter``), until the window ends."""
+    import redis
+
+    sites = spec["sites"]
+    client = redis.Redis.from_url(spec["redis_url"], max_connections=len(sites) + 8)
+    gate = client.register_script(GATE)
+    get = _getter(model, [url for _, url in sites])
     interval_ms = int(spec["interval"] * 1000)
+    stop = threading.Event()
 
     def loop(site: str, url: str) -> None:
         while not stop.is_set():
@@ -179,11 +184,7 @@ def run_threads(
             if wait:
                 time.sleep(wait / 1000)
                 continue
-            if via_loop or bare or transport:
-                status, body = get(url)
-            else:
-                response = clients[site].get(url)
-                status, body = response.status_code, response.content
+            status, body = get(url)
             pipe = client.pipeline(transaction=False)
             _record(pipe, site, url, status, body)
             pipe.execute()
@@ -192,12 +193,17 @@ def run_threads(
     threads = [threading.Thread(target=loop, args=(site, url), daemon=True) for site, url in sites]
     for thread in threads:
         thread.start()
-    _windows(tally, stop, lambda: _redis_cpu(client.info("cpu")), time.sleep)
+    time.sleep(spec["warmup"])
+    tally.mark("start", _redis_cpu(client.info("cpu")))
+    time.sleep(spec["window"])
+    tally.mark("end", _redis_cpu(client.info("cpu")))
+    stop.set()
     for thread in threads:
         thread.join()
 
 
 async def _run_asyncio(spec: dict[str, Any], tally: Tally, use_aiohttp: bool) -> None:
+    """A task a site on this loop, sending by aiohttp or by ``httpx.AsyncClient``, until the window ends."""
     import redis.asyncio as aredis
 
     sites = spec["sites"]
@@ -217,7 +223,7 @@ async def _run_asyncio(spec: dict[str, Any], tally: Tally, use_aiohttp: bool) ->
     else:
         import httpx
 
-        session = {url: httpx.AsyncClient(timeout=30) for _, url in sites}  # a client per site, as above
+        session = {url: httpx.AsyncClient(timeout=30) for _, url in sites}  # a client per site, as in ``_getter``
 
         async def get(url: str) -> tuple[int, bytes]:
             response = await session[url].get(url)
@@ -254,27 +260,12 @@ async def _run_asyncio(spec: dict[str, Any], tally: Tally, use_aiohttp: bool) ->
     await client.aclose()
 
 
-def _windows(tally: Tally, stop: threading.Event, redis_cpu: Any, sleep: Any) -> None:
-    sleep(tally.spec["warmup"])
-    tally.mark("start", redis_cpu())
-    sleep(tally.spec["window"])
-    tally.mark("end", redis_cpu())
-    stop.set()
-
-
 def model_main() -> None:
     """One model's process: argv[1] the model, argv[2] a JSON spec; prints its figures as JSON."""
     model, spec = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
-    tally = Tally(spec)
+    tally = Tally()
     if model.startswith("threads"):
-        run_threads(
-            spec,
-            tally,
-            threading.Event(),
-            via_loop=model == "threads-aiohttp",
-            bare=model == "threads-httpcore",
-            transport=model == "threads-transport",
-        )
+        run_threads(model, spec, tally)
     else:
         asyncio.run(_run_asyncio(spec, tally, use_aiohttp=model == "asyncio-aiohttp"))
     w = tally.window
