@@ -19,6 +19,9 @@ Models (each in a fresh process of its own, one after the other, the same sites)
 
 - ``threads``: a thread per site, ``httpx.Client`` and ``redis.Redis`` (what the download
   workers use now);
+- ``threads-fetcher``: as ``threads``, each request sent by the download workers' own
+  ``crawler.http.fetch.Fetcher`` (its deadline, address check, body cap and decoding, pools
+  per origin), with an ``on_sent`` hook as the gate's;
 - ``threads-transport``: as ``threads``, each request handed to an ``httpx.HTTPTransport`` of
   the site's as an ``httpx.Request``, its body read raw (``iter_raw``): how our ``Fetcher``
   sends, without ``httpx.Client`` (its cookies, redirects, auth and hooks);
@@ -60,7 +63,15 @@ from typing import Any
 from .common import BenchRedis, BenchResult, Check
 from .fleet import CONFIGS, FleetConfig, FleetServer, site_host
 
-MODELS = ("threads", "threads-transport", "threads-httpcore", "asyncio-httpx", "asyncio-aiohttp", "threads-aiohttp")
+MODELS = (
+    "threads",
+    "threads-fetcher",
+    "threads-transport",
+    "threads-httpcore",
+    "asyncio-httpx",
+    "asyncio-aiohttp",
+    "threads-aiohttp",
+)
 #: Environment: the models to run, comma-separated (default all; ``threads`` always runs, as the base).
 MODELS_ENV = "BENCH_MODELS"
 WARMUP = 5.0
@@ -125,6 +136,15 @@ def _getter(model: str, urls: list[str]) -> Getter:
         def get(url: str) -> tuple[int, bytes]:
             response = clients[url].get(url)
             return response.status_code, response.content
+
+    elif model == "threads-fetcher":
+        from crawler.http.fetch import Fetcher
+
+        fetcher = Fetcher(timeout=30, max_body_bytes=10 * 1024 * 1024, user_agent="models")
+
+        def get(url: str) -> tuple[int, bytes]:
+            response = fetcher.get(url, on_sent=lambda: None)
+            return response.status, response.body
 
     elif model == "threads-transport":
         transports = {url: httpx.HTTPTransport() for url in urls}
