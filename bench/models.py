@@ -325,6 +325,11 @@ def run_model(model: str, spec_file: Path, timeout: float) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _ms_with_redis(figures: dict[str, Any]) -> float:
+    """CPU ms a request of a model's process and Redis together (``model_main``'s figures)."""
+    return float(figures["cpu"] + figures["redis_cpu"]) / figures["requests"] * 1000
+
+
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     config: FleetConfig = CONFIGS["200"]
     warmup, window = (QUICK_WARMUP, QUICK_WINDOW) if quick else (WARMUP, WINDOW)
@@ -372,12 +377,10 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
                 finally:
                     server.stop(model)
             by_round.append(figures)
-            base = figures["threads"]
+            base_ms = _ms_with_redis(figures["threads"])
             for model in models:
                 f = figures[model]
-                ms = f["cpu"] / f["requests"] * 1000
-                with_redis = (f["cpu"] + f["redis_cpu"]) / f["requests"] * 1000
-                base_ms = (base["cpu"] + base["redis_cpu"]) / base["requests"] * 1000
+                ms, with_redis = f["cpu"] / f["requests"] * 1000, _ms_with_redis(f)
                 used = f["requests"] / (config.budget * f["seconds"])
                 rows.append([round_ + 1, model, f["requests"], ms, with_redis, with_redis / base_ms, used])
     result.table(
@@ -386,7 +389,7 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         rows,
     )
     first = by_round[0]
-    cost = {m: (f["cpu"] + f["redis_cpu"]) / f["requests"] * 1000 for m, f in first.items()}
+    cost = {m: _ms_with_redis(f) for m, f in first.items()}
     for model in models:
         if model != "threads":
             result.checks.append(
