@@ -1,7 +1,7 @@
 """The development HTTP cache: re-running a spider being written replays pages instead of refetching them.
 
 Opt-in (``http_cache`` setting, ``--http-cache`` flag). ``CachingFetcher`` wraps a
-``fetch.Fetcher``: its httpx client gets hishel's ``CacheTransport`` (non-RFC mode:
+``fetch.Fetcher``: its transport becomes hishel's ``CacheTransport`` (non-RFC mode:
 every successful GET is stored by URL in a SQLite file under the state directory and
 served from there afterwards, whatever the response's caching headers). Only 2xx
 responses are stored; redirects, 4xx and 5xx always go to the site.
@@ -16,13 +16,15 @@ the transport under the cache takes it only when a request is really about to be
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 
-from .fetch import Fetcher, GuardedTransport, Response
+from .fetch import Fetcher, Response, guarded_pool
+from .pools import Transport
 
 #: The cache's SQLite file, under the state directory.
 CACHE_FILE = "http-cache.sqlite"
@@ -57,9 +59,10 @@ class DeferredGate:
 
 
 class _Sending(httpx.BaseTransport):
-    """The transport under the cache: reached on a miss only; takes the pending gate, then sends."""
+    """The transport under the cache: reached on a miss only; takes the pending gate, then sends
+    through the fetcher's guarded pool (httpcore's exceptions left for the fetcher to translate)."""
 
-    def __init__(self, inner: httpx.BaseTransport, local: threading.local):
+    def __init__(self, inner: Transport, local: threading.local):
         self.inner = inner
         self.local = local
 
@@ -68,10 +71,63 @@ class _Sending(httpx.BaseTransport):
         if pending is not None:
             pending.take()
         self.local.sent = True
-        return self.inner.handle_request(request)
+        url = request.url
+        response = self.inner.handle_request(
+            httpcore.Request(
+                request.method,
+                httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
+                headers=request.headers.raw,
+                content=request.read(),
+                extensions=request.extensions,
+            )
+        )
+        assert isinstance(response.stream, Iterable)
+        return httpx.Response(
+            response.status, headers=response.headers, stream=_Stream(response), extensions=response.extensions
+        )
 
     def close(self) -> None:
         self.inner.close()
+
+
+class _Stream(httpx.SyncByteStream):
+    """An httpcore response's body, as httpx reads a stream."""
+
+    def __init__(self, response: httpcore.Response):
+        self._response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._response.iter_stream()
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class _Cached:
+    """The fetcher's transport with the cache on: its httpcore requests go through hishel's
+    ``CacheTransport`` (an httpx one) and its answers come back as httpcore responses."""
+
+    def __init__(self, cache: httpx.BaseTransport):
+        self.cache = cache
+
+    def handle_request(self, request: httpcore.Request) -> httpcore.Response:
+        url = request.url
+        response = self.cache.handle_request(
+            httpx.Request(
+                request.method.decode(),
+                httpx.URL(scheme=url.scheme.decode(), host=url.host.decode(), port=url.port, raw_path=url.target),
+                headers=request.headers,
+                content=b"".join(request.stream) if isinstance(request.stream, Iterable) else None,
+                extensions=request.extensions,
+            )
+        )
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        return httpcore.Response(
+            response.status_code, headers=response.headers.raw, content=response.stream, extensions=response.extensions
+        )
+
+    def close(self) -> None:
+        self.cache.close()
 
 
 class CachingFetcher:
@@ -90,11 +146,11 @@ class CachingFetcher:
         self.on_result = on_result
         self._local = threading.local()
         old = fetcher.transport
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-        # Under the cache, the fetcher's own guarded transport: the deadline, the address check
+        # Under the cache, the fetcher's own guarded pool: the deadline, the address check
         # and the gate's send check hold for every request that is really sent.
-        sending = _Sending(GuardedTransport(limits), self._local)
-        fetcher.transport = CacheTransport(next_transport=sending, storage=SqliteStorage(database_path=self.path))
+        sending = _Sending(guarded_pool(fetcher.ssl_context), self._local)
+        storage = SqliteStorage(database_path=self.path)
+        fetcher.transport = _Cached(CacheTransport(next_transport=sending, storage=storage))
         old.close()
 
     def defer(self, site: str, take: Callable[[], Any]) -> DeferredGate:

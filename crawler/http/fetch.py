@@ -63,7 +63,7 @@ from ..errors import (
 )
 from ..settings import redact_url, scrub, url_secrets
 from .addresses import ResolveTimeout, is_public_address, names_its_address, resolve_within
-from .pools import IDLE_FOR, OriginPools
+from .pools import IDLE_FOR, OriginPools, Transport
 
 try:  # brotli ≥ 1.2 can bound its output; an older one cannot, so br is then not accepted
     import brotli
@@ -147,51 +147,46 @@ KEEP_ALIVE = 20
 
 
 class Fetcher:
-    """Downloads URLs through one pooled httpx transport, within body, time and address caps.
+    """Downloads URLs through pooled httpcore connections, within body, time and address caps.
 
-    Requests go to the transport directly, not through an ``httpx.Client``: the client's
-    redirect, auth and cookie handling have no use here (redirects are requests of their
-    own, through the gate), and cost some 0.15 ms of CPU a request. So no cookie is kept
-    here: a site's jar is shared by the fleet in Redis (``session.Jar``), its ``Cookie``
-    header passed in ``headers`` and the response's ``Set-Cookie`` given back in
-    ``Response.set_cookies``, so a crawl's requests do not depend on which worker process
-    made the earlier ones.
+    Requests go to httpcore's pools directly, not through httpx's client nor its transport:
+    the client's redirect, auth and cookie handling have no use here (redirects are requests
+    of their own, through the gate), and httpx's request, response and stream objects around
+    httpcore's cost some 0.15 ms of CPU a request, 5 % of a crawl of slow sites. httpx
+    still parses each URL (``httpx.URL``: IDNA, IPv6, percent-encoding, as everywhere else in
+    the crawler). No cookie is kept here: a site's jar is shared by the fleet in Redis
+    (``session.Jar``), its ``Cookie`` header passed in ``headers`` and the response's
+    ``Set-Cookie`` given back in ``Response.set_cookies``, so a crawl's requests do not depend
+    on which worker process made the earlier ones.
     """
 
     def __init__(self, timeout: float, max_body_bytes: int, user_agent: str):
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self.user_agent = user_agent
-        #: Sent with every request (a request's own headers win).
-        self.headers = httpx.Headers(
-            {
-                "user-agent": user_agent,
-                "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
-                "accept-encoding": ACCEPTED_ENCODINGS,
-            }
-        )
+        #: Sent with every request (a request's own headers win), names in lower case.
+        self.headers = {
+            "user-agent": user_agent,
+            "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
+            "accept-encoding": ACCEPTED_ENCODINGS,
+        }
+        self._raw_headers = _encode_headers(self.headers)
         self._timeouts = httpx.Timeout(timeout).as_dict()
         #: Shared by every pool: loading the CA certificates costs milliseconds and some hundreds of KiB each time.
-        self._ssl_context = httpx.create_ssl_context()
-        self.transport: httpx.BaseTransport = self._new_transport(None)
-        #: One pooled transport per proxy URL, made on first use.
-        self._proxied: dict[str, httpx.BaseTransport] = {}
+        self.ssl_context = httpx.create_ssl_context()
+        #: Where direct requests go: one pool per origin (``pools``); the cache puts itself here.
+        self.transport: Transport = OriginPools(lambda: guarded_pool(self.ssl_context))
+        #: One pool per proxy URL, made on first use.
+        self._proxied: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
-    def _new_transport(self, proxy: str | None) -> httpx.BaseTransport:
-        """One pool per origin for direct requests (``pools``), one per proxy for proxied ones."""
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE, keepalive_expiry=IDLE_FOR)
-        if proxy is None:
-            return OriginPools(lambda: GuardedTransport(limits, ssl_context=self._ssl_context))
-        return GuardedTransport(limits, proxy, ssl_context=self._ssl_context)
-
-    def _transport(self, proxy: str | None) -> httpx.BaseTransport:
+    def _transport(self, proxy: str | None) -> Transport:
         if proxy is None:
             return self.transport
         with self._lock:
             transport = self._proxied.get(proxy)
             if transport is None:
-                transport = self._proxied[proxy] = self._new_transport(proxy)
+                transport = self._proxied[proxy] = guarded_pool(self.ssl_context, proxy)
             return transport
 
     def get(
@@ -215,9 +210,9 @@ class Fetcher:
 
         Raises TransientError (timeout, connection) or PermanentError: BodyTooLarge,
         BadResponse (malformed or oversized headers, undecodable body, unknown
-        content-coding), UnsupportedScheme (not http/https), RefusedURL (malformed URL),
-        PrivateAddress (the address connected to is not public, and neither
-        ``allow_private`` nor an IP-literal or ``localhost`` host allows it).
+        content-coding), UnsupportedScheme (not http/https), RefusedURL (malformed URL, or a
+        header that cannot be sent), PrivateAddress (the address connected to is not public,
+        and neither ``allow_private`` nor an IP-literal or ``localhost`` host allows it).
 
         ``before_send()`` is called right before the first byte of the request is written
         to the socket, after any connection set-up (the gate is checked there: see
@@ -233,88 +228,129 @@ class Fetcher:
         raises ProxyError, whose message shows the proxy without its credentials.
         A ``user-agent`` among ``headers`` wins over ``user_agent``.
         """
-        sent = self.headers
-        if headers and user_agent and any(name.lower() == "user-agent" for name in headers):
-            user_agent = None
-        if headers or user_agent:
-            sent = self.headers.copy()
-            sent.update({**(headers or {}), **({"user-agent": user_agent} if user_agent else {})})
-        extensions: dict[str, Any] = {"timeout": self._timeouts}
-        if on_sent:
-            extensions["trace"] = _on_sent_tracer(on_sent)
         started = datetime.now(UTC)
         clock = time.monotonic()
+        try:
+            request = self._request(method, url, user_agent, headers, body)
+        except httpx.InvalidURL as exc:
+            raise RefusedURL(f"malformed URL: {exc}") from exc
+        except UnicodeEncodeError as exc:
+            raise RefusedURL(f"request cannot be sent: a header is not ASCII ({exc.reason})") from exc
         # Through a proxy, the address connected to is the proxy's: the check applies to it.
-        guard = _RequestGuard(clock + self.timeout, allow_private or names_its_address(proxy or url), before_send)
+        guard = _RequestGuard(clock + self.timeout, allow_private, proxy or url, before_send, on_sent)
         transport = self._transport(proxy)
         try:
             try:
                 with guard.active():
-                    response = transport.handle_request(
-                        httpx.Request(method, url, headers=sent, content=body, extensions=extensions)
-                    )
+                    response = transport.handle_request(request)
                     try:
+                        raw_headers = _decode_headers(response.headers)
                         content, truncated, sunk = self._read_body(
-                            response, guard.deadline, truncate_at, max_bytes, sink
+                            response, raw_headers, guard.deadline, truncate_at, max_bytes, sink
                         )
                     finally:
                         response.close()
-                    return Response(
-                        url=url,
-                        status=response.status_code,
-                        headers={k.lower(): v for k, v in response.headers.items() if k.lower() != "set-cookie"},
-                        body=content,
-                        started=started,
-                        elapsed=time.monotonic() - clock,
-                        encoding=charset_of(response.headers.get("content-type")),
-                        truncated=truncated,
-                        sunk=sunk,
-                        set_cookies=response.headers.get_list("set-cookie"),
-                    )
-            except httpx.TransportError as exc:
+            except httpcore.ProxyError as exc:
+                raise self._proxy_error(proxy, exc) from exc
+            except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.RemoteProtocolError) as exc:
                 if proxy is not None and _proxy_failed(exc):
-                    reason = scrub(f"{type(exc).__name__}: {exc}", url_secrets(proxy))
-                    raise ProxyError(f"proxy {redact_url(proxy)} failed: {reason}") from exc
+                    raise self._proxy_error(proxy, exc) from exc
                 raise
-        except httpx.TimeoutException as exc:
+        except httpcore.TimeoutException as exc:
             raise FetchTimeout(
                 f"timed out after {time.monotonic() - clock:.1f}s "
                 f"(limit {self.timeout:g}s for the whole request): {type(exc).__name__}"
             ) from exc
-        except httpx.UnsupportedProtocol as exc:
+        except httpcore.UnsupportedProtocol as exc:
             raise UnsupportedScheme(f"not an http(s) URL: {url}") from exc
-        except httpx.InvalidURL as exc:
-            raise RefusedURL(f"malformed URL: {exc}") from exc
-        except httpx.LocalProtocolError as exc:
+        except httpcore.LocalProtocolError as exc:
             raise RefusedURL(f"request cannot be sent: {exc}") from exc
-        except httpx.RemoteProtocolError as exc:
+        except httpcore.RemoteProtocolError as exc:
             if _is_disconnect(exc):
                 raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
             raise BadResponse(f"malformed response: {exc}") from exc
-        except (httpx.TransportError, httpx.StreamError) as exc:
+        except httpcore.NetworkError as exc:
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+        content_type = _first(raw_headers, "content-type")
+        return Response(
+            url=url,
+            status=response.status,
+            headers=_joined(raw_headers),
+            body=content,
+            started=started,
+            elapsed=time.monotonic() - clock,
+            encoding=charset_of(content_type),
+            truncated=truncated,
+            sunk=sunk,
+            set_cookies=[value for name, value in raw_headers if name == "set-cookie"],
+        )
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        user_agent: str | None,
+        headers: Mapping[str, str] | None,
+        body: bytes | None,
+    ) -> httpcore.Request:
+        """The request as httpcore sends it, with the headers httpx would add (Host, Content-Length).
+
+        Raises httpx.InvalidURL for a malformed URL, UnsupportedScheme for one not http(s),
+        UnicodeEncodeError for a header value that is not ASCII.
+        """
+        target = httpx.URL(url)
+        if target.scheme not in ("http", "https"):
+            raise UnsupportedScheme(f"not an http(s) URL: {url}")
+        if not target.raw_host:
+            raise httpx.InvalidURL("no host")
+        raw, own_host = self._raw_headers, False
+        if headers or user_agent:
+            merged = dict(self.headers)
+            if user_agent:
+                merged["user-agent"] = user_agent
+            merged.update({name.lower(): value for name, value in (headers or {}).items()})
+            raw, own_host = _encode_headers(merged), "host" in merged
+        preset = [] if own_host else [(b"host", target.netloc)]
+        if body is not None:
+            preset.append((b"content-length", str(len(body)).encode()))
+        elif method in ("POST", "PUT", "PATCH"):
+            preset.append((b"content-length", b"0"))
+        return httpcore.Request(
+            method,
+            httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port, target=target.raw_path),
+            headers=preset + raw,
+            content=body,
+            extensions={"timeout": self._timeouts},
+        )
+
+    @staticmethod
+    def _proxy_error(proxy: str | None, exc: Exception) -> ProxyError:
+        reason = scrub(f"{type(exc).__name__}: {exc}", url_secrets(proxy or ""))
+        return ProxyError(f"proxy {redact_url(proxy or '')} failed: {reason}")
 
     def _read_body(
         self,
-        response: httpx.Response,
+        response: httpcore.Response,
+        headers: list[tuple[str, str]],
         deadline: float,
         truncate_at: int | None,
         max_bytes: int | None = None,
         sink: Callable[[bytes], Any] | None = None,
     ) -> tuple[bytes, bool, int]:
-        """The decoded body, whether it was truncated, and how many bytes went to ``sink`` instead.
+        """The decoded body of ``response`` (whose ``headers`` are given decoded), whether it was
+        truncated, and how many bytes went to ``sink`` instead.
 
         Raises BodyTooLarge past the cap (``max_bytes``, else the fetcher's).
         """
         limit = (max_bytes or self.max_body_bytes) if truncate_at is None else truncate_at
-        declared = response.headers.get("content-length", "")
+        declared = _first(headers, "content-length") or ""
         if truncate_at is None and declared.isdigit() and int(declared) > limit:
             raise BodyTooLarge(f"Content-Length {declared} exceeds the cap of {limit} bytes")
         pieces: list[bytes] = []
         size = received = 0
         try:
-            decoder = ContentDecoder(response.headers.get("content-encoding", ""))
-            for raw in response.iter_raw():
+            decoder = ContentDecoder(", ".join(value for name, value in headers if name == "content-encoding"))
+            for raw in response.iter_stream():
                 received += len(raw)
                 for piece in decoder.feed(raw):
                     if size + len(piece) > limit:
@@ -341,6 +377,36 @@ class Fetcher:
         self.transport.close()
         for transport in self._proxied.values():
             transport.close()
+
+
+def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """``headers`` as sent (ASCII only, as httpx sends them; UnicodeEncodeError otherwise)."""
+    return [(name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()]
+
+
+def _decode_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
+    """A response's headers as text, names in lower case, decoded as httpx decodes them: ASCII,
+    else UTF-8, else Latin-1, whichever reads every one of them."""
+    for encoding in ("ascii", "utf-8"):
+        try:
+            return [(name.decode(encoding).lower(), value.decode(encoding)) for name, value in raw]
+        except UnicodeDecodeError:
+            continue
+    return [(name.decode("latin-1").lower(), value.decode("latin-1")) for name, value in raw]
+
+
+def _first(headers: list[tuple[str, str]], name: str) -> str | None:
+    return next((value for key, value in headers if key == name), None)
+
+
+def _joined(headers: list[tuple[str, str]]) -> dict[str, str]:
+    """One value a name, a repeated header's values joined with ``", "`` (as httpx's ``Headers.items``);
+    no ``Set-Cookie``: cookie values are secrets, kept apart (``Response.set_cookies``)."""
+    joined: dict[str, str] = {}
+    for name, value in headers:
+        if name != "set-cookie":
+            joined[name] = f"{joined[name]}, {value}" if name in joined else value
+    return joined
 
 
 def charset_of(content_type: str | None) -> str | None:
@@ -370,37 +436,22 @@ def user_agent_of(headers: Mapping[str, str], default: str) -> str:
     return next((v for k, v in headers.items() if k.lower() == "user-agent"), default)
 
 
-def _proxy_failed(exc: httpx.TransportError) -> bool:
+def _proxy_failed(exc: Exception) -> bool:
     """Whether a proxied request's error says the proxy itself failed: not reached, the connection
-    reset or dropped, or the request refused (a CONNECT answered non-2xx, 407).
+    reset or dropped (a CONNECT answered non-2xx, 407, is httpcore's ProxyError, caught before).
 
     The connection is to the proxy, which reports the target's failures as statuses (502,
     504); a read timeout is left out, as it may be a slow target behind a working proxy.
     """
-    if isinstance(exc, httpx.NetworkError | httpx.ConnectTimeout | httpx.ProxyError):
+    if isinstance(exc, httpcore.NetworkError | httpcore.ConnectTimeout):
         return True
-    return isinstance(exc, httpx.RemoteProtocolError) and _is_disconnect(exc)
+    return isinstance(exc, httpcore.RemoteProtocolError) and _is_disconnect(exc)
 
 
-def _is_disconnect(exc: httpx.RemoteProtocolError) -> bool:
+def _is_disconnect(exc: httpcore.RemoteProtocolError) -> bool:
     """Whether a protocol error is the peer hanging up (worth retrying), not a malformed answer."""
     text = str(exc).lower()
     return "disconnected" in text or "closed" in text
-
-
-def _on_sent_tracer(on_sent: Callable[[], Any]) -> Callable[[str, dict[str, Any]], None]:
-    """An httpcore trace hook that calls ``on_sent`` when the response starts being awaited."""
-
-    def trace(event: str, info: dict[str, Any]) -> None:
-        # A tunnel's CONNECT (an https target through a proxy) carries the request's trace too: not it.
-        if event.endswith("receive_response_headers.started") and not _is_connect(info.get("request")):
-            on_sent()
-
-    return trace
-
-
-def _is_connect(request: Any) -> bool:
-    return getattr(request, "method", None) == b"CONNECT"
 
 
 # -- content-codings ------------------------------------------------------------------------
@@ -533,12 +584,29 @@ _local = threading.local()
 
 
 class _RequestGuard:
-    """What the calling thread's request may do: until when, and whether to private addresses."""
+    """What the calling thread's request may do (until when; whether to private addresses), and
+    what to call around its send (``before_send`` before its first byte, ``on_sent`` once written).
 
-    def __init__(self, deadline: float, allow_private: bool, before_send: Callable[[], Any] | None = None):
+    Private addresses are allowed by ``allow_private``, or by ``url`` naming its host as an
+    IP address or ``localhost`` (looked at only when a connection is made: a pooled one was
+    checked when it was).
+    """
+
+    def __init__(
+        self,
+        deadline: float,
+        allow_private: bool,
+        url: str = "",
+        before_send: Callable[[], Any] | None = None,
+        on_sent: Callable[[], Any] | None = None,
+    ):
         self.deadline = deadline
         self.allow_private = allow_private
+        self.url = url
         self.before_send = before_send
+        self.on_sent = on_sent
+        #: The request's first byte has been written (a tunnel's CONNECT is not the request).
+        self.writing = False
 
     @contextmanager
     def active(self) -> Iterator[_RequestGuard]:
@@ -559,7 +627,7 @@ class _RequestGuard:
 
     def check_peer(self, stream: httpcore.NetworkStream, host: str) -> None:
         """Refuse a connection to a non-public address unless this request allows it."""
-        if self.allow_private:
+        if self.allow_private or names_its_address(self.url):
             return
         sock = stream.get_extra_info("socket")
         address = str(sock.getpeername()[0]) if sock is not None else None
@@ -586,15 +654,22 @@ class _GuardedStream(httpcore.NetworkStream):
         self._stream = stream
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        guard: _RequestGuard | None = getattr(_local, "guard", None)
+        if guard is not None and guard.writing and guard.on_sent is not None:
+            # The first read after the request was written: it is on the wire (the gate is rearmed here).
+            on_sent, guard.on_sent = guard.on_sent, None
+            on_sent()
         return self._stream.read(max_bytes, _time_left(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         guard: _RequestGuard | None = getattr(_local, "guard", None)
-        if guard is not None and guard.before_send is not None and buffer and not buffer.startswith(b"CONNECT "):
+        if guard is not None and not guard.writing and buffer and not buffer.startswith(b"CONNECT "):
             # The request's first write, as close to the socket as the stack allows (the gate's check);
             # not a tunnel's CONNECT to a proxy (nor the empty write ending it), which come before the request.
-            before_send, guard.before_send = guard.before_send, None
-            before_send()
+            guard.writing = True
+            if guard.before_send is not None:
+                before_send, guard.before_send = guard.before_send, None
+                before_send()
         self._stream.write(buffer, _time_left(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
@@ -673,30 +748,29 @@ class _GuardedBackend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
-class GuardedTransport(httpx.HTTPTransport):
-    """httpx's transport over a connection pool that uses ``_GuardedBackend``, direct or through ``proxy``."""
-
-    def __init__(self, limits: httpx.Limits, proxy: str | None = None, ssl_context: Any = None):
-        # httpx offers no way to hand its pool a network backend, so the pool is built here,
-        # as HTTPTransport builds it (HTTP/1.1, verified TLS); the rest of the class is httpx's.
-        pool_options: dict[str, Any] = {
-            "ssl_context": ssl_context or httpx.create_ssl_context(),
-            "max_connections": limits.max_connections,
-            "max_keepalive_connections": limits.max_keepalive_connections,
-            "keepalive_expiry": limits.keepalive_expiry,
-            "network_backend": _GuardedBackend(),
-        }
-        if proxy is None:
-            self._pool = httpcore.ConnectionPool(**pool_options)
-            return
-        # As httpx's HTTPTransport builds its proxy pool: http targets are forwarded (absolute-form
-        # request lines), https ones tunnelled (CONNECT); credentials go in Proxy-Authorization.
-        spec = httpx.Proxy(proxy)
-        self._pool = httpcore.HTTPProxy(
-            proxy_url=httpcore.URL(
-                scheme=spec.url.raw_scheme, host=spec.url.raw_host, port=spec.url.port, target=spec.url.raw_path
-            ),
-            proxy_auth=spec.raw_auth,
-            proxy_headers=spec.headers.raw,
-            **pool_options,
-        )
+def guarded_pool(
+    ssl_context: Any, proxy: str | None = None, keep_alive: int | None = None
+) -> httpcore.ConnectionPool | httpcore.HTTPProxy:
+    """An httpcore pool over ``_GuardedBackend``, direct or through ``proxy``, as httpx's transport
+    builds its own (HTTP/1.1, verified TLS with ``ssl_context``), keeping ``keep_alive`` idle
+    connections (``KEEP_ALIVE`` by default) for ``pools.IDLE_FOR`` seconds; no cap on those in use."""
+    options: dict[str, Any] = {
+        "ssl_context": ssl_context,
+        "max_connections": None,
+        "max_keepalive_connections": KEEP_ALIVE if keep_alive is None else keep_alive,
+        "keepalive_expiry": IDLE_FOR,
+        "network_backend": _GuardedBackend(),
+    }
+    if proxy is None:
+        return httpcore.ConnectionPool(**options)
+    # As httpx's transport builds its proxy pool: http targets are forwarded (absolute-form
+    # request lines), https ones tunnelled (CONNECT); credentials go in Proxy-Authorization.
+    spec = httpx.Proxy(proxy)
+    return httpcore.HTTPProxy(
+        proxy_url=httpcore.URL(
+            scheme=spec.url.raw_scheme, host=spec.url.raw_host, port=spec.url.port, target=spec.url.raw_path
+        ),
+        proxy_auth=spec.raw_auth,
+        proxy_headers=spec.headers.raw,
+        **options,
+    )

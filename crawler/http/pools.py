@@ -1,4 +1,4 @@
-"""Connection pools by origin: one small httpx pool per (scheme, host, port) a process talks to.
+"""Connection pools by origin: one small httpcore pool per (scheme, host, port) a process talks to.
 
 httpcore's pool looks at every one of its connections on every request, under one lock
 (a readiness poll of each idle one), so one pool for the hundreds of sites a download
@@ -13,31 +13,40 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
-import httpx
+import httpcore
 
 #: Seconds an unused pool (and so its idle connections) is kept: past a slow site's interval.
 IDLE_FOR = 30.0
 #: Requests between two looks for pools to forget (each look reads every pool once).
 SWEEP_EVERY = 256
 
-#: An origin: scheme, host and port of a URL, as httpx parses them.
+#: An origin: scheme, host and port of a URL, as httpcore holds them.
 Origin = tuple[bytes, bytes, int | None]
 
 
 @dataclass
 class _Pool:
-    transport: httpx.BaseTransport
+    transport: Transport
     in_flight: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
 
-class OriginPools(httpx.BaseTransport):
-    """A transport that hands each request to its origin's own transport, made by ``make`` on first use."""
+class Transport(Protocol):
+    """An httpcore pool, or anything that sends requests as one does."""
 
-    def __init__(self, make: Callable[[], httpx.BaseTransport], idle_for: float = IDLE_FOR):
+    def handle_request(self, request: httpcore.Request) -> httpcore.Response: ...
+
+    def close(self) -> None: ...
+
+
+class OriginPools:
+    """A ``Transport`` that hands each request to its origin's own pool, made by ``make`` on first use."""
+
+    def __init__(self, make: Callable[[], Transport], idle_for: float = IDLE_FOR):
         self._make = make
         self.idle_for = idle_for
         self._pools: dict[Origin, _Pool] = {}
@@ -48,8 +57,8 @@ class OriginPools(httpx.BaseTransport):
         """Origins with a pool now."""
         return len(self._pools)
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        origin = (request.url.raw_scheme, request.url.raw_host, request.url.port)
+    def handle_request(self, request: httpcore.Request) -> httpcore.Response:
+        origin = (request.url.scheme, request.url.host, request.url.port)
         stale: list[_Pool] = []
         with self._lock:
             pool = self._pools.get(origin)
@@ -66,7 +75,7 @@ class OriginPools(httpx.BaseTransport):
         except BaseException:
             self._done(pool)
             raise
-        assert isinstance(response.stream, httpx.SyncByteStream)
+        assert isinstance(response.stream, Iterable)
         response.stream = _Counted(response.stream, lambda: self._done(pool))
         return response
 
@@ -88,10 +97,10 @@ class OriginPools(httpx.BaseTransport):
             pool.transport.close()
 
 
-class _Counted(httpx.SyncByteStream):
+class _Counted:
     """A response's stream that tells its pool when it is closed (the request is over)."""
 
-    def __init__(self, stream: httpx.SyncByteStream, on_close: Callable[[], None]):
+    def __init__(self, stream: Iterable[bytes], on_close: Callable[[], None]):
         self._stream = stream
         self._on_close: Callable[[], None] | None = on_close
 
@@ -100,7 +109,9 @@ class _Counted(httpx.SyncByteStream):
 
     def close(self) -> None:
         try:
-            self._stream.close()
+            close = getattr(self._stream, "close", None)
+            if close is not None:
+                close()
         finally:
             on_close, self._on_close = self._on_close, None
             if on_close is not None:
