@@ -244,6 +244,21 @@ def echo_cookie(h: Handler) -> None:
     h.reply(200, (h.headers.get("Cookie") or "").encode(), "text/plain")
 
 
+def many_headers(h: Handler) -> None:
+    body = f"host={h.headers.get('Host')}".encode()
+    lines = [
+        b"HTTP/1.1 200 OK",
+        b"Content-Type: text/plain",
+        b"Content-Length: %d" % len(body),
+        b"X-Twice: a",
+        b"x-twice: b",
+        b"Set-Cookie: one=1; Path=/",
+        b"Set-Cookie: two=2",
+        "X-Name: Crème brûlée".encode(h.path.split("?")[-1]),  # UTF-8, or Latin-1
+    ]
+    h.wfile.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+
+
 def hang_up(h: Handler) -> None:
     h.close_connection = True  # and say nothing: a server that died mid-request
 
@@ -268,6 +283,7 @@ ROUTES: dict[str, Callable[[Handler], None]] = {
     "/corrupt-gzip": corrupt_gzip,
     "/huge-headers": huge_headers,
     "/hang-up": hang_up,
+    "/many-headers": many_headers,
     "/set-cookie": set_cookie,
     "/cookie": echo_cookie,
 }
@@ -320,6 +336,18 @@ def test_the_charset_is_read_from_content_type_as_httpx_reads_it(content_type: s
     assert charset_of(content_type) == expected
     assert charset_of(content_type) == expected  # the cached answer too
     assert charset_of(None) is None
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_response_headers_are_read_as_httpx_reads_them(server: str, fetcher: Fetcher, encoding: str) -> None:
+    url = f"{server}/many-headers?{encoding}"
+    response = fetcher.get(url)
+    with httpx.Client() as client:
+        expected = client.get(url)
+    assert response.headers == {k.lower(): v for k, v in expected.headers.items() if k.lower() != "set-cookie"}
+    assert response.headers["x-twice"] == "a, b" and response.headers["x-name"] == "Crème brûlée"
+    assert response.set_cookies == expected.headers.get_list("set-cookie") == ["one=1; Path=/", "two=2"]
+    assert response.body == expected.content == f"host={server.removeprefix('http://')}".encode()
 
 
 def test_ok_page_comes_back_with_body_headers_and_charset(server: str, fetcher: Fetcher) -> None:

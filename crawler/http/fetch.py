@@ -170,7 +170,7 @@ class Fetcher:
             "accept": "text/html,application/xhtml+xml,*/*;q=0.8",
             "accept-encoding": ACCEPTED_ENCODINGS,
         }
-        self._raw_headers = _encode_headers(self.headers)
+        self._raw_headers = encode_headers(self.headers)
         self._timeouts = httpx.Timeout(timeout).as_dict()
         #: Shared by every pool: loading the CA certificates costs milliseconds and some hundreds of KiB each time.
         self.ssl_context = httpx.create_ssl_context()
@@ -234,8 +234,8 @@ class Fetcher:
             request = self._request(method, url, user_agent, headers, body)
         except httpx.InvalidURL as exc:
             raise RefusedURL(f"malformed URL: {exc}") from exc
-        except UnicodeEncodeError as exc:
-            raise RefusedURL(f"request cannot be sent: a header is not ASCII ({exc.reason})") from exc
+        except (UnicodeEncodeError, AttributeError) as exc:
+            raise RefusedURL(f"request cannot be sent: a header is not an ASCII string ({exc})") from exc
         # Through a proxy, the address connected to is the proxy's: the check applies to it.
         guard = _RequestGuard(clock + self.timeout, allow_private, proxy or url, before_send, on_sent)
         transport = self._transport(proxy)
@@ -296,7 +296,7 @@ class Fetcher:
         """The request as httpcore sends it, with the headers httpx would add (Host, Content-Length).
 
         Raises httpx.InvalidURL for a malformed URL, UnsupportedScheme for one not http(s),
-        UnicodeEncodeError for a header value that is not ASCII.
+        UnicodeEncodeError or AttributeError for a header that is not an ASCII string.
         """
         target = httpx.URL(url)
         if target.scheme not in ("http", "https"):
@@ -309,7 +309,7 @@ class Fetcher:
             if user_agent:
                 merged["user-agent"] = user_agent
             merged.update({name.lower(): value for name, value in (headers or {}).items()})
-            raw, own_host = _encode_headers(merged), "host" in merged
+            raw, own_host = encode_headers(merged), "host" in merged
         preset = [] if own_host else [(b"host", target.netloc)]
         if body is not None:
             preset.append((b"content-length", str(len(body)).encode()))
@@ -379,8 +379,9 @@ class Fetcher:
             transport.close()
 
 
-def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
-    """``headers`` as sent (ASCII only, as httpx sends them; UnicodeEncodeError otherwise)."""
+def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """``headers`` as sent: ASCII only, as httpx sends them (UnicodeEncodeError otherwise; AttributeError
+    for a name or value that is not a string)."""
     return [(name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()]
 
 

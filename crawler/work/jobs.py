@@ -21,7 +21,6 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urljoin
 
-import httpx
 from rq import get_current_job
 
 from ..coord import joblife, keys, pages, quarantine
@@ -55,7 +54,7 @@ from ..errors import (
 )
 from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
-from ..http.fetch import Response, merge_headers, user_agent_of
+from ..http.fetch import Response, encode_headers, merge_headers, user_agent_of
 from ..spiders.items import failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, utcnow
@@ -959,15 +958,15 @@ def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
 
 
 def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
-    """Why a request with ``user_agent`` and ``headers`` cannot be built (a value httpx refuses: not
-    ASCII, say), or None when it can.
+    """Why a request with ``user_agent`` and ``headers`` cannot be built (a name or value the fetcher
+    cannot send: not a string, not ASCII), or None when it can.
 
     Asked before the gate is taken: raised from the fetch, such an error left the job
     with no fetch record and no next refresh. The URL is the fetch's to judge (``RefusedURL``).
     """
     try:
-        httpx.Headers({**headers, "user-agent": user_agent})
-    except Exception as exc:  # any: whatever httpx refuses a header for, the page must not be lost
+        encode_headers({**headers, "user-agent": user_agent})
+    except Exception as exc:  # any: whatever the fetcher refuses a header for, the page must not be lost
         return f"{type(exc).__name__}: {exc}"
     return None
 
