@@ -12,6 +12,7 @@ from crawling import items_by_key
 from redis import Redis
 
 from crawler.coord import keys, quarantine
+from crawler.coord.changes import announce
 from crawler.coord.frontier import seed
 from crawler.coord.policy import PolicyCache, quarantine_live
 from crawler.demo import ShopSite
@@ -267,7 +268,8 @@ class Paced(DemoShop):
 def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_workers_crawl_on(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:
-    """``interval nan`` and ``concurrency ten``, written with HSET while real workers crawl.
+    """``interval nan`` and ``concurrency ten``, written with HSET while real workers crawl (and
+    announced, as a writer of junk may: ``changes``).
 
     Before: the download workers died (``cannot convert float NaN to integer``, ``invalid
     literal for int()``). After: each value is quarantined with its reason and dropped
@@ -292,6 +294,7 @@ def test_junk_live_settings_written_by_hand_mid_crawl_are_quarantined_and_worker
                 time.sleep(0.01)
             written = time.time()  # the shop logs arrivals on this clock
             redis_conn.hset(keys.live_settings("paced"), mapping={"interval": "nan", "concurrency": "ten"})
+            announce(redis_conn)  # read at once; unannounced, at the recheck (test_changes.py)
             code = wait_for(processes)
         finally:
             done.set()

@@ -136,6 +136,11 @@ def spider_args(site: str) -> str:
     return f"{PREFIX}args:{_tag(site)}"
 
 
+def settings_changes() -> str:
+    """A token renewed after every write of live settings or spider arguments (``changes``)."""
+    return f"{PREFIX}settings-changed"
+
+
 def sites() -> str:
     """Set of every site name that was ever seeded on this Redis."""
     return f"{PREFIX}sites"

@@ -6,8 +6,9 @@ min), or the robots.txt ``Crawl-delay`` when longer; the gate margin is added on
 whoever spaces requests (the gate, ``NEXT_JOB``), which apply the same maximum in Lua.
 
 Live settings (``crawler set``, ``pause``, ``resume``) live in a Redis hash per site;
-workers re-read them at most once per ``LIVE_REFRESH`` seconds, so a change reaches
-every worker on every host within that time.
+every write is announced (``changes``), and workers look for an announcement at most
+once per ``LIVE_REFRESH`` seconds, so a change reaches every worker on every host within
+that time (one written by hand, announced by no one, within ``changes.RECHECK``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..errors import ConfigError
 from ..settings import Settings, check_concurrency, check_interval, check_live
 from ..spiders.spider import Spider
 from . import keys, quarantine
+from .changes import announce
 from .pacing import Auto, Pace
 from .replies import text_map
 
@@ -133,6 +135,7 @@ def quarantine_live(connection: Redis, site: str, bad: Mapping[str, str], live: 
                 reason = f"live setting {name} of {site}: {bad[name]}"
                 quarantine.record(connection, key, reason, content={name: now[name]}, pipeline=pipe)
             pipe.execute()
+            announce(connection)
         except WatchError:
             pass  # the hash changed meanwhile: the next read checks it again
 
@@ -155,6 +158,7 @@ def set_live(
     if not mapping:
         raise ConfigError("nothing to set: give --interval or --concurrency (or --reset)")
     connection.hset(keys.live_settings(site), mapping=mapping)  # type: ignore[arg-type]  # str values are fine
+    announce(connection)
 
 
 def reset_live(connection: Redis, site: str) -> None:
@@ -163,6 +167,7 @@ def reset_live(connection: Redis, site: str) -> None:
     A pause is kept: ``crawler resume`` ends it.
     """
     connection.hdel(keys.live_settings(site), "interval", "concurrency")
+    announce(connection)
 
 
 class PolicyCache:
@@ -205,6 +210,12 @@ class PolicyCache:
         """When ``site``'s policy held here was read (``time.monotonic()``); None if none is held."""
         cached = self._cache.get(site)
         return cached[0] if cached is not None else None
+
+    def touch(self, site: str, read_at: float) -> None:
+        """Count ``site``'s policy held here as read at ``read_at``: nothing changed since (``changes``)."""
+        cached = self._cache.get(site)
+        if cached is not None:
+            self._cache[site] = (read_at, cached[1])
 
     def put(self, site: str, live: dict[str, str], read_at: float | None = None) -> None:
         """Resolve ``site``'s policy with ``live``, its live settings as read at ``read_at``

@@ -6,9 +6,9 @@ strings, as in Scrapy; a spider converts one in ``__init__`` (the attributes are
 before it runs) or by annotating the attribute (``max_price: int = 100``: ``int``,
 ``float``, ``bool`` and ``str`` annotations convert the string).
 
-A worker re-reads the hash at most once per ``ARGS_REFRESH`` seconds and builds a new
-spider instance when the arguments changed, so arguments set while workers run reach
-them within that time.
+Every write is announced (``changes``); a worker looks for an announcement at most once
+per ``ARGS_REFRESH`` seconds and builds a new spider instance when the arguments changed,
+so arguments set while workers run reach them within that time.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from redis import Redis
 from ..errors import ConfigError
 from ..spiders.spider import Spider
 from . import keys
+from .changes import announce
 from .replies import text_map
 
 #: Seconds a worker uses the spider arguments it read before reading Redis again.
@@ -109,6 +110,7 @@ def store_args(connection: Redis, site: str, args: Mapping[str, str]) -> None:
         if args:
             pipe.hset(keys.spider_args(site), mapping=dict(args))  # type: ignore[arg-type]  # str values are fine
         pipe.execute()
+    announce(connection)
 
 
 def read_args(connection: Redis, site: str) -> dict[str, str]:

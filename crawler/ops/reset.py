@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from redis import Redis
 
 from ..coord import counters, keys
+from ..coord.changes import announce
 from ..coord.replies import text
 from ..coord.scheduler import frontier_sizes, is_priority
 from ..work.drain import queues_for
@@ -74,4 +75,5 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
             if members:
                 pipe.zrem(name, *members)
         pipe.execute()
+    announce(connection)  # the spider arguments are gone: workers build the spider without them
     return ResetResult(queued=queued, seen=seen, in_flight=in_flight)

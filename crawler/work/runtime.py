@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from redis import Redis
 
 from ..coord import keys
+from ..coord.changes import ChangeWatch
 from ..coord.counters import Counters
 from ..coord.frontier import Frontier
 from ..coord.gate import Gate, Turn, Unless, site_gate
@@ -129,6 +130,9 @@ class Runtime:
         self.settings = settings
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
         self.policies = PolicyCache(connection, settings, self.spider_set.named(), refresh=self._read_site)
+        #: Whether a site's live settings and spider arguments were written since they were read here.
+        self.changes = ChangeWatch(connection, every=min(LIVE_REFRESH, ARGS_REFRESH))
+        self._site_reads: dict[str, tuple[float, bytes | None]] = {}  # site -> (read at, token then)
         self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
         self._raw_args: dict[str, dict[str, str]] = {}  # site -> its spider arguments as last read
         self._lock = threading.Lock()
@@ -222,6 +226,8 @@ class Runtime:
         """Read ``site``'s live settings and spider arguments from Redis, in one round trip, and keep
         both: the policy (``policies.put``) and the spider instance (``_put_args``). Each is read
         once a second at most, a site and process; read together, the two cost one call."""
+        if self._still_holds(site):
+            return
         with self.connection.pipeline(transaction=False) as pipe:
             keep = self._read_site_in(pipe, site)
             keep(pipe.execute())
@@ -250,6 +256,8 @@ class Runtime:
             and now - policy_at < LIVE_REFRESH - READ_ALONG_AHEAD
         ):
             return None
+        if self._still_holds(site):  # nothing changed since the last read: none is needed
+            return None
         return self._read_site_in(pipe, site)
 
     def read_sites_due(self, sites: Iterable[str]) -> None:
@@ -270,6 +278,7 @@ class Runtime:
 
     def _read_site_in(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
         """Queue ``_read_site``'s two reads in ``pipe``; what keeps them, given their two replies."""
+        seen = self.changes.current()  # before the reads: a change after it is announced after it
         now = time.monotonic()
         pipe.hgetall(keys.live_settings(site))
         pipe.hgetall(keys.spider_args(site))
@@ -278,8 +287,23 @@ class Runtime:
             live, args = replies
             self.policies.put(site, text_map(live), now)
             self._put_args(site, text_map(args), now)
+            self._site_reads[site] = (now, seen)
 
         return keep
+
+    def _still_holds(self, site: str) -> bool:
+        """Whether ``site``'s live settings and spider arguments held here still hold, as no change was
+        announced since they were read (``changes``): if so they count as read now, and are not read."""
+        read = self._site_reads.get(site)
+        held = self._spiders.get(site)
+        if read is None or held is None or self.policies.held(site) is None:
+            return False
+        if not self.changes.stands(read[1], read[0]):
+            return False
+        now = time.monotonic()
+        self.policies.touch(site, now)
+        self._spiders[site] = (now, held[1], held[2])
+        return True
 
     def _put_args(self, site: str, raw: dict[str, str], read_at: float) -> None:
         """Keep ``site``'s spider built with ``raw`` arguments (those that hold): the instance held
