@@ -481,7 +481,7 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
     stop = threading.Event()
     alone, along = [], []
     real_read, real_along = rt._read_site, rt.read_site_along
-    monkeypatch.setattr(rt, "_read_site", lambda site: (alone.append(site), real_read(site))[1])
+    monkeypatch.setattr(rt, "_read_site", lambda site, *fresh: (alone.append(site), real_read(site, *fresh))[1])
     monkeypatch.setattr(rt.policies, "refresh", rt._read_site)  # the policy's reads are the same
     monkeypatch.setattr(
         rt, "read_site_along", lambda pipe, site, *rest: (along.append(site), real_along(pipe, site, *rest))[1]

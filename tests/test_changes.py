@@ -72,15 +72,22 @@ def test_junk_in_the_token_key_makes_every_due_read_happen(runtime: Runtime, red
 
 
 def test_the_watch_reads_the_token_at_most_once_per_period(redis_conn: Redis) -> None:
-    watch = ChangeWatch(redis_conn, every=0.3)
-    assert watch.current() is None  # none written yet
+    watch = ChangeWatch(redis_conn)
+    assert watch.token(max_age=0.3)[0] is None  # none written yet
     announce(redis_conn)
-    seen = watch.current()
-    assert seen is None  # read less than a period ago: not read again
-    time.sleep(0.35)
-    seen = watch.current()
-    assert seen is not None and watch.stands(seen, time.monotonic())
+    assert watch.token(max_age=0.3)[0] is None  # read less than max_age ago: not read again
+    seen, read_at = watch.token(max_age=0.0)
+    assert seen is not None and read_at <= time.monotonic()
+    first_read = time.monotonic()
+    confirmed = watch.confirms(seen, first_read, max_age=0.0)
+    assert confirmed is not None and confirmed >= first_read  # as of a token read since
     announce(redis_conn)
-    time.sleep(0.35)
-    assert not watch.stands(seen, time.monotonic())
-    assert not watch.stands(watch.current(), time.monotonic() - watch.recheck)  # too old, whatever the token
+    assert watch.confirms(seen, first_read, max_age=10.0) == confirmed  # the token held, read before the change
+    assert watch.confirms(seen, first_read, max_age=0.0) is None  # a fresh one does not
+    assert watch.confirms(seen, time.monotonic() - watch.recheck, max_age=10.0) is None  # too old, whatever the token
+
+
+def test_a_read_asked_fresh_is_made_whatever_the_token_says(runtime: Runtime, redis_conn: Redis) -> None:
+    assert runtime.policy(SITE).interval == DemoShop.interval
+    redis_conn.hset(keys.live_settings(SITE), "paused", "1")  # announced by no one
+    assert runtime.policies.get(SITE, fresh=True).paused  # as ``crawler pause``'s own publish asks

@@ -875,7 +875,9 @@ def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_
     queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
     reads_alone: list[str] = []
     read_site = Runtime._read_site
-    monkeypatch.setattr(Runtime, "_read_site", lambda self, site: reads_alone.append(site) or read_site(self, site))
+    monkeypatch.setattr(
+        Runtime, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
+    )
     try:
         with ShopSite(products=1) as shop:
             worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
@@ -906,7 +908,9 @@ def test_a_parse_batchs_sites_are_re_read_in_one_round_trip_before_its_pages_are
     rt = Runtime(redis_conn, settings)
     reads_alone: list[str] = []
     read_site = Runtime._read_site
-    monkeypatch.setattr(Runtime, "_read_site", lambda self, site: reads_alone.append(site) or read_site(self, site))
+    monkeypatch.setattr(
+        Runtime, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
+    )
     try:
         assert rt.policy("demo").interval != 0.75
         set_live(redis_conn, "demo", interval=0.75)

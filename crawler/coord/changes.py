@@ -43,26 +43,26 @@ def announce(connection: Any) -> None:
 
 
 class ChangeWatch:
-    """A process's view of the token, read again when older than ``every`` seconds.
+    """A process's view of the token, shared by its threads: read again when older than asked.
 
-    ``current()`` is taken before a site's hashes are read and kept with what was read;
-    ``stands(seen, read_at)`` then says whether that read still holds.
+    ``token()`` is taken before a site's hashes are read and kept with what was read;
+    ``confirms(seen, first_read)`` then says until when that read is known to hold.
     """
 
-    def __init__(self, connection: Redis, every: float, recheck: float = RECHECK):
+    def __init__(self, connection: Redis, recheck: float = RECHECK):
         self.connection = connection
-        self.every = every
         self.recheck = recheck
         self._token: bytes | None = None
         self._read_at = float("-inf")
         self._lock = threading.Lock()
 
-    def current(self) -> bytes | None:
-        """The token (None when there is none), as read at most ``every`` seconds ago (a round trip when older)."""
-        if time.monotonic() - self._read_at < self.every:
-            return self._token
+    def token(self, max_age: float) -> tuple[bytes | None, float]:
+        """The token (None when there is none) and when it was read (``time.monotonic()``): read again
+        (a round trip) when that was ``max_age`` seconds ago or more."""
+        if time.monotonic() - self._read_at < max_age:
+            return self._token, self._read_at
         with self._lock:  # one thread reads it; the others waiting take its answer
-            if time.monotonic() - self._read_at >= self.every:
+            if time.monotonic() - self._read_at >= max_age:
                 asked = time.monotonic()
                 try:
                     token = self.connection.get(keys.settings_changes())
@@ -70,10 +70,13 @@ class ChangeWatch:
                     token = uuid.uuid4().hex.encode()
                 self._token = token if isinstance(token, bytes) else None
                 self._read_at = asked
-            return self._token
+            return self._token, self._read_at
 
-    def stands(self, seen: bytes | None, read_at: float, now: float | None = None) -> bool:
-        """Whether hashes read at ``read_at`` (``time.monotonic()``), the token then ``seen``, still hold:
-        the token is the same, and they are younger than ``recheck`` seconds."""
-        now = time.monotonic() if now is None else now
-        return now - read_at < self.recheck and self.current() == seen
+    def confirms(self, seen: bytes | None, first_read: float, max_age: float) -> float | None:
+        """Until when hashes first read at ``first_read`` (``time.monotonic()``), the token then ``seen``,
+        are known to hold: when the token, read at most ``max_age`` seconds ago, was still ``seen``.
+        None when they must be read again: the token changed, or they are ``recheck`` seconds old."""
+        if time.monotonic() - first_read >= self.recheck:
+            return None
+        token, read_at = self.token(max_age)
+        return read_at if token == seen else None

@@ -173,7 +173,8 @@ def reset_live(connection: Redis, site: str) -> None:
 class PolicyCache:
     """Per-process cache of site policies, refreshed from Redis every LIVE_REFRESH seconds.
 
-    ``refresh(site)`` re-reads a site's live settings and hands them to ``put``; by default
+    ``refresh(site, fresh)`` re-reads a site's live settings and hands them to ``put`` (``fresh``:
+    asked for a read now, not one that may be skipped when nothing changed); by default
     it reads them alone (``read_live``). A worker's runtime reads them with the site's spider
     arguments, in one round trip (``Runtime``).
     """
@@ -183,12 +184,12 @@ class PolicyCache:
         connection: Redis,
         settings: Settings,
         spiders: dict[str, type[Spider]],
-        refresh: Callable[[str], None] | None = None,
+        refresh: Callable[[str, bool], None] | None = None,
     ):
         self.connection = connection
         self.settings = settings
         self.spiders = spiders
-        self.refresh = refresh or (lambda site: self.put(site, read_live(connection, site)))
+        self.refresh = refresh or (lambda site, fresh: self.put(site, read_live(connection, site)))
         self._cache: dict[str, tuple[float, SitePolicy]] = {}
         #: Per site, the live settings its held policy was resolved from (none that did not hold).
         self._resolved: dict[str, tuple[dict[str, str], SitePolicy]] = {}
@@ -197,7 +198,7 @@ class PolicyCache:
         """The policy of ``site``, read from Redis again if older than LIVE_REFRESH (or ``fresh``)."""
         cached = self._cache.get(site)
         if fresh or cached is None or time.monotonic() - cached[0] >= LIVE_REFRESH:
-            self.refresh(site)
+            self.refresh(site, fresh)
             cached = self._cache[site]
         return cached[1]
 
@@ -212,9 +213,10 @@ class PolicyCache:
         return cached[0] if cached is not None else None
 
     def touch(self, site: str, read_at: float) -> None:
-        """Count ``site``'s policy held here as read at ``read_at``: nothing changed since (``changes``)."""
+        """Count ``site``'s policy held here as read at ``read_at`` (if later than it was): nothing changed
+        since (``changes``)."""
         cached = self._cache.get(site)
-        if cached is not None:
+        if cached is not None and read_at > cached[0]:
             self._cache[site] = (read_at, cached[1])
 
     def put(self, site: str, live: dict[str, str], read_at: float | None = None) -> None:

@@ -47,6 +47,9 @@ from .robots import RobotsCache
 #: Seconds before a site's live settings and spider arguments are due for a re-read that a download
 #: job's claim reads them along (``Runtime.read_site_along``): the job reads them within that time.
 READ_ALONG_AHEAD = 0.25
+#: The share of LIVE_REFRESH a token of ``changes`` may be old when it says a site's settings still
+#: hold: they then count as read when it was, and are due again within the rest of LIVE_REFRESH.
+TOKEN_AGE = 0.25
 #: Seconds after which a process writes a site's unchanged policy again (``Runtime.publish``).
 REPUBLISH_EVERY = 30.0
 #: A site whose fixed interval in force (margin included) is at most this many seconds gets
@@ -131,7 +134,7 @@ class Runtime:
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
         self.policies = PolicyCache(connection, settings, self.spider_set.named(), refresh=self._read_site)
         #: Whether a site's live settings and spider arguments were written since they were read here.
-        self.changes = ChangeWatch(connection, every=min(LIVE_REFRESH, ARGS_REFRESH))
+        self.changes = ChangeWatch(connection)
         self._site_reads: dict[str, tuple[float, bytes | None]] = {}  # site -> (read at, token then)
         self._spiders: dict[str, tuple[float, dict[str, str], Spider]] = {}  # site -> (read at, arguments, spider)
         self._raw_args: dict[str, dict[str, str]] = {}  # site -> its spider arguments as last read
@@ -222,11 +225,12 @@ class Runtime:
         held = self._spiders.get(site)
         return held[2] if held is not None else self.spider(site)
 
-    def _read_site(self, site: str) -> None:
+    def _read_site(self, site: str, fresh: bool = False) -> None:
         """Read ``site``'s live settings and spider arguments from Redis, in one round trip, and keep
         both: the policy (``policies.put``) and the spider instance (``_put_args``). Each is read
-        once a second at most, a site and process; read together, the two cost one call."""
-        if self._still_holds(site):
+        once a second at most, a site and process; read together, the two cost one call. Not read
+        when no change was announced since the last read (``_still_holds``), unless ``fresh``."""
+        if not fresh and self._still_holds(site):
             return
         with self.connection.pipeline(transaction=False) as pipe:
             keep = self._read_site_in(pipe, site)
@@ -278,7 +282,7 @@ class Runtime:
 
     def _read_site_in(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
         """Queue ``_read_site``'s two reads in ``pipe``; what keeps them, given their two replies."""
-        seen = self.changes.current()  # before the reads: a change after it is announced after it
+        seen, _ = self.changes.token(TOKEN_AGE * LIVE_REFRESH)  # before the reads: a change after it, after it
         now = time.monotonic()
         pipe.hgetall(keys.live_settings(site))
         pipe.hgetall(keys.spider_args(site))
@@ -293,16 +297,18 @@ class Runtime:
 
     def _still_holds(self, site: str) -> bool:
         """Whether ``site``'s live settings and spider arguments held here still hold, as no change was
-        announced since they were read (``changes``): if so they count as read now, and are not read."""
+        announced since they were read (``changes``): if so they count as read when the token was
+        last seen unchanged (at most TOKEN_AGE of LIVE_REFRESH ago), and are not read."""
         read = self._site_reads.get(site)
         held = self._spiders.get(site)
         if read is None or held is None or self.policies.held(site) is None:
             return False
-        if not self.changes.stands(read[1], read[0]):
+        confirmed = self.changes.confirms(read[1], read[0], TOKEN_AGE * min(LIVE_REFRESH, ARGS_REFRESH))
+        if confirmed is None:
             return False
-        now = time.monotonic()
-        self.policies.touch(site, now)
-        self._spiders[site] = (now, held[1], held[2])
+        # As of when the token was read, not now: a change announced since is in force within LIVE_REFRESH.
+        self.policies.touch(site, confirmed)
+        self._spiders[site] = (max(confirmed, held[0]), held[1], held[2])
         return True
 
     def _put_args(self, site: str, raw: dict[str, str], read_at: float) -> None:
