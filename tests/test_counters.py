@@ -66,6 +66,27 @@ def test_counts_from_many_threads_are_written_once_each_whatever_the_writes_in_b
     assert tally.pending() == 0
 
 
+def test_a_write_is_one_script_call_a_site_whatever_its_fields(redis_conn: Redis) -> None:
+    tally = Counters(redis_conn, flush_every=NEVER)
+    tally.add(SITE, {"fetched": 1}, {"req:download:ok:200": 1, "bytes:download": 300, "dur:download:0.5": 1})
+    tally.add(SITE, {"fetched": 1, "items": 0}, {"dur:download:sum": 0.25, "gate:sum": 0.0})
+    tally.add("other", None, {"req:parse:ok:200": 2})  # metrics alone: written too
+    before = redis_conn.info("commandstats")
+    assert tally.flush()
+    after = redis_conn.info("commandstats")
+    sent = {name: after[name]["calls"] - before.get(name, {}).get("calls", 0) for name in after}
+    assert sent.get("cmdstat_evalsha", 0) + sent.get("cmdstat_eval", 0) == 2  # one a site
+    assert stats(redis_conn) == {"fetched": 2}
+    assert metrics(redis_conn) == {
+        "req:download:ok:200": 1,
+        "bytes:download": 300,
+        "dur:download:0.5": 1,
+        "dur:download:sum": 0.25,
+        "gate:sum": 0.0,
+    }
+    assert metrics(redis_conn, "other") == {"req:parse:ok:200": 2}
+
+
 def test_counts_wait_in_memory_then_the_writing_thread_writes_them_within_the_interval(redis_conn: Redis) -> None:
     tally = Counters(redis_conn, flush_every=0.3)
     try:

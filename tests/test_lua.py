@@ -369,7 +369,10 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         pages.touch(redis_conn, "c1", [entry_id])  # TOUCH_PAGES
         pages.reclaim(redis_conn, "c2", 0, 10)  # RECLAIM_PAGES
         pages.forget(redis_conn, 0, "c1")  # FORGET_CONSUMERS
-        lua.script(redis_conn, "add_unless_reset")(keys=[keys.stats("shop"), keys.resets("shop")], args=["", "x", 1])
+        lua.script(redis_conn, "add_counts")(
+            keys=[keys.stats("shop"), keys.resets("shop"), keys.metrics("shop")],
+            args=["", 1, 1, "x", 1, "y", 2, "z", "0.5"],
+        )
         inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
         assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY
         inflight.note_idle(redis_conn, "host:1:a")

@@ -6,7 +6,8 @@ the progress and summary of ``crawler crawl``, ``crawler stats``) and
 ``crawler:metrics:SITE`` (Prometheus counters and histogram buckets: ``metrics``). This
 module is their one writer. A job ``add``s its increments to its process's ``Counters``
 (shared by the worker threads, under a lock), which sums them per field and writes the
-sums in one transaction, one ``HINCRBY`` per field: from a thread of its own at most
+sums in one transaction, one script call per site (``lua/add_counts.lua``, a ``HINCRBY``
+per field inside it): from a thread of its own at most
 FLUSH_EVERY after the first count not yet written (up to five times that with counts of
 hundreds of sites waiting: ``SITES_PER_PERIOD``), and at once when a worker stops or
 ends its burst (``flush``) or finds no work while its process has stopped counting
@@ -26,7 +27,7 @@ the counts for the next try.
 Resets: ``forget`` (``crawler reset``, ``crawl --fresh``) deletes a site's stats and
 adds one to its reset count (``keys.resets``). A process's counts for a site carry the
 reset count it last saw, and are written only if it is still the count in Redis
-(``lua/add_unless_reset.lua``), so counts made before a reset never reappear after it; the
+(``lua/add_counts.lua``), so counts made before a reset never reappear after it; the
 process cannot tell them from counts it made between the reset and its next write,
 which are dropped too. After a reset a site's counters may so miss, per process, at
 most one batch (about FLUSH_EVERY) of counting. Metrics are never reset (Prometheus
@@ -90,7 +91,7 @@ class Counters:
         self._closed = False
         self._failing = False
         self._writing = threading.Lock()  # one write at a time
-        self._add_unless_reset = lua.script(connection, "add_unless_reset")
+        self._add_counts = lua.script(connection, "add_counts")
 
     def add(
         self, site: str, stats: Mapping[str, int] | None = None, metrics: Mapping[str, Number] | None = None
@@ -191,25 +192,23 @@ class Counters:
         metrics: dict[str, dict[str, Number]],
         counted_at: dict[str, int | None],
     ) -> dict[str, int]:
-        """One transaction with every count; the reset count of each site whose stats it carried."""
-        sites = [site for site, fields in stats.items() if any(fields.values())]
+        """One transaction with every count, one ``ADD_COUNTS`` a site; the reset count of each site
+        whose stats it carried."""
+        sites = [site for site in dict.fromkeys([*stats, *metrics]) if _any(stats.get(site)) or _any(metrics.get(site))]
         with self.connection.pipeline(transaction=True) as pipe:
             for site in sites:
                 at = counted_at.get(site)
-                args: list[Any] = ["" if at is None else at]
-                for name, n in stats[site].items():
-                    if n:
+                counts = [(name, n) for name, n in (stats.get(site) or {}).items() if n]
+                amounts = metrics.get(site) or {}
+                whole = [(name, n) for name, n in amounts.items() if not isinstance(n, float) and n]
+                fractional = [(name, repr(n)) for name, n in amounts.items() if isinstance(n, float)]
+                args: list[Any] = ["" if at is None else at, len(counts), len(whole)]
+                for pairs in (counts, whole, fractional):
+                    for name, n in pairs:
                         args += [name, n]
-                self._add_unless_reset(keys=[keys.stats(site), keys.resets(site)], args=args, client=pipe)
-            for site, fields in metrics.items():
-                key = keys.metrics(site)
-                for name, amount in fields.items():
-                    if isinstance(amount, float):
-                        pipe.hincrbyfloat(key, name, amount)
-                    elif amount:
-                        pipe.hincrby(key, name, amount)
+                self._add_counts(keys=[keys.stats(site), keys.resets(site), keys.metrics(site)], args=args, client=pipe)
             replies = pipe.execute()
-        return {site: int(reply) for site, reply in zip(sites, replies, strict=False)}
+        return {site: int(reply) for site, reply in zip(sites, replies, strict=True) if _any(stats.get(site))}
 
     def _put_back(
         self,
@@ -273,6 +272,11 @@ def uncount(connection: Redis, site: str, field: str, n: int) -> None:
     """Take ``n`` from a stats field at once, never below zero (``crawler retry`` requeues failed pages)."""
     if n and int(connection.hincrby(keys.stats(site), field, -n)) < 0:
         connection.hset(keys.stats(site), field, 0)  # counted before the counter existed (or was reset)
+
+
+def _any(fields: Mapping[str, Number] | None) -> bool:
+    """Whether ``fields`` hold a count to write (a zero adds nothing; a float sum is written even at 0.0)."""
+    return any(isinstance(n, float) or n for n in (fields or {}).values())
 
 
 def _first_line(exc: Exception) -> str:
