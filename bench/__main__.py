@@ -38,6 +38,7 @@ BENCHMARKS = (
     "render",
     "fleet",
     "models",
+    "sending",
 )
 
 

@@ -1,10 +1,10 @@
 """HTTP: one GET with caps on body size, time and address, no redirects followed inline.
 
-A ``Fetcher`` keeps its httpx connection pools for the life of a worker process: one per
-origin (``pools``), one per proxy.
-Redirects come back as responses (each hop is a request of its own that passes the
-site's gate). httpx exceptions are translated into ``crawler.errors`` here, and only
-here.
+A ``Fetcher`` keeps its httpcore connection pools for the life of a worker process: one
+per origin (``pools``), one per proxy. Redirects come back as responses (each hop is a
+request of its own that passes the site's gate). httpcore's exceptions (and httpx's
+``InvalidURL``: httpx parses the URLs) are translated into ``crawler.errors`` here, and
+only here.
 
 What a hostile server can do is bounded three ways:
 
@@ -27,11 +27,10 @@ What a hostile server can do is bounded three ways:
   applies to the proxy's address only (a proxy named by IP address or ``localhost``
   passes), and the target's address is the proxy's business.
 
-A request may go through a proxy (``proxy=``): the fetcher keeps one pooled client per
-proxy (httpx sets proxies per client), each over the same guarded transport, so a
-proxied request keeps the deadline, the address check and the ``before_send`` hook
-(for an https target, the hook and ``on_sent`` skip the tunnel's ``CONNECT`` and fire
-for the request itself).
+A request may go through a proxy (``proxy=``): the fetcher keeps one pool per proxy
+(httpcore's ``HTTPProxy``), over the same guarded network backend, so a proxied request
+keeps the deadline, the address check and the ``before_send`` and ``on_sent`` hooks (for
+an https target, they skip the tunnel's ``CONNECT`` and fire for the request itself).
 """
 
 from __future__ import annotations
