@@ -114,3 +114,50 @@ def test_a_second_crawl_with_the_cache_does_not_hit_the_site(
     stats = runner.invoke(cli, [*base, "stats", "demo"], env=env)
     assert stats.exit_code == 0, stats.output
     assert stats.stdout.startswith(f"development cache: {pages + 1} hits (no request sent; in the counts below)")
+
+
+def test_a_miss_is_sent_as_the_fetcher_sends_it_and_a_hit_comes_back_the_same(tmp_path: Path) -> None:
+    """Through the cache's two adapters (httpcore to hishel's httpx transport and back): the request's
+    headers as without the cache (no Content-Length on a GET), the answer's status, headers and body."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from crawler.http.fetch import Fetcher
+
+    seen: list[dict[str, str]] = []
+
+    class Echo(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            body = b"<p>cached</p>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("X-Twice", "a")
+            self.send_header("X-Twice", "b")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/page"
+    fetcher = CachingFetcher(Fetcher(timeout=5, max_body_bytes=1 << 20, user_agent="cache-test"), tmp_path)
+    try:
+        first = fetcher.get(url, headers={"x-mine": "1"})
+        again = fetcher.get(url, headers={"x-mine": "1"})
+    finally:
+        fetcher.close()
+        server.shutdown()
+        server.server_close()
+    (sent,) = seen  # the second came from the cache
+    assert "content-length" not in sent and sent["user-agent"] == "cache-test" and sent["x-mine"] == "1"
+    assert sent["host"] == url.split("/")[2]
+    assert (first.extra["cache"], again.extra["cache"]) == ("miss", "hit")
+    for response in (first, again):
+        assert (response.status, response.body, response.encoding) == (200, b"<p>cached</p>", "utf-8")
+        assert response.headers["x-twice"] == "a, b"

@@ -117,7 +117,7 @@ class _Cached:
                 request.method.decode(),
                 httpx.URL(scheme=url.scheme.decode(), host=url.host.decode(), port=url.port, raw_path=url.target),
                 headers=request.headers,
-                content=b"".join(request.stream) if isinstance(request.stream, Iterable) else None,
+                content=(b"".join(request.stream) or None) if isinstance(request.stream, Iterable) else None,
                 extensions=request.extensions,
             )
         )
