@@ -6,7 +6,7 @@ site every second cost four ``HGETALL`` a request at 200 slow sites (both proces
 each site's requests a second apart), for hashes that almost never change. So every
 writer puts a new random token in one key after it writes (``announce``: ``crawler set``,
 ``pause``, ``resume``, ``crawl``/``seed -a``, ``reset``, the quarantine of a junk value),
-and a process reads the token at most once per ``policy.LIVE_REFRESH`` (``ChangeWatch``): while
+and a process reads the token a few times per ``policy.LIVE_REFRESH`` at most (``ChangeWatch``): while
 it is the same, what the process read of a site stands too, and is not read again. A
 token, not a counter: whatever is written there by hand only makes readers read again.
 
@@ -52,25 +52,25 @@ class ChangeWatch:
     def __init__(self, connection: Redis, recheck: float = RECHECK):
         self.connection = connection
         self.recheck = recheck
-        self._token: bytes | None = None
-        self._read_at = float("-inf")
+        #: The token and when it was read, replaced together: a thread never pairs one's token with another's time.
+        self._last: tuple[bytes | None, float] = (None, float("-inf"))
         self._lock = threading.Lock()
 
     def token(self, max_age: float) -> tuple[bytes | None, float]:
         """The token (None when there is none) and when it was read (``time.monotonic()``): read again
         (a round trip) when that was ``max_age`` seconds ago or more."""
-        if time.monotonic() - self._read_at < max_age:
-            return self._token, self._read_at
+        last = self._last
+        if time.monotonic() - last[1] < max_age:
+            return last
         with self._lock:  # one thread reads it; the others waiting take its answer
-            if time.monotonic() - self._read_at >= max_age:
+            if time.monotonic() - self._last[1] >= max_age:
                 asked = time.monotonic()
                 try:
                     token = self.connection.get(keys.settings_changes())
                 except ResponseError:  # not a string (written by hand): nothing stands, every read is made
                     token = uuid.uuid4().hex.encode()
-                self._token = token if isinstance(token, bytes) else None
-                self._read_at = asked
-            return self._token, self._read_at
+                self._last = (token if isinstance(token, bytes) else None, asked)
+            return self._last
 
     def confirms(self, seen: bytes | None, first_read: float, max_age: float) -> float | None:
         """Until when hashes first read at ``first_read`` (``time.monotonic()``), the token then ``seen``,
