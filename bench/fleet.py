@@ -49,7 +49,9 @@ Figures, per crawler:
   the end of the run when it got fewer than all its requests: a cut crawl). Each
   gap spaced exactly one interval gives 1; the gate margin alone caps ours at interval /
   (interval + margin) (0.995 at 1 s). What it leaves out, the ramp (from the start to each
-  site's first request), is shown apart, as is requests / (wall x budget);
+  site's first request), is shown apart, as is requests / (wall x budget). The same ratio
+  for each site alone gives the worst site's and the 5th percentile site's (reported: a
+  fleet's sum can hide a starved site);
 - CPU per request: ours, the CPU seconds of every process the two worker commands ran
   (the launchers and their forked workers: ``RUSAGE_CHILDREN`` deltas once all are reaped)
   plus the Redis server's (``INFO cpu`` user + sys delta), over the requests that reached
@@ -567,6 +569,7 @@ def arrival_figures(
     smallest: float | None = None
     ramps = [ended_wall - started_wall] * (config.sites - len(per_site))
     excess = []
+    by_site = []  # each site's own utilization: the worst site is judged, not only the sum
     for times in per_site.values():
         times.sort()
         gaps = [b - a for a, b in zip(times, times[1:])]
@@ -578,12 +581,16 @@ def arrival_figures(
         end = times[-1] if len(times) >= config.requests_per_site else max(ended_wall, times[-1])
         used += len(times) - 1
         windows += (end - times[0]) / config.interval
+        if end > times[0]:
+            by_site.append((len(times) - 1) * config.interval / (end - times[0]))
         ramps.append(times[0] - started_wall)
     return {
         "requests": len(log),
         "sites_reached": len(per_site),
         "sites_complete": sum(1 for times in per_site.values() if len(times) >= config.requests_per_site),
         "utilization": used / windows if windows else 0.0,
+        "worst_site_utilization": min(by_site, default=None),
+        "p5_site_utilization": _percentile(by_site, 0.05),
         "ramp_mean": statistics.fmean(ramps) if ramps else None,
         "ramp_max": max(ramps) if ramps else None,
         "excess_gap_ms": statistics.fmean(excess) * 1000 if excess else None,
@@ -591,6 +598,18 @@ def arrival_figures(
         "violations_by_much": by_much,
         "smallest_gap": smallest,
     }
+
+
+def _fraction(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    """The value ``fraction`` of the way up ``values`` sorted (nearest rank); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 # -- ours -----------------------------------------------------------------------------------
@@ -938,6 +957,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             "wall s",
             "req/s (wall)",
             "utilization",
+            "worst site / 5th percentile site",
             "req / (wall x budget)",
             "ramp mean s",
             "ramp max s",
@@ -961,6 +981,7 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
                 r["wall"],
                 r["requests"] / r["wall"],
                 r["utilization"],
+                f"{_fraction(r['worst_site_utilization'])} / {_fraction(r['p5_site_utilization'])}",
                 r["requests"] / (r["wall"] * chosen.budget),
                 r["ramp_mean"],
                 r["ramp_max"],

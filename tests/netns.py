@@ -90,10 +90,21 @@ class Host:
     netns: str
     hostname: str
     addresses: dict[str, str] = field(default_factory=dict)  # service name -> this host's link address
+    #: Relay method only: each chunk its relay sent on towards a service, as (the relay's port
+    #: on the link, when it was sent, time.time(); how much later than its delay, s).
+    relay_sends: list[tuple[int, float, float]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def relay_lateness(self, port: int, arrival: float) -> float:
+        """How late (s) the relay sent the last chunk from ``port`` sent by ``arrival`` (time.time()); 0 if none.
+
+        The relay is a process, so it can be later than its delay (scheduling); netem is not.
+        """
+        sent = [late for relay_port, at, late in self.relay_sends if relay_port == port and at <= arrival]
+        return sent[-1] if sent else 0.0
 
 
 def unavailable_reason() -> str | None:
@@ -218,7 +229,7 @@ class Topology:
                 _ip("-n", host.netns, "addr", "add", f"{service.address}/32", "dev", "lo")
                 routes.append(f"{service.address}:{service.port}={server_side}:{service.port}@{delay:g}")
         if routes:
-            self._start_relay(host.name, host.netns, routes)
+            self._start_relay(host.name, host.netns, routes, sends=host.relay_sends)
         return host
 
     def bridge(self, service: Service, target: tuple[str, int]) -> subprocess.Popen[bytes]:
@@ -235,9 +246,17 @@ class Topology:
         return self._start_relay(f"bridge to {service.name}", None, [route], listen_netns=self.server_ns)
 
     def _start_relay(
-        self, name: str, netns: str | None, routes: list[str], listen_netns: str | None = None
+        self,
+        name: str,
+        netns: str | None,
+        routes: list[str],
+        listen_netns: str | None = None,
+        sends: list[tuple[int, float, float]] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start a relay process serving ``routes``; ``sends``: filled with what it reports it sent on."""
         options = ["--listen-netns", listen_netns] if listen_netns else []
+        if sends is not None:
+            options.append("--report-sends")
         process = self.run(
             netns, [sys.executable, str(Path(__file__).resolve()), "relay", *options, *routes], stdout=subprocess.PIPE
         )
@@ -247,7 +266,9 @@ class Topology:
             self.stop(process)
             raise RuntimeError(f"the relay of {name} did not start: {line!r}")
         # Keep reading whatever else it says, so a full pipe can never stall it.
-        threading.Thread(target=process.stdout.read, name=f"relay-{name}-out", daemon=True).start()
+        threading.Thread(
+            target=_read_sends, args=(process.stdout, sends), name=f"relay-{name}-out", daemon=True
+        ).start()
         return process
 
     def run(
@@ -446,6 +467,17 @@ def _libc() -> Any:
 
 # -- the delay relay (run as a script inside a host's namespace, or as a bridge) ------------------
 
+#: How the relay reports a chunk it sent on towards the service: ``sent PORT AT LATE``.
+SENT = b"sent"
+
+
+def _read_sends(out: IO[bytes], sends: list[tuple[int, float, float]] | None) -> None:
+    """Read a relay's output to its end; its ``sent`` lines go into ``sends`` (if given)."""
+    for line in out:
+        word, *fields = line.split()
+        if sends is not None and word == SENT and len(fields) == 3:
+            sends.append((int(fields[0]), float(fields[1]), float(fields[2])))
+
 
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
@@ -459,8 +491,9 @@ def parse_route(text: str) -> tuple[tuple[str, int], tuple[str, int], float]:
     return _address(listen), _address(target), float(delay or 0) / 1000.0
 
 
-async def _deliver(chunks: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter) -> None:
+async def _deliver(chunks: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter, report: bool) -> None:
     loop = asyncio.get_running_loop()
+    port = writer.get_extra_info("sockname")[1] if report else 0
     while True:
         due, data = await chunks.get()
         wait = due - loop.time()
@@ -471,17 +504,23 @@ async def _deliver(chunks: asyncio.Queue[tuple[float, bytes]], writer: asyncio.S
                 if writer.can_write_eof():
                     writer.write_eof()
             return
+        if report:  # stamped before the write: the receiver's stamp of these bytes comes after it
+            sys.stdout.write(f"{SENT.decode()} {port} {time.time():.6f} {max(0.0, loop.time() - due):.6f}\n")
+            sys.stdout.flush()
         writer.write(data)
         await writer.drain()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-    """Forward each chunk ``delay`` seconds after it was read, in order; end of stream likewise."""
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, report: bool = False) -> None:
+    """Forward each chunk ``delay`` seconds after it was read, in order; end of stream likewise.
+
+    ``report``: print a ``sent`` line (``SENT``) for each chunk as it is sent on.
+    """
     loop = asyncio.get_running_loop()
     # One queue and one writer per direction: chunks leave in the order they came, each
     # held the same time (timers alone would not keep the order of equal deadlines).
     chunks: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-    delivery = asyncio.create_task(_deliver(chunks, writer))
+    delivery = asyncio.create_task(_deliver(chunks, writer, report))
     try:
         while data := await reader.read(1 << 16):
             chunks.put_nowait((loop.time() + delay, data))
@@ -492,7 +531,11 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 async def _relay_connection(
-    target: tuple[str, int], delay: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    target: tuple[str, int],
+    delay: float,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    report: bool = False,
 ) -> None:
     try:
         up_reader, up_writer = await asyncio.open_connection(*target)
@@ -501,12 +544,14 @@ async def _relay_connection(
         return
     for end in (writer, up_writer):
         end.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    await asyncio.gather(_pipe(reader, up_writer, delay), _pipe(up_reader, writer, delay), return_exceptions=True)
+    await asyncio.gather(
+        _pipe(reader, up_writer, delay, report), _pipe(up_reader, writer, delay), return_exceptions=True
+    )
     for end in (writer, up_writer):
         end.close()
 
 
-async def _serve(routes: list[str], listen_netns: str | None = None) -> None:
+async def _serve(routes: list[str], listen_netns: str | None = None, report: bool = False) -> None:
     servers = []
     for route in routes:
         listen, target, delay = parse_route(route)
@@ -517,7 +562,7 @@ async def _serve(routes: list[str], listen_netns: str | None = None) -> None:
             target: tuple[str, int] = target,
             delay: float = delay,
         ) -> None:
-            await _relay_connection(target, delay, reader, writer)
+            await _relay_connection(target, delay, reader, writer, report)
 
         if listen_netns:
             # Only the listening socket lives there; connections out leave from the relay's own namespace.
@@ -534,14 +579,20 @@ def relay_main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["relay"])
     parser.add_argument("--listen-netns", metavar="NETNS", help="listen in this network namespace")
+    parser.add_argument("--report-sends", action="store_true", help="print a line for each chunk sent on")
     parser.add_argument("routes", nargs="+", metavar="LISTEN_ADDR:PORT=TARGET_ADDR:PORT@DELAY_MS")
     args = parser.parse_args(argv)
     if os.geteuid() == 0:
-        # The relay stands in for the kernel's qdisc: it must not wait behind the crawl's processes.
-        with contextlib.suppress(OSError):
-            os.nice(-10)
+        # The relay stands in for the kernel's qdisc: it must not wait behind the crawl's
+        # processes. A real-time policy runs it as soon as it wakes (it only ever sleeps
+        # or forwards: it cannot hog a core); where that is refused, a raised priority.
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.nice(-10)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(args.routes, args.listen_netns))
+        asyncio.run(_serve(args.routes, args.listen_netns, args.report_sends))
 
 
 if __name__ == "__main__":
