@@ -74,6 +74,19 @@ def test_text_strips_by_default_and_falls_back_to_default(page: Page) -> None:
     assert "Shoes" in page.text()
 
 
+def test_text_of_nested_tags_keeps_the_pages_spacing_and_collapses_it() -> None:
+    page = Page(
+        "http://shop.example/",
+        "<h1>Struct <span>Box</span><button>Copy path</button></h1>"
+        "<p class=price>Price: <b>£</b><b>5</b>\u00a0each</p>"
+        "<div class=body>\n  <p>One\n   line</p>\n  <p>Two</p>\n</div>".encode(),
+    )
+    assert page.text("h1") == "Struct BoxCopy path"  # as in the page: no space before the button's text
+    assert page.text(".price") == "Price: £5\u00a0each"  # a no-break space is kept
+    assert page.text(".body") == "One line Two"
+    assert page.text(".body", strip=False) == "\n  One\n   line\n  Two\n"
+
+
 def test_headers_are_lowercased(page: Page) -> None:
     assert page.headers == {"content-type": "text/html"}
 

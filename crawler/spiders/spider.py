@@ -34,6 +34,9 @@ _PLAIN_ABSOLUTE_HREF = re.compile(
     r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[\w.~!$&'()*+,=:@/%-]*)?(?:\?[^#\t\n\r]+)?", re.ASCII
 )
 
+#: What ``Page.text_of`` makes one space: XPath's whitespace (a no-break space is text, not spacing).
+_SPACES = re.compile(r"[ \t\n\r\f]+")
+
 Callback = Callable[["Page"], Iterable[Any]] | str | None
 
 #: Content types of HTML: the responses a spider's callbacks get by default (``Spider.content_types``).
@@ -273,11 +276,18 @@ class Page:
         return self.tree.css_first(selector, default=default)
 
     def text_of(self, selector: str | None = None, strip: bool = True, default: str = "") -> str:
-        """Text of the first match of ``selector`` (of the whole body when None): ``page.text(selector)``."""
+        """Text of the first match of ``selector`` (of the whole body when None): ``page.text(selector)``.
+
+        The text is the node's and its descendants' text joined as it stands in the page (the
+        DOM's ``textContent``). ``strip``: each run of spaces, tabs and line breaks made one
+        space, and the ends stripped (XPath's ``normalize-space``), so ``<h1>New <b>shoes</b></h1>``
+        is "New shoes": words are never glued together, nor split where the page has no space.
+        """
         node = self.tree.body if selector is None else self.tree.css_first(selector)
         if node is None:
             return default
-        return str(node.text(strip=strip))
+        text = str(node.text(strip=False))
+        return _SPACES.sub(" ", text).strip() if strip else text
 
     @property
     def base_url(self) -> str:
