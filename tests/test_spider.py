@@ -280,6 +280,24 @@ def test_unknown_charset_falls_back_to_utf8() -> None:
     assert page.text("p") == "café"
 
 
+def test_a_charset_declared_only_in_the_page_is_used() -> None:
+    latin = Page("http://shop.example/", '<meta charset="iso-8859-1"><p>café</p>'.encode("latin-1"))
+    assert latin.text("p") == "café"
+    cyrillic = '<meta http-equiv="Content-Type" content="text/html; charset=windows-1251"><p>Привет</p>'
+    assert Page("http://shop.example/", cyrillic.encode("cp1251")).text("p") == "Привет"
+    xml = Page("http://shop.example/f.xml", '<?xml version="1.0" encoding="ISO-8859-1"?><p>é</p>'.encode("latin-1"))
+    assert "é" in xml.text
+
+
+def test_the_header_charset_wins_over_the_pages_and_a_byte_order_mark_over_both() -> None:
+    body = '<meta charset="iso-8859-1"><p>café</p>'.encode()
+    assert Page("http://shop.example/", body, encoding="utf-8").text("p") == "café"
+    bom = Page("http://shop.example/", b"\xef\xbb\xbf" + "<p>café</p>".encode(), encoding="latin-1")
+    assert bom.text("p") == "café"
+    unknown = Page("http://shop.example/", '<meta charset="koi8-r"><p>Привет</p>'.encode("koi8-r"), encoding="nope")
+    assert unknown.text("p") == "Привет"
+
+
 def test_empty_body_parses_to_nothing() -> None:
     page = Page("http://shop.example/", b"")
     assert page.css("a") == []

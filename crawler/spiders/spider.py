@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
+from w3lib.encoding import html_to_unicode
 
 from ..errors import ConfigError
 from ..settings import Auto
@@ -247,14 +248,17 @@ class Page:
             self._tree = LexborHTMLParser(self.text_content)
         return self._tree
 
-    @property
+    @cached_property
     def text_content(self) -> str:
-        """The body decoded with the declared charset, replacing invalid bytes."""
-        encoding = self._encoding or "utf-8"
-        try:
-            return self.body.decode(encoding, errors="replace")
-        except LookupError:  # an unknown charset name
-            return self.body.decode("utf-8", errors="replace")
+        """The body decoded, invalid bytes replaced, with the charset browsers would take.
+
+        A byte-order mark first, then the ``Content-Type`` header's charset (``encoding``), then
+        the page's own ``<meta charset>`` (or ``http-equiv``, or an XML declaration), then
+        UTF-8 (w3lib's ``html_to_unicode``, as Scrapy decodes): many sites declare their
+        charset only in the page. An unknown charset name counts as none.
+        """
+        _, text = html_to_unicode(f"charset={self._encoding}" if self._encoding else None, self.body)
+        return text
 
     @cached_property
     def text(self) -> PageText:
