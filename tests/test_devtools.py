@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from crawler.coord import keys
 from crawler.coord.frontier import Frontier
 from crawler.coord.frontier import seed as seed_urls
 from crawler.demo import ShopSite
-from crawler.ops.devtools import QUEUED, REFUSED, SEEN, route
+from crawler.errors import ConfigError
+from crawler.http.fetch import Response
+from crawler.ops.devtools import QUEUED, REFUSED, SEEN, page_of, route, verdict
 from crawler.spiders.spider import Request
 
 Invoke = Callable[..., Result]
@@ -252,3 +255,14 @@ def test_shell_binds_the_page_and_runs_callbacks(invoke: Invoke, shop: ShopSite)
     assert "status 200" in out and "sku SKU-00001" in out and "now Product 4" in out
     assert "queued" in out and f"{shop.url}/product/2" in out  # parse() showed where the related link would go
     assert paths(shop) == ["/robots.txt", "/product/1", "/product/4"]
+
+
+def test_fetch_and_parse_say_a_meta_refresh_stub_is_a_redirect_and_give_no_page() -> None:
+    body = b'<html><head><meta http-equiv="refresh" content="0; url=/new"></head></html>'
+    stub = Response("http://docs.example/old", 200, {"content-type": "text/html"}, body, datetime.now(UTC), 0.01)
+    assert verdict(stub) == "meta refresh to http://docs.example/new: a request of its own, no callback"
+    with pytest.raises(ConfigError, match="meta refresh to http://docs.example/new"):
+        page_of(stub)
+    # A spider that does not follow them reads the stub as a page.
+    assert verdict(stub, follow_meta_refresh=False) == "handed to the callback"
+    assert page_of(stub, follow_meta_refresh=False).css_first("meta") is not None

@@ -126,7 +126,8 @@ def take_next(queue: Queue | Backlog) -> dict[str, Any]:
 
 class Redirector:
     """A loopback server of redirects: /away and /offdomain leave the allowed domains, /inside goes
-    to the name inside.test, /hop/N goes to /hop/N+1."""
+    to the name inside.test, /hop/N goes to /hop/N+1; /stub is a page whose meta refresh goes to
+    /landing at once, /reload one that refreshes itself every 300 s."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -160,6 +161,9 @@ class Redirector:
                     self._send(302, f"http://inside.test:{self.server.server_address[1]}/landing")
                 elif self.path.startswith("/hop/"):
                     self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
+                elif self.path in ("/stub", "/reload"):
+                    refresh = "0;URL=landing" if self.path == "/stub" else "300"
+                    self._page(f'<html><head><meta http-equiv="refresh" content="{refresh}"></head></html>')
                 else:
                     self._send(404)
 
@@ -172,6 +176,14 @@ class Redirector:
                         time.sleep(0.2)
                 except OSError:
                     self.close_connection = True
+
+            def _page(self, html: str) -> None:
+                body = html.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def _send(self, status: int, location: str | None = None) -> None:
                 self.send_response(status)
@@ -364,6 +376,28 @@ def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(
     assert (first["outcome"], first["status"], second["outcome"]) == (REDIRECT, 301, REDIRECT)
     assert "already seen" in second["error"]
     assert len(shop.requests_for("/product/5")) == 0  # a redirect is a job of its own, not followed inline
+
+
+def test_a_page_whose_meta_refresh_sends_on_at_once_is_a_redirect_to_its_target(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
+    download_past_robots(redis_conn, payload(f"{redirector.url}/stub", "parse_product"))
+
+    (record,) = records(runtime, f"{redirector.url}/stub")
+    assert (record["outcome"], record["status"]) == (REDIRECT, 200)
+    assert record["error"] == f"meta refresh to {redirector.url}/landing"
+    assert queued_payloads(Backlog(redis_conn)) == [payload(f"{redirector.url}/landing", "parse_product", hops=1)]
+    assert pages_waiting(redis_conn) == 0  # the stub never reaches the callback
+
+
+def test_a_page_that_only_reloads_itself_later_goes_to_its_callback(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
+    download_past_robots(redis_conn, payload(f"{redirector.url}/reload"))
+
+    (record,) = records(runtime, f"{redirector.url}/reload")
+    assert record["outcome"] == OK
+    assert pages_waiting(redis_conn) == 1 and Backlog(redis_conn).count == 0
 
 
 def test_redirect_off_the_allowed_domains_is_refused_and_recorded(

@@ -20,7 +20,7 @@ from ..ops.devtools import fetch_as_worker, page_of, parse_meta, route, run_call
 from ..ops.devtools import verdict as worker_verdict
 from ..spiders.items import ItemError
 from ..spiders.scaffold import check_name, write_spider
-from ..spiders.spider import Page
+from ..spiders.spider import Page, Spider
 from .context import Context, pass_context
 
 
@@ -37,7 +37,7 @@ def fetch_(
     """Download URL as a worker would (robots.txt, the site's gate, the caps): status, headers, body."""
     site = site_for(obj.spider_set, url, site_name)
     response = fetch_as_worker(obj.runtime, site, url, render_meta(render, render_wait))
-    head = _head(response, site, obj.spider_set.get(site).content_types)
+    head = _head(response, site, obj.spider_set.get(site))
     if headers_only:
         click.echo(head)
         return
@@ -52,10 +52,11 @@ def render_meta(render: bool, render_wait: str | None) -> dict[str, Any]:
     return {"render": True, **({"render_wait": render_wait} if render_wait else {})} if render else {}
 
 
-def _head(response: Response, site: str, content_types: tuple[str, ...]) -> str:
+def _head(response: Response, site: str, spider: type[Spider]) -> str:
+    what = worker_verdict(response, spider.content_types, spider.follow_meta_refresh)
     lines = [
         f"HTTP {response.status} {response.url} (site {site}, {len(response.body)} bytes in "
-        f"{response.elapsed:.3f}s): {worker_verdict(response, content_types)}"
+        f"{response.elapsed:.3f}s): {what}"
     ]
     lines += [f"{name}: {value}" for name, value in response.headers.items()]
     lines += [f"set-cookie: {redacted_set_cookie(value)}" for value in response.set_cookies]  # values are secrets
@@ -89,7 +90,7 @@ def parse_(
         with open(body_file, "rb") as f:
             page = Page(url, f.read(), meta=meta)
     else:
-        page = page_of(fetch_as_worker(obj.runtime, site, url), meta, spider.content_types)
+        page = page_of(fetch_as_worker(obj.runtime, site, url), meta, spider.content_types, spider.follow_meta_refresh)
     try:
         outputs = run_callback(spider, page, callback)
     except Exception as exc:

@@ -21,6 +21,7 @@ from ..coord.session import Jar, uses_cookies
 from ..coord.task import check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response, user_agent_of
+from ..http.redirects import meta_refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
@@ -168,8 +169,9 @@ def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, 
     )
 
 
-def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES) -> str:
-    """What a download worker does with ``response`` for a spider with ``content_types``, in a few words."""
+def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES, follow_meta_refresh: bool = True) -> str:
+    """What a download worker does with ``response`` for a spider with ``content_types`` (and
+    ``follow_meta_refresh``), in a few words."""
     status = response.status
     if 300 <= status < 400:
         where = response.location
@@ -181,16 +183,32 @@ def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES) -> st
     if not accepts(content_types, response.content_type):
         skipped = "not HTML" if tuple(content_types) == HTML_TYPES else "not in content_types"
         return f"{skipped} ({response.content_type}): recorded skipped, no callback"
+    if follow_meta_refresh and (target := _refresh_target(response)) is not None:
+        return f"meta refresh to {target}: a request of its own, no callback"
     return "handed to the callback"
 
 
-def page_of(response: Response, meta: dict[str, Any] | None = None, content_types: Iterable[str] = HTML_TYPES) -> Page:
-    """The ``Page`` a parse worker would build from ``response`` for a spider with ``content_types``.
+def _refresh_target(response: Response) -> str | None:
+    if not accepts(HTML_TYPES, response.content_type):
+        return None
+    return meta_refresh_target(response.url, response.body, response.encoding)
+
+
+def page_of(
+    response: Response,
+    meta: dict[str, Any] | None = None,
+    content_types: Iterable[str] = HTML_TYPES,
+    follow_meta_refresh: bool = True,
+) -> Page:
+    """The ``Page`` a parse worker would build from ``response`` for a spider with ``content_types``
+    (and ``follow_meta_refresh``).
 
     Raises ConfigError when a worker would not hand the response to a callback.
     """
-    if not (200 <= response.status < 300) or not accepts(content_types, response.content_type):
-        raise ConfigError(f"HTTP {response.status} {response.url}: {verdict(response, content_types)}")
+    unparsed = not (200 <= response.status < 300) or not accepts(content_types, response.content_type)
+    if unparsed or (follow_meta_refresh and _refresh_target(response) is not None):
+        why = verdict(response, content_types, follow_meta_refresh)
+        raise ConfigError(f"HTTP {response.status} {response.url}: {why}")
     return Page(
         response.url,
         response.body,

@@ -48,9 +48,9 @@ class Shell:
         response = fetch_as_worker(self.rt, self.site, url, meta)
         self.echo(
             f"HTTP {response.status} {response.url} ({len(response.body)} bytes in "
-            f"{response.elapsed:.3f}s): {verdict(response, self.spider.content_types)}"
+            f"{response.elapsed:.3f}s): {verdict(response, self.spider.content_types, self.spider.follow_meta_refresh)}"
         )
-        self.page = page_of(response, meta, self.spider.content_types)
+        self.page = page_of(response, meta, self.spider.content_types, self.spider.follow_meta_refresh)
         self.namespace["page"] = self.page
         return self.page
 

@@ -272,6 +272,7 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("concurrency", _concurrency),
     ("item_key", _optional_text),
     ("obey_robots", _flag),
+    ("follow_meta_refresh", _flag),
     ("user_agent", _optional_text),
     ("content_types", _content_types),
     ("headers", _headers),

@@ -476,6 +476,9 @@ class Spider:
     item_key: str | None = None
     #: Honour robots.txt.
     obey_robots: bool = True
+    #: An HTML page whose ``<meta http-equiv="refresh">`` sends on within 100 s is a redirect to its
+    #: target (as in browsers and Scrapy), not a page for the callback; False hands it to the callback.
+    follow_meta_refresh: bool = True
     #: User-Agent header sent with every request.
     user_agent: str | None = None
     #: Links followed from the start pages, at most: a start request is at depth 0, a request its

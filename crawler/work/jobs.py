@@ -55,6 +55,7 @@ from ..errors import (
 from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
 from ..http.fetch import Response, encode_headers, merge_headers, user_agent_of
+from ..http.redirects import meta_refresh_target, redirected_request
 from ..spiders.items import failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, utcnow
@@ -639,6 +640,8 @@ class Attempt:
           (``_follow_redirect``); no validators;
         - NO_LOCATION: recorded FAILED; no validators;
         - NOT_HANDLED: recorded SKIPPED; the response's validators;
+        - PARSE, but an HTML page that refreshes to another at once (``meta_refresh``): as a
+          REDIRECT, to that page;
         - PARSE: recorded OK, the page added to the pages stream (``_hand_to_parser``) in the
           pipeline of its record, after it; the response's validators.
 
@@ -657,6 +660,8 @@ class Attempt:
         elif verdict is Verdict.NOT_HANDLED:
             self.record(SKIPPED, response=response, error=_not_handled(spider.content_types, response.content_type))
             validators = validators_of(response.headers)
+        elif (refresh_to := self.meta_refresh(response)) is not None:
+            _follow_redirect(self, response, refresh_to)
         else:
             # The page goes to the parse workers in the pipeline of its record, after the record is
             # written: a parse record (a callback that failed) is then always the page's latest.
@@ -671,6 +676,16 @@ class Attempt:
             self.record(OK, response=response, then=hand)
             validators = validators_of(response.headers)
         _schedule_refresh(self.rt, task, None if self.rendered else validators)
+
+    def meta_refresh(self, response: Response) -> str | None:
+        """Where an HTML page of a spider that follows meta refreshes (``Spider.follow_meta_refresh``)
+        refreshes to within ``META_REFRESH_MAX_DELAY`` s (``redirects.meta_refresh_target``); None for
+        any other page, a rendered one (its browser ran it), and a sitemap's."""
+        if self.rendered or self.sink is not None or not getattr(self.spider, "follow_meta_refresh", True):
+            return None
+        if not accepts(HTML_TYPES, response.content_type):
+            return None
+        return meta_refresh_target(self.task.url, response.body, response.encoding)
 
     def record(
         self,
@@ -1071,15 +1086,18 @@ def _retry_or_fail(attempt: Attempt, exc: TransientError, response: Response | N
     rt.scheduler.schedule(task.site, retry.to_entry(), delay, task.priority)
 
 
-def _follow_redirect(attempt: Attempt, response: Response) -> None:
-    """Send a redirect's target through the frontier as a request of its own.
+def _follow_redirect(attempt: Attempt, response: Response, refresh_to: str | None = None) -> None:
+    """Send a redirect's target through the frontier as a request of its own: the Location of a
+    3xx, or ``refresh_to``, a page's meta refresh (``http.redirects.meta_refresh_target``),
+    which is asked for as a browser would, with a GET.
 
     The target's domain is checked before its name is resolved (for the private-address
     check): a hostile page cannot make the worker look up names of its choosing outside
     the allowed domains (a tracking channel, or a name server of its own that never answers).
     """
     rt, task, record = attempt.rt, attempt.task, attempt.record
-    target = urljoin(task.url, (response.location or "").strip())
+    target = refresh_to if refresh_to is not None else urljoin(task.url, (response.location or "").strip())
+    how = "meta refresh" if refresh_to is not None else "redirect"
     if task.hops + 1 > rt.settings.max_redirects:
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
         record(FAILED, response=response, error=str(too_many))
@@ -1088,36 +1106,25 @@ def _follow_redirect(attempt: Attempt, response: Response) -> None:
     try:
         check_url(target, spider.domains())
     except RefusedURL as exc:
-        record(FAILED, response=response, error=f"redirect refused: {exc}")
+        record(FAILED, response=response, error=f"{how} refused: {exc}")
         return
     if not spider.allow_private_addresses and redirects_inward(task.url, target, rt.fetcher.timeout):
-        record(FAILED, response=response, error=f"redirect refused: {target} is a private or loopback address")
+        record(FAILED, response=response, error=f"{how} refused: {target} is a private or loopback address")
         return
     frontier: Frontier = rt.frontier(task.site)
-    method, headers, body = redirected_request(response.status, task.method, task.headers, task.body)
+    status = 303 if refresh_to is not None else response.status
+    method, headers, body = redirected_request(status, task.method, task.headers, task.body)
     request = Request(
         target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
         priority=task.priority,
     )  # fmt: skip
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
     if result.refused:
-        record(FAILED, response=response, error=f"redirect refused: {result.refused[0][1]}")
+        record(FAILED, response=response, error=f"{how} refused: {result.refused[0][1]}")
     elif result.duplicates:
-        record(REDIRECT, response=response, error=f"redirect to {target} (already seen)")
+        record(REDIRECT, response=response, error=f"{how} to {target} (already seen)")
     else:
-        record(REDIRECT, response=response, error=f"redirect to {result.enqueued[0]}")
-
-
-def redirected_request(
-    status: int, method: str, headers: Mapping[str, str], body: bytes | None
-) -> tuple[str, dict[str, str], bytes | None]:
-    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
-    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
-    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
-    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
-        dropped = ("content-type", "content-length", "content-encoding")
-        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
-    return method, dict(headers), body
+        record(REDIRECT, response=response, error=f"{how} to {result.enqueued[0]}")
 
 
 def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:

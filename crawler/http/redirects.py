@@ -1,0 +1,56 @@
+"""Redirects: the request a redirect's target is made with, and a page's meta refresh taken as one.
+
+A 3xx's target is not followed inline: the download job sends it through the frontier as
+a request of its own (``crawler.work.jobs``). A page whose ``<meta http-equiv="refresh">``
+sends the browser on at once (or within ``META_REFRESH_MAX_DELAY`` seconds) is a redirect
+stub written in HTML, common on documentation sites and old servers (Rust's installed
+docs hold some 15,000): browsers and Scrapy (``MetaRefreshMiddleware``) go on to its
+target instead of reading it, and so does the crawler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from w3lib.encoding import html_to_unicode
+from w3lib.html import get_meta_refresh
+from w3lib.url import canonicalize_url
+
+#: A meta refresh sooner than this many seconds is a redirect (Scrapy's ``METAREFRESH_MAXDELAY``);
+#: a later one is a page that reloads itself now and then, read as it is.
+META_REFRESH_MAX_DELAY = 100.0
+
+#: The declaration a meta refresh needs, looked for in the bytes before anything is decoded.
+_DECLARED = re.compile(rb"http-equiv\s*=\s*[\"']?\s*refresh", re.IGNORECASE)
+
+
+def meta_refresh_target(url: str, body: bytes, charset: str | None = None) -> str | None:
+    """The absolute URL the page at ``url`` refreshes to within META_REFRESH_MAX_DELAY s, or None.
+
+    None when the page has no meta refresh, a later one, one without a URL or to the page
+    itself (a reload), or only inside ``<script>`` or ``<noscript>`` (as Scrapy, which
+    w3lib's ``get_meta_refresh`` reads it for). ``charset``: the Content-Type header's; the
+    body is decoded as ``Page`` decodes it. Costs a substring search for pages without one.
+    """
+    if (b"efresh" not in body and b"EFRESH" not in body) or not _DECLARED.search(body):
+        return None
+    _, text = html_to_unicode(f"charset={charset}" if charset else None, body)
+    delay, target = get_meta_refresh(text, url)
+    if target is None or delay is None or delay >= META_REFRESH_MAX_DELAY:
+        return None
+    if canonicalize_url(target, keep_fragments=False) == canonicalize_url(url, keep_fragments=False):
+        return None
+    return str(target)
+
+
+def redirected_request(
+    status: int, method: str, headers: Mapping[str, str], body: bytes | None
+) -> tuple[str, dict[str, str], bytes | None]:
+    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
+    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
+    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
+    if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
+        dropped = ("content-type", "content-length", "content-encoding")
+        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
+    return method, dict(headers), body
