@@ -17,6 +17,8 @@ from w3lib.encoding import html_to_unicode
 from w3lib.html import get_meta_refresh
 from w3lib.url import canonicalize_url
 
+from .fetch import Response
+
 #: A meta refresh sooner than this many seconds is a redirect (Scrapy's ``METAREFRESH_MAXDELAY``);
 #: a later one is a page that reloads itself now and then, read as it is.
 META_REFRESH_MAX_DELAY = 100.0
@@ -42,6 +44,13 @@ def meta_refresh_target(url: str, body: bytes, charset: str | None = None) -> st
     if canonicalize_url(target, keep_fragments=False) == canonicalize_url(url, keep_fragments=False):
         return None
     return str(target)
+
+
+def refresh_target(response: Response) -> str | None:
+    """``meta_refresh_target`` of an HTML response (one without a content type counts as HTML); None for any other."""
+    if not response.is_html:
+        return None
+    return meta_refresh_target(response.url, response.body, response.encoding)
 
 
 def redirected_request(

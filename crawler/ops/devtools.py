@@ -21,7 +21,7 @@ from ..coord.session import Jar, uses_cookies
 from ..coord.task import check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response, user_agent_of
-from ..http.redirects import meta_refresh_target
+from ..http.redirects import refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
@@ -183,15 +183,9 @@ def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES, follo
     if not accepts(content_types, response.content_type):
         skipped = "not HTML" if tuple(content_types) == HTML_TYPES else "not in content_types"
         return f"{skipped} ({response.content_type}): recorded skipped, no callback"
-    if follow_meta_refresh and (target := _refresh_target(response)) is not None:
+    if follow_meta_refresh and (target := refresh_target(response)) is not None:
         return f"meta refresh to {target}: a request of its own, no callback"
     return "handed to the callback"
-
-
-def _refresh_target(response: Response) -> str | None:
-    if not accepts(HTML_TYPES, response.content_type):
-        return None
-    return meta_refresh_target(response.url, response.body, response.encoding)
 
 
 def page_of(
@@ -206,7 +200,7 @@ def page_of(
     Raises ConfigError when a worker would not hand the response to a callback.
     """
     unparsed = not (200 <= response.status < 300) or not accepts(content_types, response.content_type)
-    if unparsed or (follow_meta_refresh and _refresh_target(response) is not None):
+    if unparsed or (follow_meta_refresh and refresh_target(response) is not None):
         why = verdict(response, content_types, follow_meta_refresh)
         raise ConfigError(f"HTTP {response.status} {response.url}: {why}")
     return Page(

@@ -55,7 +55,7 @@ from ..errors import (
 from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
 from ..http.fetch import Response, encode_headers, merge_headers, user_agent_of
-from ..http.redirects import meta_refresh_target, redirected_request
+from ..http.redirects import redirected_request, refresh_target
 from ..spiders.items import failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, utcnow
@@ -679,13 +679,11 @@ class Attempt:
 
     def meta_refresh(self, response: Response) -> str | None:
         """Where an HTML page of a spider that follows meta refreshes (``Spider.follow_meta_refresh``)
-        refreshes to within ``META_REFRESH_MAX_DELAY`` s (``redirects.meta_refresh_target``); None for
+        refreshes to within ``META_REFRESH_MAX_DELAY`` s (``redirects.refresh_target``); None for
         any other page, a rendered one (its browser ran it), and a sitemap's."""
         if self.rendered or self.sink is not None or not getattr(self.spider, "follow_meta_refresh", True):
             return None
-        if not accepts(HTML_TYPES, response.content_type):
-            return None
-        return meta_refresh_target(self.task.url, response.body, response.encoding)
+        return refresh_target(response)
 
     def record(
         self,
