@@ -49,11 +49,11 @@ class {cls}(Spider):
 
     def parse_item(self, page: Page) -> Iterator[dict[str, Any] | Request]:
         """A page to extract: one item (a dict, stored under its ``item_key``), then its links."""
-        title = page.css_first("title")
         yield {{
             "url": page.url,
-            "title": title.text(strip=True) if title is not None else None,
-            # "price": page.css_first(".price").text(strip=True),
+            # page.text(selector): the first match's text, its spacing as the page shows it ("" if none).
+            "title": page.text("title") or None,
+            # "price": page.text(".price"),
         }}
         yield from self.parse(page)
 '''
