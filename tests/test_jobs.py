@@ -127,7 +127,8 @@ def take_next(queue: Queue | Backlog) -> dict[str, Any]:
 class Redirector:
     """A loopback server of redirects: /away and /offdomain leave the allowed domains, /inside goes
     to the name inside.test, /hop/N goes to /hop/N+1; /stub is a page whose meta refresh goes to
-    /landing at once, /reload one that refreshes itself every 300 s."""
+    /landing at once, /stub-away one whose goes off the allowed domains, /reload one that
+    refreshes itself every 300 s."""
 
     def __init__(self) -> None:
         self.paths: list[str] = []
@@ -161,8 +162,13 @@ class Redirector:
                     self._send(302, f"http://inside.test:{self.server.server_address[1]}/landing")
                 elif self.path.startswith("/hop/"):
                     self._send(302, f"/hop/{int(self.path.rsplit('/', 1)[1]) + 1}")
-                elif self.path in ("/stub", "/reload"):
-                    refresh = "0;URL=landing" if self.path == "/stub" else "300"
+                elif self.path in ("/stub", "/reload", "/stub-away"):
+                    refresh = {
+                        "/stub": "0;URL=landing",
+                        "/reload": "300",
+                        "/stub-away": "0;URL=http://offsite.invalid/",
+                    }
+                    refresh = refresh[self.path]
                     self._page(f'<html><head><meta http-equiv="refresh" content="{refresh}"></head></html>')
                 else:
                     self._send(404)
@@ -388,6 +394,18 @@ def test_a_page_whose_meta_refresh_sends_on_at_once_is_a_redirect_to_its_target(
     assert record["error"] == f"meta refresh to {redirector.url}/landing"
     assert queued_payloads(Backlog(redis_conn)) == [payload(f"{redirector.url}/landing", "parse_product", hops=1)]
     assert pages_waiting(redis_conn) == 0  # the stub never reaches the callback
+
+
+def test_a_meta_refresh_off_the_allowed_domains_is_refused_as_a_redirect_is(
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+) -> None:
+    download_past_robots(redis_conn, payload(f"{redirector.url}/stub-away"))
+
+    (record,) = records(runtime, f"{redirector.url}/stub-away")
+    assert (record["outcome"], record["status"]) == (FAILED, 200)
+    assert record["error"].startswith("meta refresh refused") and "offsite.invalid" in record["error"]
+    assert Backlog(redis_conn).count == 0 and pages_waiting(redis_conn) == 0
+    assert not redis_conn.sismember(keys.seen(SITE), fingerprint("http://offsite.invalid/"))
 
 
 def test_a_page_that_only_reloads_itself_later_goes_to_its_callback(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crawler.http.redirects import META_REFRESH_MAX_DELAY, meta_refresh_target, redirected_request
+from crawler.http.redirects import META_REFRESH_MAX_DELAY, META_REFRESH_SCOPE, meta_refresh_target, redirected_request
 
 URL = "http://docs.example/std/macro.old.html"
 
@@ -19,6 +19,7 @@ def head(meta: str, rest: str = "") -> bytes:
         ('<meta http-equiv="refresh" content="0;URL=macro.new.html">', "http://docs.example/std/macro.new.html"),
         ("<META HTTP-EQUIV=Refresh CONTENT='2; url=/elsewhere?a=1'>", "http://docs.example/elsewhere?a=1"),
         ('<meta content="0; url=https://other.example/" http-equiv="refresh">', "https://other.example/"),
+        ('<meta http-equiv="rEfReSh" content="0; url=/any-case">', "http://docs.example/any-case"),
     ],
 )
 def test_a_refresh_sooner_than_the_limit_names_its_target_made_absolute(meta: str, target: str) -> None:
@@ -40,6 +41,13 @@ def test_a_refresh_sooner_than_the_limit_names_its_target_made_absolute(meta: st
 )
 def test_no_target_for_a_page_read_as_it_is(body: bytes) -> None:
     assert meta_refresh_target(URL, body) is None
+
+
+def test_only_the_head_of_a_page_is_read_as_scrapy_reads_it() -> None:
+    late = '<meta http-equiv="refresh" content="0; url=/late">'
+    padding = "<p>" + "x" * META_REFRESH_SCOPE + "</p>"
+    assert meta_refresh_target(URL, head("", padding + late)) is None
+    assert meta_refresh_target(URL, head(late, padding)) == "http://docs.example/late"
 
 
 def test_the_target_is_read_in_the_pages_charset() -> None:

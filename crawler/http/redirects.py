@@ -23,6 +23,10 @@ from .fetch import Response
 #: a later one is a page that reloads itself now and then, read as it is.
 META_REFRESH_MAX_DELAY = 100.0
 
+#: Bytes of a page looked at for a meta refresh: its head, where the element belongs (Scrapy reads
+#: the first 4,096 characters); a whole page of 100 KB took 0.1 ms only to search for the word.
+META_REFRESH_SCOPE = 4096
+
 #: The declaration a meta refresh needs, looked for in the bytes before anything is decoded.
 _DECLARED = re.compile(rb"http-equiv\s*=\s*[\"']?\s*refresh", re.IGNORECASE)
 
@@ -30,14 +34,15 @@ _DECLARED = re.compile(rb"http-equiv\s*=\s*[\"']?\s*refresh", re.IGNORECASE)
 def meta_refresh_target(url: str, body: bytes, charset: str | None = None) -> str | None:
     """The absolute URL the page at ``url`` refreshes to within META_REFRESH_MAX_DELAY s, or None.
 
-    None when the page has no meta refresh, a later one, one without a URL or to the page
-    itself (a reload), or only inside ``<script>`` or ``<noscript>`` (as Scrapy, which
-    w3lib's ``get_meta_refresh`` reads it for). ``charset``: the Content-Type header's; the
-    body is decoded as ``Page`` decodes it. Costs a substring search for pages without one.
+    Only the first ``META_REFRESH_SCOPE`` bytes are read. None when they hold no meta refresh,
+    a later one, one without a URL or to the page itself (a reload), or one only inside
+    ``<script>`` or ``<noscript>`` (as Scrapy, which w3lib's ``get_meta_refresh`` reads it for).
+    ``charset``: the Content-Type header's; the bytes are decoded as ``Page`` decodes a body.
     """
-    if (b"efresh" not in body and b"EFRESH" not in body) or not _DECLARED.search(body):
+    head = body[:META_REFRESH_SCOPE]
+    if b"refresh" not in head.lower() or not _DECLARED.search(head):
         return None
-    _, text = html_to_unicode(f"charset={charset}" if charset else None, body)
+    _, text = html_to_unicode(f"charset={charset}" if charset else None, head)
     delay, target = get_meta_refresh(text, url)
     if target is None or delay is None or delay >= META_REFRESH_MAX_DELAY:
         return None
