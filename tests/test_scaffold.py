@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -111,3 +112,34 @@ def test_a_bad_name_or_url_is_a_one_line_error_and_writes_nothing(
 ) -> None:
     assert_one_line_error(invoke(base, "new", name, url), fragment)
     assert not (tmp_path / "sites").exists() or not list((tmp_path / "sites").iterdir())
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://example.com/a\\N",
+        "https://example.com/\\N{HYPHEN}",
+        "https://example.com/\\x4",
+        "https://example.com/\\u12",
+        'https://example.com/q?"""',
+        "https://example.com/q?'''",
+        'https://example.com/it\'s"quoted"',
+        "https://example.com/end\\",
+        "https://example.com/{name}/café?a=1&b=2",
+        "https://example.com/nul\x00del\x7f",
+        "https://example.com/\udcff",
+    ],
+)
+def test_a_url_with_backslashes_or_quotes_scaffolds_a_module_that_loads_with_that_start_url(
+    base: list[str], tmp_path: Path, url: str
+) -> None:
+    result = invoke(base, "new", "nasty", url)
+    assert result.exit_code == 0, result.output
+    module = tmp_path / "sites" / "nasty.py"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an invalid escape sequence is a warning today, an error tomorrow
+        compile(module.read_bytes(), str(module), "exec")
+    spiders = load_spiders(tmp_path / "sites")
+    assert spiders.errors == [] and check_spider(spiders.spiders["nasty"], module) is None
+    assert spiders.spiders["nasty"].start_urls == [url]
+    assert spiders.spiders["nasty"].allowed_domains == ["example.com"]

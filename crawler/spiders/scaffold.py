@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import keyword
+import shlex
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .check import SITE_NAME
 
-TEMPLATE = '''"""{name}: the spider of {host} (written by `crawler new`).
+TEMPLATE = '''"""{name}: the spider of {host_text} (written by `crawler new`).
 
 Edit it, then check it and run it:
 
-    crawler fetch {url}     # what the site answers
-    crawler parse {name} {url}   # what parse yields
+    crawler fetch {url_text}     # what the site answers
+    crawler parse {name} {url_text}   # what parse yields
     crawler crawl {name}
     crawler export {name} -o {name}.jsonl
 """
@@ -88,8 +88,28 @@ def spider_source(name: str, url: str) -> str:
     cls = "".join(part[:1].upper() + part[1:] for part in name.split("_") if part) or "Site"
     if cls[0].isdigit():
         cls = f"Site{cls}"
-    literal = json.dumps  # a JSON string is a Python string literal, in double quotes as ruff formats them
-    return TEMPLATE.format(name=name, url=url, host=host, cls=cls, url_literal=literal(url), host_literal=literal(host))
+    return TEMPLATE.format(
+        name=name,
+        cls=cls,
+        url_text=_docstring_text(shlex.quote(url)),
+        host_text=_docstring_text(host),
+        url_literal=_literal(url),
+        host_literal=_literal(host),
+    )
+
+
+def _literal(text: str) -> str:
+    """A Python string literal of ``text`` (``repr``), in double quotes as ruff formats them when it can be."""
+    literal = repr(text)
+    if literal.startswith("'") and '"' not in text:
+        return f'"{literal[1:-1]}"'  # repr chose single quotes, so ``text`` holds no quote of either kind
+    return literal
+
+
+def _docstring_text(text: str) -> str:
+    """``text`` escaped to sit inside a triple-double-quoted docstring and read back as itself: backslashes,
+    quotes and unprintable characters escaped as ``repr`` escapes them."""
+    return repr(text)[1:-1].replace('"', '\\"')
 
 
 def write_spider(sites_dir: str | Path, name: str, url: str) -> Path:
