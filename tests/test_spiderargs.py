@@ -20,8 +20,9 @@ from redis import Redis
 from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.coord.frontier import SEED_PRIORITY
-from crawler.coord.spiderargs import ARGS_REFRESH, MAX_VALUE_LENGTH, read_args, store_args
+from crawler.coord.spiderargs import ARGS_REFRESH, MAX_VALUE_LENGTH, build_spider, read_args, store_args
 from crawler.settings import Settings
+from crawler.spiders.spider import Spider
 from crawler.work.runtime import Runtime
 
 SHELF = """
@@ -38,6 +39,15 @@ class Shelf(Spider):
     base = ""
     category = "all"
     pages: int = 1  # annotated: -a pages=3 arrives as the int 3
+    tags = ["new"]  # not plain data: no argument replaces it
+
+    @property
+    def title(self):
+        return self.category.title()
+
+    @classmethod
+    def make(cls):
+        return cls()
 
     def __init__(self):
         self.label = f"{self.category}!"  # the arguments are in place when __init__ runs
@@ -136,6 +146,9 @@ def test_seed_arguments_are_seen_by_the_start_requests(base: list[str], redis_co
         ("_private=x", "identifier not starting with _"),
         ("1x=y", "identifier"),
         ("pages=many", "Shelf.pages is int"),
+        ("title=x", "Shelf.title is a property"),
+        ("make=x", "Shelf.make is a classmethod"),
+        ("tags=x", "Shelf.tags is a list"),
         ("category", "give key=value"),
         (f"category={'x' * (MAX_VALUE_LENGTH + 1)}", f"at most {MAX_VALUE_LENGTH}"),
     ],
@@ -168,3 +181,40 @@ def test_a_running_worker_builds_its_spider_again_when_the_arguments_change(
         assert callable(runtime.spider("shelf").parse)
     finally:
         runtime.close()
+
+
+def test_a_stored_argument_naming_a_property_is_ignored_with_a_warning_and_the_site_still_runs(
+    base: list[str], redis_conn: Redis, pages: str, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_conn.hset(keys.spider_args("shelf"), mapping={"base": pages, "category": "games", "title": "x", "tags": "y"})
+    result = invoke(base, "seed", "shelf")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "1 enqueued" in result.stdout
+    warnings = [r.getMessage() for r in caplog.records if "spider argument ignored" in r.getMessage()]
+    assert len(warnings) == 2 and "Shelf.title is a property" in " ".join(warnings), warnings
+    Path(settings.sites_dir, "shelf.py").write_text(SHELF)
+    runtime = Runtime(redis_conn, settings)
+    try:
+        spider = runtime.spider("shelf")
+        assert (spider.category, spider.title, spider.tags) == ("games", "Games", ["new"])  # type: ignore[attr-defined]
+    finally:
+        runtime.close()
+
+
+def test_an_argument_the_spider_refuses_to_set_is_left_out_when_the_spider_is_built(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Guarded(Spider):
+        name = "guarded"
+        category = "all"
+        mode = "fast"
+
+        def __setattr__(self, name: str, value: object) -> None:
+            if name == "mode":
+                raise ValueError("mode is fixed")
+            super().__setattr__(name, value)
+
+    spider = build_spider(Guarded, {"category": "books", "mode": "slow"})
+    assert (spider.category, spider.mode) == ("books", "fast")
+    assert "spider argument mode='slow' ignored: mode is fixed" in caplog.text

@@ -14,6 +14,7 @@ so arguments set while workers run reach them within that time.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +33,12 @@ MAX_VALUE_LENGTH = 10_000
 #: Most arguments one crawl may have.
 MAX_ARGS = 100
 
+#: What an argument may replace: an attribute holding one of these (or none at all).
+_PLAIN = (str, int, float, bool, type(None))
+_MISSING = object()
 _TRUE = {"1", "true", "yes", "on"}
+
+log = logging.getLogger(__name__)
 _FALSE = {"0", "false", "no", "off", ""}
 
 
@@ -41,8 +47,10 @@ def parse_args(pairs: tuple[str, ...] | list[str], cls: type[Spider]) -> dict[st
 
     A name must be an identifier not starting with ``_``, neither a method nor an
     attribute of ``crawler.Spider`` (settings such as ``interval`` have their own
-    places: the config file, ``crawler set``); a value at most MAX_VALUE_LENGTH
-    characters, converting to its annotated type when the attribute has one.
+    places: the config file, ``crawler set``), and the attribute it replaces, if any,
+    plain data (str, int, float, bool or None: not a property, a class, a list...); a
+    value at most MAX_VALUE_LENGTH characters, converting to its annotated type when the
+    attribute has one.
     """
     args: dict[str, str] = {}
     for pair in pairs:
@@ -60,10 +68,14 @@ def check_arg(cls: type[Spider], name: str, value: str) -> None:
     """ConfigError if ``name=value`` may not be an argument of spider ``cls`` (see ``parse_args``)."""
     if not name.isidentifier() or name.startswith("_"):
         raise ConfigError(f"-a {name}: a spider argument's name is an identifier not starting with _")
-    if callable(inspect.getattr_static(cls, name, None)):
+    static = inspect.getattr_static(cls, name, _MISSING)
+    if callable(static) and not isinstance(static, type):
         raise ConfigError(f"-a {name}: {cls.__name__}.{name} is a method")
     if hasattr(Spider, name):
         raise ConfigError(f"-a {name}: {name} is a setting of every spider, not an argument")
+    if static is not _MISSING and not isinstance(static, _PLAIN):
+        plain = "not a str, int, float or bool an argument can replace"
+        raise ConfigError(f"-a {name}: {cls.__name__}.{name} is {_kind(static)}, {plain}")
     if len(value) > MAX_VALUE_LENGTH:
         raise ConfigError(f"-a {name}: a value of {len(value)} characters (at most {MAX_VALUE_LENGTH})")
     convert(cls, name, value)
@@ -86,6 +98,12 @@ def convert(cls: type[Spider], name: str, value: str) -> Any:
     return value
 
 
+def _kind(value: object) -> str:
+    """What ``value`` is, in words: 'a property', 'a class', 'a list'."""
+    kind = "class" if isinstance(value, type) else type(value).__name__
+    return f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+
+
 def _annotation(cls: type, name: str) -> str | None:
     for klass in cls.__mro__:
         annotation = klass.__dict__.get("__annotations__", {}).get(name)
@@ -95,10 +113,18 @@ def _annotation(cls: type, name: str) -> str | None:
 
 
 def build_spider(cls: type[Spider], args: Mapping[str, str]) -> Spider:
-    """An instance of ``cls`` with ``args`` (converted by annotation) set as attributes before ``__init__`` runs."""
+    """An instance of ``cls`` with ``args`` (converted by annotation) set as attributes before ``__init__`` runs.
+
+    An argument the instance refuses (a setter that raises, ``__slots__``) is left out with a
+    warning, as ``usable_args`` leaves out those that do not hold: a stored value never
+    stops the site's spider from being built.
+    """
     spider = cls.__new__(cls)
     for name, value in args.items():
-        setattr(spider, name, convert(cls, name, value))
+        try:
+            setattr(spider, name, convert(cls, name, value))
+        except Exception as exc:  # noqa: BLE001  # the spider's own code (a setter) may raise anything
+            log.warning("%s: spider argument %s=%.40r ignored: %s", cls.name, name, value, exc)
     spider.__init__()  # type: ignore[misc]  # the arguments are in place for the spider's own __init__
     return spider
 
@@ -119,12 +145,14 @@ def read_args(connection: Redis, site: str) -> dict[str, str]:
 
 
 def usable_args(cls: type[Spider], args: Mapping[str, str]) -> dict[str, str]:
-    """``args`` without those that do not hold for ``cls`` (written by hand, or the spider changed since)."""
+    """``args`` without those that do not hold for ``cls`` (written by hand, stored by an earlier version,
+    or the spider changed since), each left out with a one-line warning."""
     usable = {}
     for name, value in args.items():
         try:
             check_arg(cls, name, value)
-        except ConfigError:
+        except ConfigError as exc:
+            log.warning("%s: spider argument ignored (`crawler reset %s` clears it): %s", cls.name, cls.name, exc)
             continue
         usable[name] = value
     return usable
