@@ -501,3 +501,108 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
         assert invoke("failed", "flaky").stdout.strip() == "no failed pages"
         assert invoke("failed").stdout.strip() == "no failed pages"
         assert len(shop.requests_for(f"/product/{bad}")) == 2  # fetched again once, by the retry
+
+
+POSTER_SPIDER = '''
+from pathlib import Path
+
+from crawler import Request, Spider
+
+BUG = Path({flag!r})
+
+
+class Poster(Spider):
+    """POSTs a JSON query; its callback has a bug while the flag file exists."""
+
+    name = "poster"
+    allowed_domains = ["127.0.0.1"]
+    interval = 0.01
+    content_types = ["application/json"]
+    item_key = "query"
+
+    def start_requests(self):
+        yield Request({base!r} + "/api/search", callback="parse_api", method="POST",
+                      json={{"query": "café", "page": 2}}, headers={{"X-Api-Key": "k"}}, meta={{"page": 2}})
+        yield Request({base!r} + "/api/form", callback="parse_api", method="POST",
+                      form={{"query": "tea", "page": "3"}}, meta={{"page": 3}})
+
+    def parse_api(self, page):
+        if BUG.exists():
+            raise ValueError("parse_api cannot read this answer")
+        yield {{"query": page.json()["query"], "page": page.meta["page"], "method": page.request.method}}
+'''
+
+
+class _Api(BaseHTTPRequestHandler):
+    """POST /api/*: answers the query it was sent (as JSON) once ``failing`` is off, a 500 before."""
+
+    failing = True
+    arrived: list[tuple[str, str, str | None, str | None, bytes]] = []
+
+    def do_GET(self) -> None:  # noqa: N802  # http.server's name; robots.txt: none
+        self._answer(404, b"")
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        kind = self.headers.get("Content-Type")
+        _Api.arrived.append((self.command, self.path, kind, self.headers.get("X-Api-Key"), body))
+        if _Api.failing:
+            self._answer(500, b"down")
+            return
+        query = json.loads(body)["query"] if kind == "application/json" else body.decode().split("&")[0][6:]
+        self._answer(200, json.dumps({"query": query}).encode(), "application/json")
+
+    def _answer(self, status: int, body: bytes, kind: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_failed_post_is_retried_and_arrives_as_the_same_post_with_its_meta(
+    redis_conn: Redis, invoke: Invoke, settings: Settings, tmp_path: Path
+) -> None:
+    _Api.failing, _Api.arrived = True, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base, flag = f"http://127.0.0.1:{server.server_address[1]}", tmp_path / "bug"
+    flag.touch()
+    Path(settings.sites_dir, "poster.py").write_text(POSTER_SPIDER.format(base=base, flag=str(flag)))
+    json_post = ("POST", "/api/search", "application/json", "k", '{"query":"café","page":2}'.encode())
+    form_post = ("POST", "/api/form", "application/x-www-form-urlencoded", None, b"query=tea&page=3")
+    try:
+        with installed_runtime(redis_conn, settings) as runtime:
+            assert invoke("seed", "poster").exit_code == 0
+            run_in_threads(redis_conn, ("poster",))
+            assert {(p["url"], p["kind"], p["status"]) for p in failed_json(invoke, "poster")} == {
+                (base + "/api/search", "download", 500),
+                (base + "/api/form", "download", 500),
+            }
+            assert set(_Api.arrived) == {json_post, form_post}
+
+            _Api.failing, _Api.arrived = False, []  # the server is fixed; the spider is not yet
+            assert invoke("retry", "poster", "--all").stdout.strip() == "poster: 2 failed pages requeued"
+            run_in_threads(redis_conn, ("poster",))
+            assert sorted(_Api.arrived) == sorted([json_post, form_post])  # the same POSTs, not GETs
+            assert {(p["url"], p["kind"]) for p in failed_json(invoke, "poster")} == {
+                (base + "/api/search", "parse"),
+                (base + "/api/form", "parse"),
+            }
+
+            flag.unlink()  # the spider is fixed: a retry of a failed parse is the same POST again
+            _Api.arrived = []
+            assert invoke("retry", "poster", "--all").exit_code == 0
+            run_in_threads(redis_conn, ("poster",))
+            assert sorted(_Api.arrived) == sorted([json_post, form_post])
+            assert {row["query"]: row for row in runtime.store.items("poster")} == {
+                "café": {"query": "café", "page": 2, "method": "POST"},
+                "tea": {"query": "tea", "page": 3, "method": "POST"},
+            }
+            assert invoke("failed", "poster").stdout.strip() == "no failed pages"
+    finally:
+        server.shutdown()
+        server.server_close()
