@@ -198,10 +198,10 @@ class Auto:
     def __post_init__(self) -> None:
         for name in ("min", "max", "factor", "ease"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"Auto {name} must be a number, got {value!r}")
-        if not 0 < self.min <= self.max:
-            raise ValueError(f"Auto needs 0 < min <= max, got min={self.min!r} max={self.max!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"Auto {name} must be a finite number, got {value!r}")
+        if not 0 < self.min <= self.max <= MAX_INTERVAL:
+            raise ValueError(f"Auto needs 0 < min <= max <= {MAX_INTERVAL:g}, got min={self.min!r} max={self.max!r}")
         if self.factor <= 0:
             raise ValueError(f"Auto factor must be greater than 0, got {self.factor!r}")
         if not 0 <= self.ease < 1:

@@ -13,7 +13,8 @@ from redis import Redis
 
 from crawler.cli.app import cli
 from crawler.coord import keys
-from crawler.errors import SpiderLoadError
+from crawler.errors import ConfigError, SpiderLoadError
+from crawler.settings import check_site_interval
 from crawler.spiders.check import check_spider
 from crawler.spiders.loading import load_spiders
 from crawler.spiders.spider import Spider
@@ -67,6 +68,14 @@ def line_of(path: Path, text: str) -> int:
             "Shop.interval must be a number of seconds greater than 0, or Auto(min=, max=), got '1.0'",
         ),
         ("interval = True", "Shop.interval must be a number"),
+        ("interval = float('inf')", "Shop.interval must be at most 86400 seconds (a day), got inf"),
+        ("interval = 1e999", "Shop.interval must be at most 86400 seconds (a day), got inf"),
+        (
+            "interval = float('nan')",
+            "Shop.interval must be a number of seconds greater than 0, or Auto(min=, max=), got nan",
+        ),
+        ("interval = -0.5", "Shop.interval must be a number of seconds greater than 0, or Auto(min=, max=), got -0.5"),
+        ("interval = 10**6", "Shop.interval must be at most 86400 seconds (a day), got 1000000"),
         ("start_urls = 'http://shop.example/'", "Shop.start_urls must be a list of URLs, got str"),
         ("start_urls = ['shop.example/']", "Shop.start_urls must hold absolute http(s) URLs, got 'shop.example/'"),
         ("allowed_domains = ['https://shop.example']", "Shop.allowed_domains must hold host names without scheme"),
@@ -152,6 +161,28 @@ def test_an_import_error_is_reported_with_its_file_and_line(sites_dir: Path) -> 
     assert errors["deep"] == f"{sites_dir / 'deep.py'}, line 2: ZeroDivisionError: division by zero"
 
 
+@pytest.mark.parametrize(
+    ("auto", "fragment"),
+    [
+        ("Auto(min=float('inf'))", "ValueError: Auto min must be a finite number, got inf"),
+        ("Auto(min=float('inf'), max=float('inf'))", "ValueError: Auto min must be a finite number, got inf"),
+        ("Auto(min=1, max=float('inf'))", "ValueError: Auto max must be a finite number, got inf"),
+        ("Auto(min=float('nan'))", "ValueError: Auto min must be a finite number, got nan"),
+        ("Auto(factor=1e999)", "ValueError: Auto factor must be a finite number, got inf"),
+        ("Auto(min=1, max=10**6)", "ValueError: Auto needs 0 < min <= max <= 86400, got min=1 max=1000000"),
+    ],
+)
+def test_an_auto_interval_that_is_not_finite_fails_the_module_at_its_line(
+    sites_dir: Path, auto: str, fragment: str
+) -> None:
+    path = write_spider(sites_dir, f"interval = {auto}")
+    path.write_text("from crawler import Auto\n" + path.read_text())
+    found = load_spiders(sites_dir)
+    assert found.spiders == {}
+    (error,) = found.errors
+    assert error.reason == f"{path}, line {line_of(path, auto)}: {fragment}"
+
+
 def test_cli_warns_with_file_and_line_and_seeding_the_invalid_spider_is_one_line(
     sites_dir: Path, redis_url: str, redis_conn: Redis, sqlite_url: str
 ) -> None:
@@ -170,3 +201,9 @@ def test_cli_warns_with_file_and_line_and_seeding_the_invalid_spider_is_one_line
         seeded, "Shop.interval must be a number of seconds greater than 0, or Auto(min=, max=), got -1"
     )
     assert redis_conn.scard(keys.seen("shop")) == 0
+
+
+@pytest.mark.parametrize("bound", [{"min": 1, "max": float("inf")}, {"min": float("nan")}, {"max": 1e6}])
+def test_a_config_file_auto_interval_that_is_not_finite_or_above_a_day_is_refused(bound: dict) -> None:
+    with pytest.raises(ConfigError, match=r"config: sites.shop.interval: Auto (max|min|needs)"):
+        check_site_interval("sites.shop.interval", bound)

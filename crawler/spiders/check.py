@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..settings import Auto
+from ..settings import MAX_INTERVAL, Auto, interval_problem
 from .items import pipeline_problem
 
 #: What a site name may look like: it names Redis keys, RQ queues and files.
@@ -144,9 +144,11 @@ def _domains(cls: type, value: Any) -> str | None:
 
 def _interval(cls: type, value: Any) -> str | None:
     if isinstance(value, Auto):
-        return None
-    if not _is_number(value) or not value > 0:
+        return None  # checked when made: finite, 0 < min <= max <= MAX_INTERVAL
+    if not _is_number(value) or not value > 0:  # NaN fails the comparison
         return f"must be a number of seconds greater than 0, or Auto(min=, max=), got {value!r}"
+    if interval_problem(value):
+        return f"must be at most {MAX_INTERVAL:g} seconds (a day), got {value!r}"
     return None
 
 
