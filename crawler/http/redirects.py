@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from w3lib.encoding import html_to_unicode
 from w3lib.html import get_meta_refresh
 from w3lib.url import canonicalize_url
 
+from ..spiders.decoding import html_text
 from .fetch import Response
 
 #: A meta refresh sooner than this many seconds is a redirect (Scrapy's ``METAREFRESH_MAXDELAY``);
@@ -42,7 +42,7 @@ def meta_refresh_target(url: str, body: bytes, charset: str | None = None) -> st
     head = body[:META_REFRESH_SCOPE]
     if b"refresh" not in head.lower() or not _DECLARED.search(head):
         return None
-    _, text = html_to_unicode(f"charset={charset}" if charset else None, head)
+    text = html_text(head, charset)
     delay, target = get_meta_refresh(text, url)
     if target is None or delay is None or delay >= META_REFRESH_MAX_DELAY:
         return None

@@ -18,10 +18,10 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 
 from selectolax.lexbor import LexborHTMLParser, LexborNode
-from w3lib.encoding import html_to_unicode
 
 from ..errors import ConfigError
 from ..settings import Auto
+from .decoding import html_text, is_json, json_text
 
 #: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
 #: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
@@ -254,11 +254,13 @@ class Page:
 
         A byte-order mark first, then the ``Content-Type`` header's charset (``encoding``), then
         the page's own ``<meta charset>`` (or ``http-equiv``, or an XML declaration), then
-        UTF-8 (w3lib's ``html_to_unicode``, as Scrapy decodes): many sites declare their
-        charset only in the page. An unknown charset name counts as none.
+        UTF-8 (``decoding.html_text``, as w3lib and Scrapy decode): many sites declare their
+        charset only in the page. A JSON response is decoded as ``json()`` decodes it. A charset
+        name that is no character set (``hex``, ``zlib``, unknown) counts as none.
         """
-        _, text = html_to_unicode(f"charset={self._encoding}" if self._encoding else None, self.body)
-        return text
+        if is_json(self.headers.get("content-type")):
+            return json_text(self.body, self._encoding)
+        return html_text(self.body, self._encoding)
 
     @cached_property
     def text(self) -> PageText:
@@ -268,8 +270,12 @@ class Page:
         return text
 
     def json(self) -> Any:
-        """The body parsed as JSON (whatever its content type); ValueError if it is not JSON."""
-        return jsonlib.loads(self.text)
+        """The body parsed as JSON (whatever its content type); ValueError if it is not JSON.
+
+        Decoded as JSON is (``decoding.json_text``): a byte-order mark, else UTF-8, -16 or -32 by
+        the first bytes, a ``Content-Type`` charset only if it names a character set, never a ``<meta>``.
+        """
+        return jsonlib.loads(json_text(self.body, self._encoding))
 
     def css(self, selector: str) -> list[LexborNode]:
         """Every node matching a CSS selector."""
