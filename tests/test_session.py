@@ -8,6 +8,7 @@ that the app ends after some pages, while two download worker processes crawl.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import subprocess
@@ -22,12 +23,23 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 from crawling import installed_runtime, items_by_key, run_in_threads
 from redis import Redis
+from routes import Answer, Routes
+from routes import serving as serving_routes
 
 from crawler.coord import keys
 from crawler.coord.frontier import seed
-from crawler.coord.session import Jar, Session
+from crawler.coord.session import (
+    MAX_COOKIE_AGE,
+    MAX_COOKIE_BYTES,
+    MAX_COOKIES,
+    MAX_COOKIES_PER_DOMAIN,
+    Jar,
+    Session,
+    redacted_set_cookie,
+)
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
 from crawler.ops.reset import reset_site
 from crawler.settings import Settings
@@ -495,3 +507,213 @@ def test_a_json_api_paged_by_post_is_crawled_within_the_fleets_session_politely(
     assert app.api_pages == [1, 2, 3, 4]  # each page once: POSTs told apart by their bodies
     assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]
     assert min(app.gaps()) >= interval, f"two requests {min(app.gaps()) * 1000:.1f} ms apart"
+
+
+JAR_SPIDER = """
+    from crawler import Spider
+
+    class Jarred(Spider):
+        name = "jarred"
+        start_urls = ["{url}/"]
+        interval = 0.01
+        obey_robots = False
+        item_key = "sku"
+        cookies = True
+
+        def parse(self, page):
+            yield {{"sku": page.text("h1")}}
+            yield from page.follow_all("a")
+"""
+
+
+def _crawl_jarred(redis_conn: Redis, settings: Settings, routes: Routes) -> None:
+    """Crawl ``routes`` (its "/" first) with JAR_SPIDER, in-process workers until the crawl drains."""
+    with serving_routes(routes) as url:
+        _write_spider(Path(settings.sites_dir), JAR_SPIDER.format(url=url))
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("jarred"), [f"{url}/"])
+            run_in_threads(redis_conn, sites=("jarred",), timeout=30)
+
+
+def _outcomes(database_url: str, site: str) -> dict[str, list[tuple[str, str | None]]]:
+    """Each URL path's fetch records, (outcome, error), oldest first."""
+    store = Store(database_url)
+    try:
+        rows = [row for row in store.fetch_rows(site) if row["kind"] == "download"]
+    finally:
+        store.close()
+    outcomes: dict[str, list[tuple[str, str | None]]] = {}
+    for row in rows:
+        outcomes.setdefault(urlsplit(row["url"]).path, []).append((row["outcome"], row["error"]))
+    return outcomes
+
+
+def _page(sku: str, links: str = "", cookies: list[bytes] | None = None) -> Answer:
+    body = f"<html><body><h1>{sku}</h1>{links}</body></html>"
+    return Answer(body, headers=[("Set-Cookie", cookie) for cookie in cookies or []])
+
+
+def test_a_cookie_with_a_non_ascii_value_is_kept_sent_back_as_received_and_the_page_recorded(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """A cookie's bytes beyond ASCII (UTF-8 or Latin-1) are kept and sent back byte for byte, as
+    browsers do; malformed Set-Cookie headers beside them are ignored; the page is parsed."""
+    set_cookies = [
+        "pref=café; Path=/".encode(),  # UTF-8
+        "region=München; Path=/".encode("latin-1"),  # Latin-1: not UTF-8
+        b"bad=1; Expires=Sat, 99 Zzz 99999 99:99:99; Max-Age=1e9; Domain=",  # unreadable attributes: ignored
+        b"=",
+        b";;;",
+        b"a=" + b"\xff" * 5000,  # too large
+    ]
+    routes = Routes({"/": _page("home", '<a href="/next">next</a>', set_cookies), "/next": _page("next")})
+    _crawl_jarred(redis_conn, settings, routes)
+    assert set(items_by_key(settings.database_url, "jarred")) == {"home", "next"}
+    assert [outcome for outcome, _ in _outcomes(settings.database_url, "jarred")["/"]] == ["ok"]
+    assert routes.cookies_to("/next") == {"pref=café".encode(), "region=München".encode("latin-1"), b"bad=1"}
+    assert Jar(redis_conn, "jarred").names() == ["bad", "pref", "region"]
+
+
+def test_no_set_cookie_however_malformed_raises_and_the_good_ones_beside_it_are_kept(redis_conn: Redis) -> None:
+    malformed = [
+        "", " ", "=", ";", "; Path=/", "=; Domain=a.test", "x=\x00y", "x=1\r\nInjected: 1", "x=1; Domain=.",
+        "x=1; Max-Age=" + "9" * 1000, "x=1; Expires=" + "Mon, 01 Jan 99999999 00:00:00 GMT",
+        "x=1; Expires=\ud800", "caf\u00e9\u2603=\U0001f36a", "x=1; Domain=\u2603.test", "x=1; Path=" + "/a" * 600,
+        "x=1; Domain=[::1]", "x=1; Domain=" + "a." * 600 + "test",
+    ]  # fmt: skip
+    jar = Jar(redis_conn, "s")
+    jar.update("http://a.test/dir/page", [*malformed, "good=1; Path=/"])
+    jar.update("http://[::1]:8080/", ["v6=1", "x=1; Domain=::1"])
+    jar.update("not a url", ["x=1"])
+    assert "good=1" in jar.header("http://a.test/")["cookie"]
+    assert "v6=1" in jar.header("http://[::1]:8080/")["cookie"]
+    # The cookie beyond Latin-1 (given as text, not bytes) is kept as its UTF-8 bytes.
+    assert "caf\u00e9\u2603=\U0001f36a".encode().decode("latin-1") in jar.header("http://a.test/dir/")["cookie"]
+    # Max-Age past 400 days, a Path over 1024 bytes ignored (the default path), the huge date: all capped.
+    expiries = [json.loads(v)["expires"] for v in redis_conn.hvals(keys.cookies("s"))]
+    assert all(e is None or e <= time.time() + MAX_COOKIE_AGE + 5 for e in expiries)
+
+
+def test_a_site_s_jar_keeps_180_cookies_a_domain_the_newest_and_sends_no_more(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """A page setting 250 cookies leaves the jar with the newest MAX_COOKIES_PER_DOMAIN, as
+    Chromium keeps them, and the next request sends those alone."""
+    many = [f"c{i:03d}=v{i}; Path=/".encode() for i in range(250)]
+    routes = Routes({"/": _page("home", '<a href="/next">next</a>', many), "/next": _page("next")})
+    _crawl_jarred(redis_conn, settings, routes)
+    kept = {f"c{i:03d}" for i in range(250 - MAX_COOKIES_PER_DOMAIN, 250)}
+    assert set(Jar(redis_conn, "jarred").names()) == kept
+    assert {cookie.split(b"=")[0].decode() for cookie in routes.cookies_to("/next")} == kept
+    assert set(items_by_key(settings.database_url, "jarred")) == {"home", "next"}
+
+
+def test_the_jar_keeps_3300_cookies_in_all_and_a_cookie_up_to_4096_bytes_evicting_the_oldest(
+    redis_conn: Redis,
+) -> None:
+    jar = Jar(redis_conn, "s")
+    # Subdomains of one registrable domain count together.
+    jar.update("http://a.example.co.uk/", [f"a{i:03d}=1" for i in range(100)])
+    jar.update("http://b.example.co.uk/", [f"b{i:03d}=1" for i in range(100)])
+    assert len(jar.names()) == MAX_COOKIES_PER_DOMAIN and "a019" not in jar.names() and "a020" in jar.names()
+    redis_conn.delete(keys.cookies("s"))
+    domains = MAX_COOKIES // MAX_COOKIES_PER_DOMAIN + 1  # 19 domains of 180: 3420 cookies
+    for d in range(domains):
+        jar.update(f"http://site{d}.test/", [f"d{d:02d}c{i:03d}=1" for i in range(MAX_COOKIES_PER_DOMAIN)])
+    names = jar.names()
+    assert len(names) == MAX_COOKIES == redis_conn.hlen(keys.cookies("s"))
+    overflow = domains * MAX_COOKIES_PER_DOMAIN - MAX_COOKIES  # the oldest: the first domain's first 120
+    assert "d00c119" not in names and "d00c120" in names and f"d{domains - 1:02d}c179" in names
+    assert overflow == 120
+    # Size: a name and value of 4096 bytes kept, of 4097 refused (not cut); a replaced cookie keeps its age.
+    redis_conn.delete(keys.cookies("s"))
+    jar.update("http://a.test/", ["n=" + "v" * (MAX_COOKIE_BYTES - 1), "m=" + "v" * MAX_COOKIE_BYTES])
+    assert jar.names() == ["n"]
+    created = json.loads(redis_conn.hvals(keys.cookies("s"))[0])["created"]
+    jar.update("http://a.test/", ["n=2"])
+    assert json.loads(redis_conn.hvals(keys.cookies("s"))[0])["created"] == created
+
+
+def test_cookie_domains_on_public_suffixes_or_parts_of_an_ip_address_are_refused(redis_conn: Redis) -> None:
+    jar = Jar(redis_conn, "s")
+    jar.update(
+        "http://shop.example.co.uk/",
+        ["suffix=1; Domain=.co.uk", "tld=1; Domain=uk", "ok=1; Domain=example.co.uk", "host=1"],
+    )
+    jar.update("http://a.com/", ["com=1; Domain=com", "self=1; Domain=a.com"])
+    jar.update("http://user.github.io/", ["private=1; Domain=github.io"])  # the list's private section too
+    jar.update("http://localhost/", ["local=1; Domain=localhost"])  # the host itself: host-only
+    assert jar.names() == ["host", "local", "ok", "self"]
+    assert jar.header("http://other.co.uk/") == {} and jar.header("http://b.com/") == {}
+    assert jar.header("http://www.example.co.uk/") == {"cookie": "ok=1"}  # host=1 is shop's alone
+    assert jar.header("http://localhost/") == {"cookie": "local=1"}
+    assert jar.header("http://sub.localhost/") == {}
+
+
+def test_a_cookie_on_an_ip_host_is_kept_for_that_address_alone(redis_conn: Redis, settings: Settings) -> None:
+    """On a real crawl of 127.0.0.1: ``Domain=.0.1`` is refused, ``Domain=127.0.0.1`` is the
+    host itself (host-only), and neither goes to 127.0.0.2."""
+    set_cookies = [b"wide=1; Domain=.0.1", b"part=1; Domain=0.0.1", b"exact=1; Domain=127.0.0.1", b"host=1"]
+    routes = Routes({"/": _page("home", '<a href="/next">next</a>', set_cookies), "/next": _page("next")})
+    _crawl_jarred(redis_conn, settings, routes)
+    assert routes.cookies_to("/next") == {b"exact=1", b"host=1"}
+    jar = Jar(redis_conn, "jarred")
+    assert jar.names() == ["exact", "host"]
+    assert jar.header("http://127.0.0.2/") == {}
+
+
+def test_a_cookie_without_equals_has_an_empty_name_and_its_value_is_never_shown(
+    redis_conn: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """RFC 6265bis and browsers: ``Set-Cookie: token`` is a cookie with an empty name whose value is
+    ``token``; it is sent back as ``token`` alone, and shown redacted."""
+    secret = "sessiontoken-" + secrets.token_hex(8)
+    assert redacted_set_cookie(secret) == "(redacted)"
+    assert redacted_set_cookie(f"{secret}; Path=/; HttpOnly") == "(redacted); Path=/; HttpOnly"
+    assert redacted_set_cookie("sid=abc; Path=/") == "sid=(redacted); Path=/"
+    assert redacted_set_cookie("caf\u00e9=x".encode().decode("latin-1")) == "caf\u00e9=(redacted)"
+    jar = Jar(redis_conn, "s")
+    with caplog.at_level(logging.DEBUG, logger="crawler.session"):
+        jar.update("http://a.test/", [secret, f"{secret}-refused; Domain=com", "=\x00" + secret])
+    assert jar.names() == [""]
+    assert jar.header("http://a.test/") == {"cookie": secret}
+    jar.update("http://a.test/", ["other"])  # one name (the empty one): the second replaces the first
+    assert jar.header("http://a.test/") == {"cookie": "other"}
+    assert "cookie refused" in caplog.text and secret not in caplog.text
+    assert all(secret not in field.decode() for field in redis_conn.hkeys(keys.cookies("s")))
+
+
+def test_the_fetch_command_shows_a_cookie_without_equals_redacted(
+    redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    secret = "sessiontoken-" + secrets.token_hex(8)
+    routes = Routes({"/": _page("home", cookies=[f"{secret}; Path=/".encode()])})
+    with serving_routes(routes) as url:
+        _write_spider(tmp_path / "sites", JAR_SPIDER.format(url=url))
+        fetched = _run(_cli(redis_url, sqlite_url, tmp_path / "sites", "fetch", f"{url}/", "--headers"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert "set-cookie: (redacted); Path=/" in fetched.stdout
+    assert secret not in fetched.stdout + fetched.stderr
+
+
+def test_a_jar_kept_by_http_cookiejar_is_read(redis_conn: Redis) -> None:
+    """A jar written before these rules (``http.cookiejar``'s fields) is still read: its cookies sent,
+    a cookie it kept without a name given its empty name back."""
+    old = {"version": 0, "port": None, "port_specified": False, "domain_specified": False,
+           "domain_initial_dot": False, "path_specified": True, "secure": False, "expires": None,
+           "discard": True, "comment": None, "comment_url": None, "rfc2109": False,
+           "rest": {"HttpOnly": None}}  # fmt: skip
+    redis_conn.hset(
+        keys.cookies("s"),
+        mapping={
+            '["a.test", "/", "sid"]': json.dumps({**old, "name": "sid", "value": "1", "domain": "a.test", "path": "/"}),
+            '["a.test", "/", "tok"]': json.dumps(
+                {**old, "name": "tok", "value": None, "domain": "a.test", "path": "/"}
+            ),
+            '["a.test", "/", "junk"]': "{not json",
+        },
+    )
+    jar = Jar(redis_conn, "s")
+    assert sorted(jar.header("http://a.test/")["cookie"].split("; ")) == ["sid=1", "tok"]
+    assert jar.names() == ["", "sid"]
+    assert sorted(redis_conn.hkeys(keys.cookies("s"))) == [b'["a.test", "/", ""]', b'["a.test", "/", "sid"]']

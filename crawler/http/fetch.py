@@ -102,8 +102,9 @@ class Response:
     truncated: bool = False
     #: Decoded bytes handed to the request's ``sink`` instead of ``body``.
     sunk: int = 0
-    #: The raw ``Set-Cookie`` values, one per header, for the site's cookie jar (``session``);
-    #: never in ``headers``, which are shown and handed on: cookie values are secrets.
+    #: The raw ``Set-Cookie`` values, one per header, one character a byte received (Latin-1), for
+    #: the site's cookie jar (``session``), which sends them back as received; never in ``headers``,
+    #: which are shown and handed on: cookie values are secrets.
     set_cookies: list[str] = field(default_factory=list, repr=False)
 
     @property
@@ -281,7 +282,7 @@ class Fetcher:
             encoding=charset_of(content_type),
             truncated=truncated,
             sunk=sunk,
-            set_cookies=[value for name, value in raw_headers if name == "set-cookie"],
+            set_cookies=[value.decode("latin-1") for name, value in response.headers if name.lower() == b"set-cookie"],
         )
 
     def _request(
@@ -380,8 +381,12 @@ class Fetcher:
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     """``headers`` as sent: ASCII only, as httpx sends them (UnicodeEncodeError otherwise; AttributeError
-    for a name or value that is not a string)."""
-    return [(name.encode("ascii"), value.encode("ascii")) for name, value in headers.items()]
+    for a name or value that is not a string), but for ``Cookie``, one character a byte (Latin-1): the
+    jar sends cookies back as the bytes received (``Response.set_cookies``)."""
+    return [
+        (name.encode("ascii"), value.encode("latin-1" if name.lower() == "cookie" else "ascii"))
+        for name, value in headers.items()
+    ]
 
 
 def _decode_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
