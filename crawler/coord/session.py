@@ -383,9 +383,10 @@ class Jar:
         jar = self._read()
         stored, touched = set(jar), set()
         now = time.time()
-        for header in headers:
+        for position, header in enumerate(headers):
             try:
-                cookie = _cookie(header, url, now)
+                # Each a microsecond after the one before: the later of two cookies is the newer, as in Chromium.
+                cookie = _cookie(header, url, now + position / 1e6)
             except _Refused as exc:
                 log.debug("%s: cookie refused (%s): %.300s", self.key, exc, redacted_set_cookie(header))
                 continue
