@@ -1,4 +1,5 @@
-"""Exports: the format from a file's suffix, '-' for stdout, --fields; memory that does not grow with the items."""
+"""Exports: the format from a file's suffix, '-' for stdout, --fields; memory that does not grow with the items;
+valid files whatever the items hold; named pipes and /dev/stdout written as they are."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import csv
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ import pytest
 from click.testing import CliRunner, Result
 from crawling import assert_one_line_error, cli_reporting_peak_rss
 from redis import Redis
+from sqlalchemy import create_engine, text
 
 from crawler.cli.app import cli
 from crawler.coord import keys
@@ -198,3 +204,226 @@ def test_parquet_without_pyarrow_is_a_one_line_error_and_no_file(base: list[str]
     assert done.returncode == 1
     assert done.stderr.strip() == "Error: Parquet export needs pyarrow: pip install 'crawler[parquet]'"
     assert not out.exists()
+
+
+# -- values JSON APIs send that the formats cannot hold as they are --------------------------------
+
+#: A product as a JSON API sends it: a number past a double, a lone surrogate, an integer past 64 bits.
+HOSTILE_JSON = (
+    '{"sku": "H1", "price": 1e400, "floor": -1e400, "sizes": [1e400, 2], "note": "caf\\ud800e", '
+    '"\\udc80key": "odd", "smile": "\\ud83d\\ude00", "stock": 18446744073709551616, "debt": -9223372036854775809}'
+)
+
+
+def strict_json(text: str) -> Any:
+    """``json.loads`` that refuses NaN and Infinity, as JSON (and every non-Python reader) does."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.fixture
+def hostile(sqlite_url: str, tmp_path: Path) -> list[str]:
+    """A base whose items hold NaN, infinities, lone surrogates and integers past 64 bits, between plain ones."""
+    (tmp_path / "sites").mkdir(exist_ok=True)
+    (tmp_path / "sites" / "stock.py").write_text(SPIDER)
+    nan = {"sku": "H2", "price": float("nan"), "note": "fine", "stock": 5, "debt": 1}  # NaN as a callback yields it
+    first = {"sku": "A0", "price": 1.5, "note": "plain", "stock": 1, "debt": 0}
+    store_items(sqlite_url, [first, json.loads(HOSTILE_JSON), nan, {"sku": "Z9", "price": 2.0, "stock": 2}])
+    return ["--database-url", sqlite_url, "--sites", str(tmp_path / "sites")]
+
+
+def exported(base: list[str], path: Path) -> None:
+    result = invoke(base, "export", "stock", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.strip() == f"stock: 4 items exported to {path}"
+
+
+def test_nan_and_infinities_are_null_in_every_format_and_the_json_is_strict(
+    hostile: list[str], sqlite_url: str, tmp_path: Path
+) -> None:
+    stored = Store(sqlite_url)
+    try:  # the database holds them as Python writes them (JSON text "Infinity", "NaN"): read back as floats
+        assert next(item for item in stored.items("stock") if item["sku"] == "H1")["price"] == float("inf")
+    finally:
+        stored.close()
+    for suffix in ("jsonl", "json", "csv", "parquet"):
+        exported(hostile, tmp_path / f"items.{suffix}")
+    lines = [strict_json(line) for line in (tmp_path / "items.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert strict_json((tmp_path / "items.json").read_text(encoding="utf-8")) == lines
+    assert [(item["sku"], item["price"]) for item in lines] == [("A0", 1.5), ("H1", None), ("H2", None), ("Z9", 2.0)]
+    assert (lines[1]["floor"], lines[1]["sizes"]) == (None, [None, 2])  # nested ones too
+    with open(tmp_path / "items.csv", newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["price"], row["floor"], row["sizes"]) for row in rows[1:3]] == [("", "", "[null, 2]"), ("", "", "")]
+    table = pq.read_table(tmp_path / "items.parquet")
+    assert str(table.schema.field("price").type) == "double"
+    assert table.column("price").to_pylist() == [1.5, None, None, 2.0]  # null, not NaN: as the other formats
+    assert table.column("sizes").to_pylist()[1] == "[null, 2]"
+
+
+def test_a_lone_surrogate_is_written_as_the_replacement_character_in_every_format_and_later_items_are_kept(
+    hostile: list[str], tmp_path: Path
+) -> None:
+    for suffix in ("jsonl", "json", "csv", "parquet"):
+        exported(hostile, tmp_path / f"items.{suffix}")
+    for suffix in ("jsonl", "json", "csv"):
+        (tmp_path / f"items.{suffix}").read_bytes().decode("utf-8")  # valid UTF-8, strictly
+    lines = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [item["sku"] for item in lines] == ["A0", "H1", "H2", "Z9"]  # not stopped after the first line
+    assert (lines[1]["note"], lines[1]["\ufffdkey"], lines[1]["smile"]) == ("caf\ufffde", "odd", "\U0001f600")
+    assert json.loads((tmp_path / "items.json").read_text(encoding="utf-8")) == lines
+    with open(tmp_path / "items.csv", newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["sku"] for row in rows] == ["A0", "H1", "H2", "Z9"]
+    assert (rows[1]["note"], rows[1]["\ufffdkey"]) == ("caf\ufffde", "odd")
+    table = pq.read_table(tmp_path / "items.parquet")
+    assert table.column("sku").to_pylist() == ["A0", "H1", "H2", "Z9"]
+    assert table.column("note").to_pylist()[1] == "caf\ufffde" and "\ufffdkey" in table.column_names
+    result = invoke(hostile, "export", "stock", "-o", "-", "--format", "csv")  # stdout too: UTF-8, all rows
+    assert result.exit_code == 0, result.output
+    assert [row[0] for row in csv.reader(io.StringIO(result.stdout_bytes.decode("utf-8")))][1:] == [
+        "A0",
+        "H1",
+        "H2",
+        "Z9",
+    ]
+
+
+def test_integers_past_64_bits_keep_every_parquet_row_as_their_digits(hostile: list[str], tmp_path: Path) -> None:
+    exported(hostile, tmp_path / "items.parquet")
+    table = pq.read_table(tmp_path / "items.parquet")
+    assert table.num_rows == 4
+    assert str(table.schema.field("stock").type) == "string"  # its small values too: one type a column
+    assert table.column("stock").to_pylist() == ["1", "18446744073709551616", "5", "2"]
+    assert table.column("debt").to_pylist() == ["0", "-9223372036854775809", "1", None]
+    result = invoke(hostile, "export", "stock", "-o", str(tmp_path / "fields.parquet"), "--fields", "sku,stock")
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(tmp_path / "fields.parquet").column("stock").to_pylist()[1] == "18446744073709551616"
+
+
+def test_an_item_that_cannot_be_read_is_a_one_line_error_naming_it_and_the_file_is_left_as_it_was(
+    hostile: list[str], sqlite_url: str, tmp_path: Path
+) -> None:
+    engine = create_engine(sqlite_url)
+    with engine.begin() as conn:  # a row written by hand, not JSON
+        conn.execute(text("UPDATE items SET data = '{\"sku\": oops' WHERE key = 'H2'"))
+    engine.dispose()
+    for suffix in ("jsonl", "csv", "parquet"):
+        out = tmp_path / f"items.{suffix}"
+        out.write_text("the last good export\n")
+        result = invoke(hostile, "export", "stock", "-o", str(out))
+        assert_one_line_error(result, "stock: item 'H2' cannot be read from the database")
+        assert out.read_text() == "the last good export\n"  # not a part of an export
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith(".")) == []  # no part file left
+
+
+# -- outputs that are not regular files: a named pipe, /dev/stdout ---------------------------------
+
+
+@contextmanager
+def pipe_reader(path: Path) -> Iterator[list[bytes]]:
+    """A named pipe at ``path`` and a thread reading it to its end; the list gets what it read, once done."""
+    os.mkfifo(path)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(path.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        yield got
+    finally:
+        reader.join(timeout=120)
+        if reader.is_alive():  # the writer never came: let the reader go
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            reader.join(timeout=10)
+
+
+def test_export_to_a_named_pipe_opens_it_once_and_its_reader_gets_every_item(base: list[str], tmp_path: Path) -> None:
+    with pipe_reader(tmp_path / "items.jsonl") as got:
+        result = invoke(base, "export", "stock", "-o", str(tmp_path / "items.jsonl"))
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in got[0].decode().splitlines()] == ITEMS
+    assert stat.S_ISFIFO(os.stat(tmp_path / "items.jsonl").st_mode)  # still the pipe, not a file renamed over it
+
+
+def test_export_to_dev_stdout_appends_to_what_the_shell_opened(base: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "log.jsonl"
+    out.write_text('{"sku": "before"}\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", *base, "export", "stock"]
+    with open(out, "ab") as appended:  # as `crawler export stock -o /dev/stdout >> log.jsonl`
+        done = subprocess.run(
+            [*command, "-o", "/dev/stdout", "--format", "jsonl"],
+            env=env,
+            stdout=appended,
+            stderr=subprocess.PIPE,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["sku"] for line in out.read_text().splitlines()] == ["before", "A1", "A2", "A3"]
+    done = subprocess.run([*command, "-o", "/dev/stdout", "--format", "csv"], env=env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == b"sku,name,price,stock,tags,colour"  # a pipe: written as it is
+
+
+API_SPIDER = """
+from crawler import Spider
+
+
+class Api(Spider):
+    name = "api"
+    start_urls = ["http://127.0.0.1/"]
+    allowed_domains = ["127.0.0.1"]
+    interval = 0.05
+    item_key = "sku"
+    content_types = ("application/json",)
+
+    def parse(self, page):
+        yield from page.json()["products"]
+"""
+
+
+class _Api(BaseHTTPRequestHandler):
+    """A JSON API: 30 products, one of them with values no format holds as they are."""
+
+    def do_GET(self) -> None:  # noqa: N802  # http.server's name
+        products = [HOSTILE_JSON] + [json.dumps({"sku": f"P{n:02d}", "price": n + 0.5}) for n in range(29)]
+        body = ('{"products": [' + ", ".join(products) + "]}").encode()
+        self.send_response(404 if self.path == "/robots.txt" else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_crawl_to_a_named_pipe_opens_it_once_and_its_reader_gets_every_item(
+    redis_url: str, redis_conn: Redis, sqlite_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "sites").mkdir()
+    (tmp_path / "sites" / "api.py").write_text(API_SPIDER)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and "CRAWLER_" not in k}
+    pipe = tmp_path / "items.jsonl"
+    command = [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url,
+               "--database-url", sqlite_url, "--sites", str(tmp_path / "sites"), "crawl", "api",
+               f"http://127.0.0.1:{server.server_address[1]}/", "-n", "1", "-o", str(pipe)]  # fmt: skip
+    crawl = None
+    try:
+        with pipe_reader(pipe) as got, open(tmp_path / "crawl.log", "wb") as log:
+            crawl = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        items = [strict_json(line) for line in got[0].decode("utf-8").splitlines()]
+        assert sorted(item["sku"] for item in items) == ["H1", *(f"P{n:02d}" for n in range(29))]
+        assert crawl.wait(timeout=60) == 0, (tmp_path / "crawl.log").read_text()
+    finally:
+        if crawl is not None and crawl.poll() is None:
+            crawl.kill()
+        server.shutdown()
+        server.server_close()
+    hostile = next(item for item in items if item["sku"] == "H1")
+    assert (hostile["price"], hostile["note"], hostile["stock"]) == (None, "caf\ufffde", 18446744073709551616)
+    assert "api: 30 items exported to" in (tmp_path / "crawl.log").read_text()

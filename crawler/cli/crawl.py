@@ -40,7 +40,7 @@ from ..work.launcher import (
     start_workers,
     stop_workers,
 )
-from .context import Context, _export, pass_context, replace
+from .context import Context, _export, check_output, pass_context, replace
 from .control import report_reset
 from .serve import serve_metrics
 
@@ -341,7 +341,7 @@ def crawl(
     if fmt is not None and output is None:
         raise ConfigError("--format is the format of -o FILE: give -o too")
     chosen = format_for(output, fmt) if output is not None else None
-    _check_writable(output)  # now, not after an hour of crawling
+    check_output(output)  # now, not after an hour of crawling
     _refuse_old_keys(obj)
     if fresh:
         report_reset(site, reset_site(obj.redis, site))
@@ -574,19 +574,6 @@ def demo(obj: Context, products: int, processes: int) -> None:
     click.echo(f"export them with: crawler --database-url {obj.settings.database_url} export demo")
     if wrong:
         raise ConfigError(f"demo crawl is incomplete: {wrong} items missing or wrong")
-
-
-def _check_writable(path: str | None) -> None:
-    """ConfigError naming ``path`` now if it cannot be written (a crawl's ``-o``: before the crawl, not after)."""
-    if path is None or path == "-":
-        return
-    existed = Path(path).exists()
-    try:
-        open(path, "ab").close()
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path!r}: {exc.strerror or exc}") from None
-    if not existed:
-        Path(path).unlink()
 
 
 #: The commands this module adds to ``crawler`` (``app`` registers them).

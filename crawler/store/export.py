@@ -6,20 +6,30 @@ a first pass over the items collects the field names (and, for Parquet, each fie
 type), then a second pass writes the rows. Items stored between the two passes (a crawl
 still running) may have fields the header lacks: those are left out; ``--fields`` avoids
 the first pass.
+
+Every format is written valid whatever the items hold: a NaN or an infinity (JSON has
+neither) is written as null, a lone UTF-16 surrogate as U+FFFD, an integer past 64 bits
+as its digits in Parquet (a string column). An item that still cannot be written is an
+``ItemNotWritten`` naming its key.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import importlib.util
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
 from typing import IO, Any
 
+from sqlalchemy import Text, cast, select
+
 from ..errors import ConfigError
+from .database import STREAM_ROWS, Store, items
 
 FORMATS = ("jsonl", "json", "csv", "parquet")
 #: The format a file's suffix selects.
@@ -35,8 +45,47 @@ PARQUET_BATCH = 10_000
 #: Columns of the ``items`` table added to each item by ``with_history``, as ``_NAME``.
 HISTORY_COLUMNS = ("key", "url", "first_seen", "last_seen", "changed")
 
+#: Integers a Parquet int64 column holds; others make their column text (``bigint``).
+INT64 = range(-(2**63), 2**63)
+#: The codec error handler writing surrogates as UTF-8 can: a pair as its character, a lone one as U+FFFD.
+SURROGATES = "crawler.surrogates"
+
+#: An item and the key it is stored under (what an error names).
+Keyed = tuple[str, dict[str, Any]]
 #: Items to export, read anew at each call (CSV and Parquet read them twice).
-ItemSource = Callable[[], Iterable[dict[str, Any]]]
+ItemSource = Callable[[], Iterable[Keyed]]
+
+
+class ItemNotWritten(ConfigError):
+    """An item that cannot be read or written in the export's format; names its key (the caller adds the site)."""
+
+    def __init__(self, key: str, problem: str, exc: BaseException):
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        super().__init__(f"item {key!r} cannot be {problem}: {reason}")
+        self.key = key
+
+
+#: What turning one item into its format can raise (pyarrow's errors derive from these).
+ITEM_ERRORS = (ValueError, TypeError, ArithmeticError, RecursionError, NotImplementedError, csv.Error)
+
+
+def _surrogates_to_utf8(exc: UnicodeError) -> tuple[bytes, int]:
+    """``SURROGATES``: text decoded from JSON may hold ``"\\ud800"``, which UTF-8 cannot encode.
+
+    As the WHATWG encoder (``TextEncoder``) does: a lone surrogate becomes U+FFFD.
+    """
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    run = exc.object[exc.start : exc.end]
+    return run.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").encode("utf-8"), exc.end
+
+
+codecs.register_error(SURROGATES, _surrogates_to_utf8)
+
+
+def valid_text(text: str) -> str:
+    """``text`` as UTF-8 can encode it (lone surrogates as U+FFFD)."""
+    return text.encode("utf-8", SURROGATES).decode("utf-8")
 
 
 def format_for(path: str | None, fmt: str | None) -> str:
@@ -58,6 +107,32 @@ def format_for(path: str | None, fmt: str | None) -> str:
     return fmt or "jsonl"
 
 
+def keyed_items(store: Store, site: str, history: bool = False) -> Iterator[Keyed]:
+    """The site's items with their keys, in key order, streamed; ``history``: as ``with_history`` gives them.
+
+    The data is decoded here rather than by the driver, so that a row whose text is not
+    JSON (written by hand) is an ItemNotWritten naming it. Its NaN and infinities (JSON
+    text ``Infinity``, or ``1e400``, as Python writes and reads them) come back as floats.
+    """
+    columns = [items.c.key, cast(items.c.data, Text).label("data")]
+    columns += [items.c[name] for name in HISTORY_COLUMNS if name != "key"] if history else []
+    query = select(*columns).where(items.c.site == site).order_by(items.c.key)
+    with store.engine.connect() as conn:
+        for record in conn.execution_options(yield_per=STREAM_ROWS).execute(query):
+            data = _decoded(record.key, record.data)
+            yield record.key, with_history({**record._mapping, "data": data}) if history else data
+
+
+def _decoded(key: str, text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ItemNotWritten(key, "read from the database", exc) from None
+    if not isinstance(data, dict):
+        raise ItemNotWritten(key, "read from the database", TypeError(f"not a JSON object: {text[:40]!r}"))
+    return data
+
+
 def with_history(row: dict[str, Any]) -> dict[str, Any]:
     """An ``items`` row's data with its key, URL and history as ``_``-prefixed fields (UTC ISO 8601)."""
     item = dict(row["data"])
@@ -69,36 +144,59 @@ def with_history(row: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def write_jsonl(items: Iterable[dict[str, Any]], out: IO[str]) -> int:
+def write_jsonl(items: Iterable[Keyed], out: IO[str]) -> int:
     """One JSON object per line. Returns the number written."""
     count = 0
-    for item in items:
-        out.write(_json(item))
+    for key, item in items:
+        out.write(_json_of(key, item, "jsonl"))
         out.write("\n")
         count += 1
     return count
 
 
-def write_json(items: Iterable[dict[str, Any]], out: IO[str]) -> int:
+def write_json(items: Iterable[Keyed], out: IO[str]) -> int:
     """One JSON array, written item by item (one a line). Returns the number written."""
     count = 0
     out.write("[")
-    for item in items:
+    for key, item in items:
+        line = _json_of(key, item, "json")
         out.write(",\n" if count else "\n")
-        out.write(_json(item))
+        out.write(line)
         count += 1
     out.write("\n]\n" if count else "]\n")
     return count
 
 
-def _json(item: dict[str, Any]) -> str:
-    return json.dumps(item, ensure_ascii=False, sort_keys=True, default=str)
+def _json_of(key: str, item: dict[str, Any], fmt: str) -> str:
+    try:
+        return _json(item)
+    except ITEM_ERRORS as exc:
+        raise ItemNotWritten(key, f"written as {fmt}", exc) from None
 
 
-def field_names(items: Iterable[dict[str, Any]]) -> list[str]:
+def _json(value: Any) -> str:
+    """JSON text of ``value``, NaN and infinities as null (as ``JSON.stringify`` writes them)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str, allow_nan=False)
+    except ValueError:  # a NaN or an infinity somewhere inside: JSON has no such number
+        return json.dumps(_finite(value), ensure_ascii=False, sort_keys=True, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity, at any depth, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {name: _finite(inner) for name, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(inner) for inner in value]
+    return value
+
+
+def field_names(items: Iterable[Keyed]) -> list[str]:
     """Every field of ``items``, in first-seen order (memory: the distinct names only)."""
     fields: dict[str, None] = {}
-    for item in items:
+    for _, item in items:
         fields.update(dict.fromkeys(item))
     return list(fields)
 
@@ -106,26 +204,31 @@ def field_names(items: Iterable[dict[str, Any]]) -> list[str]:
 def write_csv(items: Iterable[dict[str, Any]], out: IO[str], raw: bool = False, fields: list[str] | None = None) -> int:
     """A header of ``fields``, then one row per item; returns the number written.
 
-    ``fields`` None: every field seen, first-seen order (the items are then read twice
-    when ``items`` is an ``ItemSource``; a plain iterable is held in memory). A field an
-    item lacks is an empty cell; one not in ``fields`` is left out. Nested values (lists,
-    dicts) are written as JSON. A text cell (header included) that a spreadsheet would
-    run as a formula, one starting with ``= + - @``, tab or CR, gets a leading ``'``
-    (``neutralize``), unless ``raw``.
+    ``fields`` None: every field seen, first-seen order (``items`` is then held in
+    memory; ``write_items`` reads a source twice instead). A field an item lacks is an
+    empty cell, and so is a NaN or an infinity; one not in ``fields`` is left out. Nested
+    values (lists, dicts) are written as JSON. A text cell (header included) that a
+    spreadsheet would run as a formula, one starting with ``= + - @``, tab or CR, gets a
+    leading ``'`` (``neutralize``), unless ``raw``. An error names an item by its position.
     """
+    keyed: Iterable[Keyed] = ((f"#{number}", item) for number, item in enumerate(items, 1))
     if fields is None:
-        items = list(items)
-        fields = field_names(items)
-    return _write_csv_rows(items, out, raw, fields)
+        keyed = list(keyed)
+        fields = field_names(keyed)
+    return _write_csv_rows(keyed, out, raw, fields)
 
 
-def _write_csv_rows(items: Iterable[dict[str, Any]], out: IO[str], raw: bool, fields: list[str]) -> int:
+def _write_csv_rows(items: Iterable[Keyed], out: IO[str], raw: bool, fields: list[str]) -> int:
     cell = _as_is if raw else neutralize
     writer = csv.writer(out)
     writer.writerow([cell(field) for field in fields])
     count = 0
-    for row in items:
-        writer.writerow([cell(_flat(row[field])) if field in row else "" for field in fields])
+    for key, row in items:
+        try:
+            cells = [cell(_flat(row[field])) if field in row else "" for field in fields]
+        except ITEM_ERRORS as exc:
+            raise ItemNotWritten(key, "written as csv", exc) from None
+        writer.writerow(cells)
         count += 1
     return count
 
@@ -140,7 +243,10 @@ def _as_is(value: Any) -> Any:
 
 
 def _flat(value: Any) -> Any:
-    return json.dumps(value) if isinstance(value, (list, dict)) else value
+    """A CSV cell: nested values as JSON text, NaN and infinities empty (as null is in JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return _json(value) if isinstance(value, list | dict) else value
 
 
 def write_parquet(source: ItemSource, out: IO[bytes], fields: list[str] | None = None) -> int:
@@ -148,8 +254,10 @@ def write_parquet(source: ItemSource, out: IO[bytes], fields: list[str] | None =
 
     Columns: ``fields``, or every field seen (a first pass). A column's type is what its
     values share (bool, int, float: int and float mix as float; text), found in the same
-    first pass; a column of mixed or nested values (lists, dicts) holds them as JSON text.
-    ConfigError when pyarrow is not installed (``pip install 'crawler[parquet]'``).
+    first pass; a column of mixed or nested values (lists, dicts) holds them as JSON text,
+    and one of integers past 64 bits (``INT64``) their decimal digits. NaN and infinities
+    are null, as in every format. ConfigError when pyarrow is not installed
+    (``pip install 'crawler[parquet]'``).
     """
     # The system allocator, unless the user chose one: with pyarrow's default (mimalloc) an
     # export's peak grew by some 13 MB from 20,000 items to 200,000 and started 35 MB higher.
@@ -161,20 +269,44 @@ def write_parquet(source: ItemSource, out: IO[bytes], fields: list[str] | None =
         raise ConfigError(PARQUET_MISSING) from None
     kinds = _column_kinds(source(), fields)
     types = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64()}
-    schema = pa.schema([(name, types.get(kind, pa.string())) for name, kind in kinds.items()])
+    schema = pa.schema([(valid_text(name), types.get(kind, pa.string())) for name, kind in kinds.items()])
     count = 0
     with pq.ParquetWriter(out, schema) as writer:
         for batch in _batches(source(), PARQUET_BATCH):
-            columns = {name: [_cell(item.get(name), kind) for item in batch] for name, kind in kinds.items()}
-            writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+            writer.write_table(_table(pa, batch, kinds, schema))
             count += len(batch)
     return count
 
 
-def _column_kinds(items: Iterable[dict[str, Any]], fields: list[str] | None) -> dict[str, str]:
-    """Each column's kind: bool, int, float or text (JSON text for nested or mixed values)."""
+def _table(pa: Any, batch: list[Keyed], kinds: dict[str, str], schema: Any) -> Any:
+    """The rows of ``batch`` as a pyarrow table; ItemNotWritten naming the first item that cannot be."""
+
+    def build(rows: list[Keyed], clean: bool) -> Any:
+        columns = [[_cell(item.get(name), kind) for _, item in rows] for name, kind in kinds.items()]
+        if clean:  # lone surrogates, which pyarrow's UTF-8 refuses
+            columns = [[valid_text(value) if isinstance(value, str) else value for value in c] for c in columns]
+        arrays = [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    try:
+        return build(batch, clean=False)
+    except ITEM_ERRORS:
+        pass  # cleaned, or the item found, below: only a batch that needs it pays for it
+    try:
+        return build(batch, clean=True)
+    except ITEM_ERRORS:
+        for key, item in batch:
+            try:
+                build([(key, item)], clean=True)
+            except ITEM_ERRORS as exc:
+                raise ItemNotWritten(key, "written as parquet", exc) from None
+        raise
+
+
+def _column_kinds(items: Iterable[Keyed], fields: list[str] | None) -> dict[str, str]:
+    """Each column's kind: bool, int, bigint, float or text (JSON text for nested or mixed values)."""
     seen: dict[str, set[str]] = {name: set() for name in fields or ()}
-    for item in items:
+    for _, item in items:
         for name, value in item.items():
             if fields is None or name in seen:
                 kinds = seen.setdefault(name, set())
@@ -187,7 +319,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "int"
+        return "int" if value in INT64 else "bigint"
     if isinstance(value, float):
         return "float"
     return "str" if isinstance(value, str) else "json"
@@ -196,6 +328,8 @@ def _kind(value: Any) -> str:
 def _combined(kinds: set[str]) -> str:
     if kinds == {"int", "float"}:
         return "float"
+    if kinds == {"int", "bigint"}:
+        return "bigint"
     if len(kinds) == 1:
         return next(iter(kinds))
     return "json" if kinds else "str"
@@ -204,21 +338,25 @@ def _combined(kinds: set[str]) -> str:
 def _cell(value: Any, kind: str) -> Any:
     if value is None:
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if kind == "float":
         return float(value)
+    if kind == "bigint":
+        return str(value)
     if kind == "json" and not isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+        return _json(value)
     return value
 
 
-def _batches(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+def _batches(items: Iterable[Keyed], size: int) -> Iterator[list[Keyed]]:
     iterator = iter(items)
     while batch := list(islice(iterator, size)):
         yield batch
 
 
 def write_items(
-    source: ItemSource | Iterable[dict[str, Any]],
+    source: ItemSource,
     out: IO[Any],
     fmt: str,
     raw_csv: bool = False,
@@ -226,20 +364,18 @@ def write_items(
 ) -> int:
     """Write the items of ``source`` to ``out`` in ``fmt``; returns the number written.
 
-    ``out`` is text for jsonl, json and csv, binary for parquet. ``fields`` (csv,
-    parquet) names the columns; without it they are found in a first pass over
-    ``source``, which is read twice when it is an ``ItemSource`` (constant memory).
-    ``raw_csv``: formulas left as they are.
+    ``out`` is text for jsonl, json and csv (UTF-8 with ``SURROGATES`` as its error
+    handler, so that a lone surrogate is written as U+FFFD), binary for parquet.
+    ``fields`` (csv, parquet) names the columns; without it they are found in a first
+    pass over ``source``, which is then read twice (constant memory). ``raw_csv``:
+    formulas left as they are. ItemNotWritten names an item the format cannot hold.
     """
-    if not callable(source):
-        held = list(source) if fmt in ("csv", "parquet") and fields is None else source
-        source = lambda: held  # noqa: E731  # a plain iterable serves a single pass
     if fmt == "parquet":
         return write_parquet(source, out, fields)
     if fmt == "csv":
         return _write_csv_rows(source(), out, raw_csv, fields if fields is not None else field_names(source()))
-    items = source() if fields is None else (_only(item, fields) for item in source())
-    return write_json(items, out) if fmt == "json" else write_jsonl(items, out)
+    pairs = source() if fields is None else ((key, _only(item, fields)) for key, item in source())
+    return write_json(pairs, out) if fmt == "json" else write_jsonl(pairs, out)
 
 
 def _only(item: dict[str, Any], fields: list[str]) -> dict[str, Any]:
