@@ -41,6 +41,7 @@ from crawler.coord.session import (
     redacted_set_cookie,
 )
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
+from crawler.ops.failures import failed_pages
 from crawler.ops.reset import reset_site
 from crawler.settings import Settings
 from crawler.spiders.check import check_spider
@@ -718,3 +719,60 @@ def test_a_jar_kept_by_http_cookiejar_is_read(redis_conn: Redis) -> None:
     assert sorted(jar.header("http://a.test/")["cookie"].split("; ")) == ["sid=1", "tok"]
     assert jar.names() == ["", "sid"]
     assert sorted(redis_conn.hkeys(keys.cookies("s"))) == [b'["a.test", "/", ""]', b'["a.test", "/", "sid"]']
+
+
+OUTAGE_SPIDER = """
+    from crawler import Spider
+
+    class Members(Spider):
+        name = "members"
+        start_urls = ["{url}/"]
+        interval = 0.01
+        obey_robots = False
+        item_key = "sku"
+        login_url = "{url}/login"
+
+        def login(self, page):
+            return page.form("form#login", data={{"user": "alice"}})
+
+        def logged_out(self, page):
+            if page.url.endswith("/status"):
+                return page.json()["logged_out"]  # the site's JSON answer; in maintenance, it sends HTML
+            return page.css_first("form#login") is not None
+
+        def parse(self, page):
+            yield {{"sku": page.text("h1")}}
+            yield from page.follow_all("a")
+"""
+
+
+def test_a_logged_out_that_raises_fails_its_page_with_the_traceback_and_the_crawl_goes_on(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    form = '<form id="login" method="post" action="/do-login"><input name="user"></form>'
+    links = "".join(f'<a href="{path}">{path}</a>' for path in ("/p/1", "/status", "/p/2"))
+    routes = Routes(
+        {
+            "/login": Answer(f"<html><body>{form}</body></html>"),
+            "/do-login": Answer("<html><body>welcome</body></html>", headers=[("Set-Cookie", b"sid=1; Path=/")]),
+            "/": _page("home", links),
+            "/p/1": _page("p1"),
+            "/p/2": _page("p2"),
+            "/status": _page("Down for maintenance"),
+        }
+    )
+    with serving_routes(routes) as url:
+        _write_spider(Path(settings.sites_dir), OUTAGE_SPIDER.format(url=url))
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("members"), [f"{url}/"])
+            run_in_threads(redis_conn, sites=("members",), timeout=30)
+    assert set(items_by_key(settings.database_url, "members")) == {"home", "p1", "p2"}
+    [(outcome, error)] = _outcomes(settings.database_url, "members")["/status"]
+    assert outcome == "failed" and error is not None
+    assert error.startswith("logged_out raised: Traceback") and 'page.json()["logged_out"]' in error
+    assert "JSONDecodeError" in error.splitlines()[-1]
+    store = Store(settings.database_url)
+    try:  # listed by `crawler failed`, for `crawler retry`
+        assert [urlsplit(page.url).path for page in failed_pages(store, "members")] == ["/status"]
+    finally:
+        store.close()

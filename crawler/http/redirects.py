@@ -5,13 +5,15 @@ a request of its own (``crawler.work.jobs``). A page whose ``<meta http-equiv="r
 sends the browser on at once (or within ``META_REFRESH_MAX_DELAY`` seconds) is a redirect
 stub written in HTML, common on documentation sites and old servers (Rust's installed
 docs hold some 15,000): browsers and Scrapy (``MetaRefreshMiddleware``) go on to its
-target instead of reading it, and so does the crawler.
+target instead of reading it, and so does the crawler. A redirect to another origin goes
+without the request's credentials (``CREDENTIALS``), as in browsers and httpx.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from w3lib.html import get_meta_refresh
 from w3lib.url import canonicalize_url
@@ -26,6 +28,15 @@ META_REFRESH_MAX_DELAY = 100.0
 #: Bytes of a page looked at for a meta refresh: its head, where the element belongs (Scrapy reads
 #: the first 4,096 characters); a whole page of 100 KB took 0.1 ms only to search for the word.
 META_REFRESH_SCOPE = 4096
+
+#: Request headers that carry credentials: not sent on to a redirect's target of another origin (scheme,
+#: host or port), as browsers (the Fetch standard), httpx (``_redirect_headers``) and Scrapy drop them.
+CREDENTIALS = frozenset({"authorization", "proxy-authorization", "cookie"})
+#: A credential header of this value in a request's headers is not sent, nor the spider's of that name
+#: (``withheld``): what a redirect to another origin leaves in its target's request.
+WITHHELD = ""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: The declaration a meta refresh needs, looked for in the bytes before anything is decoded.
 _DECLARED = re.compile(rb"http-equiv\s*=\s*[\"']?\s*refresh", re.IGNORECASE)
@@ -59,12 +70,44 @@ def refresh_target(response: Response) -> str | None:
 
 
 def redirected_request(
-    status: int, method: str, headers: Mapping[str, str], body: bytes | None
+    status: int,
+    method: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    source: str,
+    target: str,
+    site_headers: Mapping[str, str] | None = None,
 ) -> tuple[str, dict[str, str], bytes | None]:
-    """The method, headers and body a redirect's target is requested with, as browsers and httpx do:
-    a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into one, and such a GET
-    goes without the body and its Content-Type; a 307 or 308 keeps method and body."""
+    """The method, headers and body a redirect from ``source`` to ``target`` is requested with, as
+    browsers and httpx do: a 303 turns any method but HEAD into a GET, a 301 or 302 turns a POST into
+    one, and such a GET goes without the body and its Content-Type; a 307 or 308 keeps method and body.
+
+    A target of another origin (``same_origin``) goes without the credentials (``CREDENTIALS``) of
+    ``headers`` or of ``site_headers`` (the spider's, sent with each request): they are WITHHELD."""
     if (status == 303 and method != "HEAD") or (status in (301, 302) and method == "POST"):
         dropped = ("content-type", "content-length", "content-encoding")
-        return "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
-    return method, dict(headers), body
+        method, headers, body = "GET", {k: v for k, v in headers.items() if k.lower() not in dropped}, None
+    if same_origin(source, target):
+        return method, dict(headers), body
+    named = {name.lower() for name in [*headers, *(site_headers or {})] if name.lower() in CREDENTIALS}
+    kept = {k: v for k, v in headers.items() if k.lower() not in CREDENTIALS}
+    return method, {**kept, **dict.fromkeys(sorted(named), WITHHELD)}, body
+
+
+def withheld(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` as sent: without the credentials a redirect to another origin WITHHELD."""
+    return {k: v for k, v in headers.items() if not (v == WITHHELD and k.lower() in CREDENTIALS)}
+
+
+def same_origin(one: str, other: str) -> bool:
+    """Whether two URLs have one origin: scheme, host and port (the scheme's own when none is given)."""
+    try:
+        return _origin(one) == _origin(other)
+    except ValueError:  # a port that is no number
+        return False
+
+
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, parts.hostname, parts.port or _DEFAULT_PORTS.get(scheme)

@@ -55,7 +55,7 @@ from ..errors import (
 from ..http.addresses import redirects_inward
 from ..http.conditional import Validators, request_headers, validators_of
 from ..http.fetch import Response, encode_headers, merge_headers, user_agent_of
-from ..http.redirects import redirected_request, refresh_target
+from ..http.redirects import redirected_request, refresh_target, withheld
 from ..spiders.items import failure_text
 from ..spiders.spider import HTML_TYPES, Page, Request, accepts
 from ..store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, UNCHANGED, FetchRecord, utcnow
@@ -871,9 +871,20 @@ def _page_of(response: Response) -> Page:
 
 
 def _is_logged_out(spider: Any, response: Response) -> bool:
-    """What the spider's ``logged_out(page)`` says of ``response`` (False when it has none)."""
+    """What the spider's ``logged_out(page)`` says of ``response`` (False when it has none); raises
+    LoggedOutFailed, with the traceback, when it raises."""
     check = getattr(spider, "logged_out", None)
-    return bool(check(_page_of(response))) if callable(check) else False
+    if not callable(check):
+        return False
+    try:
+        return bool(check(_page_of(response)))
+    except Exception as exc:  # any: the spider's code fails its page, never the download job
+        raise LoggedOutFailed(f"logged_out raised: {failure_text(exc)}") from exc
+
+
+class LoggedOutFailed(PermanentError):
+    """The spider's ``logged_out(page)`` raised: the page fails, its record holding the traceback, and
+    ``crawler retry`` sends it again (as a page whose callback raised)."""
 
 
 def _logged_out(attempt: Attempt, generation: int, response: Response) -> None:
@@ -966,8 +977,9 @@ def _conditional_headers(rt: runtime.Runtime, task: DownloadTask, spider: Any) -
 def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
     """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
     Accept-Encoding, which these override): the spider's ``headers`` under the request's own
-    (a name in both, in any case, is the request's)."""
-    return merge_headers(getattr(spider, "headers", None) or {}, task.headers)
+    (a name in both, in any case, is the request's), without the credentials a redirect to
+    another origin withheld (``redirects.withheld``)."""
+    return withheld(merge_headers(getattr(spider, "headers", None) or {}, task.headers))
 
 
 def request_problem(user_agent: str, headers: Mapping[str, str]) -> str | None:
@@ -1111,7 +1123,10 @@ def _follow_redirect(attempt: Attempt, response: Response, refresh_to: str | Non
         return
     frontier: Frontier = rt.frontier(task.site)
     status = 303 if refresh_to is not None else response.status
-    method, headers, body = redirected_request(status, task.method, task.headers, task.body)
+    site_headers = getattr(spider, "headers", None) or {}
+    method, headers, body = redirected_request(
+        status, task.method, task.headers, task.body, task.url, target, site_headers
+    )
     request = Request(
         target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
         priority=task.priority,
