@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -150,8 +151,8 @@ def _export(
         store.close()
 
 
-#: Folders whose files are streams of this process or of the system (``/dev/stdout``, ``/proc/self/fd/1``).
-STREAM_FOLDERS = ("/dev/", "/proc/")
+#: Paths of a process's open files (``/dev/stdout``, ``/proc/self/fd/1``): written where the shell opened them.
+OPEN_FILE_PATHS = re.compile(r"/dev/(stdout|stderr|fd/\d+)|/proc/(self|\d+)/fd/\d+")
 
 
 def check_output(path: str | None) -> None:
@@ -177,7 +178,7 @@ def check_output(path: str | None) -> None:
 
 def _in_place(path: str) -> bool:
     """Whether ``path`` is written as it is: a pipe, a device, a folder, ``/dev/stdout``; not a regular file."""
-    if os.path.abspath(path).startswith(STREAM_FOLDERS):
+    if OPEN_FILE_PATHS.fullmatch(os.path.abspath(path)):
         return True
     try:
         return not stat.S_ISREG(os.stat(path).st_mode)
