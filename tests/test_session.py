@@ -588,6 +588,7 @@ def test_no_set_cookie_however_malformed_raises_and_the_good_ones_beside_it_are_
     jar.update("not a url", ["x=1"])
     assert "good=1" in jar.header("http://a.test/")["cookie"]
     assert "v6=1" in jar.header("http://[::1]:8080/")["cookie"]
+    assert jar.header("http://[::1") == {}  # a URL that does not parse has no cookies (its fetch is refused)
     # The cookie beyond Latin-1 (given as text, not bytes) is kept as its UTF-8 bytes.
     assert "caf\u00e9\u2603=\U0001f36a".encode().decode("latin-1") in jar.header("http://a.test/dir/")["cookie"]
     # Max-Age past 400 days, a Path over 1024 bytes ignored (the default path), the huge date: all capped.
@@ -713,6 +714,7 @@ def test_a_jar_kept_by_http_cookiejar_is_read(redis_conn: Redis) -> None:
                 {**old, "name": "tok", "value": None, "domain": "a.test", "path": "/"}
             ),
             '["a.test", "/", "junk"]': "{not json",
+            b"\xff": b"\xff",  # written by hand
         },
     )
     jar = Jar(redis_conn, "s")

@@ -334,21 +334,22 @@ class Jar:
         """The jar as kept, by field, its expired cookies dropped (from Redis too), and any it cannot
         read (a value written by hand): a broken cookie costs itself, never the page."""
         jar: dict[str, StoredCookie] = {}
-        dropped, moved = [], {}
+        dropped: list[bytes | str] = []
+        moved = {}
         now = time.time()
-        for raw, value in self.connection.hgetall(self.key).items():
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+        for name, value in self.connection.hgetall(self.key).items():
             try:
                 cookie = _load(value)
             except Exception:  # any: whatever the value holds, the jar is read
                 log.warning("%s: an unreadable cookie dropped from the jar", self.key)
                 dropped.append(name)
                 continue
-            if cookie.expired(now) or cookie.field != name:
+            renamed = cookie.field != (name.decode("utf-8", "replace") if isinstance(name, bytes) else name)
+            if cookie.expired(now) or renamed:
                 dropped.append(name)
             if not cookie.expired(now):
                 jar[cookie.field] = cookie
-                if cookie.field != name:  # kept by http.cookiejar under its name for a cookie without one
+                if renamed:  # kept by http.cookiejar under its value for a cookie without a name
                     moved[cookie.field] = cookie.dumps()
         if dropped or moved:
             pipe = self.connection.pipeline(transaction=True)
@@ -363,8 +364,11 @@ class Jar:
         """The ``Cookie`` header to send with a request for ``url`` (empty when no cookie matches): its
         cookies by longer path first, then by creation (RFC 6265 section 5.4), a cookie without a
         name as its value alone, as browsers send it; one character a byte (``fetch.encode_headers``)."""
-        parts = urlsplit(url)
-        host, path, secure = parts.hostname or "", parts.path or "/", parts.scheme == "https"
+        try:
+            parts = urlsplit(url)
+            host, path, secure = parts.hostname or "", parts.path or "/", parts.scheme == "https"
+        except ValueError:  # a URL the fetch refuses in turn, with a record
+            return {}
         sent = [cookie for cookie in self._read().values() if cookie.sent_to(host, path, secure)]
         sent.sort(key=lambda cookie: (-len(cookie.path), cookie.created))
         header = "; ".join(f"{cookie.name}={cookie.value}" if cookie.name else cookie.value for cookie in sent)
@@ -391,7 +395,8 @@ class Jar:
                 log.debug("%s: cookie refused (%s): %.300s", self.key, exc, redacted_set_cookie(header))
                 continue
             except Exception as exc:  # any: no Set-Cookie, however malformed, may cost the page
-                log.warning("%s: Set-Cookie ignored (%r): %.300s", self.key, exc, redacted_set_cookie(header))
+                what = type(exc).__name__  # its message might quote the value
+                log.warning("%s: Set-Cookie ignored (%s): %.300s", self.key, what, redacted_set_cookie(header))
                 continue
             old = jar.pop(cookie.field, None)
             touched.add(cookie.field)
