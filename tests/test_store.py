@@ -53,6 +53,13 @@ def test_upsert_twice_keeps_one_row_with_the_new_data(store: Store) -> None:
     assert row["digest"] == item_digest({"price": 12})
 
 
+def test_an_item_holding_nan_or_infinity_is_stored_with_null_there_on_either_database(store: Store) -> None:
+    data = {"price": float("inf"), "rating": float("nan"), "deep": [{"low": float("-inf"), "ok": 1.5}]}
+    assert store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", data)]) == 1
+    (row,) = store.item_rows(SITE)
+    assert row["data"] == {"price": None, "rating": None, "deep": [{"low": None, "ok": 1.5}]}
+
+
 def test_changed_moves_only_when_the_data_changes_and_first_seen_stays(store: Store) -> None:
     store.upsert_items(SITE, [Item("sku-1", "http://shop.example/1", {"price": 10, "stock": 3})])
     (first,) = store.item_rows(SITE)

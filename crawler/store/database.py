@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -191,6 +192,25 @@ class Item:
     data: dict[str, Any]
 
 
+def finite(value: Any) -> Any:
+    """``value`` with every NaN and infinity, at any depth, as None (JSON has no such number)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {name: finite(inner) for name, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(inner) for inner in value]
+    return value
+
+
+def json_text(value: Any) -> str:
+    """The JSON a JSON column stores for ``value``: strict JSON, NaN and infinities as null, on either database."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:  # PostgreSQL refuses NaN and Infinity, SQLite would keep text no JSON reader takes
+        return json.dumps(finite(value), allow_nan=False)
+
+
 def item_digest(data: dict[str, Any]) -> str:
     """Stable digest of an item's data, to tell a changed item from a re-seen one."""
     text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
@@ -211,7 +231,10 @@ class Store:
             # A server's connection may have been cut (a restart, an idle timeout): pinged before use.
             # A SQLite file has no server: its ping was a statement per transaction for nothing.
             self.engine: Engine = create_engine(
-                target, future=True, pool_pre_ping=target.get_backend_name() != "sqlite"
+                target,
+                future=True,
+                pool_pre_ping=target.get_backend_name() != "sqlite",
+                json_serializer=json_text,
             )
         except (ArgumentError, NoSuchModuleError, ValueError) as exc:
             raise ConfigError(f"invalid database URL {redact_url(url)}: {url_error(url, exc)}") from None

@@ -29,7 +29,7 @@ from typing import IO, Any
 from sqlalchemy import Text, cast, select
 
 from ..errors import ConfigError
-from .database import STREAM_ROWS, Store, items
+from .database import STREAM_ROWS, Store, finite, items
 
 FORMATS = ("jsonl", "json", "csv", "parquet")
 #: The format a file's suffix selects.
@@ -179,18 +179,7 @@ def _json(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str, allow_nan=False)
     except ValueError:  # a NaN or an infinity somewhere inside: JSON has no such number
-        return json.dumps(_finite(value), ensure_ascii=False, sort_keys=True, default=str, allow_nan=False)
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN and infinity, at any depth, as None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {name: _finite(inner) for name, inner in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(inner) for inner in value]
-    return value
+        return json.dumps(finite(value), ensure_ascii=False, sort_keys=True, default=str, allow_nan=False)
 
 
 def field_names(items: Iterable[Keyed]) -> list[str]:
