@@ -26,7 +26,10 @@ site's run of errors, with jitter); see ``jobs._retry_or_fail``.
 
 from __future__ import annotations
 
+import logging
 import random
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,15 @@ from . import lua
 
 #: Statuses that say "too much" (or "too slow"): the pace doubles.
 THROTTLE_STATUSES = (429, 503, 504)
+#: Most milliseconds a field of a site's conf hash may hold (a year), as ``lua/_conf.lua`` reads them.
+MAX_CONF_MS = 31_536_000_000
+
+log = logging.getLogger(__name__)
+#: A whole number of ms as the crawler writes one (``lua/_conf.lua`` also takes what Lua's ``tonumber`` does).
+_WHOLE = re.compile(r"[0-9]{1,16}")
+#: (site, field, value) of conf fields already warned about in this process; cleared past ``_WARNED_MOST``.
+_warned: set[tuple[str, str, str]] = set()
+_WARNED_MOST = 1_000
 
 
 def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:
@@ -117,11 +129,32 @@ class Pacer:
         return Pace(int(reply[0]) / 1000.0, _text(reply[1]))
 
 
-def read_pace(fields: dict[str, str]) -> Pace | None:
-    """The pace in a site's conf hash (decoded fields), or None when it has none."""
-    if "pace_ms" not in fields:
+def read_pace(fields: Mapping[str, str], site: str = "") -> Pace | None:
+    """The pace in ``site``'s conf hash (decoded fields), or None when it has none (or one that does not hold)."""
+    ms = conf_ms(fields, "pace_ms", site)
+    return None if ms is None else Pace(ms / 1000.0, fields.get("pace_why", ""))
+
+
+def conf_ms(fields: Mapping[str, str], name: str, site: str = "", most: int = MAX_CONF_MS) -> int | None:
+    """Field ``name`` of ``site``'s conf hash (``keys.conf``, decoded fields): a whole number of ms
+    from 0 to ``most``, as the crawler writes it; None when absent.
+
+    Anyone can HSET the hash: a value that is anything else ('abc', 'inf', '1e999', '-1') is
+    ignored, as the Lua scripts ignore it (``lua/_conf.lua``), with a warning once per value
+    and process, not at every read. The crawler writes the field again in time (the conf is
+    published by every worker every ``runtime.REPUBLISH_EVERY``).
+    """
+    raw = fields.get(name)
+    if raw is None:
         return None
-    return Pace(int(fields["pace_ms"]) / 1000.0, fields.get("pace_why", ""))
+    if _WHOLE.fullmatch(raw.strip()) and int(raw) <= most:
+        return int(raw)
+    if (site, name, raw) not in _warned:
+        if len(_warned) >= _WARNED_MOST:
+            _warned.clear()
+        _warned.add((site, name, raw))
+        log.warning("%s: conf field %s=%.40r ignored: not a whole number of ms (written by hand?)", site, name, raw)
+    return None
 
 
 def _text(value: Any) -> str:

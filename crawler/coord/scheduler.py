@@ -194,7 +194,7 @@ class Scheduler:
         self._pick_args = [int(PREPARE_AHEAD * 1000)]
         self._site_keys: dict[str, list[str]] = {}
         #: The gate each site's conf was last seen to name (a shared one), per site.
-        self._gates: dict[str, str] = {}
+        self._gates: dict[str, str | bytes] = {}
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open: PICK_SITE, then NEXT_JOB.
@@ -251,7 +251,8 @@ class Scheduler:
                 return Next(wait=int(reply[1]) / 1000.0)
             if code == -1:
                 return Next()
-            self._gates[site] = text(reply[1])
+            named = text(reply[1])  # a key that is not UTF-8 (written by hand) goes back as sent, not altered
+            self._gates[site] = named if "\ufffd" not in named else reply[1]
         return Next(wait=0.0)  # the conf names yet another gate: look again
 
     def _keys_of(self, site: str) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from redis import Redis
 
 from ..coord import keys, pages
-from ..coord.pacing import read_pace
+from ..coord.pacing import conf_ms, read_pace
 from ..coord.policy import SitePolicy, effective_interval
 from ..coord.replies import text, text_map
 from ..coord.scheduler import frontier_sizes
@@ -101,9 +101,10 @@ def politeness(connection: Redis, site: str, policy: SitePolicy) -> Politeness:
         pipe.pttl(fields.get("gate") or keys.gate(site))  # a shared gate's key, when it has one
         pipe.time()
         gate_ttl, (seconds, micros) = pipe.execute()
-    crawl_delay = int(fields.get("robots_delay_ms") or 0) / 1000.0
-    interval, why = effective_interval(policy, crawl_delay, read_pace(fields) if policy.auto else None)
-    left = int(fields.get("closed_until") or 0) - (int(seconds) * 1000 + int(micros) // 1000)
+    crawl_delay = (conf_ms(fields, "robots_delay_ms", site) or 0) / 1000.0  # one written by hand that does not hold: 0
+    interval, why = effective_interval(policy, crawl_delay, read_pace(fields, site) if policy.auto else None)
+    until = conf_ms(fields, "closed_until", site, most=10**16) or 0  # a time on the Redis clock, in ms
+    left = until - (int(seconds) * 1000 + int(micros) // 1000)
     if left > 0 and int(gate_ttl) > 0:
         return Politeness(interval, why, min(left, int(gate_ttl)) / 1000.0, fields.get("closed_why") or "closed")
     return Politeness(interval, why)

@@ -29,6 +29,7 @@
 -- would otherwise be handed the same turn) and with the removal of a site found without work
 -- (a push in between would be left unserved).
 --@include _now.lua
+--@include _conf.lua
 local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, known_gate =
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local site, REFILL_BELOW, ahead, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -46,10 +47,11 @@ if conf[7] then
     gate = known_gate
 end
 -- The interval in force (policy.effective_interval): the published one (margin included), or
--- the robots.txt Crawl-delay or the adaptive pace, plus the margin, when longer.
-local margin = tonumber(conf[6]) or 0
-local interval = math.max(tonumber(conf[1]) or 1000, (tonumber(conf[4]) or 0) + margin,
-                          (tonumber(conf[5]) or 0) + margin)
+-- the robots.txt Crawl-delay or the adaptive pace, plus the margin, when longer. A field that
+-- does not hold (written by hand) counts as absent.
+local margin = conf_number(conf[6], 0) or 0
+local interval = math.max(conf_number(conf[1], 1) or 1000, (conf_number(conf[4], 0) or 0) + margin,
+                          (conf_number(conf[5], 0) or 0) + margin)
 local queued = redis.call('LLEN', queue)
 local compact = redis.call('ZCARD', levels)
 local function rescore(at)
@@ -67,7 +69,7 @@ if queued == 0 then
     redis.call('ZREM', ready, site)
     return {-1}
 end
-local cap = tonumber(conf[3])
+local cap = conf_number(conf[3], 1)
 if cap and redis.call('ZCARD', started) + redis.call('LLEN', intermediate) >= cap then return rescore(now + 50) end
 local gate_ttl = redis.call('PTTL', gate)
 if gate_ttl > ahead then
@@ -80,7 +82,7 @@ local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
 redis.call('ZREM', queued_set, job)
 -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that,
 -- or after the batch's span for a paced batch (its thread takes those turns).
-local span = math.max(1, math.min(tonumber(conf[8]) or 1, 16))
+local span = math.max(1, math.min(conf_number(conf[8], 1) or 1, 16))
 local again = math.max(gate_ttl, 0) + interval * span
 redis.call('ZADD', ready, now + again, site)
 local refill = 0

@@ -11,10 +11,11 @@
 --
 -- Cluster: one slot when the gate is the site's own; cross-slot for a shared gate (Spider.gate,
 -- gate_by = "ip"), which is in a slot of its own.
+--@include _conf.lua
 local conf, gate = KEYS[1], KEYS[2]
 local event, elapsed = ARGV[1], math.floor(tonumber(ARGV[2]))
 local lo, hi, factor, ease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local old = tonumber(redis.call('HGET', conf, 'pace_ms')) or lo
+local old = conf_number(redis.call('HGET', conf, 'pace_ms'), 0) or lo  -- a pace written by hand that does not hold: none
 local target = math.floor(factor * elapsed)
 local because = 'last ' .. elapsed .. ' ms × ' .. ARGV[5]
 local new, why
