@@ -11,13 +11,16 @@ them, unless ``CRAWLER_REQUIRE_BROWSER=1`` (set by ``.ci/run``), which makes the
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -27,12 +30,12 @@ from redis import Redis
 from crawler.cli.app import cli
 from crawler.coord.frontier import seed
 from crawler.demo.spa import SPIDER_SOURCE, SpaSite
-from crawler.errors import BodyTooLarge
-from crawler.http.fetch import Fetcher
+from crawler.errors import BodyTooLarge, FetchTimeout
+from crawler.http.fetch import Fetcher, Response
 from crawler.settings import Settings
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, Store
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.render import BrowserNotFound, Renderer, Visit, find_browser
+from crawler.work.render import RENDER_GRACE, BrowserNotFound, Renderer, Visit, find_browser
 from crawler.work.runtime import Runtime
 
 #: Paths of the app a rendering crawl must never request.
@@ -205,7 +208,9 @@ def test_fetch_render_without_a_browser_is_a_one_line_error(redis_url: str, sett
 
 
 def direct_visit(fetcher: Fetcher) -> Visit:
-    return Visit(fetch=lambda url, headers, wait, is_page: fetcher.get(url, headers=headers), domains=["127.0.0.1"])
+    return Visit(
+        fetch=lambda url, headers, wait, is_page: fetcher.get(url, headers=headers, timeout=wait), domains=["127.0.0.1"]
+    )
 
 
 def browsers_of_this_process() -> list[int]:
@@ -314,3 +319,218 @@ def test_a_rendered_page_with_no_browser_is_recorded_failed_with_the_reason(
     assert [r["outcome"] for r in rows] == [FAILED], rows
     assert "no-chromium' is not an executable file" in rows[0]["error"]
     assert paths == ["/robots.txt"]  # the page itself was never requested
+
+
+# -- a render's bounds: its deadline, and no way out but the fetcher ---------------------
+
+
+class TimedRenderer(Renderer):
+    """A Renderer that keeps how long each ``render`` call took, in seconds (``took``)."""
+
+    def __init__(self, browser_path: str | None = None):
+        super().__init__(browser_path)
+        self.took: list[float] = []
+
+    def render(self, *args: Any, **kwargs: Any) -> Response:
+        start = time.monotonic()
+        try:
+            return super().render(*args, **kwargs)
+        finally:
+            self.took.append(time.monotonic() - start)
+
+
+def within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread of its own: what it returns or raises, or a test failure if it has
+    not returned after ``seconds`` (a render that never ends must not hang the suite)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # any: re-raised in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"still running after {seconds:g}s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_a_render_whose_scripts_come_late_ends_by_its_deadline_and_is_recorded_timed_out(
+    redis_conn: Redis, settings: Settings, browser: str
+) -> None:
+    """Five scripts that the server answers a minute late: each routed fetch gets only what is
+    left of the render's one deadline, not a whole ``timeout`` of its own."""
+    timeout = 2.0
+    settings = dataclasses.replace(
+        settings, browser_path=browser, timeout=timeout, max_retries=0, sites={"spa": {"interval": 0.02}}
+    )
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    try:
+        with SpaSite(products=1) as site:
+            write_spider(settings, site, render=True)
+            with installed_runtime(redis_conn, settings) as rt:
+                renderer = rt.renderer = TimedRenderer(browser)  # type: ignore[misc]
+                # The browser started beforehand: its start is not part of the render timed.
+                renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+                seed(rt.frontier("spa"), [site.url + "/slow-scripts"])
+                threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+                join_all(threads, stop)
+                rows = [r for r in rt.store.fetch_rows("spa") if r["url"] == site.url + "/slow-scripts"]
+    finally:
+        fetcher.close()
+    assert [r["outcome"] for r in rows] == [FAILED], rows
+    assert "render timed out" in (rows[0]["error"] or ""), rows[0]
+    took = renderer.took[1]
+    assert took < timeout + RENDER_GRACE + 1.0, f"the render took {took:.1f}s for a limit of {timeout:g}s"
+
+
+def test_a_page_whose_script_never_yields_is_cut_at_its_deadline_and_the_next_page_renders(browser: str) -> None:
+    """Loaded, its network idle, the page's thread taken by a script for good: taking its DOM
+    waits forever (Playwright gives it no timeout), so the browser is killed past the deadline."""
+    timeout = 2.0
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    try:
+        with SpaSite(products=1) as site:
+            renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+            start = time.monotonic()
+            with pytest.raises(FetchTimeout, match="render timed out: still running"):
+                within(60, lambda: renderer.render(site.url + "/spin", direct_visit(fetcher), None, timeout, 1_000_000))
+            took = time.monotonic() - start
+            after = renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+    finally:
+        renderer.close()
+        fetcher.close()
+    assert took < timeout + RENDER_GRACE + 1.0, f"the render took {took:.1f}s for a limit of {timeout:g}s"
+    assert b"Widget 1" in after.body
+    assert renderer.launches == 2
+
+
+#: An address outside the allowed domains (127.0.0.1), where a page's escapes are listened for.
+ELSEWHERE = "127.0.0.3"
+
+#: A worker's script: a WebSocket and a fetch of its own (``route`` sees neither from a shared or service worker).
+WORKER_JS = """
+new WebSocket('WS_URL');
+try { fetch('FETCH_URL').catch(() => {}); } catch (e) {}
+if (self.postMessage) postMessage('tried');
+"""
+
+#: A page that tries every way out of a render that does not go through ``route``.
+ESCAPES_PAGE = """<!doctype html><html><head><title>escapes</title></head><body><div id="log"></div><script>
+const log = (line) => document.getElementById('log').insertAdjacentHTML('beforeend', '<p>' + line + '</p>');
+const attempt = (name, how) => {{
+  try {{ how(); log(name + ' tried'); }} catch (e) {{ log(name + ' failed: ' + e); }}
+}};
+const worker = (kind) => URL.createObjectURL(new Blob([{workers}[kind]], {{type: 'text/javascript'}}));
+attempt('page websocket', () => new WebSocket('ws://{host}:{ports[ws_page]}/'));
+attempt('dedicated worker', () => {{ new Worker(worker('dedicated')).onmessage = (e) => log('script ' + e.data); }});
+attempt('shared worker', () => {{ new SharedWorker(worker('shared')).port.start(); }});
+attempt('service worker', () => {{
+  navigator.serviceWorker.register('/sw.js').catch(() => {{}});
+  const frame = document.createElement('iframe');  // a realm Playwright's blocking script may miss
+  document.body.appendChild(frame);
+  frame.contentWindow.navigator.serviceWorker.register('/sw.js').catch(() => {{}});
+}});
+attempt('webrtc', () => {{
+  const pc = new RTCPeerConnection({{iceServers: [
+    {{urls: 'stun:{host}:{ports[stun]}'}},
+    {{urls: 'turn:{host}:{ports[turn_tcp]}?transport=tcp', username: 'u', credential: 'p'}}]}});
+  pc.createDataChannel('x');
+  pc.createOffer().then((offer) => pc.setLocalDescription(offer));
+}});
+attempt('webtransport', () => new WebTransport('https://{host}:{ports[webtransport]}/').ready.catch(() => {{}}));
+setTimeout(() => document.body.setAttribute('data-done', ''), 2500);
+</script></body></html>
+"""
+
+
+class Listeners:
+    """Sockets on ELSEWHERE, one for each way out, counting the connections and bytes that reach them."""
+
+    TCP = ("ws_page", "ws_dedicated", "ws_shared", "ws_service", "worker_fetch", "turn_tcp")
+    UDP = ("stun", "webtransport")
+
+    def __init__(self) -> None:
+        self.received: dict[str, int] = {}
+        self.ports: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        for name in self.TCP + self.UDP:
+            sock = socket.socket(type=socket.SOCK_STREAM if name in self.TCP else socket.SOCK_DGRAM)
+            sock.bind((ELSEWHERE, 0))
+            if name in self.TCP:
+                sock.listen(8)
+            self._sockets.append(sock)
+            self.ports[name] = sock.getsockname()[1]
+            serve = self._accept if name in self.TCP else self._receive
+            threading.Thread(target=serve, args=(sock, name), daemon=True).start()
+
+    def _note(self, name: str, what: str, count: int) -> None:
+        with self._lock:
+            self.received[f"{name} {what}"] = self.received.get(f"{name} {what}", 0) + count
+
+    def _accept(self, sock: socket.socket, name: str) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            self._note(name, "connections", 1)
+            threading.Thread(target=self._read, args=(conn, name), daemon=True).start()
+
+    def _read(self, conn: socket.socket, name: str) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                self._note(name, "bytes", len(data))
+
+    def _receive(self, sock: socket.socket, name: str) -> None:
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            self._note(name, "bytes", len(data))
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+
+def test_a_rendered_page_sends_no_byte_but_through_the_fetcher(browser: str) -> None:
+    """A page, its dedicated, shared and service workers try every way out that ``route`` does not
+    see (WebSockets, a worker's fetch, WebRTC's STUN over UDP and TURN over TCP, WebTransport over
+    UDP) towards listeners outside the allowed domains: none receives a connection or a byte."""
+    listeners = Listeners()
+    host, ports = ELSEWHERE, listeners.ports
+
+    def worker_js(kind: str) -> str:
+        ws, fetched = f"ws://{host}:{ports['ws_' + kind]}/", f"http://{host}:{ports['worker_fetch']}/{kind}"
+        return WORKER_JS.replace("WS_URL", ws).replace("FETCH_URL", fetched)
+
+    workers = json.dumps({kind: worker_js(kind) for kind in ("dedicated", "shared")})
+    page = ESCAPES_PAGE.format(host=host, ports=ports, workers=workers)
+    pages = {
+        "/escapes": ("text/html", page.encode()),
+        "/sw.js": ("application/javascript", worker_js("service").encode()),
+    }
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    visit = direct_visit(fetcher)
+    try:
+        with SpaSite(products=1, pages=pages) as site:
+            rendered = renderer.render(site.url + "/escapes", visit, "body[data-done]", 20.0, 1_000_000)
+            time.sleep(0.5)  # for a late packet
+    finally:
+        renderer.close()
+        fetcher.close()
+        listeners.close()
+    body = rendered.body.decode()
+    for tried in ("page websocket", "dedicated worker", "script", "shared worker", "service worker", "webrtc"):
+        assert f"{tried} tried" in body, body  # each way out was tried
+    assert listeners.received == {}, listeners.received

@@ -10,6 +10,10 @@ come late by however long it waited for a CPU (tens of ms beside a busy browser)
 
 With ``consent=True`` the shell sets a ``consent`` cookie and the JSON API answers 403
 to a request without it (a site whose session a rendering crawl must carry).
+
+Two pages try a render's deadline: ``/slow-scripts`` loads ``SLOW_SCRIPTS`` scripts that the
+server answers ``script_delay`` seconds late, and ``/spin`` runs a script that never yields
+once the page has loaded. ``pages`` adds pages of a test's own.
 """
 
 from __future__ import annotations
@@ -46,6 +50,16 @@ if (path === '/') {
 }
 """
 
+
+#: Scripts of the ``/slow-scripts`` page, each answered ``SpaSite.script_delay`` seconds late.
+SLOW_SCRIPTS = 5
+
+SLOW_PAGE = "<!doctype html><html><head><title>slow</title>{scripts}</head><body><p>static</p></body></html>"
+
+#: A page whose script takes the page's thread for good once it has loaded.
+SPIN_PAGE = """<!doctype html><html><head><title>spin</title></head><body><p>static</p>
+<script>addEventListener('load', () => setTimeout(() => { for (;;) {} }, 50));</script></body></html>
+"""
 
 #: Paths answered with a redirect, and where to.
 REDIRECTS = {"/old": "/", "/api/products": "/api/v2/products"}
@@ -87,7 +101,8 @@ class SpaSite:
     """The app on ``host`` (``url``), a tracker on ``tracker_host``; start with ``with``.
 
     ``hang``: a path whose shell never gets its content (the script is not served: the
-    render's wait runs out).
+    render's wait runs out). ``script_delay``: seconds before a script of ``/slow-scripts`` is
+    answered (cut short when the site stops). ``pages``: path -> (content type, body), served as given.
     """
 
     def __init__(
@@ -98,6 +113,8 @@ class SpaSite:
         hang: str | None = None,
         port: int = 0,
         consent: bool = False,
+        script_delay: float = 60.0,
+        pages: dict[str, tuple[str, bytes]] | None = None,
     ):
         self.products = products
         self.consent = consent
@@ -105,6 +122,9 @@ class SpaSite:
         self.host = host
         self.tracker_host = tracker_host
         self.hang = hang
+        self.script_delay = script_delay
+        self.pages = dict(pages or {})
+        self._stopped = threading.Event()
         self.arrivals: list[Arrival] = []
         self.tracker_arrivals: list[Arrival] = []
         self._lock = threading.Lock()
@@ -126,6 +146,7 @@ class SpaSite:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stopped.set()
         for server in self._servers:
             server.shutdown()
             server.server_close()
@@ -150,8 +171,17 @@ class SpaSite:
     def answer(self, path: str) -> tuple[int, str, bytes]:
         """(status, content type or ``Location``, body) for ``path``: ``/old`` redirects to ``/``,
         ``/api/products`` to ``/api/v2/products``."""
+        if path in self.pages:
+            return 200, *self.pages[path]
         if path in REDIRECTS:
             return 301 if path == "/old" else 302, REDIRECTS[path], b""
+        if path == "/slow-scripts":
+            scripts = "".join(f'<script src="/slow/{i}.js"></script>' for i in range(1, SLOW_SCRIPTS + 1))
+            return 200, "text/html; charset=utf-8", SLOW_PAGE.format(scripts=scripts).encode()
+        if path.startswith("/slow/") and path.endswith(".js"):
+            return 200, "application/javascript", b"window.slow = (window.slow || 0) + 1;"
+        if path == "/spin":
+            return 200, "text/html; charset=utf-8", SPIN_PAGE.encode()
         if path == "/" or (path.startswith("/product/") and path[9:].isdigit()):
             return 200, "text/html; charset=utf-8", SHELL.format(tracker=self.tracker).encode()
         if path == "/app.js":
@@ -196,6 +226,8 @@ class SpaSite:
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 with site._lock:
                     log.append(Arrival(self.arrived, self.path))
+                if self.path.startswith("/slow/") and site._stopped.wait(site.script_delay):
+                    return  # the site stopped first: its client is long gone
                 if site.hang is not None and self.path == "/app.js" and site.hang in self.headers.get("referer", ""):
                     status, kind, body = 404, "text/plain", b"not found"
                 else:

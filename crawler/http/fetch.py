@@ -204,9 +204,10 @@ class Fetcher:
         proxy: str | None = None,
         method: str = "GET",
         body: bytes | None = None,
+        timeout: float | None = None,
     ) -> Response:
         """GET ``url`` (or send it ``method`` with ``body``) within ``timeout`` seconds for the whole
-        request, and the body cap.
+        request (the fetcher's, or the one given if shorter: what is left of a render), and the body cap.
 
         Raises TransientError (timeout, connection) or PermanentError: BodyTooLarge,
         BadResponse (malformed or oversized headers, undecodable body, unknown
@@ -237,7 +238,8 @@ class Fetcher:
         except (UnicodeEncodeError, AttributeError) as exc:
             raise RefusedURL(f"request cannot be sent: a header is not an ASCII string ({exc})") from exc
         # Through a proxy, the address connected to is the proxy's: the check applies to it.
-        guard = _RequestGuard(clock + self.timeout, allow_private, proxy or url, before_send, on_sent)
+        limit = self.timeout if timeout is None else max(0.0, min(timeout, self.timeout))
+        guard = _RequestGuard(clock + limit, allow_private, proxy or url, before_send, on_sent)
         transport = self._transport(proxy)
         try:
             try:
@@ -259,7 +261,7 @@ class Fetcher:
         except httpcore.TimeoutException as exc:
             raise FetchTimeout(
                 f"timed out after {time.monotonic() - clock:.1f}s "
-                f"(limit {self.timeout:g}s for the whole request): {type(exc).__name__}"
+                f"(limit {limit:g}s for the whole request): {type(exc).__name__}"
             ) from exc
         except httpcore.UnsupportedProtocol as exc:
             raise UnsupportedScheme(f"not an http(s) URL: {url}") from exc

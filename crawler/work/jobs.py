@@ -912,6 +912,7 @@ def _browser_fetch(attempt: Attempt) -> Callable[[str, Mapping[str, str], float,
     jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
 
     def fetch(url: str, headers: Mapping[str, str], wait: float, is_page: bool) -> Response:
+        deadline = time.monotonic() + wait  # the gate's wait and the request share it
         gate = rt.take_gate_within(task.site, url, wait)
         if gate is None:
             raise FetchTimeout(f"the site's gate stayed closed until the render's deadline: {url}")
@@ -924,6 +925,7 @@ def _browser_fetch(attempt: Attempt) -> Callable[[str, Mapping[str, str], float,
                 headers={**site_headers, **headers, **(jar.header(url) if jar is not None else {})},
                 allow_private=spider.allow_private_addresses,
                 proxy=proxy,
+                timeout=deadline - time.monotonic(),
             )
         except CrawlerError as exc:
             if not is_page:

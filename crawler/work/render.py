@@ -11,6 +11,20 @@ rules, body cap and proxies) through the site's gate, and handed to the browser
 its target through the frontier, as for a plain fetch; a script's or an XHR's redirect is
 followed here, each hop checked and fetched the same way.
 
+Two bounds hold whatever the page does:
+
+- **Time.** A render has one deadline, ``timeout`` seconds, that its context, navigation,
+  waits and routed fetches share: each fetch (gate wait included) gets only what is left of
+  it. The steps Playwright gives no timeout (``page.content()``, closing the context), which
+  a script that never yields holds forever, are cut by a watchdog that kills the browser
+  ``RENDER_GRACE`` seconds past the deadline; the page is a FetchTimeout either way.
+- **Network.** No byte leaves the browser but through ``route`` and the fetcher: it is
+  launched (``_confinement``) with every connection of its own sent to a proxy at a local
+  port that refuses it, loopback included (a dedicated, shared or service worker's
+  WebSocket or fetch, which ``route`` does not see, WebRTC's TURN over TCP), WebRTC kept
+  off UDP outside a proxy (STUN), and no host name resolved. Page WebSockets are answered
+  by ``route_web_socket`` and never connected.
+
 Playwright's sync API is not thread-safe, so the browser lives in one thread of its own
 (``Renderer``), and the worker threads of a download process hand it their pages in turn.
 Playwright is an optional dependency (``pip install -e '.[browser]'``): imported when the
@@ -25,6 +39,8 @@ import logging
 import os
 import queue
 import shutil
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +65,9 @@ MAX_SUBRESOURCE_REDIRECTS = 5
 DROPPED_REQUEST_HEADERS = frozenset({"accept-encoding", "user-agent", "host", "connection", "content-length"})
 #: Response headers not handed to the browser: the body it gets is decoded and whole.
 DROPPED_RESPONSE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection"})
+#: Seconds a render may run past its deadline before its browser is killed (a render ends within
+#: ``timeout`` plus about this much): ``page.content()`` and closing a context take no timeout.
+RENDER_GRACE = 1.0
 
 
 class BrowserNotFound(ConfigError):
@@ -83,9 +102,10 @@ class Visit:
     """What one render may fetch, and how.
 
     ``fetch(url, headers, wait, is_page)`` fetches one request the page makes (through the
-    site's gate, waiting for it at most ``wait`` seconds, leaving a fetch record for the
-    page's requests but not for the page itself, whose record is the download job's) and
-    returns the response, or raises a ``CrawlerError``. ``domains``: requests elsewhere are
+    site's gate, leaving a fetch record for the page's requests but not for the page itself,
+    whose record is the download job's) and returns the response, or raises a
+    ``CrawlerError``, within ``wait`` seconds, the gate's wait and the request together:
+    what is left of the render's deadline. ``domains``: requests elsewhere are
     aborted; ``block``: resource types aborted.
     """
 
@@ -122,6 +142,9 @@ class Renderer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._browser: Any = None
+        self._browser_pid: int | None = None
+        #: A local port bound and never listened on: the browser's proxy, which refuses every connection.
+        self._refuser: socket.socket | None = None
         self._pid = os.getpid()
 
     def render(self, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int) -> Response:
@@ -129,9 +152,10 @@ class Renderer:
 
         The DOM is taken once ``wait_for`` (a CSS selector) is in it, or, without one, once
         the network has been idle for 500 ms after the load event (or at the deadline, if it
-        never is). Navigation and wait share one deadline of ``timeout`` seconds (FetchTimeout
-        past it); a DOM over ``max_bytes`` (utf-8) is BodyTooLarge. A page whose own response
-        is a redirect, an error status or not HTML is returned unrendered, as fetched.
+        never is). The render ends within ``timeout`` seconds (plus ``RENDER_GRACE`` at most),
+        a FetchTimeout when it is not done by then; a DOM over ``max_bytes`` (utf-8) is BodyTooLarge.
+        A page whose own response is a redirect, an error status or not HTML is returned
+        unrendered, as fetched.
         """
         future: concurrent.futures.Future[Response] = concurrent.futures.Future()
         self._start()
@@ -145,6 +169,9 @@ class Renderer:
         if thread is not None:
             self._jobs.put(None)
             thread.join(timeout=30)
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
 
     def _start(self) -> None:
         with self._lock:
@@ -189,50 +216,137 @@ class Renderer:
             if job is not None:
                 job[0].set_exception(error)
 
-    def _render_fresh(self, playwright: Any, *args: Any) -> Response:
-        """``_render`` in a connected browser: started if there is none, restarted if it died."""
+    def _render_fresh(
+        self, playwright: Any, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int
+    ) -> Response:
+        """``_render`` in a connected browser (started if there is none, restarted if it died), killed
+        if the render is not over ``RENDER_GRACE`` past its deadline (a FetchTimeout)."""
         from playwright.sync_api import Error
 
         for attempt in (1, 2):
             if self._browser is None or not self._browser.is_connected():
                 self._launch(playwright)
-            try:
-                context = self._browser.new_context(user_agent=args[1].user_agent, service_workers="block")
-            except Error as exc:  # the browser died between two pages: once more with a new one
-                self._browser = None
-                if attempt == 2:
-                    raise RenderFailed(f"browser failed: {exc}") from exc
-                continue
-            try:
-                return _render(context, *args)
-            finally:
+            deadline = time.monotonic() + timeout
+            with _Watchdog(self._browser, self._browser_pid, deadline + RENDER_GRACE) as watchdog:
                 try:
-                    context.close()
-                except Error:  # the browser died during the render: the next page starts another
+                    context = self._browser.new_context(user_agent=visit.user_agent, service_workers="block")
+                except Error as exc:  # the browser died between two pages: once more with a new one
                     self._browser = None
+                    if watchdog.fired:
+                        raise _overran(timeout) from exc
+                    if attempt == 2:
+                        raise RenderFailed(f"browser failed: {exc}") from exc
+                    continue
+                try:
+                    return _render(context, url, visit, wait_for, deadline, timeout, max_bytes)
+                except (Error, RenderFailed) as exc:
+                    if watchdog.fired:
+                        raise _overran(timeout) from exc
+                    if isinstance(exc, Error):  # the browser died as the DOM was taken
+                        raise RenderFailed(f"render failed: {str(exc).splitlines()[0]}") from exc
+                    raise
+                finally:
+                    try:
+                        context.close()
+                    except Error:  # the browser died during the render: the next page starts another
+                        self._browser = None
+                    if watchdog.fired:
+                        self._browser = None
         raise AssertionError("unreachable")
 
     def _launch(self, playwright: Any) -> None:
         executable = find_browser(self.browser_path)
+        if self._refuser is None:
+            self._refuser = socket.socket()
+            self._refuser.bind(("127.0.0.1", 0))  # never listened on: a connection to it is refused
         try:
-            self._browser = playwright.chromium.launch(executable_path=executable, headless=True)
+            args = _confinement(self._refuser.getsockname()[1])
+            self._browser = playwright.chromium.launch(executable_path=executable, headless=True, args=args)
+            self._browser_pid = _browser_pid(self._browser)
         except Exception as exc:  # Playwright's Error: the browser did not start
             raise RenderFailed(f"browser {executable} did not start: {str(exc).splitlines()[0]}") from exc
+        if self._browser_pid is None:
+            log.warning("browser %s gave no process id: a render past its deadline cannot be cut", executable)
         self.launches += 1
         log.info("browser started: %s", executable)
 
 
-def _render(context: Any, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int) -> Response:
-    """Render ``url`` in ``context`` (see ``Renderer.render``)."""
+def _confinement(refusing_port: int) -> list[str]:
+    """Chromium's switches that leave a page no way out but ``route``: the browser's own connections
+    (and WebRTC's over TCP) go to a proxy at ``refusing_port`` on loopback, which refuses them,
+    loopback addresses included (``<-loopback>``, else bypassed); WebRTC sends no UDP outside a proxy
+    (the ``webrtc.ip_handling_policy`` preference); no host name is resolved."""
+    return [
+        f"--proxy-server=http://127.0.0.1:{refusing_port}",
+        "--proxy-bypass-list=<-loopback>",
+        "--webrtc-ip-handling-policy=disable_non_proxied_udp",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+    ]
+
+
+def _browser_pid(browser: Any) -> int | None:
+    """The browser process's id, as Chromium gives it (``SystemInfo.getProcessInfo``)."""
+    session = browser.new_browser_cdp_session()
+    try:
+        processes = session.send("SystemInfo.getProcessInfo").get("processInfo", [])
+    finally:
+        session.detach()
+    return next((p["id"] for p in processes if p.get("type") == "browser"), None)
+
+
+class _Watchdog:
+    """Kills the browser process ``pid`` at ``when`` (``time.monotonic()``) unless the ``with`` is left
+    first; ``fired`` says it did."""
+
+    def __init__(self, browser: Any, pid: int | None, when: float):
+        self.fired = False
+        self._browser, self._pid = browser, pid
+        self._left = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(max(0.0, when - time.monotonic()), self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        if self._pid is not None:
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._left = True
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            # A browser that is gone already may have left its pid to another process.
+            if self._left or self._pid is None or not self._browser.is_connected():
+                return
+            self.fired = True
+            log.warning("render past its deadline: browser %d killed", self._pid)
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _overran(timeout: float) -> FetchTimeout:
+    return FetchTimeout(
+        f"render timed out: still running {RENDER_GRACE:g}s past its limit of {timeout:g}s (browser killed)"
+    )
+
+
+def _render(
+    context: Any, url: str, visit: Visit, wait_for: str | None, deadline: float, timeout: float, max_bytes: int
+) -> Response:
+    """Render ``url`` in ``context`` by ``deadline`` (``time.monotonic()``; see ``Renderer.render``)."""
     from playwright.sync_api import Error
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    deadline = time.monotonic() + timeout
+    started, clock = datetime.now(UTC), deadline - timeout
     navigation = _Navigation()
     page = context.new_page()
     context.route("**/*", lambda route: _route(route, page, visit, navigation, deadline))
-    page.route_web_socket("**/*", lambda ws: None)  # never connected to a server
-    started, clock = datetime.now(UTC), time.monotonic()
+    context.route_web_socket("**/*", lambda ws: None)  # never connected to a server
     loaded = False
     try:
         page.goto(url, timeout=_ms_left(deadline), wait_until="load")
@@ -284,6 +398,8 @@ def _route(route: Any, page: Any, visit: Visit, navigation: _Navigation, deadlin
         why = _refusal(request, visit, is_page and navigation.response is None)
         if why is None and is_page and navigation.response is not None:
             why = "a second navigation of the page"  # script-driven: one render is one page
+        if why is None and time.monotonic() >= deadline:
+            why = "past the render's deadline"
         if why is not None:
             visit.aborted.append((request.resource_type, request.url, why))
             route.abort("blockedbyclient")
@@ -323,7 +439,7 @@ def _refusal(request: Any, visit: Visit, is_page: bool) -> str | None:
 
 def _fetch(url: str, headers: Mapping[str, str], visit: Visit, deadline: float, is_page: bool) -> Response:
     """``visit.fetch``, following a script's or XHR's redirects (each hop checked); the page's own are not."""
-    response = visit.fetch(url, headers, max(0.0, deadline - time.monotonic()), is_page)
+    response = visit.fetch(url, headers, _time_left(deadline, url), is_page)
     hops = 0
     while not is_page and 300 <= response.status < 400 and response.location:
         hops += 1
@@ -331,8 +447,16 @@ def _fetch(url: str, headers: Mapping[str, str], visit: Visit, deadline: float, 
         if hops > MAX_SUBRESOURCE_REDIRECTS:
             raise RefusedURL(f"more than {MAX_SUBRESOURCE_REDIRECTS} redirects from {url}")
         check_url(target, visit.domains)
-        url, response = target, visit.fetch(target, headers, max(0.0, deadline - time.monotonic()), False)
+        url, response = target, visit.fetch(target, headers, _time_left(deadline, target), False)
     return response
+
+
+def _time_left(deadline: float, url: str) -> float:
+    """Seconds left before the render's ``deadline`` for requesting ``url``; FetchTimeout when none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise FetchTimeout(f"the render's deadline passed before {url} was requested")
+    return left
 
 
 def rendering(spider: Any, meta: Mapping[str, Any]) -> tuple[bool, str | None]:
