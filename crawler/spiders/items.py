@@ -12,7 +12,10 @@ and ``crawler retry``.
 A parse worker process opens a site's pipelines once, on the first page of the site it
 parses (``open(spider)``, when a pipeline has it), shares them between its threads, and
 closes them when it stops (``close(spider)``). ``crawler parse`` and
-``crawler.testing.run_page`` open and close them around their one page.
+``crawler.testing.run_page`` open and close them around their one page. The opening runs
+in a thread of its own, waited for ``OPEN_TIMEOUT`` seconds at most (a pipeline class's own
+``open_timeout`` instead): an ``open`` that hangs fails its site's pages, one at a time and
+at once while it is still under way, and holds up no other site.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import pkgutil
+import threading
+import time as clock
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +43,9 @@ log = logging.getLogger("crawler.items")
 
 #: Longest input value a validation error's summary quotes, in characters.
 QUOTED_INPUT = 40
+#: Seconds a pipeline's ``open(spider)`` may take before the page it is opened for fails; a pipeline
+#: class sets ``open_timeout`` for its own (a remote database's connection that may take longer).
+OPEN_TIMEOUT = 30.0
 
 
 class DropItem(Exception):
@@ -157,14 +165,43 @@ class Pipelines:
 
     @classmethod
     def open(cls, spider: Spider) -> Pipelines:
-        """Make each of ``spider.pipelines`` and call its ``open(spider)``, in order.
+        """Make each of ``spider.pipelines`` and call its ``open(spider)``, in order, in a thread of its own.
 
-        ItemError naming the pipeline if one cannot be loaded, made or opened; those
-        opened before it are closed again.
+        ItemError naming the pipeline if one cannot be loaded, made or opened (those
+        opened before it are closed again), or if the opening takes longer than its
+        timeout (``OPEN_TIMEOUT``, or the sum of the pipelines' ``open_timeout``). An
+        opening that overran goes on in its thread: while it does, a call for the same
+        spider instance raises at once (no second thread), and once it has ended a call
+        takes what it made (or raised).
         """
+        if not getattr(spider, "pipelines", None):
+            return cls(spider, [])
+        with _openings_lock:
+            opening = _openings.get(id(spider))
+            first = opening is None
+            if opening is None:
+                opening = _openings[id(spider)] = _Opening(cls, spider)
+                opening.start()
+        if not opening.done.wait(opening.timeout if first else 0):
+            raise ItemError(
+                f"pipeline {opening.current} did not open within {opening.timeout:g}s "
+                f"(still opening, {clock.monotonic() - opening.started:.0f}s so far): the page is not parsed"
+            )
+        with _openings_lock:
+            if _openings.get(id(spider)) is opening:
+                del _openings[id(spider)]
+        if opening.error is not None:
+            raise opening.error
+        assert opening.result is not None  # done without an error
+        return opening.result
+
+    @classmethod
+    def _open_each(cls, spider: Spider, opening: _Opening) -> Pipelines:
+        """``open``'s work, in the opening's thread: each pipeline made and opened in turn."""
         opened: list[Any] = []
-        for entry in getattr(spider, "pipelines", None) or ():
+        for entry in spider.pipelines:
             name = entry if isinstance(entry, str) else getattr(entry, "__qualname__", repr(entry))
+            opening.current = name
             try:
                 pipeline = load_pipeline(entry)()
                 if callable(getattr(pipeline, "open", None)):
@@ -233,6 +270,48 @@ class Pipelines:
                     pipeline.close(self.spider)
                 except Exception:
                     log.exception("pipeline %s of %s failed to close", type(pipeline).__name__, self.spider.name)
+
+
+class _Opening:
+    """One spider instance's pipelines being opened in a thread of their own (``Pipelines.open``)."""
+
+    def __init__(self, pipelines: type[Pipelines], spider: Spider):
+        self.pipelines = pipelines
+        self.spider = spider  # held while the opening is known: its id stays this spider's
+        self.timeout = sum(_open_timeout(entry) for entry in spider.pipelines)
+        self.done = threading.Event()
+        self.started = clock.monotonic()
+        self.current = ""  # the pipeline being made or opened
+        self.result: Pipelines | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        name = f"pipelines-open-{self.spider.name}"
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.pipelines._open_each(self.spider, self)
+        except BaseException as exc:  # handed to the caller, in its thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+#: Openings under way or not yet taken, by ``id`` of the spider instance.
+_openings: dict[int, _Opening] = {}
+_openings_lock = threading.Lock()
+
+
+def _open_timeout(entry: Any) -> float:
+    """Seconds the pipeline ``entry`` names may take to open: its class's ``open_timeout``, else OPEN_TIMEOUT."""
+    try:
+        own = getattr(load_pipeline(entry), "open_timeout", None)
+    except Exception:  # the opening itself says why it cannot be loaded
+        return OPEN_TIMEOUT
+    if isinstance(own, int | float) and not isinstance(own, bool) and 0 < own < float("inf"):
+        return float(own)
+    return OPEN_TIMEOUT
 
 
 def describe(exc: BaseException) -> str:
