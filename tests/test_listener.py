@@ -4,12 +4,16 @@ idle, more work of a site already known reaches the thread that follows it."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
+import redis
 from redis import Redis
-from rq.command import send_command
+from rq.command import parse_payload, send_command
+from rq.worker.base import PUBSUB_CHANNEL_TEMPLATE
 
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier
@@ -129,3 +133,90 @@ def test_more_work_of_a_site_already_ready_tells_the_thread_that_follows_it_and_
         room.unexpect(site, expected)
         room.unexpect("another", other)
         hears.unregister(worker)
+
+
+class RqLike(Heard):
+    """A worker that reads its commands as RQ's does (``rq.command.parse_payload``, then ``payload["command"]``)."""
+
+    def handle_payload(self, message: dict[str, Any]) -> None:
+        self.payloads.append(parse_payload(message)["command"])
+        self.heard.set()
+
+
+def test_malformed_messages_on_every_channel_are_logged_once_and_the_listener_keeps_serving(
+    redis_conn: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = RqLike("garbled")
+    room = IdleRoom()
+    hears = listener.of(redis_conn)
+    hears.register(worker, room)
+    stop = threading.Event()
+    huge = b"\xff" + b"x" * (4 << 20)
+    garbage = [b"not json", b"\xff\xfe\x00", b'{"no": "command"}', b"[1, 2]", b"null", b'"text"', huge]
+    try:
+        _subscribed(redis_conn, keys.wake())
+        for data in garbage:  # to the worker's own channel, as `rq` sends its commands
+            redis_conn.publish(PUBSUB_CHANNEL_TEMPLATE % "garbled", data)
+        redis_conn.publish((PUBSUB_CHANNEL_TEMPLATE % "").encode() + b"\xff\xfe", b"{}")  # a channel not UTF-8
+        for channel in (keys.wake(), keys.more_work()):
+            for data in (b"\xff\xfe", huge, b""):
+                redis_conn.publish(channel, data)
+
+        send_command(redis_conn, "garbled", "kill-horse")  # a real command after the garbage
+        assert worker.heard.wait(10), "the listener stopped serving after malformed messages"
+        assert worker.payloads == ["kill-horse"]
+
+        rested: list[float] = []
+
+        def watch() -> None:
+            started = time.monotonic()
+            room.rest(30.0, stop)
+            rested.append(time.monotonic() - started)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        time.sleep(0.1)
+        redis_conn.zrem(keys.ready(), "after-garbage")
+        mark_ready(redis_conn, {"after-garbage": 0})  # a real wake-up
+        watcher.join(5)
+        assert rested and rested[0] < 5, "the wake-up after the garbage did not wake the idle watcher"
+    finally:
+        stop.set()
+        hears.unregister(worker)
+    ignored = [r for r in caplog.records if r.levelno >= logging.WARNING and "malformed" in r.getMessage()]
+    assert len(ignored) == 1, [r.getMessage()[:200] for r in ignored]  # once, not once a message
+    assert "garbled" in ignored[0].getMessage() and len(ignored[0].getMessage()) < 500
+    assert not [r for r in caplog.records if "ended" in r.getMessage()]
+
+
+def test_an_error_reading_the_subscription_is_logged_and_the_listener_listens_on(
+    redis_conn: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = Heard("steady")
+    hears = listener.of(redis_conn)
+    hears.register(worker)
+    try:
+        _subscribed(redis_conn, keys.wake())
+        pubsub = hears._pubsub
+        assert pubsub is not None
+        real, failures = pubsub.get_message, [redis.ResponseError("a reply redis-py cannot read")]
+
+        def get_message(*args: Any, **kwargs: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return real(*args, **kwargs)
+
+        pubsub.get_message = get_message  # type: ignore[method-assign]  # the next read fails, once
+        send_command(redis_conn, "steady", "kill-horse")  # heard by the read under way; the next one fails
+        assert worker.heard.wait(5)
+        deadline = time.monotonic() + 5
+        while failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not failures, "the failing read never came"
+        worker.heard.clear()
+        send_command(redis_conn, "steady", "shutdown")
+        assert worker.heard.wait(5), "the listener ended on the error"
+        assert worker.payloads == [{"command": "kill-horse"}, {"command": "shutdown"}]
+    finally:
+        hears.unregister(worker)
+    assert "met ResponseError: a reply redis-py cannot read; listening on" in caplog.text

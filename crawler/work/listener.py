@@ -11,6 +11,11 @@ worker it names, each wake-up to the process's idle rooms (``idle.IdleRoom.poke`
 idle process sleeps until work comes instead of looking for it, and each more-work to the
 thread that follows that site, if any (``idle.IdleRoom.tell``). The subscription lives while the
 process has a worker registered with it.
+
+Anyone who can write to Redis can publish on these channels: a message that does not hold
+(not JSON, not a command, bytes that are not UTF-8, megabytes of it) is ignored, the first
+of each channel logged as a warning (the others at debug level), and the thread goes on
+serving; so does it after any other error but a lost connection, which it waits out.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -33,6 +39,8 @@ log = logging.getLogger("crawler.workers")
 
 #: Seconds the listening thread waits before it subscribes again after losing Redis.
 RECONNECT_AFTER = 2.0
+#: Seconds it waits after another error before it listens again (an error that comes back is not a busy loop).
+ERROR_PAUSE = 0.1
 
 
 class Listener:
@@ -46,6 +54,8 @@ class Listener:
         self._pubsub: PubSub | None = None
         self._thread: PubSubWorkerThread | None = None
         self._prefix = PUBSUB_CHANNEL_TEMPLATE % ""
+        #: What was warned about already: "command", "wake", "more-work" (malformed messages), errors' types.
+        self._warned: set[str] = set()
 
     def register(self, worker: Any, room: IdleRoom | None = None) -> None:
         """Hand ``worker`` the commands sent to its channel, and ``room`` the wake-ups, from now on."""
@@ -77,14 +87,36 @@ class Listener:
 
     def _start(self) -> None:
         pubsub = self._connection.pubsub(ignore_subscribe_messages=True)
-        pubsub.psubscribe(**{f"{self._prefix}*": self._command})
-        pubsub.subscribe(**{keys.wake(): self._wake, keys.more_work(): self._more_work})
+        pubsub.psubscribe(**{f"{self._prefix}*": self._guarded("command", self._command)})
+        pubsub.subscribe(
+            **{
+                keys.wake(): self._guarded("wake", self._wake),
+                keys.more_work(): self._guarded("more-work", self._more_work),
+            }
+        )
         self._pubsub = pubsub
         self._thread = pubsub.run_in_thread(sleep_time=60, daemon=True, exception_handler=self._on_error)
 
+    def _guarded(self, kind: str, handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        """``handle``, but a message it cannot take is ignored (``_ignore``) rather than ending the thread."""
+
+        def guarded(message: dict[str, Any]) -> None:
+            try:
+                handle(message)
+            except Exception as exc:  # anyone may publish anything: RQ's parse, a worker's command handling
+                self._ignore(kind, message, exc)
+
+        return guarded
+
+    def _ignore(self, kind: str, message: dict[str, Any], exc: Exception) -> None:
+        """Log a malformed ``kind`` message: the first as a warning, later ones at debug level."""
+        level = logging.DEBUG if kind in self._warned else logging.WARNING
+        self._warned.add(kind)
+        channel = _text(message.get("channel"))
+        log.log(level, "ignored a malformed %s message on %.100s: %s: %.200s", kind, channel, type(exc).__name__, exc)
+
     def _command(self, message: dict[str, Any]) -> None:
-        channel = message["channel"]
-        name = (channel.decode() if isinstance(channel, bytes) else channel)[len(self._prefix) :]
+        name = _text(message["channel"])[len(self._prefix) :]
         worker = self._workers.get(name)  # commands to other processes' workers reach us too
         if worker is not None:
             worker.handle_payload(message)
@@ -108,8 +140,20 @@ class Listener:
         if isinstance(exc, redis.ConnectionError):
             time.sleep(RECONNECT_AFTER)
             return
-        log.warning("the subscription for commands and wake-ups ended on %s", exc)
-        raise exc
+        if not isinstance(exc, Exception):
+            raise exc  # SystemExit and the like: not ours to swallow
+        # Anything else (a reply redis-py cannot read): kept serving, said once per kind of error.
+        level = logging.DEBUG if type(exc).__name__ in self._warned else logging.WARNING
+        self._warned.add(type(exc).__name__)
+        log.log(
+            level, "the subscription for commands and wake-ups met %s: %.200s; listening on", type(exc).__name__, exc
+        )
+        time.sleep(ERROR_PAUSE)
+
+
+def _text(value: Any) -> str:
+    """A channel name or payload as text: bytes decoded as UTF-8, invalid bytes replaced."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _site_of(message: dict[str, Any]) -> str | None:
