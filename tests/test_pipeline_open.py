@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -170,3 +171,23 @@ def test_an_open_that_overruns_fails_at_once_while_under_way_then_its_result_is_
         Pipelines.open(failing)  # its late error, once
     with pytest.raises(ItemError, match="did not open within"):
         Pipelines.open(failing)  # then a fresh try
+
+
+def test_a_sites_open_under_way_holds_up_no_other_sites_pipelines(redis_conn: Redis, settings: Settings) -> None:
+    Path(settings.sites_dir, "shops.py").write_text(SPIDERS)
+    with installed_runtime(redis_conn, settings) as runtime:
+        try:
+            stuck = threading.Thread(target=lambda: pytest.raises(ItemError, runtime.pipelines, "stuck"))
+            stuck.start()
+            deadline = time.monotonic() + 5
+            while "stuck" not in runtime._opening and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert runtime._opening["stuck"].locked()  # the stuck site's open is under way
+            began = time.monotonic()
+            opened = runtime.pipelines("fine")
+            assert [type(p).__name__ for p in opened.pipelines] == ["Plain"]
+            assert runtime._opening["stuck"].locked()  # taken while the other was still opening
+            assert time.monotonic() - began < 0.5
+            stuck.join(5)
+        finally:
+            release(runtime)

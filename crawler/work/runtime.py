@@ -151,7 +151,9 @@ class Runtime:
         self.counters = Counters(connection)
         self._pipelines: dict[str, Pipelines] = {}
         self._retired_pipelines: list[Pipelines] = []
-        self._pipelines_lock = threading.Lock()  # one opening at a time: a slow open(spider) holds up no spider look-up
+        self._pipelines_lock = threading.Lock()  # guards the two collections above and ``_opening``
+        #: One lock a site: a site's pipelines open once, and a slow open holds up no other site's pages.
+        self._opening: dict[str, threading.Lock] = {}
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -338,13 +340,18 @@ class Runtime:
         ItemError if one fails to open: nothing is kept, the next page tries again.
         """
         with self._pipelines_lock:
+            opening = self._opening.setdefault(site, threading.Lock())
+        with opening:
             spider = self.spider(site)
             held = self._pipelines.get(site)
-            if held is None or held.spider is not spider:  # first use, or new spider arguments
-                self._pipelines[site] = Pipelines.open(spider)
+            if held is not None and held.spider is spider:
+                return held
+            opened = Pipelines.open(spider)  # first use, or new spider arguments
+            with self._pipelines_lock:
+                self._pipelines[site] = opened
                 if held is not None:  # another thread may be using it: closed with the runtime
                     self._retired_pipelines.append(held)
-            return self._pipelines[site]
+            return opened
 
     def policy(self, site: str) -> SitePolicy:
         return self.policies.get(site)
