@@ -346,7 +346,7 @@ def _render(
     navigation = _Navigation()
     page = context.new_page()
     context.route("**/*", lambda route: _route(route, page, visit, navigation, deadline))
-    context.route_web_socket("**/*", lambda ws: None)  # never connected to a server
+    page.route_web_socket("**/*", lambda ws: None)  # never connected to a server
     loaded = False
     try:
         page.goto(url, timeout=_ms_left(deadline), wait_until="load")
