@@ -22,7 +22,8 @@ from crawler.demo import ShopSite
 from crawler.ops.reset import reset_site
 from crawler.ops.status import site_status
 from crawler.store.database import OK
-from crawler.work.download_worker import DownloadWorker, crawl_drained
+from crawler.work.download_worker import DownloadWorker
+from crawler.work.drain import crawl_drained
 from crawler.work.parse_worker import ParseWorker
 from crawler.work.runtime import Runtime
 

@@ -26,7 +26,7 @@ from crawler.coord import keys, pages, quarantine
 from crawler.coord.vetting import page_entry
 from crawler.settings import Settings
 from crawler.work import parse_job
-from crawler.work.download_worker import SUSPENSION_CHECK_EVERY
+from crawler.work.crawl_worker import SUSPENSION_CHECK_EVERY
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
 from crawler.work.parse_worker import READ_BLOCK, ParseWorker
 from crawler.work.runtime import Runtime

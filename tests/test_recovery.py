@@ -819,7 +819,8 @@ def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lea
 
     from crawler.coord import joblife
     from crawler.coord.vetting import DOWNLOAD_FUNC
-    from crawler.work.download_worker import DownloadWorker, LeaseKeeper
+    from crawler.work.download_worker import DownloadWorker
+    from crawler.work.leases import LeaseKeeper
 
     lease = 3  # the least allowed: renewed every 1.5 s (``joblife.renew_every``)
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))
@@ -928,7 +929,8 @@ def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_nex
 
     from crawler.coord import joblife
     from crawler.coord.vetting import DOWNLOAD_FUNC
-    from crawler.work.download_worker import DownloadWorker, LeaseKeeper
+    from crawler.work.download_worker import DownloadWorker
+    from crawler.work.leases import LeaseKeeper
 
     lease = 3  # renewed every second
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))

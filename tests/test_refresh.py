@@ -19,7 +19,7 @@ from crawler.spiders.loading import SpiderSet
 from crawler.spiders.spider import Request
 from crawler.store.database import Store
 from crawler.work import jobs
-from crawler.work.download_worker import crawl_drained
+from crawler.work.drain import crawl_drained
 
 REFRESH = 1.0
 

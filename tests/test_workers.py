@@ -284,7 +284,7 @@ def test_a_download_process_of_many_threads_sends_nothing_while_suspended_and_cr
     the others read what it saw (``Suspension``); ``rq resume`` lets them all go on."""
     from rq.suspension import resume, suspend
 
-    from crawler.work.download_worker import SUSPENSION_CHECK_EVERY
+    from crawler.work.crawl_worker import SUSPENSION_CHECK_EVERY
 
     settings = dataclasses.replace(settings, sites={"demo": {"interval": 0.05}})
     with ShopSite(products=6) as shop:
@@ -599,7 +599,7 @@ def test_a_worker_of_many_sites_is_listed_by_rq_without_joining_each_queues_work
     RQ's set of all workers only."""
     from rq import Worker
 
-    from crawler.work.download_worker import MOST_QUEUES_LISTED
+    from crawler.work.crawl_worker import MOST_QUEUES_LISTED
 
     few = DownloadWorker(redis_conn, ["f1", "f2"], rt=runtime)
     many = DownloadWorker(redis_conn, [f"m{i}" for i in range(MOST_QUEUES_LISTED + 1)], rt=runtime)
@@ -744,11 +744,11 @@ def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_
 ) -> None:
     """Its own job in hand, the crawl is not drained: looks every 50 ms, each with a drain look, were
     a fifth of a download process's round trips at 200 slow sites. Once it holds none, they come."""
-    from crawler.work import download_worker
-    from crawler.work.download_worker import DRAIN_EVERY, DRAIN_LOOK_EVERY
+    from crawler.work import crawl_worker
+    from crawler.work.crawl_worker import DRAIN_EVERY, DRAIN_LOOK_EVERY
 
     looks: list[bool] = []
-    monkeypatch.setattr(download_worker, "crawl_drained", lambda *args: looks.append(True) or False)
+    monkeypatch.setattr(crawl_worker, "crawl_drained", lambda *args: looks.append(True) or False)
     worker = DownloadWorker(redis_conn, ["quiet"], rt=runtime)
     worker._burst = True
     other = DownloadWorker(redis_conn, ["quiet"], rt=runtime)  # another thread of the process
@@ -961,7 +961,7 @@ def test_rq_maintenance_runs_first_a_while_after_the_process_starts_then_once_a_
     did, some ten round trips a site (4,000 at 200 sites) while the crawl started, for nothing the
     reaper does not do from its first pass."""
     from crawler.work import idle
-    from crawler.work.download_worker import FIRST_MAINTENANCE_AFTER
+    from crawler.work.crawl_worker import FIRST_MAINTENANCE_AFTER
 
     started = time.monotonic()
     worker = DownloadWorker(redis_conn, [f"s{i}" for i in range(200)], rt=runtime)

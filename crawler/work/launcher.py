@@ -279,7 +279,7 @@ class WorkerThreads:
 
 
 #: Redis connections a worker thread may hold at once: its own calls (RQ's command channel and
-#: the job leases are the process's: ``listener``, ``download_worker.LeaseKeeper``).
+#: the job leases are the process's: ``listener``, ``leases.LeaseKeeper``).
 CONNECTIONS_PER_THREAD = 1
 #: Connections of a worker process's other users: the watchdog, counters, outbox, robots, sitemaps,
 #: the subscription, the lease keeper.
