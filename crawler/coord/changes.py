@@ -1,23 +1,13 @@
 """One token the writers of live settings and spider arguments renew, so readers need not re-read.
 
-Every worker process keeps each site's live settings (``policy``) and spider arguments
-(``spiderargs``) and must see a change within a second. Re-reading both hashes of every
-site every second cost four ``HGETALL`` a request at 200 slow sites (both processes,
-each site's requests a second apart), for hashes that almost never change. So every
-writer puts a new random token in one key after it writes (``announce``: ``crawler set``,
-``pause``, ``resume``, ``crawl``/``seed -a``, ``reset``, the quarantine of a junk value),
-and a process reads the token a few times per ``policy.LIVE_REFRESH`` at most (``ChangeWatch``): while
-it is the same, what the process read of a site stands too, and is not read again. A
-token, not a counter: whatever is written there by hand only makes readers read again.
-
-Two cases still need a read by the clock: a value written by hand (``redis-cli HSET``)
-announces nothing, and a writer that died between its write and its announcement
-announced nothing. A site's hashes are read again at least every ``RECHECK`` seconds
-whatever the token says, so such a change reaches the workers within that time.
-
-The key is global (no hash tag): in Redis Cluster the write and the announcement are two
-commands in two slots, made in that order, so a reader that sees the new token reads the
-write.
+Every writer of a site's live settings (``policy``) or spider arguments (``spiderargs``)
+puts a new random token in one key after its write (``announce``); a process reads the
+token at most a few times per ``policy.LIVE_REFRESH`` (``ChangeWatch``), and while it is the
+same, what the process read of a site stands. A token, not a counter: whatever is written
+there by hand only makes readers read again. A change announced by no one (written by
+hand, or by a writer that died before announcing) is read within ``RECHECK`` seconds. The
+key is global (no hash tag): the write and the announcement are made in that order, so a
+reader that sees the new token reads the write.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Per-site counters and metrics: counted in each process's memory, written to Redis about once a second.
 
-Two hashes per site say what the whole fleet has done: ``crawler:stats:SITE`` (fetched,
-failed, refused, unchanged, parsed, items, dropped, cache_hits, cache_misses: ``crawler status``,
-the progress and summary of ``crawler crawl``, ``crawler stats``) and
-``crawler:metrics:SITE`` (Prometheus counters and histogram buckets: ``metrics``). This
-module is their one writer. A job ``add``s its increments to its process's ``Counters``
-(shared by the worker threads, under a lock), which sums them per field and writes the
-sums in one transaction, one script call per site (``lua/add_counts.lua``, a ``HINCRBY``
-per field inside it): from a thread of its own at most
-FLUSH_EVERY after the first count not yet written (up to five times that with counts of
-hundreds of sites waiting: ``SITES_PER_PERIOD``), and at once when a worker stops or
-ends its burst (``flush``) or finds no work while its process has stopped counting
-(``flush_if_quiet``), so a finished crawl shows exact totals.
-
-Not here, because program logic reads them and needs them exact at once: the stats
-fields ``delayed`` and ``recrawls`` (retries and refreshes waiting, counted by the
-scheduler's scripts in the step that changes what they count, read by the drain test
-of ``--burst``) and ``crawler:errors:SITE`` (a site's transient errors in a row, which
-close its gate). ``uncount`` (``crawler retry``) writes at once: it is a correction,
-made outside any worker.
-
-A process killed outright loses its counts of the last FLUSH_EVERY at most: statistics
-only, never data (items and fetch records are in the database). A Redis error keeps
-the counts for the next try.
-
-Resets: ``forget`` (``crawler reset``, ``crawl --fresh``) deletes a site's stats and
-adds one to its reset count (``keys.resets``). A process's counts for a site carry the
-reset count it last saw, and are written only if it is still the count in Redis
-(``lua/add_counts.lua``), so counts made before a reset never reappear after it; the
-process cannot tell them from counts it made between the reset and its next write,
-which are dropped too. After a reset a site's counters may so miss, per process, at
-most one batch (about FLUSH_EVERY) of counting. Metrics are never reset (Prometheus
-counters only grow).
+The one writer of ``crawler:stats:SITE`` and ``crawler:metrics:SITE``: a job ``add``s its
+increments to its process's ``Counters``, which writes the sums in one transaction at most
+FLUSH_EVERY after the first unwritten count, and at once on ``flush``/``flush_if_quiet``.
+Counts made before a site's reset are never written after it (``keys.resets``). Fields
+program logic reads exact (``IMMEDIATE``, ``crawler:errors:SITE``) are written where they
+are decided. The design and its price: docs/ARCHITECTURE.md ("Counters are summed in
+memory") and docs/METRICS.md.
 """
 
 from __future__ import annotations
@@ -50,15 +25,11 @@ from . import keys, lua
 log = logging.getLogger("crawler.counters")
 
 #: Seconds between two writes of a process's counts (its first count not yet written is
-#: never older). A crash loses no more; ``crawler status``, the progress of ``crawler
-#: crawl`` and a Prometheus scrape (every 15 s or so) lag no more. At a few hundred pages
-#: a second per process it turns a dozen commands a page into a few dozen a second; a
-#: longer interval would save little more and make the progress rates jumpier.
+#: never older): what a crash loses and what ``crawler status`` and a scrape lag, at most.
 FLUSH_EVERY = 1.0
 
 #: Sites whose counts one write of FLUSH_EVERY carries; with more waiting the period grows in
-#: proportion, up to MOST_PERIODS: a write per site per second cost 200 slow sites, each at one
-#: page a second, nine commands a page (their counts of one page each, a field at a time).
+#: proportion, up to MOST_PERIODS (many slow sites' counts batched, not written a site a second).
 SITES_PER_PERIOD = 50
 MOST_PERIODS = 5.0
 

@@ -34,9 +34,8 @@ LATE_SEND_WARN_EVERY = 10.0
 
 class _LateSends:
     """Warns that sends outlived their grace (``Gate.before_send``): the first at once, then at most
-    one line per LATE_SEND_WARN_EVERY with how many there were. An overloaded process meets
-    hundreds at once (1,926 in a minute at 1,000 sites on a slow 2-core machine), and a line
-    each queued its threads on the log handler's lock."""
+    one line per LATE_SEND_WARN_EVERY with how many there were (an overloaded process meets
+    hundreds at once; a line each would queue its threads on the log handler's lock)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -67,9 +66,8 @@ R = TypeVar("R")
 RELEASE_POLL = 0.05
 
 #: Seconds added to every time this process works out for a lock to open (``Turn.opens_at``, the
-#: sleep after a PTTL): Redis's clock counts whole milliseconds and a key with a deadline expires
-#: once that clock is past it, not at it. An ask made at the deadline itself found the gate closed
-#: for "1 ms" more and asked again: 27 % of a paced crawl's takes at 200 sites cost two round trips.
+#: sleep after a PTTL): Redis expires a key once its whole-millisecond clock is past the deadline,
+#: not at it, so an ask at the deadline itself would find the gate closed and ask again.
 EXPIRY_TICK = 0.001
 
 
@@ -381,10 +379,9 @@ class Turn:
     The threads of a process that want one gate queue here, and only the one whose turn
     it is asks Redis. The turn lasts from its first ask until its request is on the wire
     (``Gate.rearm``) or will not be sent (``Gate.let_go``), so no thread of the process
-    asks while another has the gate and has not yet sent: such an ask can only fail, and
-    was most of the gate's Redis calls when a fast site is crawled by several threads. The
+    asks while another has the gate and has not yet sent: such an ask can only fail. The
     gate is still taken in Redis, by each request, so the spacing between requests of all
-    processes and hosts is what it was. A turn not passed on within ``lease`` seconds of
+    processes and hosts is unchanged. A turn not passed on within ``lease`` seconds of
     taking the gate (a thread that died between the take and the send) lapses.
     """
 

@@ -1,36 +1,13 @@
 """A download job's life in Redis, in one module: made, claimed, finished, handed back, reclaimed.
 
-A download is an RQ job on its site's queue ``download:{SITE}``, always through RQ's
-public classes and key properties:
-
-- **made** (``make_jobs``) from compact frontier entries, a few at a time per site
-  (``Frontier.refill``), each with the crawler's retry policy (``job_retry``). A job
-  carries one URL, or for a site fast enough (``Runtime.batch_size``) a *batch* of up
-  to ``vetting.MAX_BATCH`` URLs of one priority, fetched in turn, each through the gate; the
-  job's meta counts those done (``BATCH_DONE``), so a retried batch resumes where it
-  stopped (``tasks_left``);
-- **handed out** by the scheduler's NEXT_JOB script, for the site PICK_SITE named (moved
-  into the queue's intermediate list), then **read** (``fetch``: vetted as it is read, see ``vetting``);
-- **claimed** (``claim``): its RQ execution and lease in the started registry, out of
-  the intermediate list, in one transaction; the lease is renewed while it runs;
-- **finished** (``finish``) in one transaction, or failed through RQ (retries, the
-  failed registry); a job of a site the worker has no spider for is **handed back**
-  (``give_back``);
-- **reclaimed** when its worker died: its lease expires after ``job_lease`` seconds and
-  the fleet-wide reaper (``reap``) hands it back; RQ retries that are due are moved
-  into their queue (``promote_scheduled``).
-
-(Pages waiting for a parser come back through their stream's consumer group: ``pages``.)
-
-Every job carries an RQ ``Retry``: when its worker dies (SIGKILL, OOM, a lost host) its
-entry in RQ's started registry stops being renewed by the running job's heartbeat
-and expires after ``job_lease`` seconds (a setting, 10 by default); the reaper then hands it back to its queue. A job
-that raises (a bug, the database down) is retried after growing delays, and only
-after ``RETRIES`` failures lands in RQ's failed registry.
-
-One reaper pass runs every ``REAP_EVERY`` seconds across the whole fleet: the worker
-that takes the pass's lock (a gate) does it, so its cost does not grow with workers.
-A killed worker's page is thus picked up again within job_lease + REAP_EVERY seconds.
+A download is an RQ job on its site's queue ``download:{SITE}``, always handled through
+RQ's public classes: **made** from frontier entries (``make_jobs``, one URL or a batch of
+one site, whose meta counts the URLs done: ``tasks_left``), **read** as NEXT_JOB hands it
+out (``fetch``, vetted), **claimed** (``claim``) with a lease renewed while it runs
+(``renew_claims``), **finished** (``finish``) or failed through RQ with ``job_retry``,
+**handed back** (``give_back``), and **reclaimed** by the fleet-wide reaper (``reap``, one
+pass every ``REAP_EVERY``) once its worker died and its lease lapsed, so a killed worker's
+page runs again within ``job_lease`` + ``REAP_EVERY`` seconds. See docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -67,31 +44,21 @@ HEARTBEAT_EVERY = 1
 
 
 def renew_every(job_lease: float) -> float:
-    """Seconds between two renewals of a running download job's claim: half its lease (5 s at the
-    default 10 s), at least HEARTBEAT_EVERY. A claim then always has half its lease left when
-    renewed, and a job shorter than that (most pages) is never renewed. Renewals cost by the
-    jobs running, not by the requests: at 200 slow sites a renewal each second was a tenth of
-    the download processes' CPU, and at 1,000 sites of 5 s, each holding a paced batch, a
-    renewal every quarter lease was some 24 Redis commands a request, a quarter of them all.
-    """
+    """Seconds between two renewals of a running download job's claim: half its lease, at least
+    HEARTBEAT_EVERY (a claim has half its lease left when renewed; most pages are never renewed)."""
     return max(HEARTBEAT_EVERY, job_lease / 2)
 
 
 #: Least seconds between two heartbeats of a worker's own key (job heartbeats are separate):
 #: its key lives ``worker_ttl`` + 60 s from a plain beat and ``job_monitoring_interval`` + 60 s
-#: (90) from a renewal's, so more often is waste: with a thread a slow site (paced batches of
-#: 1,000 sites at 5 s), a beat every 5 s a thread was 200 worker beats a second.
+#: (90) from a renewal's, so more often is waste.
 WORKER_BEAT_EVERY = 30.0
 
 
 def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]) -> None:
     """Renew the claims of running jobs (worker, job, execution), all in one transaction: for each,
     what RQ's ``maintain_heartbeats`` writes, the worker's own key beaten only if it was not in
-    the last WORKER_BEAT_EVERY seconds.
-
-    One round trip for every claim due at once (``LeaseKeeper``): at 200 slow sites, renewing
-    a batch's claim in a round trip of its own every few seconds was some 0.4 round trips and
-    11 commands a page.
+    the last WORKER_BEAT_EVERY seconds: one round trip for every claim due at once (``LeaseKeeper``).
     """
     if not claims:
         return
@@ -158,12 +125,8 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
 
     Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
     that are due into their queues, and jobs stranded in an intermediate list
-    (``rescue_stranded``). Returns whether this call did the pass.
-
-    The pass first surveys every queue in one pipeline (``survey``: four counts a queue, a
-    round trip per SURVEY_CHUNK queues), then acts only on the queues the survey found
-    something to do in: a pass over 1,000 sites was 4,000 round trips every REAP_EVERY,
-    a twelfth of the download processes' CPU.
+    (``rescue_stranded``). Returns whether this call did the pass. It surveys every queue
+    first (``survey``) and acts only on the queues that have something to do.
     """
     lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
@@ -228,8 +191,8 @@ _queues_lock = threading.Lock()
 
 
 def _queue(connection: Redis, name: str) -> Queue:
-    """RQ's queue ``name`` on ``connection``, made once: a pass over 1,000 sites made 1,000 each
-    5 s, and making one checks its serializer against a typing Protocol (slow)."""
+    """RQ's queue ``name`` on ``connection``, made once per connection (making one checks its
+    serializer against a typing Protocol, which is slow)."""
     with _queues_lock:
         made = _queues.setdefault(connection, {})
         queue = made.get(name)

@@ -1,29 +1,13 @@
 """Pages waiting for a parser: the Redis Stream ``crawler:pages`` and its consumer group.
 
-A download job adds one entry per HTML page (``add``, one ``XADD``): ``task``, the
-parse task as JSON (site, url, status, headers, encoding, callback, meta, depth,
-fetched), and ``body``, the page zlib-compressed. Parse workers (``parsing``) read
-entries in batches through the consumer group ``parsers`` (``XREADGROUP``) and, once a
-page is parsed (or failed, or quarantined), acknowledge and delete its entry in the
-pipeline that counts it (``ack``). So an entry lives exactly until it is done with, and
-the stream's length is the parse backlog: entries not yet read plus entries being parsed.
-
-Nothing is lost when a parse worker dies. Its entries stay pending in the group;
-every worker looks, once a second, for entries pending longer than ``job_lease``
-without a sign of life and claims them (``reclaim``: ``XPENDING … IDLE`` then
-``XCLAIM`` with the same minimum idle time, in one script, so two workers never claim
-one entry). A worker keeps the entries it holds from being claimed by touching them
-every second (``touch``: ``XCLAIM … JUSTID`` of those still its own, in one script).
-An entry's delivery count counts the times its holder vanished while running it (the
-holder's oldest pending entry: workers run entries oldest first); once it passes
-``MAX_DELIVERIES`` (its page killed its worker that often) the page is recorded failed
-and dropped instead of being run again. Consumers are named after their host and process; one with nothing pending
-and idle for ``FORGET_IDLE`` seconds is removed from the group (``forget``). A parse
-worker also says it is alive every ``BEAT_EVERY`` seconds in ``crawler:parsers``
-(``beat``), which ``crawler status`` reads: on Redis 6.2 a consumer's idle time is not
-renewed by a read that finds nothing, so it cannot tell an idle worker from a dead one.
-
-Scripts need Redis 6.2 or later (``XPENDING … IDLE``).
+A download job adds one entry per HTML page (``add``: the parse task as JSON and the body,
+zlib); parse workers read entries in batches through the consumer group ``parsers`` and
+delete each once done with (``ack``), so the stream's length is the parse backlog. Entries
+of a dead worker are claimed by another (``reclaim``) once idle past ``job_lease``; a live
+worker ``touch``es those it holds; a page that killed its worker ``MAX_DELIVERIES`` times is
+failed, not run again. ``beat`` says a parse worker is alive (Redis 6.2 does not renew a
+consumer's idle time on an empty read). Scripts need Redis 6.2 or later. See
+docs/ARCHITECTURE.md ("Pages reach the parse workers through a Redis Stream").
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Which site a download worker serves next, in two round trips (one for a worker of one site).
 
-Three structures in Redis make the crawl fast while the gate keeps it polite:
-
-- the **compact frontier**, a list per site and priority of small JSON arrays (``[url,
-  callback, depth, hops, attempt, meta, refresh, validators]`` with trailing defaults left out),
-  which holds the bulk of queued URLs at a small fraction of an RQ job's size; a sorted
-  set per site names the priorities that have entries, so refills drain the highest
-  first;
-- the **ready set**, a sorted set of the sites that have work, scored by the time
-  (Redis clock, ms) their gate opens;
-- per site **RQ queue** ``download:{SITE}`` holding only a few jobs ahead, refilled from
-  the compact frontier just in time, so RQ still tracks what is in flight.
-
-``PICK_SITE`` names the first due site of the ready set; ``NEXT_JOB``, with that site's
-keys, checks that it is still due, moves one job id into RQ's intermediate list and
-re-scores the site one interval ahead, all in one Lua call, so workers are handed a
-site's jobs one interval apart (two workers that picked the same site get one turn). A
-site whose gate is still closed (a slow predecessor, a Retry-After) is re-scored to the
-moment it opens, so no worker waits behind it. The gate itself is still taken by the
-job right before its request: the ready set spreads the work, the gate is the
-guarantee. Retries wait in one delayed set (ms precision), scheduled refreshes in
-another, until ``PROMOTE_DUE`` moves those ``DUE_MEMBERS`` found due back to the front
-of their priority's list.
-
-Priority: a refill turns the highest-priority entries into RQ jobs first, and a push
-of entries above the priority of jobs already made hands those jobs back to the
-frontier (``EVICT``), so a high-priority request waits only for the ones of its own
-priority (or higher) ahead of it, plus the request already in flight.
-
-The scripts are ``crawler/coord/lua/NAME.lua`` (``NEXT_JOB`` is ``next_job.lua``), each headed
-by its KEYS, ARGV and whether it runs within one Redis Cluster slot; every key a script
-touches is passed in its KEYS, so a script's caller names the site's keys (and, for a
-retry, the keys of its site) before the call.
+The client side of the scheduling scripts (``crawler/coord/lua``) and the compact frontier
+entry's format. ``PICK_SITE`` names the first due site of the ready set (sites scored by
+when their gate opens); ``NEXT_JOB`` checks that it is still due, hands out one job id of
+its RQ queue (a few jobs ahead, refilled from the compact frontier) and re-scores the site
+one interval ahead, in one Lua call. The gate, taken right before each request, is still
+the guarantee of spacing. Retries and refreshes wait in sorted sets until ``promote_due``.
+The design: docs/ARCHITECTURE.md ("Download workers are handed a site", "Priorities").
 """
 
 from __future__ import annotations
@@ -72,13 +47,9 @@ REFILL_HOLD = 0.05
 #: opens, so that chain is not lost from every interval. The gate still decides when it goes.
 PREPARE_AHEAD = 0.015
 #: Seconds before its gate opens that a thread serving a slow site in turn (a paced batch's next
-#: URL, or the site's next job: ``DownloadWorker.follow``) starts on its request. The thread is
-#: the site's alone, so it may start early: at 200 slow sites on a loaded machine, taking the job,
-#: refilling the site's queue, claiming it and reading the site's settings took 0.1-0.7 s of round
-#: trips, each waiting its turn for the interpreter, and all of it was lost from the interval when
-#: started PREPARE_AHEAD before. The gate still decides when the request goes: the thread sleeps
-#: until it opens. At most half the shortest interval a site is served in turn at
-#: (``runtime.PACED_MIN_INTERVAL``).
+#: URL, or the site's next job: ``DownloadWorker.follow``) starts on its request: the thread is the
+#: site's alone, so its round trips (job, refill, claim, settings) are taken off the interval. The
+#: gate still decides when the request goes. At most half ``runtime.PACED_MIN_INTERVAL``.
 FOLLOW_AHEAD = 0.25
 
 
@@ -97,8 +68,8 @@ def encode_entry(
 
     ``validators`` ([etag, last_modified]) ride in a scheduled refresh's entry (``conditional``).
     ``extra``, the ninth field, is an object of the task's optional fields (a request's
-    ``method``, ``headers``, ``body``: ``DownloadTask.extra``), left out when empty, so a plain
-    GET's entry is what it was before requests had methods, and entries queued then still read.
+    ``method``, ``headers``, ``body``: ``DownloadTask.extra``), left out when empty (a plain
+    GET's entry has eight fields at most, and older entries still read).
     """
     fields: list[Any] = [
         url,
@@ -446,8 +417,7 @@ def publish_conf(
         mapping["gate"] = gate_key
     elif not gate_by_ip:
         gone.append("gate")
-    # One HSET and one HDEL in the transaction: every process writes each site's conf when it first
-    # meets the site and every REPUBLISH_EVERY, 3,000 writes at 1,000 sites, a field a command before.
+    # One HSET and one HDEL: every process writes each site's conf every REPUBLISH_EVERY.
     with connection.pipeline(transaction=True) as pipe:
         pipe.hset(keys.conf(site), mapping=mapping)  # type: ignore[arg-type]
         if gone:

@@ -3,17 +3,10 @@
 ``seed_lines`` reads one URL a line (blank lines and ``#`` comments skipped), never
 holds more than one chunk in memory, and hands each chunk to ``Frontier.add``: one
 ``ADD_SEEN`` script call for the chunk's fingerprints, then ``RPUSH`` of the new ones in
-pieces of at most ``frontier.PUSH_CHUNK`` entries. So no single Redis command handles
-more than a chunk, and other clients (workers crawling other sites) are served between
-two chunks: with ``SEED_CHUNK`` at 500, no command of a seed runs for more than a few
-milliseconds on the server.
-
-A bad line (not UTF-8, not an http(s) URL, outside the site's allowed domains, longer
-than the frontier's ``max_url_length``) is counted and the first few are kept with their
-line number and reason; it does not stop the seed. A line is read with a limit: an
-over-long one is skipped to its end in ``SKIP_READ`` pieces, never held whole, so a file
-of one 400 MB line costs no more memory than one of short lines. A seed that finds no
-good URL at all is an error (``NoGoodURL``).
+pieces of at most ``frontier.PUSH_CHUNK`` entries, so no Redis command handles more than a
+chunk and other clients are served between two. A bad line is counted (the first few kept
+with their reason) and does not stop the seed; an over-long line is skipped, never held
+whole. A seed that finds no good URL at all is an error (``NoGoodURL``).
 """
 
 from __future__ import annotations
@@ -30,8 +23,8 @@ from ..errors import ConfigError
 from ..spiders.spider import Request, Spider
 from .frontier import SEED_PRIORITY, AddResult, Frontier
 
-#: URLs handed to the frontier at a time: one ADD_SEEN call and one RPUSH each. ADD_SEEN costs
-#: about 2 us a URL on the server (a SADD each, inside Lua), so a chunk holds Redis for about a millisecond.
+#: URLs handed to the frontier at a time: one ADD_SEEN call and one RPUSH each, so that a chunk
+#: holds Redis for about a millisecond (docs/BENCHMARKS.md, "Seeding a million URLs").
 SEED_CHUNK = 500
 #: Bad lines kept (line number, text, reason) to show; the rest are only counted.
 BAD_EXAMPLES = 5

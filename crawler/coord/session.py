@@ -1,35 +1,13 @@
 """Sessions the whole fleet shares: a site's cookie jar and its login, kept in Redis.
 
-**The jar** (``cookies = True``, or a ``login_url``): one per site, in the hash
-``keys.cookies(SITE)``, one field per cookie (``[domain, path, name]``, as RFC 6265 tells
-cookies apart) holding the cookie as JSON. A response's ``Set-Cookie`` headers are read and
-kept as browsers keep them (RFC 6265 section 5, with the changes of its draft successor,
-6265bis, that browsers apply): domain and path matching, ``Secure``, ``Expires``/``Max-Age``
-(at most ``MAX_COOKIE_AGE``), deletion by an expired ``Set-Cookie``; a cookie without ``=``
-has an empty name; a ``Domain`` that is a public suffix (``co.uk``, by the Public Suffix
-List that ``publicsuffixlist`` carries) or part of an IP address is refused; the jar is
-capped as Chromium caps it (``MAX_COOKIES_PER_DOMAIN``, ``MAX_COOKIES``,
-``MAX_COOKIE_BYTES``), the oldest cookies (by creation) evicted. No header, however
-malformed, raises: one that cannot be read is ignored, with a note in the log. Names and
-values are kept as the bytes received, one character a byte (``Response.set_cookies``),
-and the ``Cookie`` header sends them back so.
-
-Only the cookies a response changes are written (``HSET``) or deleted (``HDEL``): two
-workers updating the jar at once merge, neither loses the other's cookies. Expired cookies
-are dropped when read.
-
-**The login** (``login_url`` and ``login(page) -> Request``): the hash ``keys.session(SITE)``
-holds ``state`` (``ok`` while logged in) and ``generation`` (how many logins so far). A
-worker that finds no session takes the lease ``keys.login_lease(SITE)`` (``SET NX PX``) and
-logs in, each request through the site's gate; the others hand their pages back to the
-delayed set for ``LOGIN_WAIT`` and look again then, holding neither gate nor thread. A
-worker that dies while logging in lets its lease expire, and the next page starts a login.
-``logged_out(page)`` answering True ends the session the request was sent with, and only
-that one (``end``: a compare-and-set on the generation), so a fleet that sees many
-logged-out pages of one session logs in again once.
-
-Cookie values are secrets: ``Response.headers`` never holds ``Set-Cookie`` (``fetch``),
-and what is shown of one goes through ``redacted_set_cookie``.
+**The jar** (``Jar``, hash ``keys.cookies(SITE)``, a field per cookie ``[domain, path,
+name]``) keeps a response's ``Set-Cookie`` as browsers keep them (RFC 6265 and the parts of
+6265bis browsers apply, public suffixes refused, capped as Chromium caps it); only the
+cookies a response changes are written, so concurrent updates merge, and no header,
+however malformed, raises. **The login** (``Session``, hash ``keys.session(SITE)``): one
+worker at a time logs in under a lease; ``end`` closes only the session generation a
+logged-out page was sent with. Cookie values are secrets: shown only through
+``redacted_set_cookie``. The rules, as the spider author sees them: docs/SPIDERS.md.
 """
 
 from __future__ import annotations

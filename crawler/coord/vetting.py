@@ -37,7 +37,7 @@ from .task import DownloadTask
 
 #: Dotted path of the only function a crawler job may name.
 DOWNLOAD_FUNC = "crawler.work.jobs.download"
-#: The names it had before: a job queued under one runs as ``DOWNLOAD_FUNC`` (the module moved, issue 20).
+#: Names the function had before it moved: a job queued under one runs as ``DOWNLOAD_FUNC``.
 OLD_DOWNLOAD_FUNCS = ("crawler.jobs.download",)
 
 #: Most URLs (arguments) one download job carries: a batch, for a fast site (``Runtime.batch_size``).
