@@ -229,7 +229,7 @@ class Store:
         try:
             target = engine_url(url)
             # A server's connection may have been cut (a restart, an idle timeout): pinged before use.
-            # A SQLite file has no server: its ping was a statement per transaction for nothing.
+            # A SQLite file has no server: no ping.
             self.engine: Engine = create_engine(
                 target,
                 future=True,
@@ -359,8 +359,8 @@ class Store:
 
     @cached_property
     def _upsert_statement(self) -> Any:
-        # Built once per Store: building it took about 70% of an upsert's CPU, and one
-        # statement object also keeps its SQL cache key memoized between executions.
+        # Built once per Store: building it is most of an upsert's CPU, and one statement
+        # object keeps its SQL cache key memoized between executions.
         postgres = self.engine.dialect.name == "postgresql"
         stmt: Any
         if postgres:  # imported here: a SQLite process has no use for the dialect (some 2 MiB)

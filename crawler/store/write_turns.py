@@ -1,24 +1,17 @@
 """Turns at a SQLite database's one writer: threads and processes queue for it instead of polling.
 
 SQLite lets one transaction write at a time, and a writer that finds the lock taken polls
-for it (its busy handler), sleeping up to 100 ms between tries. As a crawl of 200 slow
-sites started, when each of its first fetch records was a transaction of its own, a
-download process's threads so waited up to 0.9 s for the database, and the pages behind
-those records reached the parse workers that much later. A ``WriteTurns`` makes them
-queue instead: the threads of a process on a lock, the processes on an exclusive
-``flock`` of a file beside the database (``<database>-writer``), each let in as soon as
-the one before commits. The kernel releases the file's lock of a process that dies; one
-frozen in its turn (stopped, swapped out) holds the others up TURN_WAIT at most: then they
-go ahead without a turn, and SQLite's own wait decides, as before (its busy timeout, then
-the records wait in Redis: ``outbox``). A process waits for the file's lock by asking
-again every few milliseconds (a blocking ``flock`` cannot time out), not up to 100 ms.
+for it (its busy handler), sleeping up to 100 ms between tries. A ``WriteTurns`` makes
+writers queue instead: the threads of a process on a lock, the processes on an exclusive
+``flock`` of a file beside the database (``<database>-writer``), each let in as soon as the
+one before commits. A process that dies loses its lock; one frozen in its turn holds the
+others up TURN_WAIT at most, then SQLite's own wait decides (its busy timeout, then the
+records wait in Redis: ``outbox``).
 
-The turn also takes SQLite's WAL checkpoints out of the queue. SQLite runs one at the
-commit that grows the log past a thousand pages, holding that writer's turn while it
-copies the log into the database (0.3-0.5 s at 200 sites: every site's next record
-waited). Here the automatic checkpoint is off (``PRAGMA wal_autocheckpoint=0``, set by
-``database``) and a process runs a PASSIVE one, which other writers do not wait for,
-after every CHECKPOINT_EVERY of its write transactions, outside its turn.
+SQLite's automatic WAL checkpoint, which holds a writer's turn while it copies the log, is
+off (``PRAGMA wal_autocheckpoint=0``, set by ``database``): a process runs a PASSIVE one,
+which other writers do not wait for, after every CHECKPOINT_EVERY of its write
+transactions, outside its turn.
 
 PostgreSQL needs none of this: ``Store`` takes no turn there.
 """
