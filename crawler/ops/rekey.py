@@ -1,26 +1,12 @@
 """Moving a crawl's Redis keys to the names with a site hash tag: ``crawler migrate-keys``.
 
-Before hash tags a site's keys were ``crawler:KIND:SITE…`` and its RQ queue
-``download:SITE``; now they are ``crawler:KIND:{SITE}…`` and ``download:{SITE}`` (see
-``keys``). Workers of this version do not see a crawl left under the old names: the
-``worker`` and ``crawl`` commands refuse to start while ``old_sites`` finds one, and
-``migrate_keys`` moves it, with every worker stopped:
-
-- every key of a site (seen sets and their time buckets, frontier lists, levels, stats,
-  metrics, conf, live settings, errors, robots.txt copies, lastmods, parse failures, the
-  gate) is renamed (``RENAMENX``: a key that already exists under the new name is left
-  as it is, and counted);
-- gates several sites share (``crawler:gate:shared:NAME``, ``crawler:gate:ip:ADDRESS``)
-  are renamed, and a conf's ``gate`` field naming one is rewritten;
-- the download jobs of the old RQ queue (queued, handed out, running, or waiting for an
-  RQ retry: with every worker stopped, none is running) go back to the front of their
-  site's frontier as compact entries, so they are fetched again; a job that is not a
-  download task is quarantined. Then the old queue and its registries are deleted (its
-  failed jobs too: failed pages are listed from the database's fetch records).
-
-Global keys (the ready set, retries and refreshes waiting, the pages stream, …) kept
-their names. Short locks (``crawler:lock:…``) are left to expire. Running it again finds
-nothing to do.
+A crawl left under the key names without hash tags (``crawler:KIND:SITE…``, RQ queue
+``download:SITE``) is found by ``old_sites`` (the ``worker`` and ``crawl`` commands refuse
+to start while there is one) and moved by ``migrate_keys``, every worker stopped: each
+site key and shared gate renamed (``RENAMENX``: a name already taken is left and counted;
+a conf's ``gate`` field naming a renamed gate rewritten), the old queue's jobs handed back
+to the front of their frontier (one that is not a download task quarantined), its
+registries deleted. Running it again finds nothing to do. What it moves, for operators: docs/OPERATING.md.
 """
 
 from __future__ import annotations
