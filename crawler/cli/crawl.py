@@ -150,14 +150,9 @@ def seed(
 
 
 def _first_jobs(obj: Context, site: str) -> None:
-    """Make the site's first download jobs of what was seeded (``Frontier.refill``, as a worker would).
-
-    A worker's first look for a site then finds a job queued; otherwise it finds the queue
-    dry, refills it and asks again: four round trips more at each site's start, in the chain
-    of looks that starts a crawl's sites one after another (with 200 sites seeded at once,
-    the last site's first request came some 30 % sooner in ``bench fleet``). Safe with
-    workers running: a refill's move is made only if what it read is unchanged.
-    """
+    """Make the site's first download jobs of what was seeded (``Frontier.refill``, as a worker would),
+    so a worker's first look finds a job queued, not a dry queue to refill. Safe with workers
+    running: a refill's move is made only if what it read is unchanged."""
     obj.runtime.frontier(site).refill(JOBS_AHEAD)
 
 
