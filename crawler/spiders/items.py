@@ -1,21 +1,11 @@
 """Items: what a callback yields to be stored, and the user's code between the callback and the database.
 
-A callback yields ``Request`` objects and items of any kind itemadapter knows, as Scrapy
-callbacks do: dicts, dataclasses, attrs classes, pydantic models. Each item goes through
-the spider's ``process_item(item, page)``, then through the site's pipelines in order
-(``Spider.pipelines``: each ``process_item(item, spider, page)``), and is stored as the
-JSON object of its fields. A step that raises ``DropItem`` drops the item alone (counted
-``dropped``); any other exception (a pydantic ``ValidationError``, a bug) fails the
-page, recorded with the step and the message (``ItemError``), for ``crawler failed``
-and ``crawler retry``.
-
-A parse worker process opens a site's pipelines once, on the first page of the site it
-parses (``open(spider)``, when a pipeline has it), shares them between its threads, and
-closes them when it stops (``close(spider)``). ``crawler parse`` and
-``crawler.testing.run_page`` open and close them around their one page. The opening runs
-in a thread of its own, waited for ``OPEN_TIMEOUT`` seconds at most (a pipeline class's own
-``open_timeout`` instead): an ``open`` that hangs fails its site's pages, one at a time and
-at once while it is still under way, and holds up no other site.
+An item (any kind itemadapter knows: dicts, dataclasses, attrs classes, pydantic models)
+goes through the spider's ``process_item(item, page)``, then the site's pipelines in order,
+and is stored as the JSON object of its fields. ``DropItem`` drops the item alone; any
+other exception fails the page (``ItemError``, naming the step). A process opens a site's
+pipelines once (``Pipelines.open``, within ``OPEN_TIMEOUT``), shares them between its
+threads and closes them when it stops. The spider author's view: docs/SPIDERS.md.
 """
 
 from __future__ import annotations
