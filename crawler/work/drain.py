@@ -60,7 +60,7 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
         if sites:
             pipe.zmscore(keys.ready(), list(sites))
             # While only retries wait (a crawl's tail of sites answering 503), this look answers,
-            # not an every-site count each DRAIN_EVERY: 5,000 commands at 1,000 sites.
+            # not an every-site count each DRAIN_EVERY.
             pipe.zrange(keys.delayed(), 0, QUICK_SITES - 1)
         outbox.count_waiting(pipe)
         pipe.xlen(keys.pages())

@@ -174,8 +174,7 @@ class HeldRecords:
         jobs_done(self.rt, held)
 
 
-#: Longest a paced batch's record waits for others to be written with (``RecordWriter``): at 200
-#: slow sites a process writes some 100 records a second, one transaction and one round trip each.
+#: Longest a paced batch's record waits for others to be written with (``RecordWriter``).
 WRITE_WITHIN = 0.05
 
 
@@ -194,11 +193,10 @@ class RecordWriter:
     (``_write_groups``) for all that are waiting, as soon as the first of them is due.
 
     A paced batch's thread rests up to its interval between requests, so its record can wait
-    a little for others (``SoonRecords``); written one by one, each took a database
-    transaction and a Redis round trip of its own, a fifth of a download process's CPU at 200
-    slow sites. One writer thread a process, started at the first record (in a forked process
-    too: the thread stays in the parent); a record's error goes back to the thread that
-    handed it (``SoonRecords.flush``), and is the only one it gets.
+    a little for others (``SoonRecords``) rather than take a transaction and a round trip of its
+    own. One writer thread a process, started at the first record (in a forked process too:
+    the thread stays in the parent); a record's error goes back to the thread that handed it
+    (``SoonRecords.flush``), and is the only one it gets.
     """
 
     def __init__(self, rt: Any):
@@ -295,12 +293,9 @@ class SoonRecords:
 def write_now(rt: Any, done: Done) -> None:
     """``job_done`` through the process's ``RecordWriter`` (``Runtime.record_writer``): due at once, so
     written in its next transaction and pipeline together with whatever other threads hand it
-    meanwhile, and waited for; its error raised, as ``jobs_done`` raises it.
-
-    For a job's record that no batch holds (a job of one URL, robots.txt): each written in a
-    transaction of its own, the threads of a process queued for the database's writer one by one,
-    each turn slowed by the others' hold on the interpreter; as 200 slow sites started, a page then
-    reached the parse workers up to a second after its response (its record goes first).
+    meanwhile, and waited for; its error raised, as ``jobs_done`` raises it. For a job's record
+    that no batch holds (a job of one URL, robots.txt), so threads do not queue one by one for
+    the database's writer.
     """
     soon = SoonRecords(rt.record_writer, time.monotonic)
     soon.add(done)

@@ -29,8 +29,8 @@ SLEEPER_CHECK_EVERY = 1.0
 #: Seconds a grown thread sleeps unwanted before it retires (threads beyond the first only).
 RETIRE_AFTER = 60.0
 #: Threads of a process that look for work at once. A thread done with its job that finds this
-#: many looking sleeps until a look finds work: 36 threads of one process looking at once, each
-#: handed the same first due site, was most of the scheduler's Redis calls at 200 sites.
+#: many looking sleeps until a look finds work (more looking at once would each be handed the
+#: same first due site, for nothing).
 MOST_LOOKING = 2
 
 
@@ -237,7 +237,7 @@ class IdleRoom:
 
         ``quiet_for``: the look knew that nothing else is due for that many seconds (``Next.quiet_for``);
         the next thread to look takes the watch for that time first (``handed_watch``) instead of
-        looking now to be told so: at 1,000 slow sites that look was one PICK_SITE a request.
+        looking now to be told so.
         """
         with self._cond:
             self._busy += 1
@@ -288,9 +288,8 @@ class IdleRoom:
         """This thread is busy without a look: it follows its last site to its next turn (``done_work`` after).
 
         Between two jobs it was free, the thread to look next if no other was: then one more is
-        grown, as ``found_work`` does. Without it, once every thread followed a site or rested in
-        a paced batch nobody looked, and at 1,000 slow sites on a slow machine the last 200
-        sites waited for the first ones to finish (their first requests 30-76 s late)."""
+        grown, as ``found_work`` does, so someone still looks when every thread follows a site or
+        rests in a paced batch."""
         with self._cond:
             self._busy += 1
             if self._sleepers or self._watching or self._looking or not self._may_grow():

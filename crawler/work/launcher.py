@@ -2,13 +2,10 @@
 
 Each worker process builds its own Redis connection, HTTP pool and database engine,
 sharing nothing with the parent but plain settings. A launcher running one thread (the
-CLI) forks them: they start with the modules it has imported, where a fresh interpreter
-would spend some 0.7 s of CPU a process importing them again (``bench throughput``,
-fixed cost). A launcher running other threads (a test, a benchmark with a server
-thread) spawns them instead, since a fork copies any lock another thread holds at that
-moment, held for good. Spawned processes do not import the parent's main module
-(``spawn`` would, for objects pickled from it: none of a worker's are), which cost every
-worker a second import of the CLI or of the user's script, top-level code included.
+CLI) forks them, so they start with the modules it has imported; one running other
+threads (a test, a benchmark with a server thread) spawns them instead, since a fork
+copies any lock another thread holds at that moment, held for good. Spawned processes do
+not import the parent's main module (``_main_module_left_out``).
 """
 
 from __future__ import annotations
@@ -121,14 +118,14 @@ def run_worker_process(
 def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1) -> int:
     """Run ``processes`` worker processes of ``spec``, this one among them; the worst exit code.
 
-    A launcher that only waited for its children would hold every module it imported
-    (some 20-40 MiB of a 200-site crawl's memory) for nothing: the command is the first
-    worker process, and starts the others (``start_workers``) before any thread of its
-    own. Signals reach it as they would a child (SIGTERM stops it after its jobs, a second
-    one at once); when it ends, for whatever reason, it tells the others to stop after
-    their jobs (``told_to_stop``, not a signal: one that already got Ctrl-C from the
-    terminal must not take ours for a second one) and waits for them, STOP_WAIT seconds
-    at most each. A crash is logged and exits 1, as a child's would.
+    A launcher that only waited for its children would hold every module it imported for
+    nothing: the command is the first worker process, and starts the others
+    (``start_workers``) before any thread of its own. Signals reach it as they would a child
+    (SIGTERM stops it after its jobs, a second one at once); when it ends, for whatever
+    reason, it tells the others to stop after their jobs (``told_to_stop``, not a signal:
+    one that already got Ctrl-C from the terminal must not take ours for a second one) and
+    waits for them, STOP_WAIT seconds at most each. A crash is logged and exits 1, as a
+    child's would.
     """
     told_to_stop = multiprocessing.get_context(start_method()).Event() if processes > 1 else None
     others = (
@@ -156,14 +153,13 @@ def default_processes() -> int:
 #: glibc's ``M_ARENA_MAX`` (``mallopt``) and the arenas a worker process keeps.
 _M_ARENA_MAX = -8
 #: Every thread that allocates gets a malloc arena of its own up to glibc's default (8 x
-#: cores), each holding freed memory apart: a download process of a hundred threads grew
-#: by 60 MiB over a 45-second crawl of 200 sites. Threads share the GIL anyway, so they
-#: gain nothing from separate arenas.
+#: cores), each holding freed memory apart. Threads share the GIL anyway, so they gain
+#: nothing from separate arenas.
 MALLOC_ARENAS = 2
 #: Seconds between two ``malloc_trim`` calls of a busy worker process (``_give_back_free_memory``).
 TRIM_EVERY = 1.0
 #: CPU seconds a process must have spent since its last trim for the next one to run: a trim
-#: walks the whole heap (some 10 ms for 60 MiB of holes), and an idle process has freed nothing.
+#: walks the whole heap, and an idle process has freed nothing.
 TRIM_AFTER_CPU = 0.05
 
 
@@ -180,11 +176,9 @@ def _glibc() -> Any:
 def _give_back_free_memory(libc: Any) -> None:
     """Return the pages malloc holds free to the system, every TRIM_EVERY seconds while busy, for good.
 
-    glibc gives back only the free top of a heap; the pages freed in between (a hundred
-    threads' responses, pipelines and SQL rows come and go) stay counted in the process's
-    memory until ``malloc_trim`` releases them: a 200-site crawl's two download processes
-    peaked at 220 MiB of PSS without it, 171 with a trim every 2 s, for no measurable CPU.
-    A process that spent under TRIM_AFTER_CPU since the last trim skips it (idle stays free).
+    glibc gives back only the free top of a heap; the pages freed in between stay counted in
+    the process's memory until ``malloc_trim`` releases them. A process that spent under
+    TRIM_AFTER_CPU since the last trim skips it (idle stays free).
     """
     trimmed_at = time.process_time()
     while True:
@@ -196,8 +190,7 @@ def _give_back_free_memory(libc: Any) -> None:
 
 #: Most download workers a process grows to unless told (``--threads``): a thread each, waiting on
 #: its socket (a request in flight) or resting until its slow site's next turn (a paced batch: a
-#: thread a site, some 550 a process at 1,000 sites of 5 s on 2 cores). A resting thread costs some
-#: 80 KB; the process's CPU, not its count of threads, is what limits it (``bench fleet``, docs/DEPLOYMENT.md).
+#: thread a site). The process's CPU, not its count of threads, is what limits it (docs/DEPLOYMENT.md).
 MOST_DOWNLOAD_THREADS = 1024
 
 
@@ -289,10 +282,9 @@ CONNECTIONS_FIXED = 20
 def pool_size(threads: int) -> int:
     """The Redis pool of a worker process of ``threads`` workers: enough for all its users at once.
 
-    redis-py's default pool (100 connections, then ``MaxConnectionsError``) crashed a
-    process of 64 download threads; this one is sized to them, and waits rather than
-    fails should more be asked for (``connection.connect``). Connections are opened as
-    they are first needed, so a large pool costs nothing until used.
+    Sized to them, unlike redis-py's default (100 connections, then ``MaxConnectionsError``),
+    and waits rather than fails should more be asked for (``connection.connect``).
+    Connections are opened as they are first needed, so a large pool costs nothing until used.
     """
     return CONNECTIONS_PER_THREAD * threads + CONNECTIONS_FIXED
 
@@ -372,9 +364,9 @@ def _main_module_left_out() -> Iterator[None]:
 
     ``spawn`` names the parent's main module (its ``__spec__`` or ``__file__``) to every
     child, which imports it so that objects pickled from it can be found. A worker's
-    target and arguments all live in ``crawler``, so that import only cost time: the whole
-    CLI, or a user's script and its top-level code, some 0.3 s of CPU per process
-    (``bench throughput``, fixed cost). A bare module stands in while they start.
+    target and arguments all live in ``crawler``, so that import would only cost time (the
+    whole CLI, or a user's script and its top-level code). A bare module stands in while
+    they start.
     """
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")

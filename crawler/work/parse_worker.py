@@ -1,26 +1,14 @@
 """Parse workers: read downloaded pages from the pages stream in batches and parse each.
 
 A parse worker is not an RQ worker: it is one consumer of the group ``parsers`` on
-``crawler:pages`` (see ``pages``). Its loop: claim entries whose holder died (once a
-second), else read up to ``READ_COUNT`` new ones (``XREADGROUP``, blocking up to
-``READ_BLOCK`` seconds; after a batch that was not full, it first lets ``READ_PAUSE``
-pass); for each, check it (``vetting.page_entry``: a malformed entry is quarantined and
-dropped, never run) and run ``parse_job.parse`` on it under the process's job-timeout
-watchdog. Entries on their first delivery are one batch, whose links, items and records
-are written together at its end (``parse_job.HeldParses``), or as soon as the links held pass
-``parse_job.HELD_LINK_BYTES``, the entries acknowledged and deleted in the pipeline that counts
-them; entries delivered before run one at a time,
-each written before the next. While it holds a batch, a lease thread keeps the entries
-from being reclaimed by others. A page of a site this process has no spider for goes back to the
-end of the stream for a worker that has it (said once per site). While the database
-is down a page waits in the worker's hands, retried with backoff, and is not
-redelivered; a page whose items the database refuses (``store.refused``: a value it
-cannot hold, not an outage) is recorded failed with the reason, and the worker goes on.
-``rq suspend`` pauses it before its next batch until ``rq resume`` (a burst worker ends
-instead), as it does RQ's download workers.
-SIGTERM (or the launcher's stop event) stops it after the current page;
-the rest of its batch goes back to the stream. ``--burst``: it exits when the crawl is
-drained (``drain.crawl_drained``).
+``crawler:pages`` (see ``pages``). Its loop claims entries whose holder died, else reads up
+to ``READ_COUNT`` new ones, checks each (``vetting.page_entry``: a malformed one is
+quarantined, never run) and runs ``parse_job.parse`` on it under the job-timeout watchdog
+(``_run_batch``), while ``EntryLease`` keeps the entries it holds from being reclaimed. A
+page of a site with no spider here goes back to the stream; a page waits in hand while the
+database is down; one whose items the database refuses is recorded failed. ``rq suspend``
+pauses it; SIGTERM stops it after the current page, the rest of its batch back to the
+stream; ``--burst`` ends it once the crawl is drained.
 """
 
 from __future__ import annotations
@@ -58,7 +46,7 @@ READ_COUNT = 8
 #: Longest wait for a new entry, seconds (stop requests are seen this often).
 READ_BLOCK = 1.0
 #: Longest wait for a new entry of a burst worker (its drain look follows each wait that found
-#: none): with READ_BLOCK a burst ended up to a second after its last page, 0.25 s with 0.25 s.
+#: none): a burst ends up to about this long after its last page.
 BURST_READ_BLOCK = 0.05
 #: Least seconds between two drain looks of a burst worker that count every site's work (five
 #: commands a site): the look after each empty wait costs a few commands until then.
@@ -287,7 +275,7 @@ class ParseWorker:
         """
         ran = False
         # The sites' live settings and spider arguments due for a re-read, in one round trip for the
-        # batch: at 1,000 sites each page's site was due, and read in a round trip of its own.
+        # batch, not one a page.
         decoded = [_decode(entry) for entry in entries]  # once: ``_run`` takes them as they are
         self.runtime.read_sites_due(found[0]["site"] for found in decoded if not isinstance(found, RefusedEntry))
         held = parse_job.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None

@@ -61,20 +61,17 @@ BATCH_BELOW = PREPARE_AHEAD
 #: to the front of the frontier (the site was closed or slowed meanwhile).
 BATCH_GATE_WAIT = 0.1
 #: Seconds of a slow site's requests one job carries at most (``Batching``): its thread waits on
-#: the gate between them, so RQ's per-job costs (some 25 Redis commands, and the claim, the
-#: refill and the finish: a quarter of a download process's CPU at 1,000 sites of 5 s with 4
-#: URLs a job) are shared by up to MAX_BATCH requests. A graceful stop, a pause and a new higher
-#: priority are seen before each URL, so a longer span does not keep them waiting.
+#: the gate between them, so RQ's per-job costs (the claim, the refill, the finish) are shared by
+#: up to MAX_BATCH requests. A graceful stop, a pause and a new higher priority are seen before
+#: each URL, so a longer span does not keep them waiting.
 PACED_BATCH_SPAN = 40.0
 #: Shortest interval in force (seconds) for which a slow site's jobs are paced batches: below it,
 #: responses often take longer than the interval, and one thread in turn could not keep up.
 PACED_MIN_INTERVAL = 0.5
 #: Longest interval in force (seconds) for which a slow site's jobs are paced batches. A paced
-#: batch holds its thread for its whole span, asleep between requests, so the threads a process
-#: needs follow the sites it serves at once rather than its requests in flight: 1,000 sites at
-#: 5 s want some 1,100 threads (``launcher.MOST_DOWNLOAD_THREADS``). In return RQ's bookkeeping is
-#: paid once a batch, not once a request: a third of a download process's CPU at one URL a job.
-#: Beyond 10 s a span holds too few requests to be worth a thread held that long.
+#: batch holds its thread for its whole span, so the threads a process needs follow the sites it
+#: serves at once (``launcher.MOST_DOWNLOAD_THREADS``); beyond this a span holds too few requests
+#: to be worth a thread held that long.
 PACED_MAX_INTERVAL = 10.0
 #: A slow site whose batch's requests came on average more than this many intervals apart,
 #: its last answer having taken at least SLOW_ANSWER of the interval (responses about as slow as
@@ -83,9 +80,8 @@ PACED_MAX_INTERVAL = 10.0
 LATE_SPACING = 1.25
 UNBATCHED_FOR = 120.0
 #: Share of the interval a site's answer must take for a late batch to be the site's doing.
-#: With faster answers the lateness is the workers' own (a loaded machine: at 1,000 sites on 2
-#: cores, 170 sites went to one URL a job in 5 s), and one URL a job would only add to the load:
-#: RQ's bookkeeping, a look and a claim for each request instead of each batch.
+#: With faster answers the lateness is the workers' own (a loaded machine), and one URL a job
+#: would only add to the load: RQ's bookkeeping, a look and a claim for each request.
 SLOW_ANSWER = 0.75
 #: A request leaves its gate's rearm to its record (``rearms_late``) when the site's last answer
 #: took less than this share of the interval: a later answer would hold the gate shut past it
@@ -208,8 +204,7 @@ class Runtime:
         The arguments are read from Redis at most once per ARGS_REFRESH seconds; when they
         changed, a new instance is built with them (``spiderargs``), which later calls get.
         """
-        # A dict's get is atomic: no lock to read. At 1,000 sites some 130 threads of a process
-        # were once queued on the one lock every site's look-up took.
+        # A dict's get is atomic: no lock to read, so look-ups of many sites' threads never queue.
         held = self._spiders.get(site)
         if held is not None and time.monotonic() - held[0] < ARGS_REFRESH:
             return held[2]
@@ -245,9 +240,9 @@ class Runtime:
     def read_site_along(self, pipe: Any, site: str, always: bool = False) -> Callable[[list[Any]], None] | None:
         """Queue in ``pipe`` the reads ``_read_site`` makes, if ``site``'s are due within READ_ALONG_AHEAD
         seconds (the job about to run would read them); what to call with the replies to the commands
-        it queued, else None. A download job's claim carries them (``joblife.claim``): at 1,000 sites
-        a site's job comes every few seconds, and its read was a round trip of its own each time.
-        ``always``: whether due or not (a pipeline that goes anyway, some time before the reads are used).
+        it queued, else None. A download job's claim carries them (``joblife.claim``), which saves a
+        round trip a job. ``always``: whether due or not (a pipeline that goes anyway, some time
+        before the reads are used).
         """
         if site not in self.policies.spiders:
             return None  # no spider here: the job is handed back unread
@@ -414,8 +409,7 @@ class Runtime:
         ``status`` is the HTTP status, None with ``error`` ('timeout', 'connection') when
         there was no answer.
         """
-        # The policy the request went with, not one read again: at an interval past LIVE_REFRESH that was a
-        # round trip after each response, to learn that the interval is not adaptive.
+        # The policy the request went with, not one read again (a round trip after each response).
         auto = self.held_policy(site).auto
         if auto is None:
             return None
@@ -519,8 +513,7 @@ class Runtime:
         Looked at once a second at most; written when it changed since this process last
         wrote it, or REPUBLISH_EVERY after (a conf hash lost with a Redis restart, or
         written by a process that resolves the policy differently, is put right), or when
-        ``force``d. Rewriting the same values every second cost some six commands a second
-        per site and process.
+        ``force``d.
         """
         now = time.monotonic()
         if not force and now - self._published.get(site, -LIVE_REFRESH) < LIVE_REFRESH:
@@ -577,8 +570,8 @@ class Runtime:
     def gate_opens_at(self, site: str) -> float:
         """When (``time.monotonic()``) ``site``'s own gate opens as far as this process knows: rearmed
         by its last send from here (``Turn.opens_at``); 0 when it knows nothing of it."""
-        # By the policy as last read: a hint to time a wait by, asked after each response; re-read, it
-        # was a round trip after each response at an interval past LIVE_REFRESH.
+        # By the policy as last read: a hint to time a wait by, asked after each response (a re-read
+        # would be a round trip each).
         turn = self._turns.get(keys.gate(self.gate_name(site, fresh=False)))
         return turn.opens_at if turn is not None else 0.0
 

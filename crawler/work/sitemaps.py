@@ -1,27 +1,13 @@
 """Sitemaps: URLs from ``<urlset>`` and ``<sitemapindex>`` documents, streamed into the frontier.
 
-A sitemap is downloaded like any page (a download job through the site's gate), with the
-reserved callback ``SITEMAP_CALLBACK``; its parse job reads it here instead of running a
-spider method. Nothing is loaded whole:
-
-- the download streams the body into a zlib compressor (``SitemapSink``), so a worker
-  holds the compressed sitemap (a tenth of it, for URLs), never the 50 MB document;
-- the parse job inflates it a step at a time, gunzips it if it is a ``.xml.gz`` file,
-  and feeds lxml's pull parser (``lxml.etree.XMLPullParser``), dropping every element
-  (of any name) once read; the URLs go to the frontier a batch at a time, at most
-  ``MAX_ENTRIES`` of them (the protocol's limit; the record says the rest was ignored).
-
-Sitemaps are parsed defused: entities are not resolved (an external entity stays an
-unresolved reference, the entry holding it is dropped; an entity bomb is refused by
-libxml2's amplification limit), no DTD is loaded, nothing is fetched from the network,
-and the document is capped at ``SITEMAP_MAX_BYTES`` decoded (the protocol's 50 MB).
-
-A URL is taken once per document, with the latest ``<lastmod>`` listed for it.
-``<lastmod>`` decides whether a known page, or child sitemap of an index, is fetched
-again: each URL's last lastmod is kept in ``crawler:lastmod:{SITE}`` (fingerprint → epoch
-seconds). A newer one queues it again past the seen set; a first one, an equal or older
-one, or none leaves it to the seen set (so a URL already seen is skipped). Indexes are
-followed up to ``MAX_SITEMAP_DEPTH`` levels.
+A sitemap is downloaded like any page, with the reserved callback ``SITEMAP_CALLBACK``; its
+parse job reads it here. Nothing is held whole: the download keeps the body zlib-compressed
+(``SitemapSink``), the parse inflates it a step at a time into lxml's pull parser
+(``entries``), and the URLs go to the frontier a batch at a time (``SitemapReader``), at
+most ``MAX_ENTRIES``. Parsed defused: no entity resolved, no DTD, no network, at most
+``SITEMAP_MAX_BYTES`` decoded. A URL is taken once per document; a ``<lastmod>`` newer than
+the one recorded (``crawler:lastmod:{SITE}``) queues it past the seen set. Indexes are
+followed up to ``MAX_SITEMAP_DEPTH`` levels. See docs/ARCHITECTURE.md ("Sitemaps").
 """
 
 from __future__ import annotations
