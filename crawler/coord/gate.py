@@ -253,10 +253,8 @@ class Gate:
     def rearm_sent(self, pipe: Any) -> None:
         """Queue in ``pipe`` the rearm of the request ``sent`` earlier: the lock, if this token still holds
         it, ends ``rearm_expire`` after the send (counted on this process's clock up to now, so it
-        ends no sooner), or now if that is past. Pass the reply to ``check_rearm_sent``.
-
-        Costs no round trip of its own: a slow site's responses come well within its interval,
-        so the lock that would open at ``expire`` after the take is cut short before then.
+        ends no sooner), or now if that is past. Pass the reply to ``check_rearm_sent``. For a
+        site whose responses come well within its interval, so the cut comes before the lock opens.
         """
         assert self.sent_at is not None and self.token is not None, "rearm_sent without sent"
         self._sent_left_ms = self._left_ms()
@@ -308,13 +306,9 @@ class Gate:
     def before_send(self) -> None:
         """Make sure the gate is held, for at least ``rearm_expire`` from now: call it right before sending.
 
-        The holder's own clock says how long ago it took the gate; while that is under the
-        send grace (``expire - rearm_expire``, less ``SEND_SAFETY``), the lock outlives this
-        moment by at least ``rearm_expire`` whatever happens next, so the request may go.
-        Past it (the process was frozen: SIGSTOP, a GC pause, swap), the gate may have
-        expired and been taken and used by another worker, so it is taken again first:
-        renewed if this token still holds it, else waited for. Costs nothing in the usual
-        case (no Redis call).
+        No Redis call while the holder's own clock says it took the gate less than the send
+        grace ago (``expire - rearm_expire``, less ``SEND_SAFETY``). Past it (a frozen process),
+        another worker may have taken the gate meanwhile, so it is taken again first (``retake``).
         """
         if self.token is None or self.acquired_at is None:
             self.acquire()

@@ -101,12 +101,8 @@ BATCH_DONE = "done"
 
 
 def job_retry() -> Retry:
-    """The RQ retry policy every download job is enqueued with.
-
-    An immediate retry (the first: its worker died) goes to the front of the site's queue,
-    not behind the jobs made since: it was next in line, and a batch behind a few others
-    of a slow site would wait for all their URLs.
-    """
+    """The RQ retry policy every download job is enqueued with: ``RETRY_DELAYS``, each retry at the
+    front of the site's queue (it was next in line), not behind the jobs made since."""
     return Retry(max=RETRIES, interval=RETRY_DELAYS, enqueue_at_front=True)
 
 

@@ -90,17 +90,11 @@ def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
 def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
-    First one command: the download processes of the fleet with jobs in hand (``inflight``),
-    which answers while any download runs (a burst's workers ask after every look that found
-    no job to run now). Then the quick look (``quick_work``: at most 4 + 2 x QUICK_SITES
-    commands in two round trips, however many sites): while a crawl has work queued, or
-    retries waiting, it answers. Only when both see nothing are delayed retries, RQ
-    jobs, every page to parse and records waiting for the database counted (one round
-    trip, five commands a site), then the compact frontiers (their levels, then a script a
-    site: two more) when those come to nothing: once at the end of a crawl, or while only
-    retries of its sites wait behind other crawls' retries on the same Redis. So the answer
-    is exact when it is 0, and a lower bound otherwise.
-    ``looked``: the caller has just made the first command and the quick look, which saw nothing.
+    Exact when it is 0, a lower bound otherwise. The cheap looks come first: the processes
+    with jobs in hand (``inflight``), then ``quick_work`` (a constant number of commands);
+    only when both see nothing is every site counted (retries, RQ jobs, pages to parse,
+    records waiting, then the compact frontiers). ``looked``: the caller has just made both
+    cheap looks, which saw nothing.
     """
     sites = list(sites)
     quick = 0 if looked else busy_processes(connection) or quick_work(connection, sites)
@@ -120,10 +114,9 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
 
     Checked twice a moment apart, so work passing between two lists is not missed.
-    ``count_all``: asked before a look reads every site (``pending_work``, once the first
-    few commands saw nothing); False: not drained, as far as this look says. So a burst may
-    look often (its end comes as soon as its last page is parsed) while its every-site
-    counts, five commands a site, are made at the pace ``count_all`` sets.
+    ``count_all``: asked before a look reads every site (once the cheap looks saw nothing);
+    False: not drained, as far as this look says, so a burst may look often while its
+    every-site counts are made at the pace ``count_all`` sets.
     """
     sites = list(sites)
     if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):

@@ -282,9 +282,8 @@ CONNECTIONS_FIXED = 20
 def pool_size(threads: int) -> int:
     """The Redis pool of a worker process of ``threads`` workers: enough for all its users at once.
 
-    Sized to them, unlike redis-py's default (100 connections, then ``MaxConnectionsError``),
-    and waits rather than fails should more be asked for (``connection.connect``).
-    Connections are opened as they are first needed, so a large pool costs nothing until used.
+    Unlike redis-py's default (100, then ``MaxConnectionsError``), it waits rather than fails
+    should more be asked for (``connection.connect``); connections open as first needed.
     """
     return CONNECTIONS_PER_THREAD * threads + CONNECTIONS_FIXED
 
@@ -362,11 +361,9 @@ def start_workers(
 def _main_module_left_out() -> Iterator[None]:
     """Processes spawned meanwhile do not run this process's ``__main__`` again.
 
-    ``spawn`` names the parent's main module (its ``__spec__`` or ``__file__``) to every
-    child, which imports it so that objects pickled from it can be found. A worker's
-    target and arguments all live in ``crawler``, so that import would only cost time (the
-    whole CLI, or a user's script and its top-level code). A bare module stands in while
-    they start.
+    ``spawn`` has every child import the parent's main module, for objects pickled from it;
+    a worker's all live in ``crawler``, so that import (the CLI, or a user's script and its
+    top-level code) would only cost time. A bare module stands in while they start.
     """
     main = sys.modules["__main__"]
     sys.modules["__main__"] = types.ModuleType("__main__")
