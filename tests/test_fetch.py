@@ -31,8 +31,10 @@ from crawler.errors import (
     PrivateAddress,
     UnsupportedScheme,
 )
-from crawler.http.addresses import RESOLVER_THREADS
-from crawler.http.fetch import Fetcher, Response, charset_of, inflate_capped, is_public_address, parse_retry_after
+from crawler.http.addresses import RESOLVER_THREADS, is_public_address
+from crawler.http.content import inflate_capped
+from crawler.http.fetch import Fetcher, Response
+from crawler.http.headers import charset_of, parse_retry_after
 
 CAP = 100 * 1024
 TIMEOUT = 0.5

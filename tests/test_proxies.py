@@ -25,7 +25,7 @@ from crawler.coord.frontier import seed
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.errors import ConfigError
-from crawler.http.fetch import _GuardedStream, _RequestGuard
+from crawler.http.guard import GuardedStream, RequestGuard
 from crawler.http.proxies import BENCH_SECONDS, ProxyPool, parse_proxies, site_proxies
 from crawler.settings import Settings, load_settings
 from crawler.spiders.loading import SpiderSet
@@ -268,8 +268,8 @@ def test_a_tunnel_connect_is_not_taken_for_the_request_on_the_wire() -> None:
             return b""
 
     inner = Stream()
-    stream = _GuardedStream(inner)  # type: ignore[arg-type]
-    guard = _RequestGuard(
+    stream = GuardedStream(inner)  # type: ignore[arg-type]
+    guard = RequestGuard(
         time.monotonic() + 10, False, "", lambda: inner.done.append("before"), lambda: inner.done.append("sent")
     )
     with guard.active():

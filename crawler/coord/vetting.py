@@ -152,7 +152,7 @@ def page_entry(fields: Mapping[bytes, bytes]) -> tuple[dict[str, Any], bytes]:
 
     An entry is ``task`` (a JSON object: site, url, status, headers, encoding, callback,
     meta, depth, fetched, and refresh for a page to be refreshed) and ``body`` (zlib).
-    The body is inflated later, within the body cap (``fetch.inflate_capped``): a bomb
+    The body is inflated later, within the body cap (``content.inflate_capped``): a bomb
     fails its page, it is not refused here.
     """
     for name in ("task", "body"):

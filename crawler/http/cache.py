@@ -23,7 +23,8 @@ from typing import Any
 import httpcore
 import httpx
 
-from .fetch import Fetcher, Response, guarded_pool
+from .fetch import Fetcher, Response
+from .guard import guarded_pool
 from .pools import Transport
 
 #: The cache's SQLite file, under the state directory.

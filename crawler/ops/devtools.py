@@ -20,7 +20,8 @@ from ..coord.frontier import canonicalize, host_allowed, request_fingerprint
 from ..coord.session import Jar, uses_cookies
 from ..coord.task import check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
-from ..http.fetch import Response, user_agent_of
+from ..http.fetch import Response
+from ..http.headers import user_agent_of
 from ..http.redirects import refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet

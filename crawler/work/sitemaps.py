@@ -27,7 +27,7 @@ from redis import Redis
 from ..coord import keys, lua
 from ..coord.frontier import Frontier, fingerprint
 from ..errors import BadResponse, BodyTooLarge, RefusedURL
-from ..http.fetch import DECODE_STEP, ContentDecoder, DecodeError
+from ..http.content import DECODE_STEP, ContentDecoder, DecodeError
 from ..spiders.spider import SITEMAP_CALLBACK, Request, SitemapRules, Spider
 
 #: Largest sitemap read, decoded (gunzipped) bytes: the sitemaps protocol's limit.
