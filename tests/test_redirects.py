@@ -12,7 +12,7 @@ from redis import Redis
 from routes import Answer, Routes, serving
 
 from crawler.coord.frontier import seed
-from crawler.http.fetch import merge_headers
+from crawler.http.headers import merge_headers
 from crawler.http.redirects import (
     META_REFRESH_MAX_DELAY,
     META_REFRESH_SCOPE,
