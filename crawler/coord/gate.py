@@ -253,9 +253,7 @@ class Gate:
     def rearm_sent(self, pipe: Any) -> None:
         """Queue in ``pipe`` the rearm of the request ``sent`` earlier: the lock, if this token still holds
         it, ends ``rearm_expire`` after the send (counted on this process's clock up to now, so it
-        ends no sooner), or now if that is past. Pass the reply to ``check_rearm_sent``. For a
-        site whose responses come well within its interval, so the cut comes before the lock opens.
-        """
+        ends no sooner), or now if that is past. Pass the reply to ``check_rearm_sent``."""
         assert self.sent_at is not None and self.token is not None, "rearm_sent without sent"
         self._sent_left_ms = self._left_ms()
         pipe.evalsha(self._rearm_sent.sha, len(self._sent_keys), *self._sent_keys, *self._sent_args(self._sent_left_ms))

@@ -104,10 +104,8 @@ def lastmod(site: str) -> str:
 
 
 def sitemap_taken(site: str, read: str) -> str:
-    """Set of the fingerprints one read of a sitemap of ``site`` queued (``read`` names the read), while it lasts.
-
-    A URL listed again by the same document is not queued again; deleted when the read ends.
-    """
+    """Set of the fingerprints one read (``read``) of a sitemap of ``site`` queued, so a URL the document
+    lists again is not queued again; deleted when the read ends."""
     return f"{PREFIX}sitemap-taken:{_tag(site)}:{read}"
 
 
@@ -147,10 +145,8 @@ def sites() -> str:
 
 
 def frontier(site: str, priority: int = 0) -> str:
-    """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``).
-
-    The list of priority P is that of priority 0 with ``:P`` appended.
-    """
+    """List of compact entries of one priority: the bulk of ``site``'s queued URLs (see ``scheduler``);
+    the list of priority P is that of priority 0 with ``:P`` appended."""
     base = f"{PREFIX}frontier:{_tag(site)}"
     return base if priority == 0 else f"{base}:{priority}"
 

@@ -162,10 +162,7 @@ def set_live(
 
 
 def reset_live(connection: Redis, site: str) -> None:
-    """Drop ``site``'s live interval and concurrency: config and spider values apply again.
-
-    A pause is kept: ``crawler resume`` ends it.
-    """
+    """Drop ``site``'s live interval and concurrency: config and spider values apply again (a pause is kept)."""
     connection.hdel(keys.live_settings(site), "interval", "concurrency")
     announce(connection)
 

@@ -97,10 +97,8 @@ def entry_encoder(
     refresh: float | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> Callable[[str], str]:
-    """``encode_entry`` with every field but the URL fixed: for many URLs that share them (a page's links).
-
-    The JSON of a list is its items' JSON joined, so only the URL is encoded per call.
-    """
+    """``encode_entry`` with every field but the URL fixed, for many URLs that share them (a page's links):
+    only the URL is encoded per call."""
     tail = encode_entry("", callback, depth, hops, attempt, meta, refresh, None, extra)[len('[""') :]
     return lambda url: "[" + _json_string(url) + tail
 
@@ -197,11 +195,8 @@ class Scheduler:
         return Next(wait=0.0)
 
     def take(self, site: str) -> Next | None:
-        """One job id of ``site`` if it is due and its gate opens soon (NEXT_JOB), else None.
-
-        ``Next(site, refill=True)`` without a job: its RQ queue is empty but its compact
-        frontier is not; refill it, then take again.
-        """
+        """One job id of ``site`` if it is due and its gate opens soon (NEXT_JOB), else None; ``Next(site,
+        refill=True)`` without a job: its RQ queue is empty but its frontier is not (refill, take again)."""
         step = self.next_of(site)
         return step if step.site is not None else None
 
@@ -271,10 +266,8 @@ class Scheduler:
         self._schedule(keys=[keys.delayed(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "delayed"])
 
     def schedule_refresh(self, site: str, entry: str, delay: float, priority: int) -> None:
-        """Fetch ``entry``'s page again in ``delay`` seconds, whatever the seen set says.
-
-        One page has one refresh pending: scheduling the same entry again moves it in time.
-        """
+        """Fetch ``entry``'s page again in ``delay`` seconds, whatever the seen set says; one page has one
+        refresh pending: scheduling the same entry again moves it in time."""
         member = f"{site}\t{priority}\t-\t{entry}"
         self._schedule(keys=[keys.recrawls(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "recrawls"])
 

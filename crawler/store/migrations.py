@@ -41,11 +41,8 @@ PG_LOCK_KEY = 0x637261776C657200
 
 @dataclass(frozen=True)
 class Migration:
-    """One step: ``apply`` brings a database from ``version - 1`` to ``version``.
-
-    Steps run after the tables the code defines have been created, so a step must
-    leave a table that already has its change alone (``add_column`` does).
-    """
+    """One step: ``apply`` brings a database from ``version - 1`` to ``version``; it runs after the tables
+    the code defines are created, so it must leave a table that already has its change alone."""
 
     version: int
     description: str

@@ -349,10 +349,7 @@ _shared_lock = threading.Lock()
 
 
 def shared(rt: Any, kind: type, sites: Sequence[str]) -> Shared:
-    """The idle state shared by the workers of class ``kind`` serving ``sites`` against the runtime ``rt``.
-
-    Only workers that would find the same work share a watcher: one of other sites would
-    not look for theirs.
-    """
+    """The idle state shared by the workers of class ``kind`` serving ``sites`` against the runtime ``rt``:
+    only workers that would find the same work share a watcher."""
     with _shared_lock:
         return _shared.setdefault(rt, {}).setdefault((kind, tuple(sorted(sites))), Shared())

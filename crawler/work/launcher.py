@@ -280,11 +280,8 @@ CONNECTIONS_FIXED = 20
 
 
 def pool_size(threads: int) -> int:
-    """The Redis pool of a worker process of ``threads`` workers: enough for all its users at once.
-
-    Unlike redis-py's default (100, then ``MaxConnectionsError``), it waits rather than fails
-    should more be asked for (``connection.connect``); connections open as first needed.
-    """
+    """The Redis pool of a worker process of ``threads`` workers: enough for all its users at once (and
+    ``connection.connect``'s pool waits, rather than fails, should more be asked for)."""
     return CONNECTIONS_PER_THREAD * threads + CONNECTIONS_FIXED
 
 

@@ -559,10 +559,7 @@ class Runtime:
         self, site: str, url: str | None, max_wait: float, unless: Unless | None = None
     ) -> Gate | None:
         """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long,
-        or if ``unless``, asked along with each try, said to give the take up (``Gate.acquire``).
-
-        With the development cache the gate is taken later, on a miss (``take_gate``).
-        """
+        or if ``unless``, asked along with each try, said to give the take up (``Gate.acquire``)."""
         if self.settings.http_cache:
             return self.take_gate(site, url)
         return self._acquire(site, url, max_wait, unless)
