@@ -4,14 +4,28 @@ Redis: ``CRAWLER_TEST_REDIS_URL`` if given, else a private embedded redis-server
 a unix socket, so the suite never touches a Redis it does not own by accident.
 PostgreSQL: ``CRAWLER_TEST_POSTGRES_URL``; without it PostgreSQL tests skip, unless
 ``CRAWLER_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which makes them fail instead.
+
+Tiers: a test that uses a server fixture (``SERVER_FIXTURES``, directly or through another
+fixture) or is marked ``integration`` is an integration test; one marked ``slow`` needs no
+server but more time than a unit test; every other test is marked ``unit`` (``pytest -m
+unit``, the fast loop). A unit test may open no socket, start no
+process and spend at most ``UNIT_CPU_SECONDS`` of CPU and ``UNIT_WALL_SECONDS`` of wall
+clock; one that does fails, in every run, with what to do instead.
 """
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
-from collections.abc import Iterator
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import fakeredis
 import pytest
 from crawling import postgres_server_url
 from redis import Redis
@@ -20,6 +34,102 @@ from crawler.coord.connection import EmbeddedRedis, connect
 from crawler.demo import ShopSite
 from crawler.settings import Settings, load_settings
 from crawler.work.runtime import Runtime, install
+
+#: Fixtures that start a server or a process, or reach one: a test that uses any of them is
+#: an integration test: this file's, then test modules' (a fixture of that name anywhere counts).
+SERVER_FIXTURES = frozenset(
+    {"redis_url", "postgres_url", "shop"}
+    | {"app", "api", "tree", "browser", "busy_port", "file_site", "locked_redis_url", "net", "pages"}
+    | {"password_redis", "pg_url", "pg_schema", "proxy", "quiet_shop", "redirector", "restartable_redis"}
+    | {"server", "site"}
+)
+
+#: Tests in modules that do not mark them yet, that start a process without a fixture.
+INTEGRATION_TESTS = frozenset({"tests/test_workers.py::test_demo_command_crawls_on_an_embedded_redis_and_stops_it"})
+
+#: A unit test's budget: CPU of the test's own thread (load does not inflate it), and wall
+#: clock, which catches a test that sleeps or waits (generous, so a busy machine passes).
+UNIT_CPU_SECONDS = 1.0
+UNIT_WALL_SECONDS = 5.0
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("integration") is None and (
+            SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or item.nodeid in INTEGRATION_TESTS
+        ):
+            item.add_marker("integration")
+        if item.get_closest_marker("integration") is None and item.get_closest_marker("slow") is None:
+            item.add_marker("unit")
+
+
+class UnitTierViolation(RuntimeError):
+    """A unit test tried to open a socket or start a process."""
+
+
+@contextmanager
+def _unit_guard(item: pytest.Item) -> Iterator[list[str]]:
+    """Within: sockets, processes and forks refused; yields what was tried (code under test may
+    catch the error, the test fails all the same)."""
+    tried: list[str] = []
+
+    def refuse(what: str) -> Callable[..., None]:
+        def refused(*args: object, **kwargs: object) -> None:
+            tried.append(what)
+            raise UnitTierViolation(f"a unit test may not {what}")
+
+        return refused
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("connect", "connect_ex", "bind"):
+            patch.setattr(socket.socket, name, refuse(f"{name} a socket"))
+        patch.setattr(subprocess.Popen, "_execute_child", refuse("start a process"))
+        patch.setattr(os, "fork", refuse("fork"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse("start a process"))
+        yield tried
+
+
+def _fail_if_tried(item: pytest.Item, tried: list[str]) -> None:
+    if tried:
+        pytest.fail(
+            f"{item.nodeid} is in the unit tier (it uses no server fixture) but tried to "
+            f"{', '.join(sorted(set(tried)))}: use a server fixture ({', '.join(sorted(SERVER_FIXTURES))}) "
+            "or mark it @pytest.mark.integration",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    with _unit_guard(item) as tried:
+        try:
+            return (yield)
+        finally:
+            _fail_if_tried(item, tried)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if item.get_closest_marker("unit") is None:
+        return (yield)
+    wall, cpu = time.monotonic(), time.thread_time()
+    with _unit_guard(item) as tried:
+        try:
+            result = yield
+        finally:
+            _fail_if_tried(item, tried)
+    wall, cpu = time.monotonic() - wall, time.thread_time() - cpu
+    if cpu > UNIT_CPU_SECONDS or wall > UNIT_WALL_SECONDS:
+        pytest.fail(
+            f"{item.nodeid} is in the unit tier but took {cpu:.1f} s of CPU, {wall:.1f} s in all "
+            f"(at most {UNIT_CPU_SECONDS:.0f} and {UNIT_WALL_SECONDS:.0f}): make it smaller, "
+            "or mark it @pytest.mark.slow",
+            pytrace=False,
+        )
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +152,45 @@ def redis_conn(redis_url: str) -> Iterator[Redis]:
     """A client on an emptied database."""
     connection = connect(redis_url)
     connection.flushdb()
+    yield connection
+    connection.close()
+
+
+#: Commands that run Lua: fakeredis runs scripts (lupa) but not with a server's atomicity and
+#: timing, so a test of a script uses a real Redis (STYLE.md, Tests).
+LUA_COMMANDS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "SCRIPT", "FCALL", "FCALL_RO", "FUNCTION"})
+
+
+def _refuse_lua(command: object) -> None:
+    name = command.decode() if isinstance(command, bytes) else str(command)
+    if name.upper() in LUA_COMMANDS:
+        raise AssertionError(f"{name} on fake_redis: a test of a Lua script uses redis_conn (a real server)")
+
+
+class NoLuaFakeRedis(fakeredis.FakeRedis):
+    """fakeredis refusing Lua, on its own client and on its pipelines."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        _refuse_lua(args[0])
+        return super().execute_command(*args, **options)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        queue = pipe.execute_command
+
+        def execute_command(*args: Any, **options: Any) -> Any:
+            _refuse_lua(args[0])
+            return queue(*args, **options)
+
+        pipe.execute_command = execute_command
+        return pipe
+
+
+@pytest.fixture
+def fake_redis() -> Iterator[Redis]:
+    """An empty in-memory Redis of its own (the test server's version), answering bytes as
+    ``connect``'s client does: for storage logic that needs no Lua and no server-side timing."""
+    connection = NoLuaFakeRedis(server=fakeredis.FakeServer(version=(6, 2)), decode_responses=False)
     yield connection
     connection.close()
 

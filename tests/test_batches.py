@@ -206,9 +206,9 @@ def test_a_queued_batch_evicted_by_a_higher_priority_goes_back_whole_and_in_orde
     assert not redis_conn.exists(job.key)
 
 
-def test_batch_done_reads_only_a_sane_count(redis_conn: Redis, tmp_path: Path) -> None:
+def test_batch_done_reads_only_a_sane_count(fake_redis: Redis, tmp_path: Path) -> None:
     payloads = [DownloadTask(SITE, f"http://127.0.0.1:9/p/{i}").to_json() for i in range(3)]
-    queue = Queue(keys.download_queue(SITE), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    queue = Queue(keys.download_queue(SITE), connection=fake_redis, serializer=JSONSerializer, job_class=CrawlerJob)
     job = queue.enqueue(jobs.download, *payloads)
     for written, read in ((2, 2), (3, 3), (4, 0), (-1, 0), ("2", 0), (True, 0), (None, 0)):
         job.meta[joblife.BATCH_DONE] = written

@@ -22,21 +22,25 @@ def run_tool(*command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(tool), *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.integration
 def test_ruff_finds_nothing() -> None:
     result = run_tool("ruff", "check", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_the_code_is_formatted_by_ruff() -> None:
     result = run_tool("ruff", "format", "--check", ".")
     assert result.returncode == 0, "run `ruff format .`:\n" + result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_mypy_finds_nothing_in_the_package() -> None:
     result = run_tool("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_every_benchmark_module_imports() -> None:
     """The benchmarks are not type-checked: at least every name they import from the crawler must exist."""
     names = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")

@@ -178,17 +178,17 @@ def test_a_reset_drops_a_site_s_counts_only_and_keeps_the_immediate_ones_exact(r
     assert stats(redis_conn, "other") == {"fetched": 5}
 
 
-def test_counters_logic_reads_cannot_be_deferred(redis_conn: Redis) -> None:
+def test_counters_logic_reads_cannot_be_deferred(fake_redis: Redis) -> None:
     with pytest.raises(ValueError, match="delayed"):
-        Counters(redis_conn).add(SITE, {"delayed": 1})
+        Counters(fake_redis).add(SITE, {"delayed": 1})
 
 
-def test_uncount_takes_away_at_once_and_never_below_zero(redis_conn: Redis) -> None:
-    redis_conn.hset(keys.stats(SITE), "failed", 3)
-    counters.uncount(redis_conn, SITE, "failed", 2)
-    assert stats(redis_conn) == {"failed": 1}
-    counters.uncount(redis_conn, SITE, "failed", 5)  # failures recorded before a reset
-    assert stats(redis_conn) == {"failed": 0}
+def test_uncount_takes_away_at_once_and_never_below_zero(fake_redis: Redis) -> None:
+    fake_redis.hset(keys.stats(SITE), "failed", 3)
+    counters.uncount(fake_redis, SITE, "failed", 2)
+    assert stats(fake_redis) == {"failed": 1}
+    counters.uncount(fake_redis, SITE, "failed", 5)  # failures recorded before a reset
+    assert stats(fake_redis) == {"failed": 0}
 
 
 def test_a_burst_crawl_shows_exact_totals_when_its_workers_are_done(

@@ -46,6 +46,7 @@ def product_links(body: str) -> list[str]:
 # -- the server ---------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_url_and_lifecycle() -> None:
     shop = ShopSite(products=1)
     with pytest.raises(RuntimeError):
@@ -122,6 +123,7 @@ def test_products_match_expected_items(site: ShopSite, client: httpx.Client) -> 
     assert len({item["price"] for item in expected.values()}) > 1
 
 
+@pytest.mark.integration
 def test_expected_items_without_faults() -> None:
     with ShopSite(products=10, faults=False) as shop:
         assert sorted(shop.expected_items()) == [f"SKU-{i:05d}" for i in range(1, 11)]
@@ -139,6 +141,7 @@ def test_permanent_500(site: ShopSite, client: httpx.Client) -> None:
     assert [client.get(site.url + "/product/7").status_code for _ in range(3)] == [500] * 3
 
 
+@pytest.mark.integration
 def test_no_faults_when_disabled(client: httpx.Client) -> None:
     with ShopSite(products=10, faults=False) as shop:
         assert client.get(shop.url + "/product/3").status_code == 200
@@ -180,6 +183,7 @@ def test_keep_alive_with_content_length(site: ShopSite) -> None:
         conn.close()
 
 
+@pytest.mark.integration
 def test_request_log_records_arrival(client: httpx.Client) -> None:
     with ShopSite(products=5, latency=0.2) as shop:
         before = time.time()
@@ -196,6 +200,7 @@ def test_request_log_records_arrival(client: httpx.Client) -> None:
         ]
 
 
+@pytest.mark.integration
 def test_arrival_is_stamped_on_the_wire_not_when_a_late_handler_thread_reads_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -222,6 +227,7 @@ def test_arrival_is_stamped_on_the_wire_not_when_a_late_handler_thread_reads_it(
         assert entry.time - sent < 0.2, "stamped when the late thread read it, not on arrival"
 
 
+@pytest.mark.integration
 def test_slow_products(client: httpx.Client) -> None:
     with ShopSite(products=5, slow_every=2, slow_seconds=0.3) as shop:
         start = time.monotonic()

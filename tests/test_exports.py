@@ -167,6 +167,7 @@ def peak_mib(base: list[str], folder: Path, *args: str) -> float:
     return int(report.read_text()) / 1024
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("suffix", ["csv", "json", "parquet"])
 def test_exporting_ten_times_the_items_takes_no_more_memory(
     databases: dict[int, tuple[list[str], Path]], suffix: str

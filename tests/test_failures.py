@@ -88,7 +88,7 @@ class Records:
         )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def store(request: pytest.FixtureRequest) -> Iterator[Store]:
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
     store = Store(url)

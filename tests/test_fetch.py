@@ -340,6 +340,7 @@ def test_the_charset_is_read_from_content_type_as_httpx_reads_it(content_type: s
     assert charset_of(None) is None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
 def test_response_headers_are_read_as_httpx_reads_them(server: str, fetcher: Fetcher, encoding: str) -> None:
     url = f"{server}/many-headers?{encoding}"
@@ -445,6 +446,7 @@ def test_server_that_never_answers_times_out(server: str, fetcher: Fetcher) -> N
         fetcher.get(f"{server}/slow-headers")
 
 
+@pytest.mark.integration
 def test_connection_refused_is_a_connect_error(fetcher: Fetcher) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -699,6 +701,7 @@ class DripServer:
         self.listener.close()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("connection", ["new", "pooled"])
 def test_headers_dripped_a_byte_at_a_time_time_out_at_the_deadline(connection: str) -> None:
     drip = DripServer()

@@ -245,9 +245,9 @@ def test_a_gate_key_is_one_keys_builds_and_distinct_keys_keep_gates_apart(redis_
 
 
 @pytest.mark.parametrize("expire", [0, -1, -0.5])
-def test_non_positive_expire_is_refused(redis_conn: Redis, expire: float) -> None:
+def test_non_positive_expire_is_refused(fake_redis: Redis, expire: float) -> None:
     with pytest.raises(ValueError, match="expire"):
-        Gate(redis_conn, "site", expire)
+        Gate(fake_redis, "site", expire)
 
 
 def test_site_gate_adds_the_margin_to_the_interval_counted_from_the_send(redis_conn: Redis) -> None:

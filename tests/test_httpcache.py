@@ -116,6 +116,7 @@ def test_a_second_crawl_with_the_cache_does_not_hit_the_site(
     assert stats.stdout.startswith(f"development cache: {pages + 1} hits (no request sent; in the counts below)")
 
 
+@pytest.mark.integration
 def test_a_miss_is_sent_as_the_fetcher_sends_it_and_a_hit_comes_back_the_same(tmp_path: Path) -> None:
     """Through the cache's two adapters (httpcore to hishel's httpx transport and back): the request's
     headers as without the cache (no Content-Length on a GET), the answer's status, headers and body."""

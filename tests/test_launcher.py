@@ -27,11 +27,13 @@ def test_a_launcher_running_other_threads_spawns_its_workers() -> None:
         other.join()
 
 
+@pytest.mark.integration
 def test_a_single_threaded_launcher_forks_its_workers() -> None:
     code = "from crawler.work.launcher import start_method; print(start_method())"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "fork"
 
 
+@pytest.mark.integration
 def test_forked_workers_find_the_launchers_objects_frozen() -> None:
     """Objects imported before the fork are frozen (``gc.freeze``): a child's collections leave
     their pages shared with the launcher instead of writing to every one of them."""
@@ -216,6 +218,7 @@ def test_a_worker_process_s_redis_pool_serves_all_its_threads_at_once_and_waits_
     assert took < 30
 
 
+@pytest.mark.integration
 def test_a_worker_process_gives_freed_memory_back_to_the_system() -> None:
     """Pages freed in the middle of malloc's heap (kept from the system by glibc until trimmed)
     go back with the trim a worker process runs every TRIM_EVERY seconds."""

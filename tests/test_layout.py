@@ -206,6 +206,7 @@ def test_a_layer_may_import_only_layers_below_it() -> None:
         assert set(allowed) <= set(NAMES[:index]), f"layer {name!r} may import a layer above it"
 
 
+@pytest.mark.slow
 def test_no_import_cycles_function_level_imports_included() -> None:
     found = cycles(imports())
     assert not found, f"import cycles: {found}"
@@ -256,6 +257,7 @@ def test_every_redis_key_is_built_in_keys() -> None:
     assert hand_built_keys('NAMESPACE = "crawler:gate"\nGate(c, "x", 1, namespace=keys.PREFIX + "lock")') == [1, 2]
 
 
+@pytest.mark.slow
 def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     """The checks themselves: a cycle and an import of a higher layer are found."""
     made = [
@@ -275,6 +277,7 @@ if __name__ == "__main__":
     sys.stdout.write(tree() + "\n\n" + contract() + "\n")
 
 
+@pytest.mark.integration
 def test_the_cli_leaves_out_the_modules_a_worker_process_never_uses() -> None:
     """Every worker process starts from the CLI's imports: rich (status screens), lxml (sitemaps),
     PostgreSQL's dialect and httpx's own CLI (rich and pygments) cost some 8 MiB each process

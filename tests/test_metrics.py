@@ -277,6 +277,7 @@ def test_many_jobs_cost_one_command_per_field_when_written(redis_conn: Redis) ->
     assert float(written["dur:download:sum"]) == pytest.approx(2.0)
 
 
+@pytest.mark.integration
 def test_redis_outage_gives_redis_up_zero_and_a_warning_not_an_error(caplog: pytest.LogCaptureFixture) -> None:
     unreachable = Redis.from_url("redis://127.0.0.1:1/0")
     with caplog.at_level(logging.WARNING, logger="crawler.metrics"):

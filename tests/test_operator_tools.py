@@ -118,6 +118,7 @@ def test_commands_writing_a_file_they_cannot_write_are_one_line_errors(
 # Secrets in URLs ------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("password", ["s3#TOPSECRET", "s3/TOPSECRET", "s3?TOPSECRET", "s3@TOPSECRET"])
 def test_a_redis_url_whose_password_holds_a_delimiter_is_never_printed(
     password: str, sqlite_url: str, tmp_path: Path

@@ -91,7 +91,7 @@ def pg_url() -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def empty_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of an empty database of each kind."""
     if request.param == "sqlite":
@@ -378,6 +378,7 @@ def run_processes(target: Any, args: list[tuple[Any, ...]], timeout: float = 120
     return [process.exitcode for process in processes]
 
 
+@pytest.mark.integration
 def test_workers_starting_at_once_on_hosts_migrate_the_database_once(empty_db: str) -> None:
     make_previous_release_database(empty_db)
     start_at = time.time() + 3  # past the spawned interpreters' start-up

@@ -354,6 +354,7 @@ class TunnelProxy:
         self.server.server_close()
 
 
+@pytest.mark.integration
 def test_an_https_page_through_a_tunnel_fires_the_send_hooks_for_the_request_not_the_connect(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -416,6 +417,7 @@ def rebinding_dns(monkeypatch: pytest.MonkeyPatch) -> str:
     return "proxy.test"
 
 
+@pytest.mark.integration
 def test_through_a_proxy_the_address_check_applies_to_the_proxy(proxy: ForwardProxy, rebinding_dns: str) -> None:
     from crawler.errors import PrivateAddress
     from crawler.http.fetch import Fetcher
@@ -435,6 +437,7 @@ def test_through_a_proxy_the_address_check_applies_to_the_proxy(proxy: ForwardPr
     assert len(proxy.requests) == 2
 
 
+@pytest.mark.integration
 def test_a_proxy_that_never_answers_is_held_to_the_request_deadline() -> None:
     from crawler.errors import FetchTimeout
     from crawler.http.fetch import Fetcher

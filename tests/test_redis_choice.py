@@ -65,6 +65,7 @@ def queued(result: Result) -> int:
     return int(site["queued"])
 
 
+@pytest.mark.integration
 def test_a_read_only_command_on_a_fresh_machine_starts_no_server(
     invoke: Invoke, state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_read_only_command_on_a_fresh_machine_starts_no_server(
     assert not EmbeddedRedis(state).socket.exists()
 
 
+@pytest.mark.integration
 def test_the_embedded_server_keeps_the_crawl_across_a_stop_and_is_listed_and_stopped(
     invoke: Invoke, state: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,6 +134,7 @@ def test_a_redis_found_on_localhost_is_named_when_used(
     assert invoke("redis", "list").stdout.splitlines()[1] == f"* localhost   {redis_url}  answers"
 
 
+@pytest.mark.integration
 def test_a_configured_redis_is_listed_without_its_password(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
     point_localhost_at(monkeypatch, NOWHERE)
     result = invoke("redis", "list", redis_url="redis://:hunter2@127.0.0.1:1/0")

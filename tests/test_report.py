@@ -210,6 +210,7 @@ def pixels_of(path: Path, color: str) -> int:
     return int((abs(image - wanted) < 0.02).all(axis=2).sum())
 
 
+@pytest.mark.slow
 def test_png_report_is_a_png_of_the_expected_size_with_the_bars_drawn(store: Store, tmp_path: Path) -> None:
     path = tmp_path / "demo.png"
     write_report(path, site_reports(store, ["demo"]))
@@ -218,6 +219,7 @@ def test_png_report_is_a_png_of_the_expected_size_with_the_bars_drawn(store: Sto
     assert pixels_of(path, "#d55e00") > 50  # the failed bar
 
 
+@pytest.mark.slow
 def test_png_report_of_two_sites_is_twice_as_tall(store: Store, tmp_path: Path) -> None:
     store.record_fetches(crawl("good"))
     path = tmp_path / "both.png"
@@ -261,6 +263,7 @@ def test_stats_plot_writes_an_html_report(invoke, sqlite_url: str, tmp_path: Pat
     assert len(page.css("svg.requests rect.bar")) == 26
 
 
+@pytest.mark.slow
 def test_stats_plot_writes_a_png(invoke, sqlite_url: str, tmp_path: Path) -> None:
     fill_database(sqlite_url, "demo")
     result = invoke("demo", "--plot", "report.png")

@@ -474,6 +474,7 @@ class LoginSpider(Spider):
         yield {"found": page.text("#found")}
 
 
+@pytest.mark.integration
 def test_a_login_form_is_submitted_with_its_per_render_csrf_token_and_hidden_fields() -> None:
     app = login_app()
     try:

@@ -54,9 +54,9 @@ def test_buckets_expire_once_no_lookup_can_reach_them(redis_conn: Redis) -> None
 
 
 @pytest.mark.parametrize("value", [0, -5])
-def test_revisit_after_must_be_positive(redis_conn: Redis, value: float) -> None:
+def test_revisit_after_must_be_positive(fake_redis: Redis, value: float) -> None:
     with pytest.raises(ValueError, match="revisit_after"):
-        frontier(redis_conn, revisit_after=value)
+        frontier(fake_redis, revisit_after=value)
 
 
 def test_a_seen_url_costs_no_more_memory_in_buckets_than_in_the_plain_set(redis_conn: Redis) -> None:

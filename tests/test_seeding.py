@@ -209,6 +209,7 @@ def test_one_add_of_many_urls_pushes_in_bounded_pieces(redis_conn: Redis) -> Non
     assert [task.url for task in frontier.waiting()] == [f"http://127.0.0.1/x/{i}" for i in range(count)]
 
 
+@pytest.mark.slow
 def test_the_fast_path_for_simple_queries_matches_w3lib() -> None:
     """``canonicalize`` skips w3lib for simple queries; it must give exactly what w3lib gives."""
     rng = random.Random(3)

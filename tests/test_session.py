@@ -283,8 +283,10 @@ def test_a_consent_cookie_is_kept_and_sent_with_cookies_on_and_never_shown_by_fe
         assert app.consent not in output.stdout + output.stderr
 
 
-def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(redis_conn: Redis) -> None:
-    one, two = Jar(redis_conn, "s"), Jar(redis_conn, "s")  # two workers' views of one jar
+def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(
+    fake_redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, two = Jar(fake_redis, "s"), Jar(fake_redis, "s")  # two workers' views of one jar
     one.update("http://a.test/x/page", ["a=1; Path=/x", "gone=1; Max-Age=1"])
     two.update("http://a.test/other", ["b=2; Path=/", "safe=3; Secure", "far=4; Domain=elsewhere.test"])
     sent = one.header("http://a.test/x/y")["cookie"].split("; ")
@@ -292,20 +294,21 @@ def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(redis_conn: Redis
     assert sorted(one.header("https://a.test/other")["cookie"].split("; ")) == ["b=2", "safe=3"]  # not /x's
     assert one.header("http://elsewhere.test/") == {}  # a domain the response could not set
     one.update("http://a.test/", ["b=; Path=/; Expires=Thu, 01 Jan 1970 00:00:00 GMT"])  # deleted by the server
-    time.sleep(1.1)  # gone=1 expires
-    assert Jar(redis_conn, "s").names() == ["a", "safe"]
-    assert sorted(redis_conn.hkeys(keys.cookies("s"))) == sorted(  # expired ones dropped from Redis too
+    later = time.time() + 1.1
+    monkeypatch.setattr(time, "time", lambda: later)  # gone=1 expires
+    assert Jar(fake_redis, "s").names() == ["a", "safe"]
+    assert sorted(fake_redis.hkeys(keys.cookies("s"))) == sorted(  # expired ones dropped from Redis too
         [b'["a.test", "/x", "a"]', b'["a.test", "/", "safe"]']
     )
 
 
-def test_only_the_first_worker_to_see_a_session_logged_out_ends_it(redis_conn: Redis) -> None:
-    session = Session(redis_conn, "s")
+def test_only_the_first_worker_to_see_a_session_logged_out_ends_it(fake_redis: Redis) -> None:
+    session = Session(fake_redis, "s")
     token = session.lead()
     assert token is not None and session.lead() is None  # one worker logs in
     assert session.logged_in(token) == 1 and session.generation() == 1
     assert session.lead() is not None  # the lease was given back
-    redis_conn.delete(keys.login_lease("s"))
+    fake_redis.delete(keys.login_lease("s"))
     assert session.end(1) and not session.end(1)  # the second worker's logged-out page: already ended
     token = session.lead()
     assert token is not None and session.logged_in(token) == 2
@@ -575,14 +578,14 @@ def test_a_cookie_with_a_non_ascii_value_is_kept_sent_back_as_received_and_the_p
     assert Jar(redis_conn, "jarred").names() == ["bad", "pref", "region"]
 
 
-def test_no_set_cookie_however_malformed_raises_and_the_good_ones_beside_it_are_kept(redis_conn: Redis) -> None:
+def test_no_set_cookie_however_malformed_raises_and_the_good_ones_beside_it_are_kept(fake_redis: Redis) -> None:
     malformed = [
         "", " ", "=", ";", "; Path=/", "=; Domain=a.test", "x=\x00y", "x=1\r\nInjected: 1", "x=1; Domain=.",
         "x=1; Max-Age=" + "9" * 1000, "x=1; Expires=" + "Mon, 01 Jan 99999999 00:00:00 GMT",
         "x=1; Expires=\ud800", "caf\u00e9\u2603=\U0001f36a", "x=1; Domain=\u2603.test", "x=1; Path=" + "/a" * 600,
         "x=1; Domain=[::1]", "x=1; Domain=" + "a." * 600 + "test",
     ]  # fmt: skip
-    jar = Jar(redis_conn, "s")
+    jar = Jar(fake_redis, "s")
     jar.update("http://a.test/dir/page", [*malformed, "good=1; Path=/"])
     jar.update("http://[::1]:8080/", ["v6=1", "x=1; Domain=::1"])
     jar.update("not a url", ["x=1"])
@@ -592,7 +595,7 @@ def test_no_set_cookie_however_malformed_raises_and_the_good_ones_beside_it_are_
     # The cookie beyond Latin-1 (given as text, not bytes) is kept as its UTF-8 bytes.
     assert "caf\u00e9\u2603=\U0001f36a".encode().decode("latin-1") in jar.header("http://a.test/dir/")["cookie"]
     # Max-Age past 400 days, a Path over 1024 bytes ignored (the default path), the huge date: all capped.
-    expiries = [json.loads(v)["expires"] for v in redis_conn.hvals(keys.cookies("s"))]
+    expiries = [json.loads(v)["expires"] for v in fake_redis.hvals(keys.cookies("s"))]
     assert all(e is None or e <= time.time() + MAX_COOKIE_AGE + 5 for e in expiries)
 
 
@@ -611,34 +614,35 @@ def test_a_site_s_jar_keeps_180_cookies_a_domain_the_newest_and_sends_no_more(
     assert set(items_by_key(settings.database_url, "jarred")) == {"home", "next"}
 
 
+@pytest.mark.slow
 def test_the_jar_keeps_3300_cookies_in_all_and_a_cookie_up_to_4096_bytes_evicting_the_oldest(
-    redis_conn: Redis,
+    fake_redis: Redis,
 ) -> None:
-    jar = Jar(redis_conn, "s")
+    jar = Jar(fake_redis, "s")
     # Subdomains of one registrable domain count together.
     jar.update("http://a.example.co.uk/", [f"a{i:03d}=1" for i in range(100)])
     jar.update("http://b.example.co.uk/", [f"b{i:03d}=1" for i in range(100)])
     assert len(jar.names()) == MAX_COOKIES_PER_DOMAIN and "a019" not in jar.names() and "a020" in jar.names()
-    redis_conn.delete(keys.cookies("s"))
+    fake_redis.delete(keys.cookies("s"))
     domains = MAX_COOKIES // MAX_COOKIES_PER_DOMAIN + 1  # 19 domains of 180: 3420 cookies
     for d in range(domains):
         jar.update(f"http://site{d}.test/", [f"d{d:02d}c{i:03d}=1" for i in range(MAX_COOKIES_PER_DOMAIN)])
     names = jar.names()
-    assert len(names) == MAX_COOKIES == redis_conn.hlen(keys.cookies("s"))
+    assert len(names) == MAX_COOKIES == fake_redis.hlen(keys.cookies("s"))
     overflow = domains * MAX_COOKIES_PER_DOMAIN - MAX_COOKIES  # the oldest: the first domain's first 120
     assert "d00c119" not in names and "d00c120" in names and f"d{domains - 1:02d}c179" in names
     assert overflow == 120
     # Size: a name and value of 4096 bytes kept, of 4097 refused (not cut); a replaced cookie keeps its age.
-    redis_conn.delete(keys.cookies("s"))
+    fake_redis.delete(keys.cookies("s"))
     jar.update("http://a.test/", ["n=" + "v" * (MAX_COOKIE_BYTES - 1), "m=" + "v" * MAX_COOKIE_BYTES])
     assert jar.names() == ["n"]
-    created = json.loads(redis_conn.hvals(keys.cookies("s"))[0])["created"]
+    created = json.loads(fake_redis.hvals(keys.cookies("s"))[0])["created"]
     jar.update("http://a.test/", ["n=2"])
-    assert json.loads(redis_conn.hvals(keys.cookies("s"))[0])["created"] == created
+    assert json.loads(fake_redis.hvals(keys.cookies("s"))[0])["created"] == created
 
 
-def test_cookie_domains_on_public_suffixes_or_parts_of_an_ip_address_are_refused(redis_conn: Redis) -> None:
-    jar = Jar(redis_conn, "s")
+def test_cookie_domains_on_public_suffixes_or_parts_of_an_ip_address_are_refused(fake_redis: Redis) -> None:
+    jar = Jar(fake_redis, "s")
     jar.update(
         "http://shop.example.co.uk/",
         ["suffix=1; Domain=.co.uk", "tld=1; Domain=uk", "ok=1; Domain=example.co.uk", "host=1"],
@@ -666,7 +670,7 @@ def test_a_cookie_on_an_ip_host_is_kept_for_that_address_alone(redis_conn: Redis
 
 
 def test_a_cookie_without_equals_has_an_empty_name_and_its_value_is_never_shown(
-    redis_conn: Redis, caplog: pytest.LogCaptureFixture
+    fake_redis: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """RFC 6265bis and browsers: ``Set-Cookie: token`` is a cookie with an empty name whose value is
     ``token``; it is sent back as ``token`` alone, and shown redacted."""
@@ -675,7 +679,7 @@ def test_a_cookie_without_equals_has_an_empty_name_and_its_value_is_never_shown(
     assert redacted_set_cookie(f"{secret}; Path=/; HttpOnly") == "(redacted); Path=/; HttpOnly"
     assert redacted_set_cookie("sid=abc; Path=/") == "sid=(redacted); Path=/"
     assert redacted_set_cookie("caf\u00e9=x".encode().decode("latin-1")) == "caf\u00e9=(redacted)"
-    jar = Jar(redis_conn, "s")
+    jar = Jar(fake_redis, "s")
     with caplog.at_level(logging.DEBUG, logger="crawler.session"):
         jar.update("http://a.test/", [secret, f"{secret}-refused; Domain=com", "=\x00" + secret])
     assert jar.names() == [""]
@@ -683,7 +687,7 @@ def test_a_cookie_without_equals_has_an_empty_name_and_its_value_is_never_shown(
     jar.update("http://a.test/", ["other"])  # one name (the empty one): the second replaces the first
     assert jar.header("http://a.test/") == {"cookie": "other"}
     assert "cookie refused" in caplog.text and secret not in caplog.text
-    assert all(secret not in field.decode() for field in redis_conn.hkeys(keys.cookies("s")))
+    assert all(secret not in field.decode() for field in fake_redis.hkeys(keys.cookies("s")))
 
 
 def test_the_fetch_command_shows_a_cookie_without_equals_redacted(
@@ -699,14 +703,14 @@ def test_the_fetch_command_shows_a_cookie_without_equals_redacted(
     assert secret not in fetched.stdout + fetched.stderr
 
 
-def test_a_jar_kept_by_http_cookiejar_is_read(redis_conn: Redis) -> None:
+def test_a_jar_kept_by_http_cookiejar_is_read(fake_redis: Redis) -> None:
     """A jar written before these rules (``http.cookiejar``'s fields) is still read: its cookies sent,
     a cookie it kept without a name given its empty name back."""
     old = {"version": 0, "port": None, "port_specified": False, "domain_specified": False,
            "domain_initial_dot": False, "path_specified": True, "secure": False, "expires": None,
            "discard": True, "comment": None, "comment_url": None, "rfc2109": False,
            "rest": {"HttpOnly": None}}  # fmt: skip
-    redis_conn.hset(
+    fake_redis.hset(
         keys.cookies("s"),
         mapping={
             '["a.test", "/", "sid"]': json.dumps({**old, "name": "sid", "value": "1", "domain": "a.test", "path": "/"}),
@@ -717,10 +721,10 @@ def test_a_jar_kept_by_http_cookiejar_is_read(redis_conn: Redis) -> None:
             b"\xff": b"\xff",  # written by hand
         },
     )
-    jar = Jar(redis_conn, "s")
+    jar = Jar(fake_redis, "s")
     assert sorted(jar.header("http://a.test/")["cookie"].split("; ")) == ["sid=1", "tok"]
     assert jar.names() == ["", "sid"]
-    assert sorted(redis_conn.hkeys(keys.cookies("s"))) == [b'["a.test", "/", ""]', b'["a.test", "/", "sid"]']
+    assert sorted(fake_redis.hkeys(keys.cookies("s"))) == [b'["a.test", "/", ""]', b'["a.test", "/", "sid"]']
 
 
 OUTAGE_SPIDER = """

@@ -344,28 +344,28 @@ def test_live_values_that_hold_are_read() -> None:
 
 
 def test_junk_met_by_several_workers_is_quarantined_once_and_a_value_put_right_stays(
-    redis_conn: Redis, settings: Settings
+    fake_redis: Redis, settings: Settings
 ) -> None:
     spiders = {"demo": DemoShop}
-    first, second = PolicyCache(redis_conn, settings, spiders), PolicyCache(redis_conn, settings, spiders)
-    redis_conn.hset(keys.live_settings("demo"), mapping={"interval": "inf", "concurrency": "4", "paused": "1"})
+    first, second = PolicyCache(fake_redis, settings, spiders), PolicyCache(fake_redis, settings, spiders)
+    fake_redis.hset(keys.live_settings("demo"), mapping={"interval": "inf", "concurrency": "4", "paused": "1"})
     for cache in (first, second):
         policy = cache.get("demo", fresh=True)
         assert (policy.interval, policy.sources["interval"]) == (DemoShop.interval, "spider")
         assert (policy.concurrency, policy.paused) == (4, True)  # the values that hold apply
-    (entry,) = quarantine.entries(redis_conn)
+    (entry,) = quarantine.entries(fake_redis)
     assert (entry.source, entry.content) == (keys.live_settings("demo"), {"interval": "inf"})
-    assert redis_conn.hgetall(keys.live_settings("demo")) == {b"concurrency": b"4", b"paused": b"1"}
+    assert fake_redis.hgetall(keys.live_settings("demo")) == {b"concurrency": b"4", b"paused": b"1"}
 
     # Read as junk, then put right before the drop: the right value is kept.
-    redis_conn.hset(keys.live_settings("demo"), "interval", "2")
-    quarantine_live(redis_conn, "demo", {"interval": "..."}, {"interval": "nan"})
-    assert redis_conn.hget(keys.live_settings("demo"), "interval") == b"2"
-    assert quarantine.count(redis_conn) == 1
+    fake_redis.hset(keys.live_settings("demo"), "interval", "2")
+    quarantine_live(fake_redis, "demo", {"interval": "..."}, {"interval": "nan"})
+    assert fake_redis.hget(keys.live_settings("demo"), "interval") == b"2"
+    assert quarantine.count(fake_redis) == 1
 
 
 def test_a_site_policy_read_again_unchanged_is_kept_not_resolved_again(
-    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    fake_redis: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Re-read every second at each site, the live settings were resolved each time: 9 % of a parse
     process's CPU at 200 slow sites. Unchanged, the policy held stays (read again now); changed, or
@@ -377,7 +377,7 @@ def test_a_site_policy_read_again_unchanged_is_kept_not_resolved_again(
     monkeypatch.setattr(
         policy_module, "resolve_policy", lambda s, c, live: resolved.append(live) or resolve(s, c, live)
     )
-    cache = PolicyCache(redis_conn, settings, {"demo": DemoShop})
+    cache = PolicyCache(fake_redis, settings, {"demo": DemoShop})
     cache.put("demo", {"interval": "2"}, read_at=1.0)
     kept = cache.held("demo")
     assert kept is not None and kept.interval == 2.0

@@ -316,6 +316,7 @@ print(count, (peak_kib() - before) // 1024)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("shape", SHAPES)
 def test_reading_a_sitemap_of_any_elements_holds_a_bounded_memory(tmp_path: Path, shape: str) -> None:
     head, unit, tail = SHAPES[shape]

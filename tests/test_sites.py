@@ -296,6 +296,7 @@ def assert_complete_crawl(settings: Settings, site_name: str, site: SiteCopy) ->
     assert pages == {site.url + path for path in site.crawl_paths() - {"/robots.txt"}}
 
 
+@pytest.mark.integration
 def test_quotes_crawl_of_the_copy_stores_every_quote_and_author_once(spiders: SpiderSet) -> None:
     # With crawler.testing.crawl: its own embedded Redis and SQLite file, worker threads.
     with QuotesSite() as site:

@@ -230,6 +230,7 @@ def test_urljoin_gives_what_urllib_gives_for_any_href(base: str, tag: bool) -> N
         assert page.urljoin(href) == urljoin(old_base, href.strip()), href
 
 
+@pytest.mark.slow
 def test_follow_all_returns_100000_links_in_document_order() -> None:
     def href(i: int) -> str:
         return (f"item/{i}", f"/abs/{i}?q={i}", f"https://cdn.example/{i}", f"../up/{i}#f")[i % 4]

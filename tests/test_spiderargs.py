@@ -161,6 +161,21 @@ def test_a_bad_argument_is_a_one_line_error_and_nothing_is_stored(
     assert not redis_conn.exists(keys.spider_args("shelf"))
 
 
+def test_stored_arguments_replace_those_before_and_each_write_is_announced(fake_redis: Redis) -> None:
+    assert read_args(fake_redis, "shelf") == {}
+    tokens = [fake_redis.get(keys.settings_changes())]
+    store_args(fake_redis, "shelf", {"category": "games", "pages": "4"})
+    tokens.append(fake_redis.get(keys.settings_changes()))
+    assert read_args(fake_redis, "shelf") == {"category": "games", "pages": "4"}
+    store_args(fake_redis, "shelf", {"category": "books"})  # replaces, not merges
+    tokens.append(fake_redis.get(keys.settings_changes()))
+    assert read_args(fake_redis, "shelf") == {"category": "books"}
+    store_args(fake_redis, "shelf", {})
+    tokens.append(fake_redis.get(keys.settings_changes()))
+    assert read_args(fake_redis, "shelf") == {} and not fake_redis.exists(keys.spider_args("shelf"))
+    assert tokens[0] is None and len(set(tokens)) == 4  # a new token after every write: readers read again
+
+
 def test_a_running_worker_builds_its_spider_again_when_the_arguments_change(
     redis_conn: Redis, settings: Settings
 ) -> None:

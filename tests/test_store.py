@@ -20,7 +20,7 @@ from crawler.store.database import FAILED, OK, RETRY, FetchRecord, Item, Store, 
 SITE = "shop"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def database_url(request: pytest.FixtureRequest) -> str:
     """The same test on each supported database (PostgreSQL skips unless configured)."""
     return str(request.getfixturevalue(f"{request.param}_url"))

@@ -58,6 +58,7 @@ def test_run_page_without_a_body_downloads_from_a_local_server(shop: ShopSite) -
         run_page(DemoShop, f"{shop.url}/catalogue.pdf")
 
 
+@pytest.mark.integration
 def test_crawl_runs_the_whole_pipeline_on_its_own_redis_and_database() -> None:
     with ShopSite(products=30) as shop:
         result = crawl(DemoShop, [shop.url + "/"], interval=0.005, settings={"backoff": 0.1})
@@ -71,6 +72,7 @@ def test_crawl_runs_the_whole_pipeline_on_its_own_redis_and_database() -> None:
         assert "/private/admin" not in [entry.path for entry in shop.requests]
 
 
+@pytest.mark.integration
 def test_crawl_records_callback_errors_as_failed_pages() -> None:
     with ShopSite(products=3, faults=False) as shop:
         base = shop.url
@@ -80,6 +82,7 @@ def test_crawl_records_callback_errors_as_failed_pages() -> None:
     assert all("ValueError: no price on" in error for error in failed.values())
 
 
+@pytest.mark.integration
 def test_crawl_refuses_an_invalid_spider_and_times_out_cleanly() -> None:
     with pytest.raises(ConfigError, match="allowed_domains must be a list of host names"):
         crawl(DemoShop, ["http://127.0.0.1:9/"], allowed_domains="127.0.0.1")

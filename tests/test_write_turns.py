@@ -35,6 +35,7 @@ def _overlaps(spans: list[tuple[float, float]]) -> int:
     return sum(1 for (_, end), (start, _) in zip(spans, spans[1:], strict=False) if start < end)
 
 
+@pytest.mark.integration
 def test_processes_take_the_writers_turn_one_at_a_time(tmp_path: Path) -> None:
     database, log = str(tmp_path / "crawl.db"), str(tmp_path / "spans")
     fork = multiprocessing.get_context("fork")
