@@ -38,12 +38,12 @@ from .common import (
 
 #: Frames whose inclusive share is shown (a substring of py-spy's ``function (file:line)``).
 WATCHED = (
-    ("job function: download", "download (crawler/work/jobs.py"),
-    ("job function: parse", "parse (crawler/work/jobs.py"),
+    ("job function: download", "download (crawler/work/jobs/__init__.py"),
+    ("job function: parse", "parse (crawler/work/parse_job.py"),
     ("  robots check", "allowed (crawler/work/robots.py"),
     ("  gate take", "take_gate (crawler/work/runtime.py"),
     ("  HTTP GET (httpx)", "get (crawler/http/fetch.py"),
-    ("  hand to parser (zlib + enqueue)", "_hand_to_parser (crawler/work/jobs.py"),
+    ("  hand to parser (zlib + enqueue)", "hand_to_parser (crawler/work/jobs/outcomes.py"),
     ("  spider callback (selectolax)", "parse_product (crawler/demo/spider.py"),
     ("  spider callback, listing", "parse (crawler/demo/spider.py"),
     ("  upsert items", "upsert_items (crawler/store/database.py"),

@@ -30,6 +30,7 @@ from crawler.settings import Settings
 from crawler.spiders.spider import Request
 from crawler.store import outbox
 from crawler.work import jobs
+from crawler.work.jobs import batch as batches
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.runtime import (
     ARGS_REFRESH,
@@ -244,7 +245,7 @@ def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_
         frontier.add([Request(u, callback="parse_product") for u in urls])
         frontier.refill(1)
         (job,) = queued_jobs(redis_conn)
-        real, failed = jobs._download_one, []
+        real, failed = batches.download_one, []
 
         def database_gone_at_13(*args: Any) -> bool:
             if args[1]["url"].endswith("/product/13") and not failed:
@@ -252,7 +253,7 @@ def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_
                 raise RuntimeError("the 4th URL raised")
             return real(*args)
 
-        monkeypatch.setattr(jobs, "_download_one", database_gone_at_13)
+        monkeypatch.setattr(batches, "download_one", database_gone_at_13)
         with pytest.raises(RuntimeError):
             job.perform()  # as a worker runs it
         # The three pages fetched before it are recorded and with the parse workers, and counted done.
@@ -338,14 +339,14 @@ def test_a_paced_batch_writes_each_record_and_saves_its_progress_before_each_wai
         frontier.refill(1)
         (job,) = queued_jobs(redis_conn)
         assert len(job.args) == 4
-        real, seen = jobs._download_one, []
+        real, seen = batches.download_one, []
 
         def watched(*args: Any) -> bool:  # what the parse workers and a retry would see before each URL
             again = queued_jobs_by_id(redis_conn, job.id)
             seen.append((redis_conn.xlen(keys.pages()), joblife.batch_done(again)))
             return real(*args)
 
-        monkeypatch.setattr(jobs, "_download_one", watched)
+        monkeypatch.setattr(batches, "download_one", watched)
         redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})  # as NEXT_JOB held it
         job.perform()  # as a worker runs it
         # Done in full, its finish deletes it: no round trip to save that the fourth is done too.
@@ -641,7 +642,7 @@ def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
     install(rt)
     try:
         frontier = rt.frontier(SITE)
-        real = jobs._download_one
+        real = batches.download_one
 
         def seeded_after_the_first(*args: Any) -> bool:
             done = real(*args)
@@ -649,7 +650,7 @@ def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
                 frontier.add([Request(f"{shop.url}/product/9", callback="parse_product", priority=10)])
             return done
 
-        monkeypatch.setattr(jobs, "_download_one", seeded_after_the_first)
+        monkeypatch.setattr(batches, "download_one", seeded_after_the_first)
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         jobs.download(*batch)
         waiting = [(task.url, task.priority) for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
@@ -670,10 +671,10 @@ def test_a_paced_batch_saves_its_progress_with_its_records_and_looks_for_higher_
     rt = Runtime(redis_conn, fast(settings, SLOW))
     install(rt)
     looks_alone: list[str] = []
-    monkeypatch.setattr(jobs, "outranked", lambda *args, **kwargs: looks_alone.append(args[1]) or False)
+    monkeypatch.setattr(batches, "outranked", lambda *args, **kwargs: looks_alone.append(args[1]) or False)
     asked_along: list[str] = []
     look = frontier_module.look_for_higher
-    monkeypatch.setattr(jobs, "look_for_higher", lambda pipe, site: (asked_along.append(site), look(pipe, site)))
+    monkeypatch.setattr(batches, "look_for_higher", lambda pipe, site: (asked_along.append(site), look(pipe, site)))
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
         jobs.download(*batch)
@@ -722,7 +723,7 @@ def test_a_slow_sites_job_gives_its_turns_back_in_the_transaction_that_finishes_
                 if scripts_flushed:
                     redis_conn.script_flush()
                 if raised:
-                    monkeypatch.setattr(jobs, "_download_one", lambda *args, **kwargs: 1 / 0)
+                    monkeypatch.setattr(batches, "download_one", lambda *args, **kwargs: 1 / 0)
                 worker.execute_job(job, queue)
                 due = redis_conn.zscore(keys.ready(), SITE)
                 assert due is not None and due <= redis_ms(redis_conn) + interval * 1000 + 1000, "still held"

@@ -22,6 +22,7 @@ from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY
 from crawler.work import jobs
 from crawler.work.events import HeldRecords
 from crawler.work.jobs import Verdict, classify
+from crawler.work.jobs import attempt as attempts
 from crawler.work.runtime import Runtime
 
 SITE = "demo"
@@ -30,7 +31,7 @@ SITE = "demo"
 def attempt_at(
     rt: Runtime, url: str, callback: str = "parse", held: HeldRecords | None = None, **fields: Any
 ) -> jobs.Attempt:
-    taken = jobs._taken(rt, DownloadTask(SITE, url, callback, **fields).to_json(), held)
+    taken = attempts.taken(rt, DownloadTask(SITE, url, callback, **fields).to_json(), held)
     assert taken is not None
     return taken
 
@@ -96,11 +97,11 @@ def test_a_url_outside_the_allowed_domains_is_quarantined_when_taken_and_nothing
     runtime: Runtime, redis_conn: Redis
 ) -> None:
     payload = DownloadTask(SITE, "http://elsewhere.test/page").to_json()
-    assert jobs._taken(runtime, payload, None) is None
+    assert attempts.taken(runtime, payload, None) is None
     (refused,) = quarantine.entries(redis_conn)
     assert "download refused when taken" in refused.reason and refused.source == keys.download_queue(SITE)
     assert runtime.store.fetch_rows(SITE) == []
-    assert jobs._download_one(runtime, payload, None)  # the job is done with it: True, not "gate closed"
+    assert attempts.download_one(runtime, payload, None)  # the job is done with it: True, not "gate closed"
 
 
 # -- robots_allow ---------------------------------------------------------------------------------
@@ -140,10 +141,10 @@ def test_a_page_whose_turn_went_to_robots_txt_goes_back_to_its_frontier_when_the
             assert attempt.robots_allow() is True
             sent_back = not attempt.next_turn_near()
             first = path == "/product/1"
-            assert sent_back == (first and interval > jobs.TURN_WAIT_MOST)
+            assert sent_back == (first and interval > attempts.TURN_WAIT_MOST)
         assert [entry.path for entry in quiet_shop.requests] == ["/robots.txt"]
         handed_back = redis_conn.lrange(keys.frontier(SITE, attempt.task.priority), 0, -1)
-        assert len(handed_back) == (1 if interval > jobs.TURN_WAIT_MOST else 0)
+        assert len(handed_back) == (1 if interval > attempts.TURN_WAIT_MOST else 0)
         assert all(b"/product/1" in entry for entry in handed_back)
         if handed_back:
             assert redis_conn.zscore(keys.ready(), SITE) is not None  # ready for its next turn

@@ -30,12 +30,13 @@ from crawler.coord.gate import EXPIRY_TICK, Gate
 from crawler.coord.policy import set_live
 from crawler.coord.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.demo import ShopSite
-from crawler.http.addresses import is_public_address
+from crawler.http.addresses import is_public_address, redirects_inward
 from crawler.http.fetch import Fetcher
 from crawler.spiders.spider import Request
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED
 from crawler.work import jobs, parse_job
 from crawler.work.download_worker import DownloadWorker
+from crawler.work.jobs import outcomes, state
 from crawler.work.robots import origin_of
 from crawler.work.runtime import Runtime, current
 
@@ -257,7 +258,7 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
 def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
-    # The mark is read only for refreshes (``jobs._conditional_headers``): other pages spare the SREM.
+    # The mark is read only for refreshes (``attempt._conditional_headers``): other pages spare the SREM.
     for refresh, left in ((None, 1), (3600.0, 0)):
         url = f"{shop.url}/product/1"
         redis_conn.sadd(keys.parse_failed(SITE), fingerprint(url))
@@ -527,12 +528,12 @@ def test_seeded_request_and_redirect_target_share_one_seen_entry(
 
 
 def test_a_redirect_from_a_public_host_to_a_private_address_is_refused() -> None:
-    assert jobs.redirects_inward("http://93.184.216.34/a", "http://127.0.0.1/admin")
-    assert jobs.redirects_inward("http://93.184.216.34/a", "http://10.1.2.3/")
-    assert jobs.redirects_inward("http://93.184.216.34/a", "http://169.254.169.254/latest/meta-data")
-    assert jobs.redirects_inward("http://93.184.216.34/a", "http://[::1]/")
-    assert not jobs.redirects_inward("http://93.184.216.34/a", "http://93.184.216.35/b")
-    assert not jobs.redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
+    assert redirects_inward("http://93.184.216.34/a", "http://127.0.0.1/admin")
+    assert redirects_inward("http://93.184.216.34/a", "http://10.1.2.3/")
+    assert redirects_inward("http://93.184.216.34/a", "http://169.254.169.254/latest/meta-data")
+    assert redirects_inward("http://93.184.216.34/a", "http://[::1]/")
+    assert not redirects_inward("http://93.184.216.34/a", "http://93.184.216.35/b")
+    assert not redirects_inward("http://127.0.0.1:8000/a", "http://127.0.0.1:8000/b")  # a local site
 
 
 @pytest.mark.parametrize(
@@ -544,7 +545,7 @@ def test_a_redirect_is_inward_by_the_one_definition_of_a_private_address_the_fet
     """Redirects, robots.txt and the fetcher's address cap agree: not public (``is_public_address``) is private."""
     host = urlsplit(target).hostname or ""
     assert not is_public_address(host)
-    assert jobs.redirects_inward("http://93.184.216.34/a", target)
+    assert redirects_inward("http://93.184.216.34/a", target)
 
 
 def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(
@@ -565,12 +566,12 @@ def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(
 ) -> None:
     # About the error pause: keep the gate to the interval, not the redirector's robots.txt Crawl-delay.
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
-    for _ in range(jobs.ERRORS_BEFORE_PAUSE - 1):
+    for _ in range(outcomes.ERRORS_BEFORE_PAUSE - 1):
         jobs.download(payload(f"{redirector.url}/down"))
     interval_ms = (runtime.policy(SITE).interval + runtime.settings.gate_margin) * 1000
     assert redis_conn.pttl(keys.gate(SITE)) <= interval_ms  # a couple of errors: no pause yet
     jobs.download(payload(f"{redirector.url}/down"))
-    assert redis_conn.get(keys.errors(SITE)) == str(jobs.ERRORS_BEFORE_PAUSE).encode()
+    assert redis_conn.get(keys.errors(SITE)) == str(outcomes.ERRORS_BEFORE_PAUSE).encode()
     pause_ms = runtime.settings.backoff * 1000
     assert interval_ms < redis_conn.pttl(keys.gate(SITE)) <= pause_ms  # closed for the backoff
     redis_conn.delete(keys.gate(SITE))
@@ -608,17 +609,17 @@ def test_when_the_gate_opens_is_known_from_the_send_before_the_record_that_rearm
     runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A paced batch's record waits to be written with others' until shortly before the gate opens
-    # (``jobs._soon_records``): timed by the last send's opening, long past, each was written alone.
+    # (``batch._soon_records``): timed by the last send's opening, long past, each was written alone.
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
     set_live(redis_conn, SITE, interval=0.4)
     seen: dict[str, tuple[float, float]] = {}  # URL: (the gate opens in, seconds since the send)
-    write = jobs.write_now  # a job of one URL: its record is written by the process's writer
+    write = state.write_now  # a job of one URL: its record is written by the process's writer
 
     def write_now(rt: Runtime, done: Any) -> None:
         seen[done.record.url] = (runtime.gate_opens_at(SITE) - time.monotonic(), done.record.elapsed)
         write(rt, done)
 
-    monkeypatch.setattr(jobs, "write_now", write_now)
+    monkeypatch.setattr(state, "write_now", write_now)
     with ShopSite(products=5, faults=False) as shop:
         for n in (1, 2):
             jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))
@@ -650,7 +651,7 @@ def test_a_send_after_the_gate_was_lost_is_warned_about(
     redis_conn.delete(keys.gate(SITE))  # its send grace ran out and another worker took it
     redis_conn.set(keys.gate(SITE), "someone-else", px=5000)
     with caplog.at_level("WARNING", logger="crawler.jobs"):
-        jobs._rearm(gate, task)
+        state.rearm(gate, task)
     assert "spacing may be short" in caplog.text and task.url in caplog.text
     assert redis_conn.get(keys.gate(SITE)) == b"someone-else"  # never taken over
 

@@ -1,0 +1,205 @@
+"""What one attempt at a URL knows as its steps go (``AttemptState``), and how its fetch records are written."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from rq import get_current_job
+
+from ...coord import keys
+from ...coord.gate import Gate
+from ...coord.task import DownloadTask
+from ...errors import ConnectError, FetchTimeout
+from ...http.fetch import Response
+from ...http.headers import merge_headers, user_agent_of
+from ...http.redirects import withheld
+from ...store.database import FAILED, OK, REDIRECT, REFUSED, SKIPPED, UNCHANGED, FetchRecord, utcnow
+from .. import runtime
+from ..events import Done, HeldRecords, SoonRecords, jobs_done, write_now
+from ..sitemaps import SitemapSink
+
+log = logging.getLogger("crawler.jobs")
+
+#: Outcomes whose record a batch may hold back (``download``). A retry or a failure is
+#: written at once, after what was held: the errors-in-a-row rule reads what came before.
+HELD_OUTCOMES = frozenset({OK, UNCHANGED, REDIRECT, SKIPPED, REFUSED})
+
+
+def worker_name() -> str | None:
+    """The name of the RQ worker running this job (None outside one)."""
+    job = get_current_job()
+    return job.worker_name if job is not None else None
+
+
+@dataclasses.dataclass
+class AttemptState:
+    """One attempt at one URL of a download job: what its steps share, each leaving its part for the next.
+
+    The steps are ``attempt.Attempt``'s; the outcomes they come to (``outcomes``, ``login``) take
+    this state. A step returning False or None has dealt with the page (recorded it, scheduled it
+    again). Every record goes through ``record``.
+    """
+
+    rt: runtime.Runtime
+    task: DownloadTask
+    spider: Any
+    #: A batch's records held back (``download``): until its end, or (a paced batch's) a little; or
+    #: None: each written at once.
+    held: HeldRecords | SoonRecords | None
+    obey_robots: bool
+    user_agent: str
+    #: When the attempt began: the ``started`` of records with no response of their own.
+    started: datetime
+    #: The proxy the attempt's requests go through (None: direct), chosen once when taken.
+    proxy: str | None = None
+    #: Seconds waited for the gate (``take_gate``): part of the page's own record.
+    gate_wait: float | None = None
+    #: The site's login session the request is sent with (``logged_in``), for a site that logs in.
+    generation: int | None = None
+    #: The request's If-None-Match/If-Modified-Since (``build_request``), for a conditional refresh.
+    conditional: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The request's headers beyond the fetcher's own, conditional ones and cookies included (``build_request``).
+    headers: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: A sitemap streams into this compressor (up to 50 MB decoded), never held whole (``fetch``).
+    sink: SitemapSink | None = None
+    #: The page was rendered (``render``): its next refresh asks for it whole, its scripts may have changed it.
+    rendered: bool = False
+    #: The gate of the request sent whose rearm goes with the page's record (``Runtime.rearms_late``).
+    unarmed: Gate | None = None
+    #: robots.txt was fetched for this page (``robots_allow``): the site's turn at its gate went to it.
+    robots_fetched: bool = False
+
+    def rearm_now(self) -> None:
+        """Rearm the gate of the request sent, if its rearm was left to the page's record and no record
+        has taken it yet (``Gate.rearm_sent_now``): one round trip of its own."""
+        gate, self.unarmed = self.unarmed, None
+        if gate is not None:
+            gate.rearm_sent_now()
+
+    def record(
+        self,
+        outcome: str,
+        url: str | None = None,
+        response: Response | None = None,
+        error: str | None = None,
+        status: int | None = None,
+        then: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Record ``outcome`` for the page, or for another request the attempt made (``url``: robots.txt,
+        a login's, a rendered page's), with ``then``'s Redis commands in the pipeline after it.
+
+        Only the page's own record counts it (``fetched``, ``failed``, ``refused``,
+        ``unchanged``) and carries the gate's wait; its success (OK, UNCHANGED, REDIRECT)
+        ends the site's run of errors in that pipeline (DEL ``keys.errors``), before ``then``'s
+        commands. A batch holds the record back (``HELD_OUTCOMES``); a retry or a failure is
+        written at once, after what was held (``HeldRecords.flush``): the errors-in-a-row
+        rule reads what came before.
+        """
+        task = self.task
+        url = task.url if url is None else url
+        finished = utcnow()
+        counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
+            outcome
+        )
+        stats = {counter: 1} if counter and url == task.url else {}
+        if stats and outcome == UNCHANGED:
+            stats["unchanged"] = 1
+        ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
+        done = Done(
+            FetchRecord(
+                site=task.site,
+                url=url,
+                outcome=outcome,
+                started=response.started if response else self.started,
+                finished=finished,
+                status=response.status if response else status,
+                bytes=len(response.body) + response.sunk if response else None,
+                elapsed=response.elapsed if response else (finished - self.started).total_seconds(),
+                worker=worker_name(),
+                attempt=task.attempt,
+                error=error,
+                callback=task.callback,
+                meta=task.meta or None,
+                request=task.recorded(),
+            ),
+            self.gate_wait if url == task.url else None,
+            also=functools.partial(_after_record, task.site, ends_errors, then, self.unarmed),
+            stats=stats,
+            check=self.unarmed.check_rearm_sent if self.unarmed is not None else None,
+        )
+        self.unarmed = None
+        if self.held is not None and outcome in HELD_OUTCOMES:
+            self.held.add(done)
+            return
+        if self.held is None:  # with other threads' records, in one write
+            write_now(self.rt, done)
+            return
+        self.held.flush()  # in order: what was held goes first
+        jobs_done(self.rt, [done])
+
+
+def user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:
+    """The User-Agent ``task``'s request goes with: its own header, else the spider's, else the crawl's."""
+    return user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
+
+
+def _after_record(
+    site: str, ends_errors: bool, then: Callable[[Any], None] | None, unarmed: Gate | None, pipe: Any
+) -> None:
+    """The Redis commands of a download's record, in its pipeline (``Attempt.record``): the rearm of
+    the gate its request went through, if left for it (``Gate.rearm_sent``), the end of the site's run
+    of errors, then the caller's (``then``)."""
+    if unarmed is not None:  # first: its reply is the first of the record's (``Gate.check_rearm_sent``)
+        unarmed.rearm_sent(pipe)
+    # Exact at once, not a statistic: the rule that closes the gate after errors in a row reads it.
+    if ends_errors:  # the site answers again: end any run of errors
+        pipe.delete(keys.errors(site))
+    if then is not None:
+        then(pipe)
+
+
+def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
+    """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
+    Accept-Encoding, which these override): the spider's ``headers`` under the request's own
+    (a name in both, in any case, is the request's), without the credentials a redirect to
+    another origin withheld (``redirects.withheld``)."""
+    return withheld(merge_headers(getattr(spider, "headers", None) or {}, task.headers))
+
+
+def sent(attempt: AttemptState, gate: Gate) -> None:
+    """The request is on the wire: the gate's rearm goes with the page's record (``Gate.sent``); or
+    at once, as ever, if the send came past the gate's send grace (a process frozen as it wrote
+    the request): the lock may be gone, the gap short, and ``rearm`` says so."""
+    if gate.acquired_at is not None and time.monotonic() - gate.acquired_at >= gate.expire - gate.rearm_expire:
+        rearm(gate, attempt.task)
+        return
+    gate.sent()
+    attempt.unarmed = gate
+
+
+def rearm(gate: Gate, task: DownloadTask) -> None:
+    """Start the site's interval now that the request is on the wire; warn if the gate was lost."""
+    if not gate.rearm():
+        # Taking the gate and sending took longer than its send grace (a slow connect, a
+        # paused process): another worker may have taken it, so this gap may be short.
+        log.warning(
+            "%s: request sent after the gate's send grace had run out; spacing may be short: %s", task.site, task.url
+        )
+
+
+def observe(
+    rt: runtime.Runtime, task: DownloadTask, gate: Gate, response: Response | None, exc: Exception | None = None
+) -> None:
+    """Tell the site's adaptive interval (if it has one) how the request went: its time, or no answer;
+    and the runtime how long the site took to answer (``Runtime.rearms_late``)."""
+    rt.answered(task.site, response.elapsed if response is not None else None)
+    if response is not None:
+        rt.observe(task.site, gate, response.elapsed, status=response.status)
+    elif isinstance(exc, FetchTimeout | ConnectError):
+        rt.observe(task.site, gate, 0.0, error="timeout" if isinstance(exc, FetchTimeout) else "no connection")
