@@ -34,7 +34,7 @@ from crawler.http.addresses import is_public_address, redirects_inward
 from crawler.http.fetch import Fetcher
 from crawler.spiders.spider import Request
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED
-from crawler.work import jobs, parse_job
+from crawler.work import gated_fetch, jobs, parse_job
 from crawler.work.download_worker import DownloadWorker
 from crawler.work.jobs import outcomes, state
 from crawler.work.robots import origin_of
@@ -651,7 +651,7 @@ def test_a_send_after_the_gate_was_lost_is_warned_about(
     redis_conn.delete(keys.gate(SITE))  # its send grace ran out and another worker took it
     redis_conn.set(keys.gate(SITE), "someone-else", px=5000)
     with caplog.at_level("WARNING", logger="crawler.jobs"):
-        state.rearm(gate, task)
+        gated_fetch.rearm(gate, task.site, task.url)
     assert "spacing may be short" in caplog.text and task.url in caplog.text
     assert redis_conn.get(keys.gate(SITE)) == b"someone-else"  # never taken over
 

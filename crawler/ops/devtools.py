@@ -1,7 +1,7 @@
 """One URL, one callback, no crawl: what ``crawler fetch``, ``crawler parse`` and ``crawler shell`` do.
 
 ``fetch_as_worker`` downloads a URL the way a download worker would (robots.txt, then
-the site's gate, then one GET with the same caps and no redirect followed);
+the site's gate, then the request a worker sends, through ``gated_fetch.send``);
 ``run_callback`` runs a spider callback on a page and sorts what it yields into items
 (through ``process_item`` and the pipelines) and requests, as a parse worker would;
 ``route`` says where each request would go (queued, refused, already seen) without
@@ -10,23 +10,26 @@ queueing anything.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..coord import keys
 from ..coord.frontier import canonicalize, host_allowed, request_fingerprint
-from ..coord.session import Jar, uses_cookies
-from ..coord.task import check_priority, check_refresh
+from ..coord.task import DownloadTask, check_priority, check_refresh
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response
-from ..http.headers import user_agent_of
 from ..http.redirects import refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
-from ..work.render import Visit, rendering
+from ..work.gated_fetch import page_headers, page_request, send
+from ..work.jobs import browser
+from ..work.jobs.state import user_agent
+from ..work.render import rendering
+from ..work.runtime import Runtime
 
 #: Where a request a callback yields would go.
 QUEUED, REFUSED, SEEN = "queued", "refused", "already seen"
@@ -127,47 +130,39 @@ def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:
     return matches[0]
 
 
-def fetch_as_worker(rt: Any, site: str, url: str, meta: dict[str, Any] | None = None) -> Response:
-    """GET ``url`` for ``site`` as a download worker would: robots.txt, the gate, the caps.
+def fetch_as_worker(rt: Runtime, site: str, url: str, meta: dict[str, Any] | None = None) -> Response:
+    """Send ``url``'s request for ``site`` as a download worker would: robots.txt, then the site's gate
+    (by address with ``gate_by = "ip"``), then the very request a worker sends (the spider's and
+    site's headers, its cookies, its user agent, through its proxy: ``gated_fetch.send``), the caps.
 
     Rendered in the browser (its DOM returned) when the spider or ``meta`` (``render``,
     ``render_wait``, as ``Request`` carries them) says so, each request of the page
-    through the gate. Raises RefusedURL when the URL is off the site's domains or
-    robots.txt disallows it, and the fetch's own errors (timeouts, connection, body too
-    large), or the render's (BrowserNotFound). Nothing is recorded or queued.
+    through the gate as a worker's render sends it. Raises RefusedURL when the URL is off the
+    site's domains or robots.txt disallows it, and the fetch's own errors (timeouts, connection,
+    body too large), or the render's (BrowserNotFound). Nothing is recorded or queued, and the
+    site's cookie jar is read, not changed.
     """
     spider = rt.spider(site)
     canonical = canonicalize(url)
     if not host_allowed(canonical, spider.domains()):
         raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(spider.domains())})")
-    site_headers = dict(getattr(spider, "headers", None) or {})
-    user_agent = user_agent_of(site_headers, spider.user_agent or rt.settings.user_agent)
-    if rt.policy(site).obey_robots and not rt.robots.allowed(site, canonical, user_agent, lambda: rt.take_gate(site)):
+    task = DownloadTask(site, canonical)
+    proxy = rt.proxy(site)  # chosen once for the page and its robots.txt, as a download's (``attempt.taken``)
+    if rt.policy(site).obey_robots and not rt.robots.allowed(
+        site,
+        canonical,
+        user_agent(rt, spider, task),
+        functools.partial(rt.take_gate, site, canonical),
+        allow_private=spider.allow_private_addresses,
+        proxy=proxy,
+    ):
         raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
     render, wait_for = rendering(spider, meta or {})
     if render:
-        visit = Visit(
-            fetch=lambda u, headers, wait, is_page: _gated_get(rt, site, spider, u, {**site_headers, **headers}),
-            domains=spider.domains(),
-            block=frozenset(spider.render_block),
-            user_agent=user_agent,
-        )
+        visit = browser.visit(rt, task, spider, proxy)
         return rt.renderer.render(canonical, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
-    return _gated_get(rt, site, spider, canonical, site_headers)
-
-
-def _gated_get(rt: Any, site: str, spider: Any, url: str, headers: Mapping[str, str] | None = None) -> Response:
-    """One gated GET; with the site's cookie jar, its cookies are sent (the jar is not changed: nothing stored)."""
-    if uses_cookies(spider):
-        headers = {**(headers or {}), **Jar(rt.connection, site).header(url)}
-    gate = rt.take_gate(site)
-    return rt.fetcher.get(
-        url,
-        user_agent=spider.user_agent,
-        on_sent=gate.rearm,
-        headers=headers,
-        allow_private=spider.allow_private_addresses,
-    )
+    request = page_request(task, spider, page_headers(rt.connection, spider, task), proxy)
+    return send(rt.fetcher, rt.take_gate(site, canonical), request, proxies=rt.proxies)
 
 
 def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES, follow_meta_refresh: bool = True) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..spiders.spider import Page, Request
+from ..work.runtime import Runtime
 from .devtools import Outputs, fetch_as_worker, page_of, route, run_callback, seen_in, summary_lines, verdict
 
 BANNER = """crawler shell for site {site!r}
@@ -28,7 +29,7 @@ Ctrl-D to leave."""
 class Shell:
     """The helpers bound in the shell's namespace, for one site."""
 
-    def __init__(self, rt: Any, site: str, echo: Any = print):
+    def __init__(self, rt: Runtime, site: str, echo: Any = print):
         self.rt = rt
         self.site = site
         self.spider = rt.spider(site)

@@ -44,6 +44,8 @@ from ..coord.replies import text_map
 from ..errors import CrawlerError, ProxyError, RefusedURL, RobotsUnavailable
 from ..http.addresses import is_private_host, names_its_address
 from ..http.fetch import Fetcher
+from ..http.proxies import ProxyPool
+from .gated_fetch import Outgoing, send
 
 TakeTurn = Callable[[], Gate]
 OnFetch = Callable[[str, int | None, str | None], None]
@@ -137,9 +139,11 @@ class _Answer:
 class RobotsCache:
     """robots.txt rules per origin for one process, backed by the Redis copy."""
 
-    def __init__(self, connection: Redis, fetcher: Fetcher):
+    def __init__(self, connection: Redis, fetcher: Fetcher, proxies: ProxyPool | None = None):
         self.connection = connection
         self.fetcher = fetcher
+        #: Where a proxy robots.txt could not be asked through is benched (``gated_fetch.send``).
+        self.proxies = proxies
         self._parsed: dict[tuple[str, str], tuple[float, Protego]] = {}
         self._published_delay: dict[str, float] = {}
 
@@ -227,7 +231,7 @@ class RobotsCache:
             outage = Outage.load(self.connection, site, origin)
             if outage is not None and outage.retry_at > time.time():
                 return self._during(site, origin, outage)
-            answer = self._download(origin, take_turn, on_fetch, allow_private, proxy)
+            answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
             if answer.text is not None:
                 self._keep(site, origin, answer.text)
                 return answer.text.encode(), ROBOTS_TTL
@@ -269,24 +273,22 @@ class RobotsCache:
         return (b"" if copy is None else bytes(copy)), int(wait)  # type: ignore[arg-type]
 
     def _download(
-        self, origin: str, take_turn: TakeTurn, on_fetch: OnFetch | None, allow_private: bool, proxy: str | None = None
+        self,
+        site: str,
+        origin: str,
+        take_turn: TakeTurn,
+        on_fetch: OnFetch | None,
+        allow_private: bool,
+        proxy: str | None = None,
     ) -> _Answer:
-        """Fetch ``origin``'s robots.txt, following redirects (see the module docstring)."""
+        """Fetch ``origin``'s robots.txt, following redirects (see the module docstring): each hop sent
+        through ``site``'s gate by ``gated_fetch.send``, as a page is."""
         url = origin + "/robots.txt"
         for _ in range(ROBOTS_MAX_REDIRECTS + 1):
             gate = take_turn()
+            request = Outgoing(site, url, proxy=proxy, allow_private=allow_private)
             try:
-                try:
-                    response = self.fetcher.get(
-                        url,
-                        on_sent=gate.rearm,
-                        before_send=gate.before_send,
-                        truncate_at=ROBOTS_MAX_BYTES,
-                        allow_private=allow_private,
-                        proxy=proxy,
-                    )
-                finally:
-                    gate.let_go()  # sent or not: another thread's turn at the gate (``gate.Turn``)
+                response = send(self.fetcher, gate, request, proxies=self.proxies, truncate_at=ROBOTS_MAX_BYTES)
             except RefusedURL as exc:  # not to be fetched at all (a private address): as no file
                 _tell(on_fetch, url, None, str(exc))
                 return _Answer("", str(exc))

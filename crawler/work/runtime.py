@@ -196,7 +196,7 @@ class Runtime:
 
     @cached_property
     def robots(self) -> RobotsCache:
-        return RobotsCache(self.connection, self.fetcher)
+        return RobotsCache(self.connection, self.fetcher, self.proxies)
 
     def spider(self, site: str) -> Spider:
         """The instance of ``site``'s spider in this process, built with the crawl's spider arguments.

@@ -16,10 +16,10 @@ from typing import Any
 
 from ...coord import joblife
 from .. import runtime
+from ..gated_fetch import sent_headers
 from . import batch
 from .attempt import Attempt
 from .outcomes import Verdict, classify, handed_headers
-from .state import sent_headers
 
 __all__ = ["Attempt", "Verdict", "classify", "download", "handed_headers", "sent_headers"]
 

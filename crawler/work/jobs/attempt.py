@@ -33,13 +33,13 @@ from ...http.fetch import Response, encode_headers
 from ...store.database import FAILED, OK, REFUSED, RETRY, utcnow
 from .. import runtime
 from ..events import HeldRecords, SoonRecords
-from ..render import DEFAULT_BLOCK, Visit, rendering
+from ..gated_fetch import page_headers, page_request, send
+from ..render import rendering
 from ..sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapSink
-from . import outcomes
-from .browser import browser_fetch
+from . import browser, outcomes
 from .login import is_logged_out, logged_out, take_session
 from .outcomes import raise_for_status, retry_or_fail, robots_gave_up, schedule_refresh
-from .state import AttemptState, observe, rearm, sent, sent_headers, user_agent
+from .state import AttemptState, observe, sent, user_agent
 
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
@@ -133,9 +133,7 @@ class Attempt(AttemptState):
                 allow_private=self.spider.allow_private_addresses,
                 proxy=self.proxy,
             )
-        except ProxyError as exc:  # robots.txt could not be asked through this proxy: another one will
-            if self.proxy is not None:
-                rt.proxies.bench(self.proxy, str(exc))
+        except ProxyError as exc:  # robots.txt could not be asked through this proxy (benched): another one will
             retry_or_fail(self, exc)
             return False
         except RobotsUnavailable as exc:
@@ -194,11 +192,8 @@ class Attempt(AttemptState):
         """
         rt, task, spider = self.rt, self.task, self.spider
         self.conditional = _conditional_headers(rt, task, spider)
-        headers = {**sent_headers(spider, task), **self.conditional}
-        if uses_cookies(spider):
-            headers = {**headers, **Jar(rt.connection, task.site).header(task.url)}
-        self.headers = headers
-        unbuildable = request_problem(self.user_agent, headers)
+        self.headers = page_headers(rt.connection, spider, task, self.conditional)
+        unbuildable = request_problem(self.user_agent, self.headers)
         if unbuildable is not None:
             self.record(FAILED, error=f"request cannot be built: {unbuildable}")
             schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
@@ -231,54 +226,38 @@ class Attempt(AttemptState):
         - an answer the spider says is logged out: its session ended, the page fetched again
           (``login.logged_out``).
 
-        The gate is let go once the request is over, whatever came of it; the site's cookie
-        jar is updated from the answer; the site's adaptive interval is told how it went
-        (``observe``).
+        Sent by ``gated_fetch.send``: the gate let go once the request is over, whatever came of
+        it; the site's cookie jar updated from the answer; the site's adaptive interval told how
+        it went (``state.observe``).
         """
         rt, task, spider = self.rt, self.task, self.spider
         response: Response | None = None  # kept when its status is an error, for its timing and size
         self.sink = SitemapSink() if task.callback == SITEMAP_CALLBACK else None
         # A record written soon (not held by a fast site's batch) carries the rearm when the site
         # answers well within its interval: one round trip less, the gate opening when it would have.
-        if (self.held is None or self.held.prompt) and rt.rearms_late(task.site, gate):
-            on_sent = functools.partial(sent, self, gate)
-        else:
-            on_sent = functools.partial(rearm, gate, task)
+        late = (self.held is None or self.held.prompt) and rt.rearms_late(task.site, gate)
         try:
-            try:
-                response = rt.fetcher.get(
-                    task.url,
-                    user_agent=spider.user_agent,
-                    on_sent=on_sent,
-                    before_send=gate.before_send,
-                    headers=self.headers,
-                    method=task.method,
-                    body=task.body,
-                    allow_private=spider.allow_private_addresses,
-                    max_bytes=SITEMAP_MAX_BYTES if self.sink else None,
-                    sink=self.sink.feed if self.sink else None,
-                    proxy=self.proxy,
-                )
-            finally:
-                gate.let_go()  # sent (passed on already, at the rearm) or not: another thread's turn at the gate
-            if uses_cookies(spider):
-                Jar(rt.connection, task.site).update(task.url, response.set_cookies)
+            response = send(
+                rt.fetcher,
+                gate,
+                page_request(task, spider, self.headers, self.proxy),
+                on_sent=functools.partial(sent, self, gate) if late else None,
+                jar=Jar(rt.connection, task.site) if uses_cookies(spider) else None,
+                observe=functools.partial(observe, rt, task),
+                proxies=rt.proxies,
+                max_bytes=SITEMAP_MAX_BYTES if self.sink else None,
+                sink=self.sink.feed if self.sink else None,
+            )
             if self.generation is not None and is_logged_out(spider, response):
-                observe(rt, task, gate, response)
                 logged_out(self, self.generation, response)
                 return None
             raise_for_status(response)
         except TransientError as exc:
-            observe(rt, task, gate, response, exc)
-            if isinstance(exc, ProxyError) and self.proxy is not None:
-                rt.proxies.bench(self.proxy, str(exc))
             retry_or_fail(self, exc, response)
             return None
         except PermanentError as exc:
-            observe(rt, task, gate, response, exc)
             self.record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
             return None
-        observe(rt, task, gate, response)
         return response
 
     def render(self, wait_for: str | None) -> Response | None:
@@ -290,12 +269,7 @@ class Attempt(AttemptState):
         fetch does, and is recorded (``browser.browser_fetch``); the page's own record is ``conclude``'s.
         """
         rt, task, spider = self.rt, self.task, self.spider
-        visit = Visit(
-            fetch=browser_fetch(self),
-            domains=spider.domains(),
-            block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
-            user_agent=spider.user_agent or rt.settings.user_agent,
-        )
+        visit = browser.visit(rt, task, spider, self.proxy, self.record)
         try:
             response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
             raise_for_status(response)

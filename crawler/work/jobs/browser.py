@@ -1,23 +1,44 @@
-"""The browser's requests for a rendered page: each through the site's gate, as a download sends one."""
+"""The browser's requests for a rendered page: each through the site's gate, sent as a download sends one."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...coord.session import Jar, uses_cookies
+from ...coord.task import DownloadTask
 from ...errors import CrawlerError, FetchTimeout
 from ...http.fetch import Response
 from ...store.database import FAILED, OK
-from .state import AttemptState, rearm
+from .. import runtime
+from ..gated_fetch import Outgoing, send
+from ..render import DEFAULT_BLOCK, Visit
+
+#: Records a request the rendered page made (``AttemptState.record``'s signature).
+Record = Callable[..., None]
 
 
-def browser_fetch(attempt: AttemptState) -> Callable[[str, Mapping[str, str], float, bool], Response]:
-    """``Visit.fetch`` for a download: each request through the site's gate, as ``Attempt.fetch``
-    sends one, with the site's headers and, for a site with cookies, its jar (updated from each
-    answer); a record for each but the page's own (``Attempt.conclude`` writes that one)."""
-    rt, task, spider, record = attempt.rt, attempt.task, attempt.spider, attempt.record
-    proxy = rt.proxy(task.site)
+def visit(
+    rt: runtime.Runtime, task: DownloadTask, spider: Any, proxy: str | None, record: Record | None = None
+) -> Visit:
+    """What the render of ``task``'s page may fetch, and how (``render.Visit``): each request through
+    the site's gate and ``proxy`` (``routed_fetch``), within the spider's domains, with its user agent.
+    ``record``: what records each of the page's requests but its own (None: nothing recorded)."""
+    return Visit(
+        fetch=routed_fetch(rt, task, spider, proxy, record),
+        domains=spider.domains(),
+        block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
+        user_agent=spider.user_agent or rt.settings.user_agent,
+    )
+
+
+def routed_fetch(
+    rt: runtime.Runtime, task: DownloadTask, spider: Any, proxy: str | None, record: Record | None
+) -> Callable[[str, Mapping[str, str], float, bool], Response]:
+    """``Visit.fetch`` for the render of ``task``'s page: each request through the site's gate, sent by
+    ``gated_fetch.send`` as a page is, with the site's headers and, for a site with cookies, its jar
+    (updated from each answer); ``record``ed, but the page's own (``Attempt.conclude`` records that)."""
     site_headers = dict(getattr(spider, "headers", None) or {})
     jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
 
@@ -26,26 +47,22 @@ def browser_fetch(attempt: AttemptState) -> Callable[[str, Mapping[str, str], fl
         gate = rt.take_gate_within(task.site, url, wait)
         if gate is None:
             raise FetchTimeout(f"the site's gate stayed closed until the render's deadline: {url}")
+        cookies = jar.header(url) if jar is not None else {}
+        request = Outgoing(
+            task.site,
+            url,
+            {**site_headers, **headers, **cookies},
+            spider.user_agent,
+            proxy,
+            spider.allow_private_addresses,
+        )
         try:
-            response = rt.fetcher.get(
-                url,
-                user_agent=spider.user_agent,
-                on_sent=lambda: rearm(gate, task),
-                before_send=gate.before_send,
-                headers={**site_headers, **headers, **(jar.header(url) if jar is not None else {})},
-                allow_private=spider.allow_private_addresses,
-                proxy=proxy,
-                timeout=deadline - time.monotonic(),
-            )
+            response = send(rt.fetcher, gate, request, jar=jar, proxies=rt.proxies, timeout=deadline - time.monotonic())
         except CrawlerError as exc:
-            if not is_page:
+            if record is not None and not is_page:
                 record(FAILED, url=url, error=f"requested by the rendered page {task.url}: {exc}")
             raise
-        finally:
-            gate.let_go()
-        if jar is not None:
-            jar.update(url, response.set_cookies)
-        if not is_page:
+        if record is not None and not is_page:
             record(OK if response.status < 400 else FAILED, url=url, response=response)
         return response
 

@@ -9,6 +9,7 @@ returns, each through the site's gate); the others wait for it. A page the spide
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -20,10 +21,10 @@ from ...http.fetch import Response
 from ...spiders.items import failure_text
 from ...spiders.spider import Page, Request
 from ...store.database import FAILED, OK, RETRY, FetchRecord, utcnow
-from .. import runtime
 from ..events import Done, jobs_done
+from ..gated_fetch import Outgoing, send
 from .outcomes import raise_for_status, retry_or_fail
-from .state import AttemptState, observe, rearm, worker_name
+from .state import AttemptState, observe, worker_name
 
 log = logging.getLogger("crawler.jobs")
 
@@ -47,7 +48,7 @@ def take_session(attempt: AttemptState) -> int | None:
         rt.scheduler.schedule(task.site, task.to_entry(), LOGIN_WAIT, task.priority)
         return None
     try:
-        log_in(rt, task, attempt.spider)
+        log_in(attempt)
     except TransientError as exc:
         session.let_go(token)
         retry_or_fail(attempt, exc)
@@ -65,44 +66,45 @@ class LoginFailed(TransientError):
     """The fleet could not log in to the site (the page waits for a later login)."""
 
 
-def log_in(rt: runtime.Runtime, task: DownloadTask, spider: Any) -> None:
+def log_in(attempt: AttemptState) -> None:
     """Fetch the spider's ``login_url`` and send the Request its ``login(page)`` returns, each through the
     gate with the site's cookies, the jar updated from both responses; raises if either fails, or if
     the spider's ``logged_out`` says the answer to the login is still logged out.
 
     Only a GET can be sent by this fetcher: a Request with another method raises ConfigError.
     """
-    page = page_of(session_get(rt, task, spider, Request(str(spider.login_url))))
+    spider = attempt.spider
+    page = page_of(session_get(attempt, Request(str(spider.login_url))))
     submit = spider.login(page)
     if not isinstance(submit, Request):
         raise ConfigError(f"{type(spider).__name__}.login must return a Request, got {submit!r:.80}")
-    if is_logged_out(spider, session_get(rt, task, spider, submit)):  # refused credentials, an expired token
+    if is_logged_out(spider, session_get(attempt, submit)):  # refused credentials, an expired token
         raise LoginFailed("login failed: the answer to the login request is still logged out (logged_out)")
 
 
-def session_get(rt: runtime.Runtime, task: DownloadTask, spider: Any, request: Request) -> Response:
-    """One request of a login (its method, headers and body: a login form's POST), as a download
-    sends a page (gate, the site's headers, cookies, caps); recorded, and raised on an error status."""
+def session_get(attempt: AttemptState, request: Request) -> Response:
+    """One request of a login (its method, headers and body: a login form's POST), sent as a download
+    sends a page (``gated_fetch.send``: the gate, the site's headers, cookies, the attempt's proxy,
+    the caps); recorded, and raised on an error status."""
+    rt, task, spider = attempt.rt, attempt.task, attempt.spider
     url = request.url
     check_url(url, spider.domains())
     jar = Jar(rt.connection, task.site)
     gate = rt.take_gate(task.site, url)
-    try:
-        response = rt.fetcher.get(
-            url,
-            user_agent=spider.user_agent,
-            on_sent=lambda: rearm(gate, task),
-            before_send=gate.before_send,
-            headers={**(getattr(spider, "headers", None) or {}), **request.headers, **jar.header(url)},
-            allow_private=spider.allow_private_addresses,
-            proxy=rt.proxy(task.site),
-            method=request.method,
-            body=request.body,
-        )
-    finally:
-        gate.let_go()
-    jar.update(url, response.set_cookies)
-    observe(rt, task, gate, response)
+    headers = {**(getattr(spider, "headers", None) or {}), **request.headers, **jar.header(url)}
+    outgoing = Outgoing(
+        task.site,
+        url,
+        headers,
+        spider.user_agent,
+        attempt.proxy,
+        spider.allow_private_addresses,
+        request.method,
+        request.body,
+    )
+    response = send(
+        rt.fetcher, gate, outgoing, jar=jar, observe=functools.partial(observe, rt, task), proxies=rt.proxies
+    )
     outcome = OK if response.status < 400 else FAILED
     jobs_done(rt, [login_done(task, url, outcome, response)])
     raise_for_status(response)

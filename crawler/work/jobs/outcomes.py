@@ -27,7 +27,8 @@ from ...http.redirects import redirected_request, refresh_target
 from ...spiders.spider import HTML_TYPES, Request, accepts
 from ...store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED, UNCHANGED
 from .. import runtime
-from .state import AttemptState, sent_headers
+from ..gated_fetch import sent_headers
+from .state import AttemptState
 
 #: Transient errors in a row from one site before its gate is closed for everyone.
 ERRORS_BEFORE_PAUSE = 3

@@ -17,11 +17,11 @@ from ...coord.gate import Gate
 from ...coord.task import DownloadTask
 from ...errors import ConnectError, FetchTimeout
 from ...http.fetch import Response
-from ...http.headers import merge_headers, user_agent_of
-from ...http.redirects import withheld
+from ...http.headers import user_agent_of
 from ...store.database import FAILED, OK, REDIRECT, REFUSED, SKIPPED, UNCHANGED, FetchRecord, utcnow
 from .. import runtime
 from ..events import Done, HeldRecords, SoonRecords, jobs_done, write_now
+from ..gated_fetch import rearm, sent_headers
 from ..sitemaps import SitemapSink
 
 log = logging.getLogger("crawler.jobs")
@@ -164,33 +164,15 @@ def _after_record(
         then(pipe)
 
 
-def sent_headers(spider: Any, task: DownloadTask) -> dict[str, str]:
-    """The headers a task's request is sent with, beyond the fetcher's own (User-Agent, Accept,
-    Accept-Encoding, which these override): the spider's ``headers`` under the request's own
-    (a name in both, in any case, is the request's), without the credentials a redirect to
-    another origin withheld (``redirects.withheld``)."""
-    return withheld(merge_headers(getattr(spider, "headers", None) or {}, task.headers))
-
-
 def sent(attempt: AttemptState, gate: Gate) -> None:
     """The request is on the wire: the gate's rearm goes with the page's record (``Gate.sent``); or
     at once, as ever, if the send came past the gate's send grace (a process frozen as it wrote
     the request): the lock may be gone, the gap short, and ``rearm`` says so."""
     if gate.acquired_at is not None and time.monotonic() - gate.acquired_at >= gate.expire - gate.rearm_expire:
-        rearm(gate, attempt.task)
+        rearm(gate, attempt.task.site, attempt.task.url)
         return
     gate.sent()
     attempt.unarmed = gate
-
-
-def rearm(gate: Gate, task: DownloadTask) -> None:
-    """Start the site's interval now that the request is on the wire; warn if the gate was lost."""
-    if not gate.rearm():
-        # Taking the gate and sending took longer than its send grace (a slow connect, a
-        # paused process): another worker may have taken it, so this gap may be short.
-        log.warning(
-            "%s: request sent after the gate's send grace had run out; spacing may be short: %s", task.site, task.url
-        )
 
 
 def observe(
