@@ -45,8 +45,9 @@ Every queued request holds its body in Redis (its frontier entry, then its job):
 queries take a few kilobytes, so 64 KiB leaves room while a page of a thousand such requests
 still costs Redis megabytes, not a gigabyte."""
 
-DEFAULT_MAX_LINKS_PER_PAGE = 10_000
-"""Requests taken from one page's callback; the rest are dropped, and the page's parse record says so."""
+DEFAULT_MAX_LINKS_PER_PAGE = 0
+"""Requests taken from one page's callback, the rest dropped (the page's parse record says so); 0: no cap,
+every link queued (a page's links go to the frontier a chunk at a time: memory stays bounded without one)."""
 
 DEFAULT_MAX_REDIRECTS = 5
 """Redirect hops followed from one URL before the chain is refused."""
@@ -138,8 +139,9 @@ class Settings:
         _require(self.job_lease >= 3, "job_lease", "must be at least 3 seconds (heartbeats come every second)")
         for name in ("max_body_bytes", "failure_ttl"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
-        for name in ("max_url_length", "max_links_per_page", "max_request_body_bytes"):
+        for name in ("max_url_length", "max_request_body_bytes"):
             _require(getattr(self, name) > 0, name, "must be greater than 0")
+        _require(self.max_links_per_page >= 0, "max_links_per_page", "must be 0 (no cap) or more")
         for name in ("max_redirects", "max_retries"):
             _require(getattr(self, name) >= 0, name, "must be 0 or more")
         # Sent in every request's header, which httpx refuses outside ASCII (the first fetch would raise).

@@ -503,8 +503,7 @@ def run_crawl(net: Net, tmp_path: Path, margin_ms: float) -> Crawl:
     paths = {
         "/robots.txt",
         "/",
-        "/catalogue.pdf",
-        *(f"/products?page={n}" for n in range(1, shop.pages + 1)),
+        *(f"/products?page={n}" for n in range(1, shop.pages + 1)),  # page 1's /catalogue.pdf: not followed
         *(f"/product/{n}" for n in range(1, PRODUCTS + 1)),
     }
     items = items_by_key(database_url, site=SITE)

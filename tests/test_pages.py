@@ -22,7 +22,8 @@ from crawling import installed_runtime, peak_rss_mib, waiting_tasks
 from redis import Redis
 from rq.suspension import resume, suspend
 
-from crawler.coord import keys, pages, quarantine
+from crawler.coord import joblife, keys, pages, quarantine
+from crawler.coord.frontier import Frontier
 from crawler.coord.vetting import page_entry
 from crawler.settings import Settings
 from crawler.work import parse_job
@@ -335,11 +336,12 @@ def test_a_batch_is_written_before_the_next_page_once_its_links_pass_the_byte_bu
     assert_stream_empty(redis_conn)
 
 
-def test_a_parse_worker_given_pages_of_250000_links_each_stays_under_400_mib(
+def test_a_parse_worker_given_pages_of_250000_links_each_queues_them_all_and_stays_under_400_mib(
     redis_conn: Redis, redis_url: str, links_settings: Settings
 ) -> None:
-    """The issue's pages: eight of 550,000 links each put one parse worker at 2.8 GiB (all their links held)."""
-    count, links = 8, 250_000
+    """The issue's pages: eight of 550,000 links each put one parse worker at 2.8 GiB (all their links held).
+    Every link is queued (no cap by default): a page's links go to the frontier a chunk at a time."""
+    count, links = 4, 250_000
     urls = [add_links_page(redis_conn, n, links_page(n, links)) for n in range(count)]
     settings = links_settings
     command = [sys.executable, "-c", "from crawler.cli.app import main; main()", "--redis-url", redis_url]
@@ -357,8 +359,10 @@ def test_a_parse_worker_given_pages_of_250000_links_each_stays_under_400_mib(
     print(f"parse worker, {count} pages of {links:,} links: peak RSS {peak:.0f} MiB")
     assert peak < 400, f"peak RSS {peak:.0f} MiB"
     assert sorted(str(r["url"]) for r in records) == sorted(urls)
-    capped = f"links capped at max_links_per_page (10,000): {links - 10_000:,} more dropped"
-    assert all(r["error"] == capped for r in records)
+    assert all(r["error"] is None for r in records)  # nothing dropped
+    frontier = Frontier(redis_conn, "links", [], 60, 60)
+    jobs = sum(len(joblife.tasks_left(job)) for job in frontier.queue.get_jobs())
+    assert redis_conn.llen(keys.frontier("links", 0)) + jobs == count * links
 
 
 def test_a_parse_worker_process_takes_no_page_while_suspended_and_parses_it_after_resume(

@@ -33,7 +33,7 @@ from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
 from crawler.settings import Settings
-from crawler.store.database import FAILED, SKIPPED, Store
+from crawler.store.database import FAILED, Store
 from crawler.work import runtime as runtime_module
 from crawler.work.download_worker import DownloadWorker
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
@@ -62,8 +62,8 @@ def request_counts(shop: ShopSite) -> Counter[str]:
 
 
 def expected_paths(shop: ShopSite) -> set[str]:
-    """Every path a polite, complete crawl of a faulty shop requests."""
-    paths = {"/robots.txt", "/", "/catalogue.pdf", "/missing", f"/old/product/{MOVED_ID}"}
+    """Every path a polite, complete crawl of a faulty shop requests (not /catalogue.pdf: ``deny_extensions``)."""
+    paths = {"/robots.txt", "/", "/missing", f"/old/product/{MOVED_ID}"}
     paths |= {f"/products?page={n}" for n in range(1, shop.pages + 1)}
     paths |= {f"/product/{i}" for i in range(1, shop.products + 1)}
     return paths
@@ -106,9 +106,10 @@ def test_in_process_crawl_stores_every_item_once_and_fetches_every_page_once(
     # The moved product came through its redirect or its own link, and was fetched once.
     assert len(shop.requests_for(f"/product/{MOVED_ID}")) == 1
     assert [r["outcome"] for r in by_url[f"{shop.url}/old/product/{MOVED_ID}"]] == ["redirect"]
-    # The PDF: downloaded once, recorded as skipped, never handed to a callback.
-    pdf = by_url[f"{shop.url}/catalogue.pdf"]
-    assert [(r["kind"], r["outcome"], r["status"]) for r in pdf] == [("download", SKIPPED, 200)]
+    # The PDF: a link to a file the spider does not take, never requested; its page's record counts it.
+    assert f"{shop.url}/catalogue.pdf" not in by_url
+    (home,) = [r for r in by_url[f"{shop.url}/products?page=1"] if r["kind"] == "parse"]
+    assert "1 links to files by their extension (.pdf): not queued (deny_extensions)" in home["error"]
     # /missing: a 404, recorded failed once, not retried.
     missing = by_url[f"{shop.url}/missing"]
     assert [(r["kind"], r["outcome"], r["status"], r["attempt"]) for r in missing] == [("download", FAILED, 404, 1)]

@@ -223,6 +223,15 @@ def _content_types(cls: type, value: Any) -> str | None:
     return None
 
 
+def _extensions(cls: type, value: Any) -> str | None:
+    if isinstance(value, str) or not isinstance(value, set | frozenset | list | tuple):
+        return f"must be a set of file extensions like {{'pdf', 'zip'}} (empty: follow every link), got {value!r:.80}"
+    for item in value:
+        if not isinstance(item, str) or not item.strip(".") or "/" in item:
+            return f"must hold file extensions like 'pdf' or 'tar.gz', got {item!r:.80}"
+    return None
+
+
 #: A header name: an HTTP token (RFC 9110).
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
@@ -277,9 +286,11 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("follow_meta_refresh", _flag),
     ("user_agent", _optional_text),
     ("content_types", _content_types),
+    ("deny_extensions", _extensions),
     ("headers", _headers),
     ("depth_limit", _positive_count_or_none),
     ("max_pages", _positive_count_or_none),
+    ("max_links_per_page", _positive_count_or_none),
     ("allow_private_addresses", _flag),
     ("refresh", _refresh),
     ("refresh_priority", _priority),

@@ -22,6 +22,7 @@ from selectolax.lexbor import LexborHTMLParser, LexborNode
 from ..errors import ConfigError
 from ..settings import Auto
 from .decoding import html_text, is_json, json_text
+from .extensions import IGNORED_EXTENSIONS
 
 #: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
 #: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
@@ -34,6 +35,11 @@ _PLAIN_HREF = re.compile(rf"(/|(?:\.\.?/)*)((?:{_SEGMENT}/)*(?:{_SEGMENT})?)(?:\
 _PLAIN_ABSOLUTE_HREF = re.compile(
     r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[\w.~!$&'()*+,=:@/%-]*)?(?:\?[^#\t\n\r]+)?", re.ASCII
 )
+
+#: Distinct hrefs (and targets) whose joins a page keeps (``Page.urljoin``): the links a page repeats
+#: (nav, "back to top", an API name in every table) are joined once, and a page of 100,000 distinct
+#: links holds this many joins at most, not all of them.
+JOINS_KEPT = 10_000
 
 #: What ``Page.text_of`` makes one space: XPath's whitespace (a no-break space is text, not spacing).
 _SPACES = re.compile(r"[ \t\n\r\f]+")
@@ -314,6 +320,8 @@ class Page:
         """``href`` made absolute against this page's URL (``<base href>`` honoured)."""
         joined = self._joined.get(href)
         if joined is None:
+            if len(self._joined) >= JOINS_KEPT:
+                self._joined.clear()
             joined = self._joined[href] = self._join(href.strip())
         return joined
 
@@ -331,6 +339,8 @@ class Page:
             return self._join_target(href)
         joined = self._joined_targets.get(target)
         if joined is None:
+            if len(self._joined_targets) >= JOINS_KEPT:
+                self._joined_targets.clear()
             # A bare "#..." takes the base without its fragment (urljoin(base, "") would keep it).
             joined = self._join_target(target) if target else urljoin(self.base_url, "#x")[:-2]
             self._joined_targets[target] = joined
@@ -495,12 +505,21 @@ class Spider:
     #: targets: each page once, its retries and refreshes free); past it new requests are dropped,
     #: so the crawl drains. None: no limit.
     max_pages: int | None = None
+    #: Requests taken from one page's callback, in the order it yields them; the rest are dropped
+    #: (counted in its parse record). None: every link of a page is queued, however many.
+    #: The ``max_links_per_page`` setting, when set, wins over this.
+    max_links_per_page: int | None = None
     #: Headers sent with every request of the site, under each request's own (a name in both is the
     #: request's); a User-Agent here wins over ``user_agent`` and the setting.
     headers: Mapping[str, str] = {}
     #: Content types (``"text/html"``, or ``"application/*"`` for a whole family) of the responses
     #: handed to callbacks; others are recorded skipped. A response without a content type counts as HTML.
     content_types: tuple[str, ...] = HTML_TYPES
+    #: Extensions (``"pdf"``, ``"tar.gz"``; any case) of links not followed: a request a callback yields
+    #: whose URL path ends in one is not queued (counted in its page's parse record), unless
+    #: ``content_types`` takes the extension's type (``application/pdf`` keeps ``.pdf`` links).
+    #: Scrapy's ``IGNORED_EXTENSIONS`` by default; an empty set follows every link.
+    deny_extensions: frozenset[str] | set[str] = IGNORED_EXTENSIONS
     #: Reach private, loopback or link-local addresses through host names (DNS) and redirects from
     #: public hosts (refused by default; a URL naming an IP address or localhost is always allowed).
     allow_private_addresses: bool = False

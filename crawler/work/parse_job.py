@@ -1,16 +1,18 @@
 """The parse step parse workers run on each page of the stream: its callback, items, links, record.
 
 ``parse``: the spider's callback on the page (``body`` zlib-compressed) → items upserted →
-new requests through the frontier → the page's record, with the worker's acknowledgement of
-the page in the same pipeline. A batch of pages is written together (``HeldParses``), and the
-sites whose links found no job queued are refilled together (``frontier.refill_together``).
+new requests through the frontier (a chunk at a time as the callback yields them: ``PageLinks``)
+→ the page's record, with the worker's acknowledgement of the page in the same pipeline. A
+batch of pages is written together (``HeldParses``), and the sites whose links found no job
+queued are refilled together (``frontier.refill_together``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -33,8 +35,9 @@ from ..errors import (
 )
 from ..http.fetch import DecodeError, inflate_capped
 from ..settings import DEFAULT_PARSE_TIMEOUT
+from ..spiders.extensions import extension_type, link_extension, normal_extension
 from ..spiders.items import Pipelines, failure_text
-from ..spiders.spider import Page, Request, SentRequest
+from ..spiders.spider import Page, Request, SentRequest, Spider, accepts
 from ..store.database import FAILED, OK, FetchRecord, Item, utcnow
 from . import runtime
 from .events import Done, job_done, jobs_done
@@ -48,6 +51,9 @@ HELD_LINK_COST = 300
 #: Estimated bytes of links (``HeldParses.link_bytes``) past which a parse worker writes its
 #: batch before parsing the next page: a batch holds this much, plus one page's links at most.
 HELD_LINK_BYTES = 32 * 1024 * 1024
+#: Requests of one page queued together while its callback runs (``PageLinks``): a page holds at
+#: most this many, whatever its links' count. One seen-set call each (``frontier.SEEN_CHUNK``).
+LINK_CHUNK = 5000
 
 
 def parse(
@@ -79,15 +85,12 @@ def parse(
     if payload.get("callback") == SITEMAP_CALLBACK:
         _read_sitemap(rt, payload, body, worker, done, started, held)
         return
+    links: PageLinks | None = None
     try:
-        items, requests, dropped, links_dropped = _run_callback(
-            rt.spider(site),
-            rt.pipelines(site),
-            url,
-            body,
-            payload,
-            rt.settings.max_body_bytes,
-            rt.settings.max_links_per_page,
+        spider = rt.spider(site)
+        links = PageLinks(rt, site, spider, int(payload.get("depth", 0)) + 1, held)
+        items, dropped = _run_callback(
+            spider, rt.pipelines(site), url, body, payload, rt.settings.max_body_bytes, links
         )
     except JobTimeoutException:
         parse_failed(
@@ -101,40 +104,31 @@ def parse(
         )
         return
     except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
+        if links is not None and exc is links.failure:  # Redis's, queuing links: the page stays with the worker
+            raise
         parse_failed(rt, payload, failure_text(exc), worker, done, started, held)
         return
-    depth = int(payload.get("depth", 0)) + 1
-    spider = rt.spider(site)
-    beyond_depth = len(requests) if spider.depth_limit is not None and depth > spider.depth_limit else 0
-    if beyond_depth:
-        requests = []
     try:
         if held is None:
             rt.store.upsert_items(site, items, seen=_fetched_at(payload))
-            refused = rt.frontier(site).add(requests, depth=depth).refused
         else:
             held.hold_items(site, items, _fetched_at(payload))
-            candidates, refused = rt.frontier(site).vet(requests)
-            held.links.append((site, candidates, depth))
+        links.finish()
     except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
         parse_failed(
             rt,
             payload,
             f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
-            f"and {len(requests)} links\n" + traceback.format_exc(limit=20),
+            f"and {links.passed:,} links\n" + traceback.format_exc(limit=20),
             worker,
             done,
             started,
             held,
         )
         return
-    notes = [_refusals(refused)] if refused else []
-    if beyond_depth:
-        notes.append(f"{beyond_depth:,} links beyond depth_limit ({spider.depth_limit}): not queued")
-    if requests and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
+    notes = links.notes()
+    if links.passed and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
         notes.append(f"max_pages ({spider.max_pages:,}) reached: new links not queued")
-    if links_dropped:
-        notes.insert(0, f"links capped at max_links_per_page ({len(requests):,}): {links_dropped:,} more dropped")
     counts = {"parsed": 1, "items": len(items)}
     if dropped:  # by process_item or a pipeline (DropItem)
         counts["dropped"] = dropped
@@ -236,11 +230,129 @@ class HeldParses:
         """Whether the links held pass ``HELD_LINK_BYTES`` (estimated): time to write the batch.
 
         The parse worker then writes the batch before its next page, so pages of many
-        links never pile up in memory (each page's links are capped by
-        ``max_links_per_page`` too). Counted again at each call: a batch is a few pages.
+        links never pile up in memory (a page holds fewer than LINK_CHUNK links here: it
+        queued the others itself, ``PageLinks``). Counted again at each call: a batch is a few pages.
         """
         held = sum(2 * len(url) + HELD_LINK_COST for _, candidates, _ in self.links for url, _ in candidates)
         return held >= HELD_LINK_BYTES
+
+
+class PageLinks:
+    """The requests a page's callback yields, queued as they come, a chunk at a time.
+
+    Each request meets, in order: the page's cap (the ``max_links_per_page`` setting, else the
+    spider's; none by default), the spider's ``depth_limit``, and its ``deny_extensions``
+    (``_denied_extensions``); those stopped are counted for the page's record (``notes``).
+    The others go to the frontier every LINK_CHUNK requests while the callback runs, so a page
+    holds one chunk of requests, never all its links; the last, shorter chunk is queued by
+    ``finish``, with the parse worker's batch (``held``) or at once. ``failure`` is what a
+    chunk's queuing raised (Redis down), told apart from the callback's own exceptions.
+    """
+
+    def __init__(self, rt: runtime.Runtime, site: str, spider: Spider, depth: int, held: HeldParses | None):
+        self.rt = rt
+        self.site = site
+        self.spider = spider
+        self.depth = depth
+        self.held = held
+        #: The setting's cap (0: none), else the spider's (None: none).
+        self.cap = rt.settings.max_links_per_page or spider.max_links_per_page
+        self.too_deep = spider.depth_limit is not None and depth > spider.depth_limit
+        self.denied = _denied_extensions(spider.deny_extensions, spider.content_types)
+        self.pending: list[Request] = []
+        self.yielded = 0
+        #: Requests handed to the frontier (queued, or refused or found seen there).
+        self.passed = 0
+        self.beyond_depth = 0
+        #: Requests not queued for their extension, by extension (in the order first met).
+        self.by_extension: dict[str, int] = {}
+        #: URL -> its denied extension or None, for the last few thousand URLs: pages repeat their links.
+        self._extensions: dict[str, str | None] = {}
+        self.refused = 0
+        self.reasons: list[str] = []  # the first few refusals' reasons
+        self.failure: BaseException | None = None
+
+    def take(self, request: Request) -> None:
+        """One request the callback yielded: counted, or queued with its chunk."""
+        self.yielded += 1
+        if self.cap is not None and self.yielded > self.cap:
+            return
+        if self.too_deep:
+            self.beyond_depth += 1
+            return
+        extension = self._extensions.get(request.url, "")
+        if extension == "":  # not looked at yet
+            if len(self._extensions) >= LINK_CHUNK:
+                self._extensions.clear()
+            extension = self._extensions[request.url] = link_extension(request.url, self.denied)
+        if extension is not None:
+            self.by_extension[extension] = self.by_extension.get(extension, 0) + 1
+            return
+        self.passed += 1
+        self.pending.append(request)
+        if len(self.pending) >= LINK_CHUNK:
+            self._add_pending()
+
+    def finish(self) -> None:
+        """Queue what is left: at once without ``held``, else held with the batch (vetted now)."""
+        if self.held is None:
+            self._add_pending()
+            return
+        candidates, refused = self.rt.frontier(self.site).vet(self.pending)
+        self.pending = []
+        self._count(refused)
+        self.held.links.append((self.site, candidates, self.depth))
+
+    def _add_pending(self) -> None:
+        chunk, self.pending = self.pending, []
+        if not chunk:
+            return
+        try:
+            frontier = self.rt.frontier(self.site)
+            result = frontier.add(chunk, depth=self.depth)
+        except Exception as exc:
+            self.failure = exc
+            raise
+        self._count(result.refused or [])
+        if self.held is not None and result.queue_dry:  # as ``HeldParses.flush`` does for its links
+            _refill_dry([frontier])
+
+    def _count(self, refused: list[tuple[str, str]]) -> None:
+        self.refused += len(refused)
+        self.reasons += [reason for _, reason in refused[: 3 - len(self.reasons)]]
+
+    def notes(self) -> list[str]:
+        """What the page's record says of the links not queued (empty when every one was offered)."""
+        notes = []
+        over = self.yielded - self.cap if self.cap is not None and self.yielded > self.cap else 0
+        if over:
+            notes.append(f"links capped at max_links_per_page ({self.cap:,}): {over:,} more dropped")
+        if self.refused:
+            more = f" (+{self.refused - 3} more)" if self.refused > 3 else ""
+            notes.append(f"{self.refused} links refused: {'; '.join(self.reasons)}{more}")
+        if self.by_extension:
+            count = sum(self.by_extension.values())
+            shown = ", ".join(f".{extension}" for extension in list(self.by_extension)[:3])
+            more = ", ..." if len(self.by_extension) > 3 else ""
+            notes.append(f"{count:,} links to files by their extension ({shown}{more}): not queued (deny_extensions)")
+        if self.beyond_depth:
+            notes.append(f"{self.beyond_depth:,} links beyond depth_limit ({self.spider.depth_limit}): not queued")
+        return notes
+
+
+@functools.lru_cache(maxsize=256)
+def _denied_with(deny: frozenset[str], content_types: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(
+        extension
+        for extension in map(normal_extension, deny)
+        if extension and not accepts(content_types, extension_type(extension))
+    )
+
+
+def _denied_extensions(deny: Iterable[str], content_types: Iterable[str]) -> frozenset[str]:
+    """The extensions of ``deny`` (``Spider.deny_extensions``) whose links are not followed: those whose
+    type ``content_types`` does not take (a spider taking ``application/pdf`` follows ``.pdf`` links)."""
+    return _denied_with(frozenset(deny), tuple(content_types))
 
 
 def _found_dry(results: list[AddResult]) -> bool:
@@ -362,16 +474,15 @@ def _read_sitemap(
 
 
 def _run_callback(
-    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, max_links: int
-) -> tuple[list[Item], list[Request], int, int]:
-    """The page's items (through ``process_item`` and the pipelines), its first ``max_links``
-    requests, the items dropped and the requests past ``max_links``, as its callback yields
-    them; raises whatever the callback raises, and ItemError (``items``).
+    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, links: PageLinks
+) -> tuple[list[Item], int]:
+    """The page's items (through ``process_item`` and the pipelines) and the count of items dropped;
+    each request the callback yields goes to ``links`` as it comes. Raises whatever the callback
+    raises, ItemError (``items``), and what ``links`` raises.
 
-    The callback runs to its end (items may come after links), but requests past
-    ``max_links`` are not kept: a page of half a million links costs its parse, not
-    half a million held requests. The stored body is inflated within ``max_body`` bytes
-    (BodyTooLarge past it): a body written into Redis by someone else may be a zlib bomb.
+    The callback runs to its end (items may come after links). The stored body is inflated
+    within ``max_body`` bytes (BodyTooLarge past it): a body written into Redis by someone
+    else may be a zlib bomb.
     """
     sent = payload.get("request") or {}
     page = Page(
@@ -384,11 +495,20 @@ def _run_callback(
         request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
     )
     name = str(payload.get("callback") or "parse")
-    out = pipelines.sort(spider.callback(name)(page), page, name, max_links)
+    out = pipelines.sort(_requests_to(links, spider.callback(name)(page)), page, name)
     variant = (payload.get("request") or {}).get("variant")
     place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
     items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
-    return items, out.requests, len(out.dropped), out.links_dropped
+    return items, len(out.dropped)
+
+
+def _requests_to(links: PageLinks, outputs: Iterable[Any] | None) -> Iterator[Any]:
+    """``outputs`` but for its requests, each handed to ``links`` as it comes."""
+    for output in outputs or ():
+        if isinstance(output, Request):
+            links.take(output)
+        else:
+            yield output
 
 
 def _fetched_at(payload: dict[str, Any]) -> datetime | None:
@@ -405,9 +525,3 @@ def _item_key(field: str | None, item: dict[str, Any], url: str, position: int) 
     if field and item.get(field) not in (None, ""):
         return str(item[field])
     return f"{url}#{position}"
-
-
-def _refusals(refused: list[tuple[str, str]]) -> str:
-    shown = "; ".join(reason for _, reason in refused[:3])
-    more = f" (+{len(refused) - 3} more)" if len(refused) > 3 else ""
-    return f"{len(refused)} links refused: {shown}{more}"
