@@ -26,7 +26,12 @@ ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 #: Layers from the bottom up: the modules (or packages) each holds, what belongs there, and
 #: the layers it may import besides its own. Nothing may import a layer above it.
 LAYERS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
-    ("base", ("crawler.errors", "crawler.settings"), "the exception tree; settings and their checks", ()),
+    (
+        "base",
+        ("crawler.backoff", "crawler.errors", "crawler.settings"),
+        "the exception tree; settings and their checks; backoff",
+        (),
+    ),
     ("spiders", ("crawler.spiders",), "the spider author's API", ("base",)),
     ("demo", ("crawler.demo",), "the bundled demo shop and its spider", ("base", "spiders")),
     ("http", ("crawler.http",), "talking HTTP to the sites; no Redis, no database", ("base", "spiders")),

@@ -21,7 +21,7 @@ response time doubles under load sees our rate halve.
 
 Separately, for every site (adaptive or not), a 429 or 503 *without* ``Retry-After``
 closes the site's gate for every worker for ``throttle_pause`` (exponential in the
-site's run of errors, with jitter); see ``jobs._retry_or_fail``.
+site's run of errors, with jitter); see ``jobs.outcomes.retry_or_fail``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 from redis import Redis
 
+from ..backoff import backoff
 from ..settings import Auto
 from . import lua
 
@@ -51,15 +52,14 @@ _warned: set[tuple[str, str, str]] = set()
 _WARNED_MOST = 1_000
 
 
-def throttle_pause(backoff: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:
+def throttle_pause(first: float, errors_in_a_row: int, cap: float, rng: random.Random | None = None) -> float:
     """Seconds to close a site's gate after a 429/503 without Retry-After.
 
-    ``backoff`` × 2^(n−1) for the n-th transient error in a row, at most ``cap``, with
+    ``first`` × 2^(n−1) for the n-th transient error in a row, at most ``cap``, with
     "equal jitter": a uniform draw from half that to all of it, so the pause is never
     under half its step and clients that were throttled together do not come back together.
     """
-    step = min(backoff * 2 ** max(0, errors_in_a_row - 1), cap)
-    return step / 2 + (rng or random).uniform(0, step / 2)
+    return backoff(first, errors_in_a_row, cap, jitter=True, rng=rng)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from sqlalchemy.exc import (
     StatementError,
 )
 
+from ..backoff import backoff
 from ..errors import ConfigError, RefusedRecord
 from ..settings import redact_url, url_error
 from . import migrations
@@ -278,7 +279,7 @@ class Store:
                 locked = self.engine.dialect.name == "sqlite" and "database is locked" in str(exc)
                 if not locked or attempt + 1 == SQLITE_LOCKED_TRIES:
                     raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
-                time.sleep(0.1 * 2**attempt)
+                time.sleep(backoff(SQLITE_LOCKED_WAIT, attempt + 1))
             except DBAPIError as exc:
                 raise ConfigError(f"cannot reach database {redact_url(self.url)}: {_first_line(exc)}") from None
 
@@ -560,6 +561,8 @@ def engine_url(url: str) -> URL:
 
 #: Tries of a schema upgrade that SQLite answered "database is locked" (see ``Store._upgrade``).
 SQLITE_LOCKED_TRIES = 6
+#: Seconds before the second such try; each next one waits twice as long.
+SQLITE_LOCKED_WAIT = 0.1
 
 
 def _as_utc(moment: datetime) -> datetime:

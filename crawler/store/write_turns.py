@@ -27,11 +27,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO
 
+from ..backoff import Backoff
+
 log = logging.getLogger("crawler.store")
 
 #: Longest wait for a turn, seconds: past it a writer goes ahead without one (a holder frozen).
 TURN_WAIT = 5.0
-#: Longest pause between two asks for the file's lock, seconds (the first ones are shorter).
+#: First pause between two asks for the file's lock, seconds; each next one doubles, up to ASK_EVERY.
+ASK_FIRST = 0.0005
+#: Longest pause between two asks for the file's lock, seconds.
 ASK_EVERY = 0.004
 
 #: A process's write transactions between two of its WAL checkpoints. A transaction writes a
@@ -104,7 +108,7 @@ class WriteTurns:
 
 def _flock_by(file: IO[bytes], deadline: float) -> bool:
     """Take ``file``'s exclusive lock, asking again until ``deadline`` (``time.monotonic()``); whether it was."""
-    pause = 0.0005
+    pauses = Backoff(ASK_FIRST, ASK_EVERY)
     while True:
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,5 +117,4 @@ def _flock_by(file: IO[bytes], deadline: float) -> bool:
             if time.monotonic() >= deadline:
                 log.warning("the SQLite writer's turn was not free for %.0f s: writing without it", TURN_WAIT)
                 return False
-            time.sleep(pause)
-            pause = min(pause * 2, ASK_EVERY)
+            time.sleep(pauses.next())

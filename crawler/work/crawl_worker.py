@@ -24,6 +24,7 @@ from rq.timeouts import JobTimeoutException
 from rq.utils import now, utcformat
 from rq.worker import WorkerStatus
 
+from ..backoff import outage_waits
 from ..coord import inflight, joblife, keys
 from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from ..coord.vetting import CrawlerJob
@@ -123,7 +124,8 @@ class CrawlWorker(SimpleWorker):
         self._burst = False
         self._suspension: Suspension = self._idle.made("suspension", Suspension)
         self._stop_requests = 0
-        self._redis_wait = 0.0
+        #: The waits while Redis does not answer (``_redis_down``), back to none when it does.
+        self._redis_waits = outage_waits()
         self._leases: LeaseKeeper = self._idle.made(
             "leases", lambda: LeaseKeeper(type(self).__name__, connection, self.runtime.settings.job_lease)
         )
@@ -370,15 +372,14 @@ class CrawlWorker(SimpleWorker):
 
     def _redis_down(self, exc: Exception) -> float:
         """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
-        if self._redis_wait == 0:
+        if not self._redis_waits.failures:
             self.log.error("Redis unreachable (%s): waiting and reconnecting", str(exc).splitlines()[0])
-        self._redis_wait = min(max(self._redis_wait * 2, 0.5), 30.0)
-        return self._redis_wait
+        return self._redis_waits.next()
 
     def _redis_back(self) -> None:
-        if self._redis_wait:
+        if self._redis_waits.failures:
             self.log.warning("Redis is back: resuming")
-            self._redis_wait = 0.0
+            self._redis_waits.reset()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Claim the job, then run it in this thread while the lease keeper renews the claim."""

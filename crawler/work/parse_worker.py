@@ -28,6 +28,7 @@ from rq.suspension import is_suspended
 from rq.timeouts import JobTimeoutException
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..backoff import outage_waits
 from ..coord import keys, pages
 from ..coord.gate import Gate
 from ..coord.joblife import HEARTBEAT_EVERY
@@ -163,7 +164,9 @@ class ParseWorker:
         self._warned: set[str] = set()
         self._last_reclaim = self._last_flush = self._last_forget = self._last_suspension_check = 0.0
         self._every = Every()
-        self._redis_wait = self._db_wait = 0.0
+        #: The waits while Redis, or the database, does not answer (``_redis_down``, ``_db_down``).
+        self._redis_waits = outage_waits()
+        self._db_waits = outage_waits()
         self._started = False
 
     def work(self, burst: bool = False) -> bool:
@@ -174,7 +177,7 @@ class ParseWorker:
         try:
             while not self.stop_event.is_set():
                 try:
-                    if self._redis_wait or not self._started:
+                    if self._redis_waits.failures or not self._started:
                         pages.ensure_group(self._client)
                         self._started = True
                     if self._suspended(burst) or not self._step(burst):
@@ -322,7 +325,7 @@ class ParseWorker:
                 continue
             except JobTimeoutException:
                 held.fail(f"storing the page timed out after {parse_job.DEFAULT_PARSE_TIMEOUT}s (with its batch)")
-            self._db_wait = 0.0
+            self._db_waits.reset()
             return
 
     def _run(
@@ -383,29 +386,27 @@ class ParseWorker:
             except Exception:  # not the callback's (parse_job.parse records those): ours, or a late timeout
                 log.exception("parse of %s failed outside its callback", task.get("url"))
                 parse_job.parse_failed(self.runtime, task, traceback.format_exc(limit=20), self.name, done, held=held)
-            self._db_wait = 0.0
+            self._db_waits.reset()
             return
 
     def _db_down(self, exc: Exception) -> float:
-        if self._db_wait == 0:
+        if not self._db_waits.failures:
             log.error(
                 "database unavailable (%s): pages wait in the parse workers until it is back",
                 str(exc).splitlines()[0][:200],
             )
-        self._db_wait = min(max(self._db_wait * 2, 0.5), 30.0)
-        return self._db_wait
+        return self._db_waits.next()
 
     def _redis_down(self, exc: Exception) -> float:
         """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
-        if self._redis_wait == 0:
+        if not self._redis_waits.failures:
             log.error("Redis unreachable (%s): waiting and reconnecting", str(exc).splitlines()[0])
-        self._redis_wait = min(max(self._redis_wait * 2, 0.5), 30.0)
-        return self._redis_wait
+        return self._redis_waits.next()
 
     def _redis_back(self) -> None:
-        if self._redis_wait:
+        if self._redis_waits.failures:
             log.warning("Redis is back: resuming")
-            self._redis_wait = 0.0
+            self._redis_waits.reset()
 
     def _leave(self) -> None:
         """Out of the live workers, and of the group if nothing is pending for it (else reclaimed later)."""

@@ -38,6 +38,7 @@ from urllib.parse import urljoin, urlsplit
 from protego import Protego
 from redis import Redis
 
+from ..backoff import backoff
 from ..coord import keys
 from ..coord.gate import Gate
 from ..coord.replies import text_map
@@ -92,7 +93,7 @@ class Outage:
     def next(self, reason: str, now: float, retry_after: float | None = None) -> Outage:
         """This outage after one more failed attempt at ``now`` (the server's Retry-After, if
         longer than the backoff, is honoured up to ``ROBOTS_RETRY_MAX``)."""
-        delay = max(ROBOTS_RETRY_FIRST * 2**self.failures, retry_after or 0.0)
+        delay = max(backoff(ROBOTS_RETRY_FIRST, self.failures + 1, ROBOTS_RETRY_MAX), retry_after or 0.0)
         return Outage(self.since, self.failures + 1, now + min(delay, ROBOTS_RETRY_MAX), reason)
 
     def save(self, connection: Redis, site: str, origin: str) -> None:

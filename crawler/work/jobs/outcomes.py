@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin
 
+from ...backoff import backoff
 from ...coord import keys, pages
 from ...coord.frontier import Frontier, check_url
 from ...coord.pacing import throttle_pause
@@ -207,13 +208,13 @@ def retry_or_fail(attempt: AttemptState, exc: TransientError, response: Response
         pause = throttle_pause(settings.backoff, errors_in_a_row, MAX_ERROR_PAUSE)
         rt.close_gate(task.site, task.url, pause, f"backoff after {status}")
     elif errors_in_a_row >= ERRORS_BEFORE_PAUSE:
-        pause = min(settings.backoff * 2 ** (errors_in_a_row - ERRORS_BEFORE_PAUSE), MAX_ERROR_PAUSE)
+        pause = backoff(settings.backoff, errors_in_a_row - ERRORS_BEFORE_PAUSE + 1, MAX_ERROR_PAUSE)
         rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row")
     if task.attempt > settings.max_retries:
         attempt.record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
         schedule_refresh(rt, task, task.validators)  # the site may be back by then, the page as it was
         return
-    delay = settings.backoff * 2 ** (task.attempt - 1)
+    delay = backoff(settings.backoff, task.attempt)
     if exc.retry_after is not None:
         delay = max(delay, min(exc.retry_after, settings.max_retry_after))
     attempt.record(RETRY, response=response, error=f"{exc}; retry in {delay:g}s", status=status)
