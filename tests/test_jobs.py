@@ -434,8 +434,9 @@ def test_redirect_off_the_allowed_domains_is_refused_and_recorded(
 
 
 def test_redirect_chain_longer_than_max_redirects_fails(
-    runtime: Runtime, redis_conn: Redis, redirector: Redirector
+    runtime: Runtime, redis_conn: Redis, redirector: Redirector, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)  # hops at the interval, not 2 s apart
     limit = runtime.settings.max_redirects
     queue = download_queue(redis_conn)
     task = payload(f"{redirector.url}/hop/0")

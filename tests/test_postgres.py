@@ -356,16 +356,20 @@ def test_migration_steps_are_numbered_in_order() -> None:
         migrations.check_steps(gap)
 
 
-def start_store(url: str, start_at: float) -> None:
-    """Process body: open a Store at ``start_at`` (so several start at the same moment)."""
-    time.sleep(max(0.0, start_at - time.time()))
+def start_store(url: str, ready: Any) -> None:
+    """Process body: open a Store once every process is ready (so several start at the same moment)."""
+    ready.wait(60)
     Store(url).close()
 
 
 def run_processes(target: Any, args: list[tuple[Any, ...]], timeout: float = 120) -> list[int | None]:
-    """Run ``target(*a)`` for each ``a`` in its own (spawned) process; their exit codes."""
+    """Run ``target(*a, ready)`` for each ``a`` in its own (spawned) process; their exit codes.
+
+    ``ready``: a barrier of them all, which a target waits on to go on at the same moment as
+    the others, once every interpreter has started (however long that took)."""
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=target, args=a) for a in args]
+    ready = context.Barrier(len(args))
+    processes = [context.Process(target=target, args=(*a, ready)) for a in args]
     for process in processes:
         process.start()
     deadline = time.monotonic() + timeout
@@ -381,8 +385,7 @@ def run_processes(target: Any, args: list[tuple[Any, ...]], timeout: float = 120
 @pytest.mark.integration
 def test_workers_starting_at_once_on_hosts_migrate_the_database_once(empty_db: str) -> None:
     make_previous_release_database(empty_db)
-    start_at = time.time() + 3  # past the spawned interpreters' start-up
-    assert run_processes(start_store, [(empty_db, start_at)] * 4) == [0, 0, 0, 0]
+    assert run_processes(start_store, [(empty_db,)] * 4) == [0, 0, 0, 0]
     assert recorded_versions(empty_db) == MIGRATED
     assert "callback" in columns(empty_db, "fetches")
     store = Store(empty_db)
@@ -425,12 +428,12 @@ SAME_KEYS = [f"same-{i:03d}" for i in range(100)]
 OWN_KEYS = [f"own-{i:03d}" for i in range(100)]
 
 
-def write_overlapping_batches(url: str, writer: int, rounds: int, start_at: float, log_path: str) -> None:
+def write_overlapping_batches(url: str, writer: int, rounds: int, log_path: str, ready: Any) -> None:
     """Process body: ``rounds`` batches of half the keys each, in a random order, logged as written."""
     store = Store(url)
     rng = random.Random(writer)
     log = []
-    time.sleep(max(0.0, start_at - time.time()))
+    ready.wait(60)
     for _ in range(rounds):
         keys = rng.sample(SAME_KEYS + OWN_KEYS, 100)
         seen = utcnow()
@@ -451,11 +454,8 @@ def write_overlapping_batches(url: str, writer: int, rounds: int, start_at: floa
 def test_concurrent_upserts_of_overlapping_keys_lose_and_duplicate_nothing(pg_url: str, tmp_path: Path) -> None:
     Store(pg_url).close()
     writers, rounds = 4, 40
-    start_at = time.time() + 3
     logs = [tmp_path / f"writer-{w}.json" for w in range(writers)]
-    exits = run_processes(
-        write_overlapping_batches, [(pg_url, w, rounds, start_at, str(logs[w])) for w in range(writers)]
-    )
+    exits = run_processes(write_overlapping_batches, [(pg_url, w, rounds, str(logs[w])) for w in range(writers)])
     assert exits == [0] * writers, "a writer failed (deadlock, or a row updated twice in one statement?)"
     seen: dict[str, list[datetime]] = {}
     for log in logs:

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from redis import Redis
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, request_fingerprint
 from crawler.coord.scheduler import encode_entry
+from crawler.demo.wire import WireStampedHandler, WireStampedServer
 from crawler.spiders.spider import Page, Request, Spider
 from crawler.testing import crawl
 
@@ -31,7 +31,7 @@ INTERVAL = 0.25
 
 @dataclass
 class Arrival:
-    time: float
+    time: float  # when the kernel received the request (``WireStampedHandler.arrival``)
     method: str
     path: str
     headers: dict[str, str]
@@ -50,11 +50,11 @@ class App:
         self.arrivals: list[Arrival] = []
         app = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(WireStampedHandler):
             def handle_one(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 arrival = Arrival(
-                    time.monotonic(),
+                    self.arrival(),
                     self.command,
                     self.path,
                     {k.lower(): v for k, v in self.headers.items()},
@@ -75,7 +75,7 @@ class App:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = WireStampedServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
