@@ -403,3 +403,17 @@ def test_a_frontier_has_no_lazy_attribute_whose_first_read_takes_a_lock_of_its_c
     assert [name for name, value in vars(Frontier).items() if isinstance(value, cached_property)] == []
     frontier = Frontier(redis_conn, "demo", [], 0, 0)
     assert {"scheduler", "_add_seen", "_add_seen_buckets", "_move"} <= set(vars(frontier))
+
+
+def test_the_fake_redis_fixture_refuses_lua_on_its_client_and_its_pipelines(fake_redis: Redis) -> None:
+    """fakeredis runs scripts, but not with a server's atomicity: a script is tested on redis_conn."""
+    script = lua.script(fake_redis, "add_counts")
+    with pytest.raises(AssertionError, match="EVALSHA on fake_redis"):
+        script(keys=[keys.stats("shop")], args=[])
+    with pytest.raises(AssertionError, match="EVAL on fake_redis"):
+        fake_redis.eval("return 1", 0)
+    pipe = fake_redis.pipeline()
+    with pytest.raises(AssertionError, match="EVAL on fake_redis"):
+        pipe.eval("return 1", 0)
+    fake_redis.set("plain", 1)  # every other command answers
+    assert fake_redis.get("plain") == b"1"
