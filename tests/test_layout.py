@@ -252,6 +252,7 @@ def hand_built_keys(source: str) -> list[int]:
     return lines
 
 
+@pytest.mark.slow
 def test_every_redis_key_is_built_in_keys() -> None:
     found = {
         name: hand_built_keys(path.read_text())

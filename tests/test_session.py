@@ -286,6 +286,8 @@ def test_a_consent_cookie_is_kept_and_sent_with_cookies_on_and_never_shown_by_fe
 def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(
     fake_redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    clock = [time.time()]  # the jar's clock, moved by hand: gone=1 lives until the second is out
+    monkeypatch.setattr(time, "time", lambda: clock[0])
     one, two = Jar(fake_redis, "s"), Jar(fake_redis, "s")  # two workers' views of one jar
     one.update("http://a.test/x/page", ["a=1; Path=/x", "gone=1; Max-Age=1"])
     two.update("http://a.test/other", ["b=2; Path=/", "safe=3; Secure", "far=4; Domain=elsewhere.test"])
@@ -294,8 +296,7 @@ def test_the_jar_follows_rfc_6265_and_concurrent_updates_merge(
     assert sorted(one.header("https://a.test/other")["cookie"].split("; ")) == ["b=2", "safe=3"]  # not /x's
     assert one.header("http://elsewhere.test/") == {}  # a domain the response could not set
     one.update("http://a.test/", ["b=; Path=/; Expires=Thu, 01 Jan 1970 00:00:00 GMT"])  # deleted by the server
-    later = time.time() + 1.1
-    monkeypatch.setattr(time, "time", lambda: later)  # gone=1 expires
+    clock[0] += 1.0  # gone=1 expires
     assert Jar(fake_redis, "s").names() == ["a", "safe"]
     assert sorted(fake_redis.hkeys(keys.cookies("s"))) == sorted(  # expired ones dropped from Redis too
         [b'["a.test", "/x", "a"]', b'["a.test", "/", "safe"]']
