@@ -130,7 +130,7 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}/sitemap.xml.gz"
     before = _rss_kib()
     started = time.monotonic()
-    jobs.download(DownloadTask("bigmap", url, SITEMAP_CALLBACK).to_json())
+    jobs.download(DownloadTask("bigmap", url, SITEMAP_CALLBACK).to_json(), rt=rt)
     downloaded = time.monotonic() - started
     ((_, fields),) = connection.xrange(keys.pages())  # the one page entry, as a parse worker reads it
     task, compressed = page_entry(fields)

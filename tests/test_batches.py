@@ -176,7 +176,7 @@ def test_the_rest_of_a_batch_goes_back_to_the_front_when_the_site_closes_meanwhi
             DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json()
             for i in (3, 1, 2)  # /product/3 answers 503 with Retry-After: 1, closing the site's gate
         ]
-        jobs.download(*batch)
+        jobs.download(*batch, rt=rt)
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
         rt.close()
@@ -225,7 +225,7 @@ def test_a_pause_sends_the_rest_of_a_batch_back(redis_conn: Redis, settings: Set
     install(rt)
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
-        jobs.download(*batch)
+        jobs.download(*batch, rt=rt)
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
         rt.close()
@@ -248,19 +248,21 @@ def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_
         real, failed = batches.download_one, []
 
         def database_gone_at_13(*args: Any) -> bool:
-            if args[1]["url"].endswith("/product/13") and not failed:
+            if args[2]["url"].endswith("/product/13") and not failed:
                 failed.append(True)
                 raise RuntimeError("the 4th URL raised")
             return real(*args)
 
         monkeypatch.setattr(batches, "download_one", database_gone_at_13)
         with pytest.raises(RuntimeError):
+            job.bound = {"rt": rt}  # as a download worker gives it
             job.perform()  # as a worker runs it
         # The three pages fetched before it are recorded and with the parse workers, and counted done.
         recorded = {r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download"} - {robots}
         assert recorded == set(urls[:3]) and redis_conn.xlen(keys.pages()) == 3
         again = queued_jobs_by_id(redis_conn, job.id)
         assert joblife.batch_done(again) == 3
+        again.bound = {"rt": rt}  # as a download worker gives it
         again.perform()  # the retry
         recorded = [r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download" and r["url"] != robots]
     finally:
@@ -348,6 +350,7 @@ def test_a_paced_batch_writes_each_record_and_saves_its_progress_before_each_wai
 
         monkeypatch.setattr(batches, "download_one", watched)
         redis_conn.zadd(keys.ready(), {SITE: redis_ms(redis_conn) + 60_000})  # as NEXT_JOB held it
+        job.bound = {"rt": rt}  # as a download worker gives it
         job.perform()  # as a worker runs it
         # Done in full, its finish deletes it: no round trip to save that the fourth is done too.
         after = joblife.batch_done(queued_jobs_by_id(redis_conn, job.id))
@@ -386,9 +389,11 @@ def test_a_paced_batch_whose_record_is_not_written_counts_the_url_undone_and_its
 
         monkeypatch.setattr(outbox, "write_all", gone_at_11)
         with pytest.raises(RuntimeError, match="/product/11"):
+            job.bound = {"rt": rt}  # as a download worker gives it
             job.perform()  # as a worker runs it
         again = queued_jobs_by_id(redis_conn, job.id)
         assert joblife.batch_done(again) == 1 and redis_conn.xlen(keys.pages()) == 1
+        again.bound = {"rt": rt}  # as a download worker gives it
         again.perform()  # the retry
         recorded = [r["url"] for r in rt.store.fetch_rows(SITE) if r["kind"] == "download" and "product" in r["url"]]
     finally:
@@ -407,7 +412,7 @@ def test_a_stopping_worker_or_a_crowded_process_hands_the_rest_of_a_paced_batch_
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         asked = iter([False, True])
-        jobs.download(*batch, **{why: lambda: next(asked)})
+        jobs.download(*batch, rt=rt, **{why: lambda: next(asked)})
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
         rt.close()
@@ -430,7 +435,7 @@ def test_a_graceful_stop_ends_a_paced_batchs_wait_for_its_next_turn_at_once(
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         threading.Timer(1.0, stop.set).start()
         started = time.monotonic()
-        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait, rt=rt)
         took = time.monotonic() - started
         waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
@@ -455,7 +460,7 @@ def test_a_paced_batch_does_not_rest_for_a_url_robots_txt_refuses(
         urls = [f"{shop.url}/product/1", f"{shop.url}/private/admin"]
         batch = [DownloadTask(SITE, url, "parse_product").to_json() for url in urls]
         started = time.monotonic()
-        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+        jobs.download(*batch, stopping=stop.is_set, rest=stop.wait, rt=rt)
         took = time.monotonic() - started
         refused = [r["url"] for r in rt.store.fetch_rows(SITE) if r["outcome"] == "refused"]
     finally:
@@ -493,10 +498,10 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
             # robots.txt held already, as after a site's first page (it took the gate's first turn)
             rt.robots.allowed(SITE, shop.url, "x", functools.partial(rt.take_gate, SITE, shop.url), allow_private=True)
             batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
-            jobs.download(*batch, stopping=stop.is_set, rest=stop.wait)
+            jobs.download(*batch, stopping=stop.is_set, rest=stop.wait, rt=rt)
             read_alone, read_along = len(alone), list(along)
             set_live(redis_conn, SITE, paused=True)  # read along too: the next look sees the pause
-            jobs.download(*batch[:2], stopping=stop.is_set, rest=stop.wait)
+            jobs.download(*batch[:2], stopping=stop.is_set, rest=stop.wait, rt=rt)
             waiting = [task.url for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
         finally:
             rt.close()
@@ -517,7 +522,7 @@ def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_j
         try:
             assert rt.batching(SITE).paced
             batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
-            jobs.download(*batch)
+            jobs.download(*batch, rt=rt)
             assert rt.batch_size(SITE) == 1 and not rt.batching(SITE).paced
             rt.publish(SITE, force=True)
             assert not redis_conn.hexists(keys.conf(SITE), "batch")
@@ -646,13 +651,13 @@ def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
 
         def seeded_after_the_first(*args: Any) -> bool:
             done = real(*args)
-            if args[1]["url"].endswith("/product/1"):
+            if args[2]["url"].endswith("/product/1"):
                 frontier.add([Request(f"{shop.url}/product/9", callback="parse_product", priority=10)])
             return done
 
         monkeypatch.setattr(batches, "download_one", seeded_after_the_first)
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
-        jobs.download(*batch)
+        jobs.download(*batch, rt=rt)
         waiting = [(task.url, task.priority) for task in Frontier(redis_conn, SITE, [], 0, 0).waiting()]
     finally:
         rt.close()
@@ -677,7 +682,7 @@ def test_a_paced_batch_saves_its_progress_with_its_records_and_looks_for_higher_
     monkeypatch.setattr(batches, "look_for_higher", lambda pipe, site: (asked_along.append(site), look(pipe, site)))
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
-        jobs.download(*batch)
+        jobs.download(*batch, rt=rt)
     finally:
         rt.close()
     assert [entry.path for entry in shop.requests if entry.path.startswith("/product/")] == [

@@ -210,10 +210,10 @@ def dated_page() -> Iterator[str]:
 def test_last_modified_alone_makes_the_refresh_ask_if_modified_since(redis_conn: Redis, settings: Settings) -> None:
     spiders = SpiderSet({"demo": ConditionalShop}, [])
     with dated_page() as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
-        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60).to_json())
+        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60).to_json(), rt=rt)
         (refresh,) = pending_refreshes(redis_conn)
         assert refresh.validators == (None, 1_700_000_000)
-        jobs.download(refresh.to_json())
+        jobs.download(refresh.to_json(), rt=rt)
         records = rt.store.fetch_rows("demo")
     assert _DatedPage.seen == [None, "Tue, 14 Nov 2023 22:13:20 GMT"]
     assert [(r["outcome"], r["status"]) for r in records] == [(OK, 200), (UNCHANGED, 304)]
@@ -263,10 +263,10 @@ def test_a_non_ascii_etag_is_not_kept_and_the_refresh_is_sent_without_it(
     before sending, no fetch record was written and the page's refreshes ended."""
     spiders = SpiderSet({"demo": ConditionalShop}, [])
     with cafe_page(encoding) as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
-        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60).to_json())
+        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60).to_json(), rt=rt)
         (refresh,) = pending_refreshes(redis_conn)
         assert refresh.validators is None  # nothing that could be sent back
-        jobs.download(refresh.to_json())
+        jobs.download(refresh.to_json(), rt=rt)
         records = rt.store.fetch_rows("demo")
     assert len(_CafePage.seen) == 2 and "if-none-match" not in _CafePage.seen[1]
     assert [(r["outcome"], r["status"], r["url"]) for r in records] == [(OK, 200, url)] * 2
@@ -281,7 +281,7 @@ def test_a_refresh_holding_a_non_ascii_etag_from_before_is_sent_without_it(
     spiders = SpiderSet({"demo": ConditionalShop}, [])
     with dated_page() as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
         old = DownloadTask("demo", url, "parse_product", refresh=60, validators=('"café"', 1_700_000_000))
-        jobs.download(DownloadTask.from_entry("demo", old.to_entry()).to_json())
+        jobs.download(DownloadTask.from_entry("demo", old.to_entry()).to_json(), rt=rt)
         records = rt.store.fetch_rows("demo")
     assert _DatedPage.seen == ["Tue, 14 Nov 2023 22:13:20 GMT"]  # the date alone
     assert [(r["outcome"], r["status"]) for r in records] == [(UNCHANGED, 304)]
@@ -297,7 +297,7 @@ def test_a_request_that_cannot_be_built_is_a_recorded_failure_not_a_lost_page(
     """Any error building the request (here a User-Agent httpx refuses) is written as the page's failure."""
     spiders = SpiderSet({"demo": _NonAsciiAgent}, [])
     with dated_page() as url, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
-        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60, validators=(None, 5)).to_json())
+        jobs.download(DownloadTask("demo", url, "parse_product", refresh=60, validators=(None, 5)).to_json(), rt=rt)
         (record,) = rt.store.fetch_rows("demo")
         failed = failed_pages(rt.store, "demo")
     assert _DatedPage.seen == []  # nothing was sent

@@ -23,6 +23,7 @@ from crawler.work import jobs
 from crawler.work.events import HeldRecords
 from crawler.work.jobs import Verdict, classify
 from crawler.work.jobs import attempt as attempts
+from crawler.work.jobs.context import site_context
 from crawler.work.runtime import Runtime
 
 SITE = "demo"
@@ -31,7 +32,7 @@ SITE = "demo"
 def attempt_at(
     rt: Runtime, url: str, callback: str = "parse", held: HeldRecords | None = None, **fields: Any
 ) -> jobs.Attempt:
-    taken = attempts.taken(rt, DownloadTask(SITE, url, callback, **fields).to_json(), held)
+    taken = attempts.taken(rt, site_context(rt, SITE), DownloadTask(SITE, url, callback, **fields).to_json(), held)
     assert taken is not None
     return taken
 
@@ -97,11 +98,12 @@ def test_a_url_outside_the_allowed_domains_is_quarantined_when_taken_and_nothing
     runtime: Runtime, redis_conn: Redis
 ) -> None:
     payload = DownloadTask(SITE, "http://elsewhere.test/page").to_json()
-    assert attempts.taken(runtime, payload, None) is None
+    assert attempts.taken(runtime, site_context(runtime, SITE), payload, None) is None
     (refused,) = quarantine.entries(redis_conn)
     assert "download refused when taken" in refused.reason and refused.source == keys.download_queue(SITE)
     assert runtime.store.fetch_rows(SITE) == []
-    assert attempts.download_one(runtime, payload, None)  # the job is done with it: True, not "gate closed"
+    # The job is done with it: True, not "gate closed".
+    assert attempts.download_one(runtime, site_context(runtime, SITE), payload, None)
 
 
 # -- robots_allow ---------------------------------------------------------------------------------

@@ -408,7 +408,7 @@ def test_a_post_that_failed_is_recorded_with_its_request_but_not_its_credentials
         headers = {"X-Api-Key": "k", "Authorization": "Bearer secret", "Cookie": "session=secret"}
         task = DownloadTask("demo", url, "parse_items", method="POST", headers=headers, body=b'{"page":3}')
         for _ in range(2):  # robots.txt may take the site's turn first, the page put back for the next
-            jobs.download(task.to_json())
+            jobs.download(task.to_json(), rt=runtime)
             if bodies:
                 break
         assert bodies == [b'{"page":3}']

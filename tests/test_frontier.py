@@ -768,7 +768,7 @@ def test_a_redirect_to_a_url_over_max_url_length_is_refused_and_recorded(
     runtime: Runtime, redis_conn: Redis, long_redirect: LongRedirect
 ) -> None:
     url = f"{long_redirect.url}/start"
-    jobs.download(DownloadTask("demo", url).to_json())
+    jobs.download(DownloadTask("demo", url).to_json(), rt=runtime)
     (record,) = [r for r in runtime.store.fetch_rows("demo") if r["url"] == url]
     assert (record["outcome"], record["status"]) == (FAILED, 302)
     assert record["error"].startswith("redirect refused: URL longer than 8,192 bytes")

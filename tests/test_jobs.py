@@ -78,13 +78,13 @@ def download_queue(connection: Redis) -> Backlog:
     return Backlog(connection)
 
 
-def download_past_robots(connection: Redis, task: dict[str, Any]) -> None:
+def download_past_robots(rt: Runtime, task: dict[str, Any]) -> None:
     """``jobs.download(task)``, and once more if robots.txt took the site's turn and the page went back to
     its frontier for the next (``Attempt.next_turn_near``: the Redirector's Crawl-delay of 2 s)."""
-    jobs.download(task)
-    backlog = Backlog(connection)
+    jobs.download(task, rt=rt)
+    backlog = Backlog(rt.connection)
     if [p["url"] for p in backlog.payloads()] == [task["url"]]:
-        jobs.download(backlog.take_only())  # waits here for the gate, as a job handed out at its turn would not
+        jobs.download(backlog.take_only(), rt=rt)  # waits here for the gate, as a job handed out at its turn would not
 
 
 def pages_waiting(connection: Redis) -> int:
@@ -229,7 +229,7 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
     url = f"{shop.url}/product/1"
-    jobs.download(payload(url, "parse_product", meta={"from": "test"}, depth=2))
+    jobs.download(payload(url, "parse_product", meta={"from": "test"}, depth=2), rt=runtime)
 
     ((_, fields),) = redis_conn.xrange(keys.pages())
     assert set(fields) == {b"task", b"body"}  # the body travels with its task: no key of its own, no RQ job
@@ -262,7 +262,7 @@ def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
     for refresh, left in ((None, 1), (3600.0, 0)):
         url = f"{shop.url}/product/1"
         redis_conn.sadd(keys.parse_failed(SITE), fingerprint(url))
-        jobs.download(payload(url, "parse_product", refresh=refresh))
+        jobs.download(payload(url, "parse_product", refresh=refresh), rt=runtime)
         entry_id, task, body = read_page(redis_conn)
         assert task.get("refresh") == refresh
         parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
@@ -274,7 +274,7 @@ def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
     url = f"{shop.url}/product/1"
-    jobs.download(payload(url, "parse_product"))
+    jobs.download(payload(url, "parse_product"), rt=runtime)
     entry_id, task, body = read_page(redis_conn)
     assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 1
 
@@ -300,7 +300,7 @@ def test_non_html_body_is_recorded_skipped_and_not_handed_to_a_callback(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
     url = f"{shop.url}/catalogue.pdf"
-    jobs.download(payload(url))
+    jobs.download(payload(url), rt=runtime)
 
     assert pages_waiting(redis_conn) == 0
     (record,) = records(runtime, url)
@@ -317,7 +317,7 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
     url = f"{shop.url}/product/3"
     assert runtime.settings.backoff < 1  # so only Retry-After: 1 can make the delay 1 s
     before = float(redis_conn.time()[0]) + redis_conn.time()[1] / 1e6
-    jobs.download(payload(url, "parse_product"))
+    jobs.download(payload(url, "parse_product"), rt=runtime)
 
     ((member, due),) = delayed(redis_conn)
     site, priority, _nonce, entry = member.split("\t", 3)
@@ -339,7 +339,7 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
 def test_retry_is_not_released_before_retry_after_has_passed(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
-    jobs.download(payload(f"{shop.url}/product/3", "parse_product"))
+    jobs.download(payload(f"{shop.url}/product/3", "parse_product"), rt=runtime)
     (arrival,) = [e.time for e in shop.requests_for("/product/3")]
 
     deadline = arrival + 3
@@ -355,7 +355,7 @@ def test_retry_is_not_released_before_retry_after_has_passed(
 
 def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Redis, shop: ShopSite) -> None:
     url = f"{shop.url}/missing"
-    jobs.download(payload(url, meta={"from": "listing"}))
+    jobs.download(payload(url, meta={"from": "listing"}), rt=runtime)
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["error"]) == (FAILED, 404, "HTTP 404")
@@ -374,10 +374,10 @@ def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(
     old, new = f"{shop.url}/old/product/5", f"{shop.url}/product/5"
     queue = download_queue(redis_conn)
 
-    jobs.download(payload(old, "parse_product"))
+    jobs.download(payload(old, "parse_product"), rt=runtime)
     assert queued_payloads(queue) == [payload(new, "parse_product", hops=1)]
 
-    jobs.download(payload(old, "parse_product"))  # the target is in the seen set now
+    jobs.download(payload(old, "parse_product"), rt=runtime)  # the target is in the seen set now
     assert queue.count == 1
     first, second = records(runtime, old)
     assert (first["outcome"], first["status"], second["outcome"]) == (REDIRECT, 301, REDIRECT)
@@ -388,7 +388,7 @@ def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(
 def test_a_page_whose_meta_refresh_sends_on_at_once_is_a_redirect_to_its_target(
     runtime: Runtime, redis_conn: Redis, redirector: Redirector
 ) -> None:
-    download_past_robots(redis_conn, payload(f"{redirector.url}/stub", "parse_product"))
+    download_past_robots(runtime, payload(f"{redirector.url}/stub", "parse_product"))
 
     (record,) = records(runtime, f"{redirector.url}/stub")
     assert (record["outcome"], record["status"]) == (REDIRECT, 200)
@@ -400,7 +400,7 @@ def test_a_page_whose_meta_refresh_sends_on_at_once_is_a_redirect_to_its_target(
 def test_a_meta_refresh_off_the_allowed_domains_is_refused_as_a_redirect_is(
     runtime: Runtime, redis_conn: Redis, redirector: Redirector
 ) -> None:
-    download_past_robots(redis_conn, payload(f"{redirector.url}/stub-away"))
+    download_past_robots(runtime, payload(f"{redirector.url}/stub-away"))
 
     (record,) = records(runtime, f"{redirector.url}/stub-away")
     assert (record["outcome"], record["status"]) == (FAILED, 200)
@@ -412,7 +412,7 @@ def test_a_meta_refresh_off_the_allowed_domains_is_refused_as_a_redirect_is(
 def test_a_page_that_only_reloads_itself_later_goes_to_its_callback(
     runtime: Runtime, redis_conn: Redis, redirector: Redirector
 ) -> None:
-    download_past_robots(redis_conn, payload(f"{redirector.url}/reload"))
+    download_past_robots(runtime, payload(f"{redirector.url}/reload"))
 
     (record,) = records(runtime, f"{redirector.url}/reload")
     assert record["outcome"] == OK
@@ -423,7 +423,7 @@ def test_redirect_off_the_allowed_domains_is_refused_and_recorded(
     runtime: Runtime, redis_conn: Redis, redirector: Redirector
 ) -> None:
     url = f"{redirector.url}/away"
-    download_past_robots(redis_conn, payload(url))
+    download_past_robots(runtime, payload(url))
 
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"]) == (FAILED, 301)
@@ -441,10 +441,10 @@ def test_redirect_chain_longer_than_max_redirects_fails(
     queue = download_queue(redis_conn)
     task = payload(f"{redirector.url}/hop/0")
     for hop in range(limit):
-        download_past_robots(redis_conn, task)
+        download_past_robots(runtime, task)
         task = take_next(queue)
         assert (task["url"], task["hops"]) == (f"{redirector.url}/hop/{hop + 1}", hop + 1)
-    jobs.download(task)  # one hop too many
+    jobs.download(task, rt=runtime)  # one hop too many
 
     assert queue.count == 0
     assert [p for p in redirector.paths if p.startswith("/hop/")] == [f"/hop/{n}" for n in range(limit + 1)]
@@ -460,7 +460,7 @@ def test_a_stored_body_that_is_a_zlib_bomb_fails_its_page_within_the_cap(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
     url = f"{shop.url}/product/2"
-    jobs.download(payload(url, "parse_product"))
+    jobs.download(payload(url, "parse_product"), rt=runtime)
     entry_id, task, _ = read_page(redis_conn)
     bomb = zlib.compress(b"<p>" + b"a" * (runtime.settings.max_body_bytes * 4), 9)  # written by someone else
 
@@ -510,7 +510,7 @@ def test_pickled_job_in_a_download_queue_is_quarantined_without_running_code(
 
 def test_download_rejects_a_payload_that_is_not_a_download_task(runtime: Runtime) -> None:
     with pytest.raises(ValueError, match="not a download task"):
-        jobs.download(["demo", "http://127.0.0.1/"])  # type: ignore[arg-type]
+        jobs.download(["demo", "http://127.0.0.1/"], rt=runtime)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a parse task"):
         parse_job.parse("crawler:body:x", b"")  # type: ignore[arg-type]
     assert runtime.store.fetch_rows(SITE) == []
@@ -523,7 +523,7 @@ def test_seeded_request_and_redirect_target_share_one_seen_entry(
     added = frontier.add([Request(f"{shop.url}/product/5#reviews", callback="parse_product")])
     assert added.enqueued == [f"{shop.url}/product/5"]
 
-    jobs.download(payload(f"{shop.url}/old/product/5", "parse_product"))
+    jobs.download(payload(f"{shop.url}/old/product/5", "parse_product"), rt=runtime)
 
     assert [p["url"] for p in queued_payloads(download_queue(redis_conn))] == [f"{shop.url}/product/5"]
 
@@ -552,10 +552,10 @@ def test_a_redirect_is_inward_by_the_one_definition_of_a_private_address_the_fet
 def test_robots_crawl_delay_longer_than_the_interval_becomes_the_interval(
     runtime: Runtime, redis_conn: Redis, redirector: Redirector
 ) -> None:
-    jobs.download(payload(f"{redirector.url}/hop/0"))  # robots.txt takes the turn: the page goes back
+    jobs.download(payload(f"{redirector.url}/hop/0"), rt=runtime)  # robots.txt takes the turn: the page goes back
     assert redis_conn.hget(keys.conf(SITE), "robots_delay_ms") == b"2000"
     started = time.monotonic()
-    download_past_robots(redis_conn, Backlog(redis_conn).take_only())
+    download_past_robots(runtime, Backlog(redis_conn).take_only())
     # Not only the scheduler's hand-outs: the gate itself now closes for the Crawl-delay, from the
     # send (some of the time the job took since, on a loaded machine, has run off the gate's life).
     took_ms = (time.monotonic() - started) * 1000
@@ -568,15 +568,15 @@ def test_a_run_of_errors_closes_the_sites_gate_for_everyone_until_a_success(
     # About the error pause: keep the gate to the interval, not the redirector's robots.txt Crawl-delay.
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)
     for _ in range(outcomes.ERRORS_BEFORE_PAUSE - 1):
-        jobs.download(payload(f"{redirector.url}/down"))
+        jobs.download(payload(f"{redirector.url}/down"), rt=runtime)
     interval_ms = (runtime.policy(SITE).interval + runtime.settings.gate_margin) * 1000
     assert redis_conn.pttl(keys.gate(SITE)) <= interval_ms  # a couple of errors: no pause yet
-    jobs.download(payload(f"{redirector.url}/down"))
+    jobs.download(payload(f"{redirector.url}/down"), rt=runtime)
     assert redis_conn.get(keys.errors(SITE)) == str(outcomes.ERRORS_BEFORE_PAUSE).encode()
     pause_ms = runtime.settings.backoff * 1000
     assert interval_ms < redis_conn.pttl(keys.gate(SITE)) <= pause_ms  # closed for the backoff
     redis_conn.delete(keys.gate(SITE))
-    jobs.download(payload(f"{redirector.url}/hop/0"))  # the site answers again
+    jobs.download(payload(f"{redirector.url}/hop/0"), rt=runtime)  # the site answers again
     assert redis_conn.get(keys.errors(SITE)) is None
 
 
@@ -590,11 +590,11 @@ def test_a_request_answered_well_within_its_interval_is_rearmed_with_its_record_
     rearm = Gate.rearm
     monkeypatch.setattr(Gate, "rearm", lambda gate: at_the_send.append(gate.key) or rearm(gate))
     with ShopSite(products=5, faults=False) as shop:
-        jobs.download(payload(f"{shop.url}/product/1", "parse_product"))  # robots.txt, then the page
+        jobs.download(payload(f"{shop.url}/product/1", "parse_product"), rt=runtime)  # robots.txt, then the page
         assert len(at_the_send) == 2  # the site's answer time unknown: rearmed at the send
         for n in (2, 3):
             before = time.monotonic()
-            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))
+            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"), rt=runtime)
             pttl, now = redis_conn.pttl(keys.gate(SITE)), time.monotonic()
             # Rearmed with the record: the take's send grace is gone, the lock ends an interval after the send.
             assert rearm_ms - (now - before) * 1000 - 5 <= pttl <= rearm_ms
@@ -623,7 +623,7 @@ def test_when_the_gate_opens_is_known_from_the_send_before_the_record_that_rearm
     monkeypatch.setattr(state, "write_now", write_now)
     with ShopSite(products=5, faults=False) as shop:
         for n in (1, 2):
-            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"))
+            jobs.download(payload(f"{shop.url}/product/{n}", "parse_product"), rt=runtime)
         opens_in, since_send = seen[f"{shop.url}/product/2"]
     # An interval after product 2's send, which came after product 1's opening: not already open.
     assert 0.4 - since_send - 0.05 <= opens_in <= 0.4 + runtime.settings.gate_margin + EXPIRY_TICK
@@ -639,7 +639,7 @@ def test_a_site_answering_late_in_its_interval_is_rearmed_at_the_send(
     monkeypatch.setattr(Gate, "rearm", lambda gate: at_the_send.append(gate.key) or rearm(gate))
     with ShopSite(products=3, latency=0.35, faults=False) as slow:
         for n in (1, 2):
-            jobs.download(payload(f"{slow.url}/product/{n}", "parse_product"))
+            jobs.download(payload(f"{slow.url}/product/{n}", "parse_product"), rt=runtime)
     assert at_the_send.count(keys.gate(SITE)) == 3  # robots.txt and both pages: 0.35 s is late in 0.4 s
     assert slow.min_gap() is not None and slow.min_gap() >= 0.4
 
@@ -663,7 +663,7 @@ def test_unreadable_robots_txt_puts_the_page_back_without_spending_an_attempt(
     redirector.robots_status = 503
     url = f"{redirector.url}/hop/0"
     before = float(redis_conn.time()[0])
-    jobs.download(payload(url, attempt=2))
+    jobs.download(payload(url, attempt=2), rt=runtime)
 
     assert redirector.paths == ["/robots.txt"]  # the page itself was not requested
     (robots,) = records(runtime, f"{redirector.url}/robots.txt")
@@ -688,7 +688,7 @@ def test_headers_dripped_past_the_timeout_are_recorded_and_retried(
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)  # not the redirector's 2 s Crawl-delay
     url = f"{redirector.url}/drip"
     started = time.monotonic()
-    jobs.download(payload(url))
+    jobs.download(payload(url), rt=runtime)
 
     assert time.monotonic() - started < 3  # not the 300 s job timeout
     (record,) = records(runtime, url)
@@ -711,7 +711,7 @@ def test_a_host_name_resolving_to_a_private_address_is_recorded_failed_unrequest
     url = shop.url.replace("127.0.0.1", "rebind.test") + "/product/1"
     # A spider that lists rebind.test (its public name) among its domains.
     monkeypatch.setattr(runtime.spider(SITE), "allowed_domains", ["rebind.test"])
-    jobs.download(payload(url, "parse_product"))
+    jobs.download(payload(url, "parse_product"), rt=runtime)
 
     assert shop.requests == []  # neither robots.txt nor the page: refused before a byte was sent
     (record,) = records(runtime, url)
@@ -738,8 +738,8 @@ def test_a_redirect_off_the_allowed_domains_is_refused_before_its_name_is_looked
     monkeypatch.setattr(runtime.spider(SITE), "allowed_domains", ["127.0.0.1", "inside.test"])
     monkeypatch.setattr(runtime.robots, "crawl_delay", lambda site: 0.0)  # not the redirector's 2 s Crawl-delay
     away, inside = f"{redirector.url}/offdomain", f"{redirector.url}/inside"
-    jobs.download(payload(away))
-    jobs.download(payload(inside))
+    jobs.download(payload(away), rt=runtime)
+    jobs.download(payload(inside), rt=runtime)
 
     assert not [host for host in asked if "offdomain" in host]  # no lookup a hostile page could choose
     (record,) = records(runtime, away)
@@ -772,7 +772,7 @@ def test_a_name_server_that_never_answers_costs_a_fetch_its_deadline_and_a_retry
     redis_conn.set(keys.robots(SITE, origin_of(url)), "")  # robots.txt read already: the page itself is fetched
     try:
         started = time.monotonic()
-        jobs.download(payload(url))
+        jobs.download(payload(url), rt=runtime)
         took = time.monotonic() - started
     finally:
         release.set()

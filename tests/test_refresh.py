@@ -128,8 +128,8 @@ def test_a_page_gone_for_good_is_not_refreshed(
     redis_conn: Redis, settings: Settings, path: str, refreshed: bool
 ) -> None:
     spiders = SpiderSet({"demo": RefreshedShop}, [])
-    with ShopSite(products=5) as shop, installed_runtime(redis_conn, settings, spider_set=spiders):
+    with ShopSite(products=5) as shop, installed_runtime(redis_conn, settings, spider_set=spiders) as rt:
         url = shop.url + path
         payload: dict[str, Any] = DownloadTask("demo", url, "parse_product", refresh=REFRESH).to_json()
-        jobs.download(payload)
+        jobs.download(payload, rt=rt)
     assert [t.url for _, _, t, _ in refreshes(redis_conn)] == ([url] if refreshed else [])

@@ -254,6 +254,7 @@ def test_a_job_queued_under_the_download_job_name_of_before_the_move_still_runs(
     assert found is not None and found[0].id == queued.id
     job = found[0]
     assert job.func_name == DOWNLOAD_FUNC and job.func.__module__ == "crawler.work.jobs"
+    job.bound = {"rt": runtime}  # as a download worker gives it
     job.perform()
     assert quarantine.entries(redis_conn) == []
     assert (shop.url + "/product/1", 200) in [(r["url"], r["status"]) for r in runtime.store.fetch_rows(SITE)]

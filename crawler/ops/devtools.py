@@ -27,7 +27,7 @@ from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
 from ..work.gated_fetch import page_headers, page_request, send
 from ..work.jobs import browser
-from ..work.jobs.state import user_agent
+from ..work.jobs.context import site_context
 from ..work.render import rendering
 from ..work.runtime import Runtime
 
@@ -142,27 +142,27 @@ def fetch_as_worker(rt: Runtime, site: str, url: str, meta: dict[str, Any] | Non
     body too large), or the render's (BrowserNotFound). Nothing is recorded or queued, and the
     site's cookie jar is read, not changed.
     """
-    spider = rt.spider(site)
+    context = site_context(rt, site)  # as a download reads it for its URL: the spider, the policy, the proxy
+    spider = context.spider
     canonical = canonicalize(url)
-    if not host_allowed(canonical, spider.domains()):
-        raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(spider.domains())})")
+    if not host_allowed(canonical, list(context.domains)):
+        raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(context.domains)})")
     task = DownloadTask(site, canonical)
-    proxy = rt.proxy(site)  # chosen once for the page and its robots.txt, as a download's (``attempt.taken``)
-    if rt.policy(site).obey_robots and not rt.robots.allowed(
+    if context.policy.obey_robots and not rt.robots.allowed(
         site,
         canonical,
-        user_agent(rt, spider, task),
-        functools.partial(rt.take_gate, site, canonical),
+        context.user_agent_for(task),
+        functools.partial(rt.take_gate, site, canonical, context.policy),
         allow_private=spider.allow_private_addresses,
-        proxy=proxy,
+        proxy=context.proxy,
     ):
         raise RefusedURL(f"{canonical} is disallowed by robots.txt (the spider obeys it)")
     render, wait_for = rendering(spider, meta or {})
     if render:
-        visit = browser.visit(rt, task, spider, proxy)
+        visit = browser.visit(rt, context, task)
         return rt.renderer.render(canonical, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
-    request = page_request(task, spider, page_headers(rt.connection, spider, task), proxy)
-    return send(rt.fetcher, rt.take_gate(site, canonical), request, proxies=rt.proxies)
+    request = page_request(task, spider, page_headers(rt.connection, spider, task), context.proxy)
+    return send(rt.fetcher, rt.take_gate(site, canonical, context.policy), request, proxies=rt.proxies)
 
 
 def verdict(response: Response, content_types: Iterable[str] = HTML_TYPES, follow_meta_refresh: bool = True) -> str:

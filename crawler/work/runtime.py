@@ -359,15 +359,17 @@ class Runtime:
     def addresses(self) -> AddressCache:
         return AddressCache()
 
-    def gate_name(self, site: str, url: str | None = None, fresh: bool = True) -> str:
+    def gate_name(self, site: str, url: str | None = None, fresh: bool = True, policy: SitePolicy | None = None) -> str:
         """The name of the gate that spaces ``site``'s request for ``url`` (see ``keys.gate``).
 
         The site's own; a gate shared by name (``Spider.gate``); or with ``gate_by = "ip"``
         the gate of the address ``url``'s host resolves to (the site's own when it does
         not resolve: the request will fail anyway). Not ``fresh``: by the policy as last read
-        here, however old (nothing is read unless none is held).
+        here, however old (nothing is read unless none is held). By ``policy`` when given (a job's,
+        as read once for its URL).
         """
-        policy = self.policy(site) if fresh else self.held_policy(site)
+        if policy is None:
+            policy = self.policy(site) if fresh else self.held_policy(site)
         if policy.gate:
             return keys.shared_gate_name(policy.gate)
         if policy.gate_by == "ip" and url:
@@ -380,26 +382,32 @@ class Runtime:
                 return name
         return site
 
-    def gate(self, site: str, url: str | None = None) -> Gate:
+    def gate(self, site: str, url: str | None = None, policy: SitePolicy | None = None) -> Gate:
         """The gate for ``site``'s request for ``url``, with the interval in force now (``effective_interval``).
 
         For an adaptive interval the gate reads the site's pace from Redis itself, each
-        time it sets its lifetime, so a pace another host has just raised applies.
+        time it sets its lifetime, so a pace another host has just raised applies. By ``policy``
+        when given (a job's, as read once for its URL), else the site's as held here.
         """
-        policy = self.policy(site)
+        if policy is None:
+            policy = self.policy(site)
         interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
         return site_gate(
             self.connection,
-            self.gate_name(site, url),
+            self.gate_name(site, url, policy=policy),
             interval,
             self.settings.gate_margin,
             pace_key=keys.conf(site) if policy.auto else None,
             ready_member=site,
         )
 
-    def close_gate(self, site: str, url: str | None, seconds: float, why: str) -> None:
-        """Close the gate ``site``'s request for ``url`` takes, for every worker, for ``seconds``."""
-        self.scheduler.close_gate(site, seconds, why, gate_key=keys.gate(self.gate_name(site, url)))
+    def close_gate(
+        self, site: str, url: str | None, seconds: float, why: str, policy: SitePolicy | None = None
+    ) -> None:
+        """Close the gate ``site``'s request for ``url`` takes (by ``policy``, when given), for every
+        worker, for ``seconds``."""
+        gate_key = keys.gate(self.gate_name(site, url, policy=policy))
+        self.scheduler.close_gate(site, seconds, why, gate_key=gate_key)
 
     def observe(
         self, site: str, gate: Gate, elapsed: float, status: int | None = None, error: str | None = None
@@ -469,7 +477,7 @@ class Runtime:
         """URLs one download job of ``site`` carries (``batching``)."""
         return self.batching(site).size
 
-    def batching(self, site: str) -> Batching:
+    def batching(self, site: str, policy: SitePolicy | None = None) -> Batching:
         """How ``site``'s download jobs carry its URLs: MAX_BATCH for a fast site, a span's worth for a slow one.
 
         Fast: a fixed interval whose value in force (robots.txt Crawl-delay and margin
@@ -481,9 +489,11 @@ class Runtime:
         interval, an adaptive interval (which may grow at any time), the development cache
         (which takes the gate only on a miss), a site allowed several requests in flight
         (``concurrency``: its requests overlap, a batch's would not), and a site whose responses
-        came slower than its interval (``batch_paced``: for UNBATCHED_FOR seconds).
+        came slower than its interval (``batch_paced``: for UNBATCHED_FOR seconds). By ``policy``
+        when given (a job's, as read once for its URL).
         """
-        policy = self.policy(site)
+        if policy is None:
+            policy = self.policy(site)
         if policy.auto is not None or self.settings.http_cache:
             return Batching()
         interval, _ = effective_interval(policy, self.robots.crawl_delay(site))
@@ -542,27 +552,33 @@ class Runtime:
             batch=batch,
         )
 
-    def take_gate(self, site: str, url: str | None = None) -> Gate:
+    def take_gate(self, site: str, url: str | None = None, policy: SitePolicy | None = None) -> Gate:
         """Wait for the gate of ``site``'s request for ``url`` and take it: one request may start now.
 
         Pass the gate's ``rearm`` as the fetch's ``on_sent``, so the interval counts
         from the moment the request is on the wire, and call its ``let_go`` once the fetch
         is over: the other threads of this process wait for the gate until then (``gate.Turn``).
+        ``policy``: the job's, as read once for its URL (``gate``).
         """
         if self.settings.http_cache:  # taken only if the fetch misses the cache and sends (httpcache)
-            return self.fetcher.defer(site, lambda: self._acquire(site, url))  # type: ignore[attr-defined]
-        gate = self._acquire(site, url)
+            return self.fetcher.defer(site, lambda: self._acquire(site, url, policy=policy))  # type: ignore[attr-defined]
+        gate = self._acquire(site, url, policy=policy)
         assert gate is not None  # taken: no time limit
         return gate
 
     def take_gate_within(
-        self, site: str, url: str | None, max_wait: float, unless: Unless | None = None
+        self,
+        site: str,
+        url: str | None,
+        max_wait: float,
+        unless: Unless | None = None,
+        policy: SitePolicy | None = None,
     ) -> Gate | None:
         """``take_gate``, waiting at most ``max_wait`` seconds: None if the gate stayed closed that long,
         or if ``unless``, asked along with each try, said to give the take up (``Gate.acquire``)."""
         if self.settings.http_cache:
-            return self.take_gate(site, url)
-        return self._acquire(site, url, max_wait, unless)
+            return self.take_gate(site, url, policy)
+        return self._acquire(site, url, max_wait, unless, policy)
 
     def gate_opens_at(self, site: str) -> float:
         """When (``time.monotonic()``) ``site``'s own gate opens as far as this process knows: rearmed
@@ -573,10 +589,15 @@ class Runtime:
         return turn.opens_at if turn is not None else 0.0
 
     def _acquire(
-        self, site: str, url: str | None, max_wait: float | None = None, unless: Unless | None = None
+        self,
+        site: str,
+        url: str | None,
+        max_wait: float | None = None,
+        unless: Unless | None = None,
+        policy: SitePolicy | None = None,
     ) -> Gate | None:
         """Take the gate in this process's turn at it (``gate.Turn``), which passes on at the send."""
-        gate = self.gate(site, url)
+        gate = self.gate(site, url, policy)
         turn = self._turns.get(gate.key) or self._turns.setdefault(gate.key, Turn())  # atomic: no lock
         started = time.monotonic()
         ticket = turn.take(max_wait)

@@ -26,7 +26,7 @@ __all__ = ["Attempt", "Verdict", "classify", "download", "handed_headers", "sent
 
 def download(
     *payloads: dict[str, Any],
-    rt: runtime.Runtime | None = None,
+    rt: runtime.Runtime,
     stopping: Callable[[], bool] | None = None,
     crowded: Callable[[], bool] | None = None,
     finishing: list[joblife.Finishing] | None = None,
@@ -34,7 +34,8 @@ def download(
 ) -> None:
     """Download the job's URLs, all of one site and priority, in turn: one URL, or a batch (``batch``).
 
-    A download worker gives the rest (``CrawlerJob.bound``): ``rt``, what the job runs against;
+    ``rt``: what the job runs against, given by the download worker that runs it (``CrawlerJob.bound``)
+    or the caller (a test, a benchmark). A download worker also gives the rest:
     ``stopping``, whether the worker is stopping gracefully (a batch hands its rest back);
     ``crowded``, whether every thread its process may have is busy (a paced batch hands its
     rest back after its request in flight); ``rest(seconds)``, a wait a graceful stop ends at
@@ -42,6 +43,4 @@ def download(
     the job leaves calls in, which the worker runs once the job ends, in the transaction that
     finishes it (``joblife.finish``) or, when the job failed, on their own.
     """
-    if rt is None:  # called directly (a test, a benchmark), not by a download worker, which gives its own
-        rt = runtime.current()
     batch.run(rt, payloads, stopping, crowded, finishing, rest)

@@ -18,7 +18,7 @@ from rq import get_current_job
 from ...coord import keys, quarantine
 from ...coord.frontier import check_url, fingerprint
 from ...coord.gate import Gate, Unless
-from ...coord.session import Jar, logs_in, uses_cookies
+from ...coord.session import Jar
 from ...coord.task import DownloadTask
 from ...errors import (
     ConfigError,
@@ -29,7 +29,8 @@ from ...errors import (
     TransientError,
 )
 from ...http.conditional import request_headers
-from ...http.fetch import Response, encode_headers
+from ...http.fetch import Response
+from ...http.headers import encode_headers
 from ...store.database import FAILED, OK, REFUSED, RETRY, utcnow
 from .. import runtime
 from ..events import HeldRecords, SoonRecords
@@ -37,9 +38,10 @@ from ..gated_fetch import page_headers, page_request, send
 from ..render import rendering
 from ..sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapSink
 from . import browser, outcomes
+from .context import SiteContext
 from .login import is_logged_out, logged_out, take_session
 from .outcomes import raise_for_status, retry_or_fail, robots_gave_up, schedule_refresh
-from .state import AttemptState, observe, sent, user_agent
+from .state import AttemptState, observe, sent
 
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
@@ -48,6 +50,7 @@ TURN_WAIT_MOST = runtime.PACED_MAX_INTERVAL
 
 def download_one(
     rt: runtime.Runtime,
+    context: SiteContext,
     payload: dict[str, Any],
     max_gate_wait: float | None,
     held: HeldRecords | SoonRecords | None = None,
@@ -58,13 +61,14 @@ def download_one(
     ``held``, its record waits there (see ``download``), unless it must go at once: a retry or a failure.
 
     Its steps, in order (``Attempt``'s methods): each deals with the page (records it, schedules
-    it again) and stops there, or leaves it to the next one.
+    it again) and stops there, or leaves it to the next one. ``context``: the site as read for
+    this URL (``context.site_context``).
     """
-    attempt = taken(rt, payload, held)
+    attempt = taken(rt, context, payload, held)
     if attempt is None or not attempt.robots_allow() or not attempt.next_turn_near() or not attempt.logged_in():
         return True
     render, wait_for = rendering(attempt.spider, attempt.task.meta)
-    if render:  # the browser's requests carry the site's session too (``browser.browser_fetch``)
+    if render:  # the browser's requests carry the site's session too (``browser.routed_fetch``)
         response = attempt.render(wait_for)
         if response is not None:
             attempt.conclude(response)
@@ -83,14 +87,15 @@ def download_one(
     return True
 
 
-def taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | SoonRecords | None) -> Attempt | None:
+def taken(
+    rt: runtime.Runtime, context: SiteContext, payload: dict[str, Any], held: HeldRecords | SoonRecords | None
+) -> Attempt | None:
     """The first step: the attempt at the payload's URL, or None when the URL is refused now (its
     domain, its scheme: ``check_url``), the payload quarantined (``quarantine.record``) and nothing
     recorded. Checked again here: a job can be written straight into Redis, past the frontier."""
     task = DownloadTask.from_json(payload)
-    spider = rt.spider(task.site)
     try:
-        check_url(task.url, spider.domains())
+        check_url(task.url, list(context.domains))
     except RefusedURL as exc:
         job = get_current_job()
         quarantine.record(
@@ -101,10 +106,7 @@ def taken(rt: runtime.Runtime, payload: dict[str, Any], held: HeldRecords | Soon
             payload,
         )
         return None
-    policy = rt.policy(task.site)
-    agent = user_agent(rt, spider, task)
-    started = utcnow()
-    return Attempt(rt, task, spider, held, policy.obey_robots, agent, started, proxy=rt.proxy(task.site))
+    return Attempt(rt, task, context, held, context.user_agent_for(task), utcnow())
 
 
 class Attempt(AttemptState):
@@ -120,15 +122,15 @@ class Attempt(AttemptState):
         failed past ``max_retries`` readings, the page failed: ``robots_gave_up``); the
         proxy failing (benched, the page retried or failed: ``retry_or_fail``).
         """
-        if not self.obey_robots:
+        if not self.context.policy.obey_robots:
             return True
-        rt, task = self.rt, self.task
+        rt, task, policy = self.rt, self.task, self.context.policy
         try:
             allowed = rt.robots.allowed(
                 task.site,
                 task.url,
                 self.user_agent,
-                functools.partial(rt.take_gate, task.site, task.url),
+                functools.partial(rt.take_gate, task.site, task.url, policy),
                 self._robots_fetched,
                 allow_private=self.spider.allow_private_addresses,
                 proxy=self.proxy,
@@ -142,7 +144,7 @@ class Attempt(AttemptState):
                 return False
             # Not the page's fault: it waits for robots.txt without spending one of its attempts,
             # and the rest of the site waits with it (RFC 9309: unreachable means disallow all).
-            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable")
+            rt.close_gate(task.site, task.url, exc.retry_after, "robots.txt unreadable", policy)
             self.record(RETRY, error=f"{exc}; retry in {exc.retry_after:.0f}s")
             rt.scheduler.schedule(task.site, task.to_entry(), exc.retry_after, task.priority)
             return False
@@ -167,7 +169,9 @@ class Attempt(AttemptState):
         site: at 1,000 sites of 5 s, a hand-back, a refill and a job a site spared); beyond it no thread
         waits that long.
         """
-        if not self.robots_fetched or self.rt.batching(self.task.site).interval <= TURN_WAIT_MOST:
+        # The interval in force now: robots.txt, just read, may have lengthened it (its Crawl-delay).
+        interval = self.rt.batching(self.task.site, self.context.policy).interval
+        if not self.robots_fetched or interval <= TURN_WAIT_MOST:
             return True
         self.rt.frontier(self.task.site).hand_back([self.task])
         return False
@@ -177,7 +181,7 @@ class Attempt(AttemptState):
         logged in first if no worker has); False when the page has been dealt with instead (it waits
         for another worker's login, or the login failed: retried or failed). True at once for
         a site without a login."""
-        if not logs_in(self.spider):
+        if not self.context.logs_in:
             return True
         self.generation = take_session(self)
         return self.generation is not None
@@ -196,7 +200,7 @@ class Attempt(AttemptState):
         unbuildable = request_problem(self.user_agent, self.headers)
         if unbuildable is not None:
             self.record(FAILED, error=f"request cannot be built: {unbuildable}")
-            schedule_refresh(rt, task, None)  # the next refresh asks for the whole page
+            schedule_refresh(self, None)  # the next refresh asks for the whole page
             return False
         return True
 
@@ -206,10 +210,11 @@ class Attempt(AttemptState):
         the take up (``Gate.acquire``), nothing else done. The wait goes into the page's record
         (``gate_wait``)."""
         waiting = time.monotonic()
+        site, url, policy = self.task.site, self.task.url, self.context.policy
         if max_wait is None:
-            gate = self.rt.take_gate(self.task.site, self.task.url)
+            gate = self.rt.take_gate(site, url, policy)
         else:
-            taken = self.rt.take_gate_within(self.task.site, self.task.url, max_wait, unless)
+            taken = self.rt.take_gate_within(site, url, max_wait, unless, policy)
             if taken is None:
                 return None
             gate = taken
@@ -242,7 +247,7 @@ class Attempt(AttemptState):
                 gate,
                 page_request(task, spider, self.headers, self.proxy),
                 on_sent=functools.partial(sent, self, gate) if late else None,
-                jar=Jar(rt.connection, task.site) if uses_cookies(spider) else None,
+                jar=Jar(rt.connection, task.site) if self.context.uses_cookies else None,
                 observe=functools.partial(observe, rt, task),
                 proxies=rt.proxies,
                 max_bytes=SITEMAP_MAX_BYTES if self.sink else None,
@@ -266,10 +271,10 @@ class Attempt(AttemptState):
         render with, failed with the reason, for ``crawler retry`` once one is installed).
 
         Every request the page makes to the allowed domains takes the site's gate, as a
-        fetch does, and is recorded (``browser.browser_fetch``); the page's own record is ``conclude``'s.
+        fetch does, and is recorded (``browser.visit``); the page's own record is ``conclude``'s.
         """
-        rt, task, spider = self.rt, self.task, self.spider
-        visit = browser.visit(rt, task, spider, self.proxy, self.record)
+        rt, task = self.rt, self.task
+        visit = browser.visit(rt, self.context, task, self.record)
         try:
             response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
             raise_for_status(response)

@@ -40,6 +40,7 @@ from ...coord.task import DownloadTask
 from .. import runtime
 from ..events import HeldRecords, SoonRecords
 from .attempt import download_one
+from .context import SiteContext, site_context
 from .state import user_agent
 
 log = logging.getLogger("crawler.jobs")
@@ -79,21 +80,22 @@ def run(
     first = joblife.batch_done(job) if job is not None else 0
     task = DownloadTask.from_json(payloads[first])
     site, priority = task.site, task.priority  # one site and one priority per job (``vetting``, ``refill``)
-    batching = rt.batching(site)
+    context = site_context(rt, site)  # the first URL's; a batch reads one for each of its next URLs
     if len(payloads) == 1:
         try:
-            download_one(rt, payloads[0], None)
+            download_one(rt, context, payloads[0], None)
         finally:
-            if batching.slow:  # held for a batch's span by NEXT_JOB, which cannot tell this job is one URL
+            if context.batching.slow:  # held for a batch's span by NEXT_JOB, which cannot tell this job is one URL
                 _batch_over(rt, site, finishing)
         return
-    batch = _Batch(rt, payloads, job, first, site, priority, batching)
+    batch = _Batch(rt, payloads, job, first, context, priority)
     batch.stopping, batch.crowded, batch.rest, batch.finishing = stopping, crowded, rest, finishing
     batch.run()
 
 
 class _Batch:
-    """A job of several URLs of one site and priority, fetched in turn by ``run``."""
+    """A job of several URLs of one site and priority, fetched in turn by ``run``. How they are carried
+    (``batching``) is the first URL's context's, for the whole job."""
 
     def __init__(
         self,
@@ -101,12 +103,14 @@ class _Batch:
         payloads: tuple[dict[str, Any], ...],
         job: Any,
         first: int,
-        site: str,
+        context: SiteContext,
         priority: int,
-        batching: runtime.Batching,
     ):
         self.rt, self.payloads, self.job, self.first = rt, payloads, job, first
+        site, batching = context.site, context.batching
         self.site, self.priority, self.batching = site, priority, batching
+        #: The site as read for the URL about to be fetched (``stop_reason`` reads it for each next URL).
+        self.context = context
         self.held = _soon_records(rt, site) if batching.paced else HeldRecords(rt)
         #: What a paced batch's takes of the gate ask along: whether work of a higher priority waits.
         self.unless = _outranked_by(site, priority) if batching.paced else None
@@ -128,12 +132,12 @@ class _Batch:
                 rode = look is not None and look.rode
                 look = self._look_ahead(i)
                 if i == self.first:  # the URL the job was handed out for: it waits for its gate
-                    download_one(rt, self.payloads[i], None, held)
+                    download_one(rt, self.context, self.payloads[i], None, held)
                     paced_since = time.monotonic()
                 else:  # the site may have been paused, closed or slowed since
                     reason = self.stop_reason(i, rode)
                     if reason is None and not download_one(
-                        rt, self.payloads[i], self.batching.gate_wait, held, self.unless
+                        rt, self.context, self.payloads[i], self.batching.gate_wait, held, self.unless
                     ):
                         reason = StopReason.GATE_NOT_TAKEN
                     if reason is not None:
@@ -163,7 +167,8 @@ class _Batch:
         until the site's turn (a wait, cut short by a graceful stop), then, when the look before
         this URL did not ride in the record before it (``rode``), a look of its own for work of a
         higher priority (a round trip, which also saves the progress and reads the site's settings
-        when due); last, the site's pause, by its policy as read (a round trip when due).
+        when due); last, the site's pause, by the context read for this URL (``context``: a round
+        trip only when the site's settings are due and did not ride along).
         """
         rt, site = self.rt, self.site
         if self.stopping is not None and self.stopping():
@@ -179,7 +184,8 @@ class _Batch:
                 between = _between_urls(rt, site, self.job, i)
                 if outranked(rt.connection, site, self.priority, between):
                     return StopReason.OUTRANKED
-        if rt.policy(site).paused:
+        self.context = site_context(rt, site)
+        if self.context.policy.paused:
             return StopReason.PAUSED
         return None
 

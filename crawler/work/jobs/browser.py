@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
-from ...coord.session import Jar, uses_cookies
+from ...coord.session import Jar
 from ...coord.task import DownloadTask
 from ...errors import CrawlerError, FetchTimeout
 from ...http.fetch import Response
@@ -14,37 +13,37 @@ from ...store.database import FAILED, OK
 from .. import runtime
 from ..gated_fetch import Outgoing, send
 from ..render import DEFAULT_BLOCK, Visit
+from .context import SiteContext
 
 #: Records a request the rendered page made (``AttemptState.record``'s signature).
 Record = Callable[..., None]
 
 
-def visit(
-    rt: runtime.Runtime, task: DownloadTask, spider: Any, proxy: str | None, record: Record | None = None
-) -> Visit:
+def visit(rt: runtime.Runtime, context: SiteContext, task: DownloadTask, record: Record | None = None) -> Visit:
     """What the render of ``task``'s page may fetch, and how (``render.Visit``): each request through
-    the site's gate and ``proxy`` (``routed_fetch``), within the spider's domains, with its user agent.
+    the site's gate and the context's proxy (``routed_fetch``), within the site's domains, with its user agent.
     ``record``: what records each of the page's requests but its own (None: nothing recorded)."""
     return Visit(
-        fetch=routed_fetch(rt, task, spider, proxy, record),
-        domains=spider.domains(),
-        block=frozenset(getattr(spider, "render_block", DEFAULT_BLOCK)),
-        user_agent=spider.user_agent or rt.settings.user_agent,
+        fetch=routed_fetch(rt, context, task, record),
+        domains=list(context.domains),
+        block=frozenset(getattr(context.spider, "render_block", DEFAULT_BLOCK)),
+        user_agent=context.user_agent,
     )
 
 
 def routed_fetch(
-    rt: runtime.Runtime, task: DownloadTask, spider: Any, proxy: str | None, record: Record | None
+    rt: runtime.Runtime, context: SiteContext, task: DownloadTask, record: Record | None
 ) -> Callable[[str, Mapping[str, str], float, bool], Response]:
     """``Visit.fetch`` for the render of ``task``'s page: each request through the site's gate, sent by
     ``gated_fetch.send`` as a page is, with the site's headers and, for a site with cookies, its jar
     (updated from each answer); ``record``ed, but the page's own (``Attempt.conclude`` records that)."""
+    spider, proxy = context.spider, context.proxy
     site_headers = dict(getattr(spider, "headers", None) or {})
-    jar = Jar(rt.connection, task.site) if uses_cookies(spider) else None
+    jar = Jar(rt.connection, task.site) if context.uses_cookies else None
 
     def fetch(url: str, headers: Mapping[str, str], wait: float, is_page: bool) -> Response:
         deadline = time.monotonic() + wait  # the gate's wait and the request share it
-        gate = rt.take_gate_within(task.site, url, wait)
+        gate = rt.take_gate_within(task.site, url, wait, policy=context.policy)
         if gate is None:
             raise FetchTimeout(f"the site's gate stayed closed until the render's deadline: {url}")
         cookies = jar.header(url) if jar is not None else {}

@@ -73,7 +73,7 @@ def log_in(attempt: AttemptState) -> None:
 
     Only a GET can be sent by this fetcher: a Request with another method raises ConfigError.
     """
-    spider = attempt.spider
+    spider: Any = attempt.spider  # its login() is the spider author's, not a Spider's
     page = page_of(session_get(attempt, Request(str(spider.login_url))))
     submit = spider.login(page)
     if not isinstance(submit, Request):
@@ -88,9 +88,9 @@ def session_get(attempt: AttemptState, request: Request) -> Response:
     the caps); recorded, and raised on an error status."""
     rt, task, spider = attempt.rt, attempt.task, attempt.spider
     url = request.url
-    check_url(url, spider.domains())
+    check_url(url, list(attempt.context.domains))
     jar = Jar(rt.connection, task.site)
-    gate = rt.take_gate(task.site, url)
+    gate = rt.take_gate(task.site, url, attempt.context.policy)
     headers = {**(getattr(spider, "headers", None) or {}), **request.headers, **jar.header(url)}
     outgoing = Outgoing(
         task.site,

@@ -27,7 +27,6 @@ from ...http.fetch import Response
 from ...http.redirects import redirected_request, refresh_target
 from ...spiders.spider import HTML_TYPES, Request, accepts
 from ...store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED, UNCHANGED
-from .. import runtime
 from ..gated_fetch import sent_headers
 from .state import AttemptState
 
@@ -122,7 +121,7 @@ def conclude(attempt: AttemptState, response: Response) -> None:
         )
         attempt.record(OK, response=response, then=hand)
         validators = validators_of(response.headers)
-    schedule_refresh(attempt.rt, task, None if attempt.rendered else validators)
+    schedule_refresh(attempt, None if attempt.rendered else validators)
 
 
 def meta_refresh(attempt: AttemptState, response: Response) -> str | None:
@@ -152,7 +151,7 @@ def robots_gave_up(attempt: AttemptState, exc: RobotsUnavailable) -> None:
     when its wait is over.
     """
     attempt.record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
-    schedule_refresh(attempt.rt, attempt.task, attempt.task.validators)
+    schedule_refresh(attempt, attempt.task.validators)
 
 
 def unchanged(attempt: AttemptState, response: Response) -> None:
@@ -164,16 +163,18 @@ def unchanged(attempt: AttemptState, response: Response) -> None:
     attempt.record(UNCHANGED, response=response, error=f"not modified; {touched} item(s) seen again")
 
 
-def schedule_refresh(rt: runtime.Runtime, task: DownloadTask, validators: Validators | None) -> None:
+def schedule_refresh(attempt: AttemptState, validators: Validators | None) -> None:
     """If the page is to be refreshed, schedule its next fetch (one pending per page), with ``validators``.
 
     Pages answered with a client error (gone, forbidden) or refused by robots.txt are
     not refreshed; everything else is, so a site's outage does not end its refreshes.
     """
+    task = attempt.task
     if task.refresh is None:
         return
     again = dataclasses.replace(task, attempt=1, hops=0, validators=validators)
-    rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, rt.spider(task.site).refresh_priority)
+    priority = attempt.spider.refresh_priority
+    attempt.rt.scheduler.schedule_refresh(task.site, again.to_entry(), task.refresh, priority)
 
 
 def raise_for_status(response: Response) -> None:
@@ -197,22 +198,22 @@ def retry_or_fail(attempt: AttemptState, exc: TransientError, response: Response
     if attempt.held is not None:
         attempt.held.flush()
     attempt.rearm_now()  # before any closure: the gate as taken may outlast it, and keep it short
-    settings = rt.settings
+    settings, policy = rt.settings, attempt.context.policy
     status = getattr(exc, "status", None)
     errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
     if exc.retry_after is not None:
         rt.close_gate(
-            task.site, task.url, min(exc.retry_after, settings.max_retry_after), f"Retry-After after {status}"
+            task.site, task.url, min(exc.retry_after, settings.max_retry_after), f"Retry-After after {status}", policy
         )
     elif status in (429, 503):
         pause = throttle_pause(settings.backoff, errors_in_a_row, MAX_ERROR_PAUSE)
-        rt.close_gate(task.site, task.url, pause, f"backoff after {status}")
+        rt.close_gate(task.site, task.url, pause, f"backoff after {status}", policy)
     elif errors_in_a_row >= ERRORS_BEFORE_PAUSE:
         pause = backoff(settings.backoff, errors_in_a_row - ERRORS_BEFORE_PAUSE + 1, MAX_ERROR_PAUSE)
-        rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row")
+        rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row", policy)
     if task.attempt > settings.max_retries:
         attempt.record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
-        schedule_refresh(rt, task, task.validators)  # the site may be back by then, the page as it was
+        schedule_refresh(attempt, task.validators)  # the site may be back by then, the page as it was
         return
     delay = backoff(settings.backoff, task.attempt)
     if exc.retry_after is not None:
@@ -238,9 +239,9 @@ def follow_redirect(attempt: AttemptState, response: Response, refresh_to: str |
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
         record(FAILED, response=response, error=str(too_many))
         return
-    spider = rt.spider(task.site)
+    spider = attempt.spider
     try:
-        check_url(target, spider.domains())
+        check_url(target, list(attempt.context.domains))
     except RefusedURL as exc:
         record(FAILED, response=response, error=f"{how} refused: {exc}")
         return

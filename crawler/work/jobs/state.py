@@ -18,11 +18,13 @@ from ...coord.task import DownloadTask
 from ...errors import ConnectError, FetchTimeout
 from ...http.fetch import Response
 from ...http.headers import user_agent_of
+from ...spiders.spider import Spider
 from ...store.database import FAILED, OK, REDIRECT, REFUSED, SKIPPED, UNCHANGED, FetchRecord, utcnow
 from .. import runtime
 from ..events import Done, HeldRecords, SoonRecords, jobs_done, write_now
 from ..gated_fetch import rearm, sent_headers
 from ..sitemaps import SitemapSink
+from .context import SiteContext
 
 log = logging.getLogger("crawler.jobs")
 
@@ -48,16 +50,15 @@ class AttemptState:
 
     rt: runtime.Runtime
     task: DownloadTask
-    spider: Any
+    #: The site as read once for this URL: its spider, policy, proxy (``context.site_context``).
+    context: SiteContext
     #: A batch's records held back (``download``): until its end, or (a paced batch's) a little; or
     #: None: each written at once.
     held: HeldRecords | SoonRecords | None
-    obey_robots: bool
+    #: The User-Agent the request goes with (``SiteContext.user_agent_for``): what robots.txt is read for.
     user_agent: str
     #: When the attempt began: the ``started`` of records with no response of their own.
     started: datetime
-    #: The proxy the attempt's requests go through (None: direct), chosen once when taken.
-    proxy: str | None = None
     #: Seconds waited for the gate (``take_gate``): part of the page's own record.
     gate_wait: float | None = None
     #: The site's login session the request is sent with (``logged_in``), for a site that logs in.
@@ -74,6 +75,15 @@ class AttemptState:
     unarmed: Gate | None = None
     #: robots.txt was fetched for this page (``robots_allow``): the site's turn at its gate went to it.
     robots_fetched: bool = False
+
+    @property
+    def spider(self) -> Spider:
+        return self.context.spider
+
+    @property
+    def proxy(self) -> str | None:
+        """The proxy of the attempt's requests (None: direct), chosen once for the URL (``SiteContext.proxy``)."""
+        return self.context.proxy
 
     def rearm_now(self) -> None:
         """Rearm the gate of the request sent, if its rearm was left to the page's record and no record
@@ -104,12 +114,7 @@ class AttemptState:
         task = self.task
         url = task.url if url is None else url
         finished = utcnow()
-        counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
-            outcome
-        )
-        stats = {counter: 1} if counter and url == task.url else {}
-        if stats and outcome == UNCHANGED:
-            stats["unchanged"] = 1
+        stats = _counted(outcome) if url == task.url else {}
         ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
         done = Done(
             FetchRecord(
@@ -142,6 +147,16 @@ class AttemptState:
             return
         self.held.flush()  # in order: what was held goes first
         jobs_done(self.rt, [done])
+
+
+def _counted(outcome: str) -> dict[str, int]:
+    """The statistics a page's own record of ``outcome`` counts (none for a retry or a skip)."""
+    counter = {OK: "fetched", UNCHANGED: "fetched", REDIRECT: "fetched", FAILED: "failed", REFUSED: "refused"}.get(
+        outcome
+    )
+    if counter is None:
+        return {}
+    return {counter: 1, "unchanged": 1} if outcome == UNCHANGED else {counter: 1}
 
 
 def user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:
