@@ -9,6 +9,8 @@ the extensions of the types the spider accepts (``application/pdf`` keeps ``.pdf
 
 from __future__ import annotations
 
+import functools
+
 #: The type a server sends for each extension Scrapy ignores (``Spider.deny_extensions``),
 #: so that a spider accepting that type (or its family, ``image/*``) follows such links.
 EXTENSION_TYPES: dict[str, str] = {
@@ -140,9 +142,17 @@ def link_extension(url: str, denied: frozenset[str]) -> str | None:
     extension = extension.lower()
     if extension in denied:
         return extension
+    if "." not in name or extension not in _last_parts(denied):
+        return None
     while "." in name:  # "tar.gz" of "x.tar.gz"
         name, _, part = name.rpartition(".")
         extension = f"{part.lower()}.{extension}"
         if extension in denied:
             return extension
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _last_parts(denied: frozenset[str]) -> frozenset[str]:
+    """The last parts of ``denied``'s extensions of several parts (``gz`` of ``tar.gz``)."""
+    return frozenset(extension.rpartition(".")[2] for extension in denied if "." in extension)
