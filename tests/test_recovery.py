@@ -223,6 +223,7 @@ class Killer(Spider):
 """
 
 
+@pytest.mark.timeout(240)  # past its own deadline for the workers, which stops them
 def test_a_page_that_kills_its_parse_worker_five_times_is_recorded_failed_and_dropped(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:
@@ -336,6 +337,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.timeout(240)  # past its own deadline for the workers, which stops them
 def test_workers_ride_out_a_redis_restart_and_stay_polite(
     restartable_redis: tuple[str, Any], settings: Settings
 ) -> None:
@@ -423,6 +425,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.timeout(240)  # past its own deadline for the workers, which stops them
 def test_a_database_outage_delays_items_but_loses_none_and_downloads_each_page_once(
     redis_url: str, redis_conn: Redis, settings: Settings, postgres_url: str
 ) -> None:
@@ -485,6 +488,7 @@ def test_install_is_per_process() -> None:
     assert install is not None
 
 
+@pytest.mark.timeout(240)  # past its own deadline for the workers, which stops them
 def test_download_workers_frozen_right_after_taking_the_gate_never_send_closer_than_the_interval(
     redis_url: str, redis_conn: Redis, settings: Settings, capfd: pytest.CaptureFixture[str]
 ) -> None:
