@@ -864,7 +864,7 @@ def outranked(connection: Redis, site: str, priority: int, also: Rider | None = 
     frontier entry (one round trip, which carries what ``also(pipeline)`` adds first; what it
     returns, if anything, is called with the replies to those commands). A paced batch asks it
     between its URLs, so a seed waits for the request in flight, not for the rest of the batch
-    (riding in the write of the batch's last record, when it can: ``jobs._Look``).
+    (riding in the write of the batch's last record, when it can: ``jobs.batch._Look``).
     A function of the connection, not of the site's ``Frontier``: the runtime's accessor for that
     reads the site's settings when due, which this look reads along."""
     with connection.pipeline(transaction=False) as pipe:

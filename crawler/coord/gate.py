@@ -246,7 +246,7 @@ class Gate:
         if self._sent_turn is not None:
             # Known now, not only once the rearm's reply comes: the lock, held until ``expire`` after the
             # take, is cut to no sooner than this. What is timed by it before then (the record that carries
-            # the rearm, above all: ``jobs._soon_records``) was timed by the last send's, long past.
+            # the rearm, above all: ``jobs.batch._soon_records``) was timed by the last send's, long past.
             self._sent_turn.opens_at = self.sent_at + self.rearm_expire + EXPIRY_TICK
         self.let_go()
 

@@ -33,11 +33,8 @@ from ..errors import (
 )
 from ..settings import redact_url, scrub, url_secrets
 from .content import ACCEPTED_ENCODINGS, ContentDecoder, DecodeError
-from .content import inflate_capped as inflate_capped  # re-exported until parse_job.py imports it from content
 from .guard import RequestGuard, guarded_pool
 from .headers import charset_of, decode_headers, encode_headers, first_header, join_headers, parse_retry_after
-from .headers import merge_headers as merge_headers  # re-exported until jobs.py imports it from headers
-from .headers import user_agent_of as user_agent_of  # re-exported until jobs.py imports it from headers
 from .pools import OriginPools, Transport
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")

@@ -33,7 +33,7 @@ from ..errors import (
     PermanentError,
     RefusedRecord,
 )
-from ..http.fetch import DecodeError, inflate_capped
+from ..http.content import DecodeError, inflate_capped
 from ..settings import DEFAULT_PARSE_TIMEOUT
 from ..spiders.extensions import extension_type, link_extension, normal_extension
 from ..spiders.items import Pipelines, failure_text
