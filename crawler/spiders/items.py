@@ -133,8 +133,6 @@ class Sorted:
     requests: list[Request] = field(default_factory=list)
     #: Why each dropped item was dropped (``DropItem``'s message), in order.
     dropped: list[str] = field(default_factory=list)
-    #: Requests yielded past ``max_links`` (not kept).
-    links_dropped: int = 0
 
 
 class Pipelines:
@@ -222,11 +220,8 @@ class Pipelines:
                 )
         return item_data(item)
 
-    def sort(self, outputs: Iterable[Any], page: Page, callback: str, max_links: int | None = None) -> Sorted:
+    def sort(self, outputs: Iterable[Any], page: Page, callback: str) -> Sorted:
         """Sort a callback's ``outputs`` into requests, items (processed) and drops.
-
-        The callback runs to its end (items may come after links), but requests past
-        ``max_links`` are counted in ``links_dropped``, not kept.
 
         TypeError for an output that is neither an item, a ``Request`` nor None; the
         callback's exceptions and ItemError propagate: the page fails as a whole.
@@ -235,10 +230,7 @@ class Pipelines:
         position = 0
         for output in outputs or ():
             if isinstance(output, Request):
-                if max_links is None or len(result.requests) < max_links:
-                    result.requests.append(output)
-                else:
-                    result.links_dropped += 1
+                result.requests.append(output)
             elif is_item(output):
                 try:
                     result.items.append((position, self.process(output, page)))
