@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -160,3 +161,12 @@ def cli_reporting_peak_rss(report: Path) -> list[str]:
         "main()\n"
     )
     return [sys.executable, "-c", code]
+
+
+def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).with_name("crawler")
+    command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli.app import main; main()"]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
+    }
+    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)

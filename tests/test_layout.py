@@ -225,6 +225,22 @@ def test_every_subpackage_says_what_belongs_there_and_what_it_may_import() -> No
             assert "import" in doc, f"{path.relative_to(ROOT)}: its docstring does not say what it may import"
 
 
+def test_the_tests_mirror_the_packages() -> None:
+    """A test module lives in the directory of the subpackage it tests (``tests/work/`` for
+    ``crawler/work/``); only tests of the package as a whole (layout, style, docs, the
+    top-level modules) and shared helpers sit in ``tests/`` itself."""
+    tests = ROOT / "tests"
+    subpackages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    directories = {path.name for path in tests.iterdir() if path.is_dir() and not path.name.startswith((".", "_"))}
+    assert directories <= subpackages, f"test directories that name no subpackage: {sorted(directories - subpackages)}"
+    top_level = {path.stem.removeprefix("test_") for path in tests.glob("test_*.py")}
+    whole_package = {"code_style", "layout", "docs", "sites", "redaction"}
+    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    assert top_level <= whole_package | modules, (
+        f"move these into their subpackage's directory: {sorted(top_level - whole_package - modules)}"
+    )
+
+
 def test_architecture_shows_the_tree_of_modules_as_they_are() -> None:
     assert "```text\n" + tree() + "\n```" in ARCHITECTURE.read_text(), (
         "docs/ARCHITECTURE.md's tree is out of date; paste `python tests/test_layout.py`'s tree:\n" + tree()

@@ -378,6 +378,7 @@ def test_two_processes_of_download_workers_fetch_each_page_once_and_keep_the_int
     assert_no_page_left(redis_conn)
 
 
+@pytest.mark.integration  # starts the demo's embedded Redis and workers, with no server fixture
 def test_demo_command_crawls_on_an_embedded_redis_and_stops_it(tmp_path: Path) -> None:
     env = {
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")

@@ -25,7 +25,7 @@ from crawler.coord.scheduler import Scheduler, frontier_sizes
 from crawler.spiders.spider import Request
 
 LUA_DIR = Path(lua.__file__).parent
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITES = ["shop", "a", "www.example-shop_2.co.uk", "X" * 64]
 
 

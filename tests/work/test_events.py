@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crawling import run_console_script
 from redis import Redis
-from test_cli import run_console_script
 
 from crawler.coord import keys
 from crawler.coord.frontier import Frontier, seed

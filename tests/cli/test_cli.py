@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from crawling import assert_one_line_error, waiting_tasks
+from crawling import assert_one_line_error, run_console_script, waiting_tasks
 from redis import Redis
 from rq import Queue
 
@@ -83,15 +83,6 @@ def invoke(base_args: list[str]) -> Invoke:
 
 def stderr_lines(result: Result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.strip()]
-
-
-def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).with_name("crawler")
-    command = [str(script)] if script.exists() else [sys.executable, "-c", "from crawler.cli.app import main; main()"]
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
-    }
-    return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def seed_items(database_url: str, site: str, items: list[dict]) -> None:
