@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import click
 from redis import Redis
@@ -43,6 +43,11 @@ from ..work.launcher import (
 from .context import Context, _export, check_output, pass_context, replace
 from .control import report_reset
 from .serve import serve_metrics
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ..ops.progress import Snapshot
 
 
 @click.command()
@@ -420,89 +425,90 @@ def _progress(connection: Redis, sites_: list[str], database_url: str | None = N
     """
     from rich.console import Console
     from rich.live import Live
-    from rich.table import Table
-    from rich.text import Text
 
-    from ..ops.progress import ErrorWatch, Progress, Snapshot
-
-    progress = Progress()
+    watch = _Watch(connection, sites_, database_url)
     console = Console(stderr=True)
-    errors = ErrorWatch(database_url, sites_) if database_url else None
-    last_poll = [0.0]
 
-    def snapshot() -> list[Snapshot]:
-        return progress.update(site_status(connection, sites_), parse_backlog(connection))
+    def plain(line: str) -> None:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
-    def report_errors(print_line: Callable[[str], None]) -> None:
-        if errors is not None and time.monotonic() - last_poll[0] >= ERRORS_POLL_EVERY:
-            last_poll[0] = time.monotonic()
-            for line in errors.poll():
+    if console.is_terminal:
+        with Live(watch.table(), console=console, refresh_per_second=4) as live:
+
+            def above(line: str) -> None:
+                live.console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+            def refresh() -> None:
+                watch.report_errors(above)
+                live.update(watch.table())
+
+            yield refresh
+    else:
+        yield lambda: watch.log_lines(plain)
+    watch.close(plain)
+
+
+class _Watch:
+    """What ``_progress`` shows of a running crawl: each site's progress (a table, or log lines)
+    and the callback errors recorded meanwhile."""
+
+    def __init__(self, connection: Redis, sites_: list[str], database_url: str | None):
+        from ..ops.progress import ErrorWatch, Progress
+
+        self.connection = connection
+        self.sites = sites_
+        self.progress = Progress()
+        self.errors = ErrorWatch(database_url, sites_) if database_url else None
+        self.last_poll = 0.0
+        self.last_line = 0.0
+
+    def snapshot(self) -> list[Snapshot]:
+        return self.progress.update(site_status(self.connection, self.sites), parse_backlog(self.connection))
+
+    def report_errors(self, print_line: Callable[[str], None]) -> None:
+        """Print the callback errors recorded since the last look, at most once every ERRORS_POLL_EVERY."""
+        if self.errors is not None and time.monotonic() - self.last_poll >= ERRORS_POLL_EVERY:
+            self.last_poll = time.monotonic()
+            for line in self.errors.poll():
                 print_line(line)
 
-    def table() -> Table:
-        grid = Table(
-            "site",
-            "done",
-            "queued",
-            "in flight",
-            "retrying",
-            "failed",
-            "to parse",
-            "parsed",
-            "items",
-            "pages/s",
-            "parsed/s",
-            "ETA",
-        )
-        for p in snapshot():
+    def table(self) -> Table:
+        """The live table: a row a site."""
+        from rich.table import Table
+        from rich.text import Text
+
+        columns = ("site", "done", "queued", "in flight", "retrying", "failed", "to parse", "parsed", "items")
+        grid = Table(*columns, "pages/s", "parsed/s", "ETA")
+        for p in self.snapshot():
             s = p.status
             grid.add_row(
                 Text(s.site),
-                str(s.done),
-                str(s.queued),
-                str(s.in_flight),
-                str(s.scheduled),
-                str(s.failed),
-                str(p.to_parse),
-                str(s.parsed),
-                str(s.items),
+                *map(str, (s.done, s.queued, s.in_flight, s.scheduled, s.failed, p.to_parse, s.parsed, s.items)),
                 f"{p.download_rate:.1f}",
                 f"{p.parse_rate:.1f}",
                 format_eta(p.eta),
             )
         return grid
 
-    def plain(line: str) -> None:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    def log_lines(self, plain: Callable[[str], None]) -> None:
+        """Off a terminal: new callback errors, and a line a site every PROGRESS_LOG_EVERY seconds."""
+        self.report_errors(plain)
+        if time.monotonic() - self.last_line >= PROGRESS_LOG_EVERY:
+            self.last_line = time.monotonic()
+            for p in self.snapshot():
+                s = p.status
+                plain(
+                    f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
+                    f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
+                    f"to parse {p.to_parse}, parsed {s.parsed}, items {s.items}, "
+                    f"{p.download_rate:.1f} pages/s, {p.parse_rate:.1f} parsed/s, ETA {format_eta(p.eta)}"
+                )
 
-    if console.is_terminal:
-        with Live(table(), console=console, refresh_per_second=4) as live:
-
-            def refresh() -> None:
-                report_errors(lambda line: live.console.print(line, highlight=False, soft_wrap=True, markup=False))
-                live.update(table())
-
-            yield refresh
-    else:
-        last = [0.0]
-
-        def log_line() -> None:
-            report_errors(plain)
-            if time.monotonic() - last[0] >= PROGRESS_LOG_EVERY:
-                last[0] = time.monotonic()
-                for p in snapshot():
-                    s = p.status
-                    plain(
-                        f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
-                        f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
-                        f"to parse {p.to_parse}, parsed {s.parsed}, items {s.items}, "
-                        f"{p.download_rate:.1f} pages/s, {p.parse_rate:.1f} parsed/s, ETA {format_eta(p.eta)}"
-                    )
-
-        yield log_line
-    if errors is not None:
-        for line in [*errors.poll(), *errors.closing_lines()]:
-            plain(line)
+    def close(self, plain: Callable[[str], None]) -> None:
+        """The errors recorded since the last look, and the closing lines of the error watch."""
+        if self.errors is not None:
+            for line in [*self.errors.poll(), *self.errors.closing_lines()]:
+                plain(line)
 
 
 #: Seconds between two looks for new callback errors during ``crawl``.
