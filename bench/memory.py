@@ -5,7 +5,7 @@ memory``, before and after, divided by the count):
 
 - **queued URL**: N download tasks for ~86-character URLs appended to one site's compact
   frontier with ``Frontier.push`` (pipelined batches), as the parse step queues them;
-- **seen URL**: N fingerprints (``crawler.coord.frontier.fingerprint``) added to the site's
+- **seen URL**: N fingerprints (``crawler.coord.task.fingerprint``) added to the site's
   seen set (SADD in pipelined batches), as dedup keeps them;
 - **seen URL as the crawler adds it**: the same N URLs through ``Frontier._mark_seen``
   (the ``ADD_SEEN`` script);
@@ -35,7 +35,8 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from crawler.coord import keys
-from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, seed
+from crawler.coord.frontier import DownloadTask, Frontier, seed
+from crawler.coord.task import fingerprint
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.demo import ShopSite
 from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL

@@ -28,8 +28,8 @@ ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
 LAYERS: list[tuple[str, tuple[str, ...], str, tuple[str, ...]]] = [
     (
         "base",
-        ("crawler.backoff", "crawler.errors", "crawler.settings"),
-        "the exception tree; settings and their checks; backoff",
+        ("crawler.backoff", "crawler.errors", "crawler.settings", "crawler.urls"),
+        "the exception tree; settings and their checks; backoff; URLs, canonical and checked",
         (),
     ),
     ("spiders", ("crawler.spiders",), "the spider author's API", ("base",)),

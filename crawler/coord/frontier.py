@@ -1,41 +1,36 @@
-"""The frontier: canonicalize URLs, keep to allowed domains, deduplicate, enqueue.
+"""The frontier: a site's one door for requests (checked, deduplicated, queued by priority) and its refill into RQ.
 
-Every URL that enters a site's queue passes ``Frontier.add``: it is
-canonicalized (w3lib; fragments dropped, query sorted, default port removed), refused
-unless http(s), within the spider's allowed domains and at most ``max_url_length``
-bytes long, and enqueued only if its fingerprint is new to the site's seen set in
-Redis. Links, redirect targets, sitemap entries, seeds and retries go through the
-same door, so no page is downloaded twice and no URL is longer than the cap.
+Every URL that enters a site's queue passes ``Frontier.add``: it is checked
+(``crawler.urls.check_url``: canonical, http(s), within the spider's allowed domains, at most
+``max_url_length`` bytes long), and enqueued only if its fingerprint is new to the site's seen
+set in Redis (``seen``). Links, redirect targets, sitemap entries, seeds and retries go
+through the same door, so no page is downloaded twice and no URL is longer than the cap.
+Admitted entries wait in lists by priority (``priorities``) until ``refill`` makes them jobs.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
-from redis.exceptions import NoScriptError
 from rq import Queue
 from rq.serializers import JSONSerializer
-from w3lib.url import canonicalize_url
 
 from ..errors import RefusedURL
 from ..settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
 from ..spiders.spider import Request
-from . import joblife, keys, lua, quarantine, redisclock
+from ..urls import QUOTED, BatchChecker, canonicalize, check_url, short_enough
+from . import joblife, keys, lua, quarantine
 from .gate import Gate
+from .priorities import entries_by_priority, push_to_front
 from .replies import text
 from .scheduler import JOBS_AHEAD, Scheduler, announce_work, entry_encoder, is_priority
-from .task import DownloadTask, check_priority, check_refresh, fingerprint, request_data, request_fingerprint
+from .seen import SeenSet, mark_seen_together, seen_key
+from .task import DownloadTask, check_priority, check_refresh, request_data, request_fingerprint
 from .vetting import MAX_BATCH, CrawlerJob
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 #: Priority of start URLs and of pages a user asks for (``seed``, ``retry``).
 SEED_PRIORITY = 10
@@ -44,230 +39,12 @@ REFRESH_PRIORITY = -10
 #: Tries of a refill whose frontier lists change while it reads them.
 REFILL_TRIES = 5
 
-#: Commands that ride in another call's pipeline (given the pipeline), and what takes their replies (None: nothing).
-Rider = Callable[[Any], Callable[[list[Any]], None] | None]
-
-
-def canonicalize(url: str) -> str:
-    """The one spelling of ``url`` used for dedup and requests.
-
-    Raises RefusedURL for anything but an absolute http(s) URL with a valid host.
-    """
-    url = url.strip()
-    plain = _CANONICAL.fullmatch(url)
-    if plain is not None and _is_plain(plain):
-        return plain["url"]  # what canonicalize_url would return, at a fraction of the cost
-    plain = _CANONICAL_QUERY.fullmatch(url)
-    if plain is not None and _is_plain(plain):
-        # Catalogue URLs carry simple queries (?page=2&sort=price): canonicalize_url only
-        # sorts their fields, for 20 us a URL; this does the same sort in about 1 us.
-        return f"{plain['url']}?{'&'.join(sorted(plain['query'].split('&'), key=_query_field_order))}"
-    scheme, port = _checked_origin(url)
-    try:
-        canonical = canonicalize_url(url, keep_fragments=False)
-    except (ValueError, UnicodeError) as exc:
-        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
-    if port == _DEFAULT_PORTS[scheme]:
-        parts = urlsplit(canonical)
-        netloc = parts.netloc.rsplit(":", 1)[0]
-        canonical = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-    return canonical
-
-
-#: The origin and path of a URL that canonicalizes to itself: http(s), a lowercase host
-#: name or a dotted IPv4 address without leading zeros, maybe a port (group ``port``: no
-#: leading zero, checked to be in range and not the scheme's default), no user, and a
-#: path of unreserved characters and sub-delimiters but ";" (no escapes to normalize, no
-#: parameters). Dot segments are excluded separately ("/." nowhere).
-_PLAIN_URL = (
-    r"(?P<url>https?://(?:(?:[a-z0-9-]+\.)*[a-z][a-z0-9-]*"
-    r"|(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))"
-    r"(?::(?P<port>[1-9]\d{0,4}))?/[\w.~!$&'()*+,=:@/-]*)"
-)
-#: Such URLs with no query and an ASCII fragment if any: their canonical form is group ``url``.
-_CANONICAL = re.compile(_PLAIN_URL + r"(?:#[\x00-\x7f]*)?", re.ASCII)
-
-
-def _is_plain(match: re.Match[str]) -> bool:
-    """Whether a ``_PLAIN_URL`` match is its own canonical form: no dot segment, a port that stays."""
-    if "/." in match["url"]:
-        return False
-    port = match["port"]
-    return port is None or (int(port) <= 65535 and int(port) != _DEFAULT_PORTS[match["url"].split(":", 1)[0]])
-
-
-#: The same URLs with a query of ``key=value`` fields (group ``query``) whose characters
-#: canonicalize_url leaves as they are (unreserved, and "+" for a space), none empty, none
-#: without "=".
-_CANONICAL_QUERY = re.compile(
-    _PLAIN_URL + r"\?(?P<query>[\w.~+-]+=[\w.~+-]*(?:&[\w.~+-]+=[\w.~+-]*)*)(?:#[\x00-\x7f]*)?", re.ASCII
-)
-
-
-def _query_field_order(field: str) -> tuple[str, str]:
-    """canonicalize_url's order of query fields: by key, then value, each with "+" read as a space."""
-    key, _, value = field.partition("=")
-    return key.replace("+", " "), value.replace("+", " ")
-
-
-def _check_origin(url: str) -> tuple[str, int | None]:
-    """The lowercased scheme and the port of a stripped ``url``; RefusedURL unless http(s) with a valid host."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise RefusedURL(f"malformed URL {url!r}: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise RefusedURL(f"not an http(s) URL: {url!r}")
-    host = (parts.hostname or "").lower()
-    if not host or any(c.isspace() for c in host) or "%" in host:
-        raise RefusedURL(f"URL has no valid host: {url!r}")
-    return scheme, port
-
-
-#: ``scheme://authority`` at the start of a URL, as ``urlsplit`` reads it when the URL has no tab or newline.
-_ORIGIN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^/?#]*)")
-
-
-@functools.lru_cache(maxsize=1024)
-def _check_origin_once(scheme: str, netloc: str) -> tuple[str, int | None]:
-    return _check_origin(f"{scheme}://{netloc}")
-
-
-def _checked_origin(url: str) -> tuple[str, int | None]:
-    """``_check_origin(url)``, computed once per scheme and authority: a page's links share a few."""
-    origin = _ORIGIN.match(url)
-    # urlsplit drops tabs and newlines anywhere in a URL, which could move the authority's end.
-    if origin is None or "\t" in url or "\n" in url or "\r" in url:
-        return _check_origin(url)
-    try:
-        return _check_origin_once(origin[1], origin[2])
-    except RefusedURL:
-        return _check_origin(url)  # again, for the message naming the whole URL
-
-
-def host_allowed(url: str, domains: Iterable[str]) -> bool:
-    """Whether ``url``'s host is one of ``domains`` or a subdomain of one."""
-    host = (urlsplit(url).hostname or "").lower()
-    return any(host == d or host.endswith("." + d) for d in domains)
-
-
-#: Characters of a refused URL quoted in the refusal (the rest would only bloat records and logs).
-QUOTED = 100
-
-
-def _byte_length(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode())
-
-
-def canonicalize_within(url: str, max_length: int | None) -> str:
-    """``canonicalize(url)``; RefusedURL if it is longer than ``max_length`` bytes (None: no limit).
-
-    Both spellings count: the URL as written (surrounding whitespace and fragment aside),
-    checked before any work on it, so a megabyte URL costs no canonicalization (w3lib
-    takes seconds on a long query), and its canonical form, which percent-encoding may
-    make longer. The refusal quotes the URL's first ``QUOTED`` characters, not all of it.
-    """
-    if max_length is None:
-        return canonicalize(url)
-    written = url.strip().partition("#")[0]
-    length = _byte_length(written)
-    if length <= max_length:
-        canonical = canonicalize(url)
-        length = _byte_length(canonical)
-        if length <= max_length:
-            return canonical
-    raise _too_long(written, length, max_length)
-
-
-def _too_long(url: str, length: int, max_length: int) -> RefusedURL:
-    return RefusedURL(f"URL longer than {max_length:,} bytes ({length:,}): {url[:QUOTED]!r}...")
-
-
-def check_url(url: str, domains: list[str], max_length: int | None = None) -> str:
-    """The canonical ``url``, or RefusedURL unless it is a valid http(s) URL within ``domains``
-    and at most ``max_length`` bytes long (``canonicalize_within``; None: no limit)."""
-    canonical = canonicalize_within(url, max_length)
-    if not host_allowed(canonical, domains):
-        raise RefusedURL(f"{canonical} is outside the allowed domains ({', '.join(domains)})")
-    return canonical
-
-
-#: Fingerprints per ADD_SEEN call: a 100,000-link page blocks Redis in short steps, not one long one.
-SEEN_CHUNK = 5000
 #: Entries per RPUSH (and per transaction) when a batch is queued: bounded work per Redis command.
 PUSH_CHUNK = 5000
-
-#: Seen-set buckets per ``revisit_after``: a URL stays seen from revisit_after to 1 + 1/SEEN_BUCKETS of it.
-SEEN_BUCKETS = 4
-#: How far (ms) this process's estimate of the Redis clock may be off before naming seen-set
-#: buckets takes a second look at it (``redisclock``).
-CLOCK_SLACK_MS = 50
-
-
-class _BatchChecker:
-    """``Frontier.check`` for one batch of URLs, remembering outcomes: a page repeats its links.
-
-    A URL is canonicalized once per spelling, and spellings that differ only in an ASCII
-    fragment (``#sec-1``, ``#sec-2``) share one canonicalization, since it drops the
-    fragment. Allowed domains are checked once per authority.
-    """
-
-    def __init__(self, frontier: Frontier):
-        self.frontier = frontier
-        self.by_url: dict[str, str | RefusedURL] = {}  # url as given -> canonical URL or refusal
-        self.by_page: dict[str, str | RefusedURL] = {}  # stripped url without its fragment -> same
-        self.hosts: dict[str, bool] = {}  # scheme://authority of a canonical URL -> allowed
-
-    def check(self, url: str) -> str:
-        """``Frontier.check(url)``."""
-        outcome = self.by_url.get(url)
-        if outcome is None:
-            outcome = self.by_url[url] = self._outcome(url)
-        if isinstance(outcome, RefusedURL):
-            raise RefusedURL(str(outcome))
-        return outcome
-
-    def _outcome(self, url: str) -> str | RefusedURL:
-        page, _, fragment = url.strip().partition("#")
-        # An ASCII fragment never changes the outcome (it is dropped); any other might not encode.
-        shared = fragment.isascii()
-        outcome = self.by_page.get(page) if shared else None
-        if outcome is not None:
-            return outcome
-        try:
-            canonical = canonicalize_within(url, self.frontier.max_url_length)
-        except RefusedURL as exc:
-            return exc  # its message names the URL as given: not shared
-        outcome = canonical
-        if not self._allowed(canonical):
-            outcome = RefusedURL(f"{canonical} is outside the allowed domains ({', '.join(self.frontier.domains)})")
-        if shared:
-            self.by_page[page] = outcome
-        return outcome
-
-    def _allowed(self, canonical: str) -> bool:
-        origin = _ORIGIN.match(canonical)
-        if origin is None:  # not expected of a canonical URL, but then no shortcut
-            return host_allowed(canonical, self.frontier.domains)
-        allowed = self.hosts.get(origin[0])
-        if allowed is None:
-            allowed = self.hosts[origin[0]] = host_allowed(origin[0], self.frontier.domains)
-        return allowed
 
 
 #: A request ``Frontier.vet`` let through, with its canonical URL.
 Candidate = tuple[str, Request]
-
-#: What tells requests apart in the seen set: the canonical URL of a GET without a body, else (method, URL, body).
-SeenKey = str | tuple[str, str, bytes | None]
-
-
-def _seen_key(canonical_url: str, request: Request) -> SeenKey:
-    if request.method == "GET" and not request.body:
-        return canonical_url
-    return (request.method, canonical_url, request.body)
 
 
 @dataclass
@@ -286,21 +63,6 @@ class AddResult:
 def download_queue(connection: Redis, site: str) -> Queue:
     """The RQ queue of ``site``'s download jobs (JSON payloads only)."""
     return Queue(keys.download_queue(site), connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
-
-
-def entries_by_priority(tasks: Iterable[DownloadTask]) -> dict[int, list[str]]:
-    """The tasks' frontier entries, by priority, in their order."""
-    by_priority: dict[int, list[str]] = {}
-    for task in tasks:
-        by_priority.setdefault(task.priority, []).append(task.to_entry())
-    return by_priority
-
-
-def push_to_front(pipe: Any, site: str, by_priority: dict[int, list[str]]) -> None:
-    """Put entries at the front of ``site``'s frontier lists (in ``pipe``), in their order, and name their levels."""
-    for priority, entries in by_priority.items():
-        pipe.lpush(keys.frontier(site, priority), *reversed(entries))
-        pipe.zadd(keys.levels(site), {str(priority): priority})
 
 
 @dataclass
@@ -376,6 +138,7 @@ class Frontier:
         self._add_seen = lua.script(connection, "add_seen")
         self._add_seen_buckets = lua.script(connection, "add_seen_for_a_while")
         self._move = lua.script(connection, "move_to_queue")
+        self.seen = SeenSet(connection, site, revisit_after, self._add_seen, self._add_seen_buckets)
 
     def check(self, url: str) -> str:
         """The canonical URL, or RefusedURL if it is malformed, off-domain or too long."""
@@ -400,7 +163,7 @@ class Frontier:
         No Redis call: ``enqueue`` the candidates (several pages' at once, if need be) later.
         """
         refused: list[tuple[str, str]] = []
-        check = self._short_enough if checked else _BatchChecker(self).check
+        check = self._short_enough if checked else BatchChecker(self.domains, self.max_url_length).check
         candidates: list[Candidate] = []
         for request in requests:
             try:
@@ -418,10 +181,7 @@ class Frontier:
 
     def _short_enough(self, canonical: str) -> str:
         """A URL ``check`` passed, still refused if too long: ``check`` may have been another frontier's."""
-        length = _byte_length(canonical)
-        if length > self.max_url_length:
-            raise _too_long(canonical, length, self.max_url_length)
-        return canonical
+        return short_enough(canonical, self.max_url_length)
 
     def enqueue(self, pages: Sequence[tuple[list[Candidate], int]], hops: int = 0) -> list[AddResult]:
         """Queue the candidates (``vet``) new to the site, of several pages (candidates, depth) at once.
@@ -487,49 +247,9 @@ class Frontier:
         """New pages admitted to the site's frontier so far (counted only for a spider with ``max_pages``)."""
         return int(self.connection.get(keys.admitted(self.site)) or 0)
 
-    def _seen_chunks(self, urls: list[SeenKey]) -> tuple[list[int], list[bytes]]:
-        """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK."""
-        first: dict[SeenKey, int] = {}
-        for index, url in enumerate(urls):
-            first.setdefault(url, index)
-        members = [
-            fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
-        ]
-        chunks = [b"".join(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
-        return list(first.values()), chunks
-
-    def _add_seen_for_a_while(self, chunk: bytes) -> bytes:
-        """ADD_SEEN_FOR_A_WHILE of ``chunk``, its buckets named from the Redis clock as estimated here.
-
-        The buckets passed reach CLOCK_SLACK_MS (at least one bucket) beyond both ends of
-        those the script uses; when the estimate is off by more, the script adds nothing
-        and the clock is read again.
-        """
-        width = self._bucket_width_ms
-        slack = 1 + math.ceil(CLOCK_SLACK_MS / width)
-        for _ in range(3):
-            current = int(redisclock.now_ms(self.connection) // width)
-            first = current - SEEN_BUCKETS - slack
-            buckets = [keys.seen_bucket(self.site, index) for index in range(first, current + slack + 1)]
-            reply = self._add_seen_buckets(keys=buckets, args=[chunk, width, SEEN_BUCKETS, first])
-            if reply is not None:
-                return _bytes(reply)
-            redisclock.resync(self.connection)
-        raise RuntimeError("the Redis clock moved by more than a seen-set bucket at each of three reads")
-
-    @property
-    def _bucket_width_ms(self) -> int:
-        assert self.revisit_after is not None
-        return max(1, round(self.revisit_after * 1000 / SEEN_BUCKETS))
-
     def seen_keys(self) -> list[str]:
         """The keys that say which URLs are seen now: the plain set, and the live buckets with ``revisit_after``."""
-        found = [keys.seen(self.site)]
-        if self.revisit_after is not None:
-            seconds, micros = self.connection.time()
-            current = (int(seconds) * 1000 + int(micros) // 1000) // self._bucket_width_ms
-            found += [keys.seen_bucket(self.site, current - i) for i in range(SEEN_BUCKETS + 1)]
-        return found
+        return self.seen.keys()
 
     def push(self, tasks: list[DownloadTask]) -> None:
         """Append tasks to the compact frontier by priority, without dedup, and mark the site ready.
@@ -751,11 +471,7 @@ class Frontier:
     def forget(self, url: str, method: str = "GET", body: bytes | None = None) -> None:
         """Drop the request for ``url`` (a GET without a body by default) from the seen set (or sets),
         so it may be enqueued again."""
-        member = request_fingerprint(canonicalize(url), method, body)
-        with self.connection.pipeline(transaction=False) as pipe:
-            for key in self.seen_keys():
-                pipe.srem(key, member)
-            pipe.execute()
+        self.seen.forget(request_fingerprint(canonicalize(url), method, body))
 
 
 def refill_together(frontiers: Sequence[Frontier], jobs_ahead: int = JOBS_AHEAD) -> int:
@@ -812,79 +528,15 @@ def enqueue_together(
     seen-set calls in one round trip (``mark_seen_together``), then a push for each site with new
     links. A parse worker's batch of pages comes from as many sites: a seen-set call of each was
     a round trip for nearly every page at 200 slow sites."""
-    flats = [[_seen_key(url, request) for page, _ in pages for url, request in page] for _, pages in frontiers]
-    fresh = mark_seen_together([(frontier, flat) for (frontier, _), flat in zip(frontiers, flats, strict=True) if flat])
+    flats = [[seen_key(url, request) for page, _ in pages for url, request in page] for _, pages in frontiers]
+    fresh = mark_seen_together(
+        [(frontier.seen, flat) for (frontier, _), flat in zip(frontiers, flats, strict=True) if flat]
+    )
     found = iter(fresh)
     return [
         frontier._enqueue_fresh(pages, next(found) if flat else [], hops)
         for (frontier, pages), flat in zip(frontiers, flats, strict=True)
     ]
-
-
-def mark_seen_together(frontiers: Sequence[tuple[Frontier, list[SeenKey]]]) -> list[list[bool]]:
-    """Add the requests' fingerprints (``urls``: ``_seen_key``s) to each site's seen set; per site, per
-    request, whether it was new (in order; one repeated is new at most once, and only its first
-    occurrence is sent). The plain seen sets' ADD_SEEN calls go in one pipeline
-    (by hash: a script Redis had not loaded is run again on its own, which loads it); a site whose
-    URLs are seen for a while only (``revisit_after``) in calls of its own."""
-    chunked = [(frontier, urls, *frontier._seen_chunks(urls)) for frontier, urls in frontiers]
-    added: list[bytes] = [b""] * len(chunked)
-    plain = [
-        (at, frontier, chunk)
-        for at, (frontier, _, _, chunks) in enumerate(chunked)
-        if frontier.revisit_after is None
-        for chunk in chunks
-    ]
-    if plain:
-        connection = plain[0][1].connection
-        script = plain[0][1]._add_seen
-        with connection.pipeline(transaction=False) as pipe:
-            for _, frontier, chunk in plain:
-                pipe.evalsha(script.sha, 1, keys.seen(frontier.site), chunk)
-            replies = pipe.execute(raise_on_error=False)
-        for (at, frontier, chunk), reply in zip(plain, replies, strict=True):
-            if isinstance(reply, NoScriptError):  # a Redis restarted mid-crawl, or this process's first call
-                reply = frontier._add_seen(keys=[keys.seen(frontier.site)], args=[chunk])
-            elif isinstance(reply, Exception):
-                raise reply
-            added[at] += _bytes(reply)
-    for at, (frontier, _, _, chunks) in enumerate(chunked):
-        if frontier.revisit_after is not None:
-            for chunk in chunks:
-                added[at] += frontier._add_seen_for_a_while(chunk)
-    results = []
-    for (_, urls, firsts, _), flags in zip(chunked, added, strict=True):
-        new = {index for index, flag in zip(firsts, flags, strict=True) if flag == ord("1")}
-        results.append([index in new for index in range(len(urls))])
-    return results
-
-
-def outranked(connection: Redis, site: str, priority: int, also: Rider | None = None) -> bool:
-    """Whether ``site`` has work of a higher priority than ``priority`` waiting: a queued job or a
-    frontier entry (one round trip, which carries what ``also(pipeline)`` adds first; what it
-    returns, if anything, is called with the replies to those commands). A paced batch asks it
-    between its URLs, so a seed waits for the request in flight, not for the rest of the batch
-    (riding in the write of the batch's last record, when it can: ``jobs.batch._Look``).
-    A function of the connection, not of the site's ``Frontier``: the runtime's accessor for that
-    reads the site's settings when due, which this look reads along."""
-    with connection.pipeline(transaction=False) as pipe:
-        keep = also(pipe) if also is not None else None
-        look_for_higher(pipe, site)
-        replies = pipe.execute()
-    if keep is not None:
-        keep(replies[:-2])
-    return higher_waits(replies[-2:], priority)
-
-
-def look_for_higher(pipe: Any, site: str) -> None:
-    """Queue in ``pipe`` the two reads ``higher_waits`` answers from: ``site``'s best queued job and frontier level."""
-    pipe.zrevrange(keys.queued(site), 0, 0, withscores=True)
-    pipe.zrevrange(keys.levels(site), 0, 0, withscores=True)
-
-
-def higher_waits(replies: Sequence[Any], priority: int) -> bool:
-    """From the replies to ``look_for_higher``: whether work of a higher priority than ``priority`` waits."""
-    return any(found and found[0][1] > priority for found in replies)
 
 
 def seed(
@@ -899,7 +551,3 @@ def seed(
     for url in urls:
         frontier.check(url)
     return frontier.add([Request(url, callback=callback, dont_filter=force, priority=priority) for url in urls])
-
-
-def _bytes(value: str | bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else value

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..coord import keys
-from ..coord.frontier import canonicalize, host_allowed, request_fingerprint
-from ..coord.task import DownloadTask, check_priority, check_refresh
+from ..coord.task import DownloadTask, check_priority, check_refresh, request_fingerprint
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response
 from ..http.redirects import refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
+from ..urls import canonicalize, host_allowed
 from ..work.gated_fetch import page_headers, page_request, send
 from ..work.jobs import browser
 from ..work.jobs.context import site_context

@@ -16,11 +16,12 @@ from typing import Any
 from redis import Redis
 
 from ..coord import counters
-from ..coord.frontier import SEED_PRIORITY, Frontier, canonicalize
+from ..coord.frontier import SEED_PRIORITY, Frontier
 from ..coord.task import read_request_data
 from ..errors import ConfigError, RefusedURL
 from ..spiders.spider import Request
 from ..store.database import FAILED, REQUEUED, FetchRecord, Store
+from ..urls import canonicalize
 from ..work.robots import ask_again, origin_of
 
 

@@ -21,7 +21,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from ..coord import joblife, keys, pages, quarantine
-from ..coord.frontier import entries_by_priority, push_to_front
+from ..coord.priorities import entries_by_priority, push_to_front
 from ..coord.replies import text
 from ..coord.scheduler import mark_ready
 from ..coord.task import DownloadTask

@@ -9,7 +9,9 @@ from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
 from crawler.coord import keys, redisclock
-from crawler.coord.frontier import SEEN_BUCKETS, Frontier, fingerprint, seed
+from crawler.coord.frontier import Frontier, seed
+from crawler.coord.seen import SEEN_BUCKETS
+from crawler.coord.task import fingerprint
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
 from crawler.settings import Settings

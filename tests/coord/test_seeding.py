@@ -18,11 +18,12 @@ from w3lib.url import canonicalize_url
 
 from crawler.cli.app import cli
 from crawler.coord import keys
-from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier, canonicalize
+from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier
 from crawler.coord.scheduler import Scheduler
 from crawler.coord.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
 from crawler.errors import RefusedURL
 from crawler.store.database import FAILED, FetchRecord, Store
+from crawler.urls import canonicalize
 
 COUNT = 20_000
 DUPLICATES = 500

@@ -22,7 +22,8 @@ from redis import Redis
 
 from crawler.cli.app import cli
 from crawler.coord import keys
-from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, seed
+from crawler.coord.frontier import DownloadTask, Frontier, seed
+from crawler.coord.task import fingerprint
 from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError

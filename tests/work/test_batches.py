@@ -671,7 +671,7 @@ def test_a_paced_batch_saves_its_progress_with_its_records_and_looks_for_higher_
     """Between two URLs a paced batch saved its progress, read its site's settings and looked for
     work of a higher priority in a round trip of its own: a sixth of a download process's round trips
     at 200 slow sites. The first two ride in the write of the record before, the look in the take."""
-    from crawler.coord import frontier as frontier_module
+    from crawler.coord import priorities as frontier_module
 
     rt = Runtime(redis_conn, fast(settings, SLOW))
     install(rt)

@@ -25,9 +25,10 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from crawler.coord import keys, pages, quarantine
-from crawler.coord.frontier import DownloadTask, Frontier, fingerprint
+from crawler.coord.frontier import DownloadTask, Frontier
 from crawler.coord.gate import EXPIRY_TICK, Gate
 from crawler.coord.policy import set_live
+from crawler.coord.task import fingerprint
 from crawler.coord.vetting import DOWNLOAD_FUNC, page_entry
 from crawler.demo import ShopSite
 from crawler.http.addresses import is_public_address, redirects_inward

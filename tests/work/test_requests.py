@@ -20,8 +20,9 @@ import pytest
 from redis import Redis
 
 from crawler.coord import keys
-from crawler.coord.frontier import DownloadTask, Frontier, fingerprint, request_fingerprint
+from crawler.coord.frontier import DownloadTask, Frontier
 from crawler.coord.scheduler import encode_entry
+from crawler.coord.task import fingerprint, request_fingerprint
 from crawler.demo.wire import WireStampedHandler, WireStampedServer
 from crawler.spiders.spider import Page, Request, Spider
 from crawler.testing import crawl

@@ -21,8 +21,9 @@ from crawling import installed_runtime, run_in_threads
 from redis import Redis
 
 from crawler.coord import keys
-from crawler.coord.frontier import Frontier, fingerprint
+from crawler.coord.frontier import Frontier
 from crawler.coord.seeding import seed_start
+from crawler.coord.task import fingerprint
 from crawler.errors import BadResponse, BodyTooLarge
 from crawler.settings import Settings
 from crawler.spiders.loading import SpiderSet
