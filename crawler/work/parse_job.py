@@ -25,9 +25,9 @@ from ..coord.frontier import (
     Candidate,
     Frontier,
     enqueue_together,
-    fingerprint,
     refill_together,
 )
+from ..coord.task import fingerprint
 from ..errors import (
     ConfigError,
     PermanentError,

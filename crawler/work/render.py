@@ -49,9 +49,9 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin
 
-from ..coord.frontier import check_url
 from ..errors import BodyTooLarge, ConfigError, CrawlerError, FetchTimeout, RefusedURL, TransientError
 from ..http.fetch import Response
+from ..urls import check_url
 
 log = logging.getLogger("crawler.render")
 

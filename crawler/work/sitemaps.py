@@ -25,7 +25,8 @@ from protego import Protego
 from redis import Redis
 
 from ..coord import keys, lua
-from ..coord.frontier import Frontier, fingerprint
+from ..coord.frontier import Frontier
+from ..coord.task import fingerprint
 from ..errors import BadResponse, BodyTooLarge, RefusedURL
 from ..http.content import DECODE_STEP, ContentDecoder, DecodeError
 from ..spiders.spider import SITEMAP_CALLBACK, Request, SitemapRules, Spider

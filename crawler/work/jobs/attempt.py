@@ -16,10 +16,9 @@ from typing import Any
 from rq import get_current_job
 
 from ...coord import keys, quarantine
-from ...coord.frontier import check_url, fingerprint
 from ...coord.gate import Gate, Unless
 from ...coord.session import Jar
-from ...coord.task import DownloadTask
+from ...coord.task import DownloadTask, fingerprint
 from ...errors import (
     ConfigError,
     PermanentError,
@@ -32,6 +31,7 @@ from ...http.conditional import request_headers
 from ...http.fetch import Response
 from ...http.headers import encode_headers
 from ...store.database import FAILED, OK, REFUSED, RETRY, utcnow
+from ...urls import check_url
 from .. import runtime
 from ..events import HeldRecords, SoonRecords
 from ..gated_fetch import page_headers, page_request, send

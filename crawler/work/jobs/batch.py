@@ -33,8 +33,8 @@ from typing import Any
 from rq import get_current_job
 
 from ...coord import joblife
-from ...coord.frontier import Rider, higher_waits, look_for_higher, outranked
 from ...coord.gate import Unless
+from ...coord.priorities import Rider, higher_waits, look_for_higher, outranked
 from ...coord.scheduler import FOLLOW_AHEAD
 from ...coord.task import DownloadTask
 from .. import runtime

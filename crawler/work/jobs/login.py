@@ -13,7 +13,6 @@ import functools
 import logging
 from typing import Any
 
-from ...coord.frontier import check_url
 from ...coord.session import LOGIN_WAIT, Jar, Session
 from ...coord.task import DownloadTask
 from ...errors import ConfigError, PermanentError, TransientError
@@ -21,6 +20,7 @@ from ...http.fetch import Response
 from ...spiders.items import failure_text
 from ...spiders.spider import Page, Request
 from ...store.database import FAILED, OK, RETRY, FetchRecord, utcnow
+from ...urls import check_url
 from ..events import Done, jobs_done
 from ..gated_fetch import Outgoing, send
 from .outcomes import raise_for_status, retry_or_fail

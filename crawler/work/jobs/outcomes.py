@@ -17,7 +17,7 @@ from urllib.parse import urljoin
 
 from ...backoff import backoff
 from ...coord import keys, pages
-from ...coord.frontier import Frontier, check_url
+from ...coord.frontier import Frontier
 from ...coord.pacing import throttle_pause
 from ...coord.task import DownloadTask
 from ...errors import ClientStatus, RefusedURL, RetryableStatus, RobotsUnavailable, TooManyRedirects, TransientError
@@ -27,6 +27,7 @@ from ...http.fetch import Response
 from ...http.redirects import redirected_request, refresh_target
 from ...spiders.spider import HTML_TYPES, Request, accepts
 from ...store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED, UNCHANGED
+from ...urls import check_url
 from ..gated_fetch import sent_headers
 from .state import AttemptState
 
