@@ -23,23 +23,8 @@ from ..errors import ConfigError
 from ..settings import Auto
 from .decoding import html_text, is_json, json_text
 from .extensions import IGNORED_EXTENSIONS
-
-#: An href urljoin appends to what its prefix resolves to: a prefix of "/" or of "./" and
-#: "../" steps, then path segments of plain characters (none empty, none a dot segment, no
-#: ":" that could start a scheme, no ";" parameters, no "%" escapes), then an optional query.
-_SEGMENT = r"[\w!$&'()*+,=@~-][\w.!$&'()*+,=@~-]*"
-_PLAIN_HREF = re.compile(rf"(/|(?:\.\.?/)*)((?:{_SEGMENT}/)*(?:{_SEGMENT})?)(?:\?([^#\t\n\r]*))?", re.ASCII)
-
-#: An absolute http(s) URL that urljoin returns as it is, whatever the base: lowercase
-#: scheme, plain host and port, no ";" parameters, a non-empty query if any.
-_PLAIN_ABSOLUTE_HREF = re.compile(
-    r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[\w.~!$&'()*+,=:@/%-]*)?(?:\?[^#\t\n\r]+)?", re.ASCII
-)
-
-#: Distinct hrefs (and targets) whose joins a page keeps (``Page.urljoin``): the links a page repeats
-#: (nav, "back to top", an API name in every table) are joined once, and a page of 100,000 distinct
-#: links holds this many joins at most, not all of them.
-JOINS_KEPT = 10_000
+from .forms import form_fields
+from .links import JOINS_KEPT, Joins
 
 #: What ``Page.text_of`` makes one space: XPath's whitespace (a no-break space is text, not spacing).
 _SPACES = re.compile(r"[ \t\n\r\f]+")
@@ -244,8 +229,7 @@ class Page:
         # href as written -> absolute URL: real pages repeat links (nav, "back to top",
         # the same API name in every table), and urljoin is the costly step per link.
         self._joined: dict[str, str] = {}
-        self._joined_targets: dict[str, str] = {}  # href without its fragment -> absolute URL
-        self._directories: dict[str, str] = {}  # "", "/", "../" ... -> what it resolves to, with "/"
+        self._joins = Joins()  # the work shared between the hrefs missing from _joined
 
     @property
     def tree(self) -> LexborHTMLParser:
@@ -322,48 +306,8 @@ class Page:
         if joined is None:
             if len(self._joined) >= JOINS_KEPT:
                 self._joined.clear()
-            joined = self._joined[href] = self._join(href.strip())
+            joined = self._joined[href] = self._joins.join(href.strip(), self)
         return joined
-
-    def _join(self, href: str) -> str:
-        """``urljoin(self.base_url, href)``, with the work shared between similar hrefs.
-
-        urljoin carries a non-empty fragment through untouched (unless it holds a tab or
-        newline, which urlsplit deletes), so a table of contents or a page of line anchors costs
-        one join per target, not per anchor. A plain absolute URL is returned as it is,
-        and a plain relative path is appended to what its leading ``/``, ``./`` or
-        ``../`` resolve to, which is joined once per page.
-        """
-        target, _, fragment = href.partition("#")
-        if not fragment or "\t" in fragment or "\n" in fragment or "\r" in fragment:
-            return self._join_target(href)
-        joined = self._joined_targets.get(target)
-        if joined is None:
-            if len(self._joined_targets) >= JOINS_KEPT:
-                self._joined_targets.clear()
-            # A bare "#..." takes the base without its fragment (urljoin(base, "") would keep it).
-            joined = self._join_target(target) if target else urljoin(self.base_url, "#x")[:-2]
-            self._joined_targets[target] = joined
-        return f"{joined}#{fragment}"
-
-    def _join_target(self, href: str) -> str:
-        if _PLAIN_ABSOLUTE_HREF.fullmatch(href):
-            return href
-        plain = _PLAIN_HREF.fullmatch(href) if self._base_is_hierarchical else None
-        if plain is None or not (plain[1] or plain[2]):
-            return urljoin(self.base_url, href)
-        prefix, path, query = plain.groups()
-        directory = self._directories.get(prefix)
-        if directory is None:
-            # urljoin resolves the prefix against the base as for any path after it.
-            directory = self._directories[prefix] = urljoin(self.base_url, prefix + "x")[:-1]
-        return f"{directory}{path}?{query}" if query else directory + path
-
-    @cached_property
-    def _base_is_hierarchical(self) -> bool:
-        """Whether the base URL is one urljoin resolves paths against (http(s) with a host)."""
-        parts = urlsplit(self.base_url)
-        return parts.scheme in ("http", "https") and bool(parts.netloc)
 
     def follow(self, href: str | LexborNode, callback: Callback = None, **kwargs: Any) -> Request:
         """A request for a link, relative to this page; ``href`` may be an ``<a>`` node."""
@@ -399,7 +343,7 @@ class Page:
         query, a POST as a urlencoded body. ``kwargs`` go to ``Request`` (``meta``, ``headers``...).
         """
         form = self._form_node(selector)
-        fields = list(_form_fields(form))
+        fields = list(form_fields(form))
         if data:
             fields = [(name, value) for name, value in fields if name not in data]
             for name, value in data.items():
@@ -422,49 +366,6 @@ class Page:
 
     def __repr__(self) -> str:
         return f"<Page {self.status} {self.url}>"
-
-
-#: Inputs that are buttons: never sent as fields (a submit button's name and value are sent apart).
-_BUTTON_TYPES = frozenset({"submit", "image", "reset", "button", "file"})
-
-
-def _form_fields(form: LexborNode) -> Iterator[tuple[str, str]]:
-    """The (name, value) pairs a browser submits for ``form``, in document order, with the first
-    named submit button's pair; not disabled fields, nor those without a name."""
-    clicked = False
-    for node in form.css("input, select, textarea, button"):
-        attrs = node.attributes
-        name = attrs.get("name")
-        if not name or "disabled" in attrs:
-            continue
-        kind = (attrs.get("type") or ("submit" if node.tag == "button" else "text")).lower()
-        if node.tag == "select":
-            yield from ((name, value) for value in _selected(node))
-        elif node.tag == "textarea":
-            yield name, node.text(deep=True, strip=False)
-        elif kind in ("submit", "image") and (node.tag == "button" or node.tag == "input"):
-            if not clicked:
-                clicked = True
-                yield name, attrs.get("value") or ""
-        elif kind in ("checkbox", "radio"):
-            if "checked" in attrs:
-                yield name, attrs.get("value") or "on"
-        elif kind not in _BUTTON_TYPES and node.tag == "input":
-            yield name, attrs.get("value") or ""
-
-
-def _selected(select: LexborNode) -> list[str]:
-    """The values a select sends: its selected options, else (a single select) its first option."""
-    options = select.css("option")
-    chosen = [o for o in options if "selected" in o.attributes and "disabled" not in o.attributes]
-    if not chosen and options and "multiple" not in select.attributes:
-        chosen = options[:1]
-    return [_option_value(option) for option in chosen]
-
-
-def _option_value(option: LexborNode) -> str:
-    value = option.attributes.get("value")
-    return value if value is not None else str(option.text(strip=True))
 
 
 class Spider:
