@@ -17,7 +17,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..store.database import FAILED, Store, fetches
+from ..store.database import FAILED, Store
+from ..store.schema import fetches
 from .failures import FailedPage
 from .status import ParseBacklog, SiteStatus
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from ..store.database import FAILED, OK, RETRY, Store, fetches
+from ..store.database import FAILED, OK, RETRY, Store
+from ..store.schema import fetches
 
 #: The groups a time series counts downloads in, in stacking order; any other outcome
 #: (redirect, refused, skipped) counts as ``other``.

@@ -29,7 +29,8 @@ from typing import IO, Any
 from sqlalchemy import Text, cast, select
 
 from ..errors import ConfigError
-from .database import STREAM_ROWS, Store, finite, items
+from .database import STREAM_ROWS, Store, finite
+from .schema import items
 
 FORMATS = ("jsonl", "json", "csv", "parquet")
 #: The format a file's suffix selects.

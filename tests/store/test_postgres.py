@@ -53,18 +53,8 @@ from crawler.demo.shop import BROKEN_ID
 from crawler.errors import ConfigError
 from crawler.settings import Settings
 from crawler.store import migrations
-from crawler.store.database import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    FetchRecord,
-    Item,
-    Store,
-    engine_url,
-    items,
-    metadata,
-    schema_versions,
-    utcnow,
-)
+from crawler.store.database import FetchRecord, Item, Store, engine_url, utcnow
+from crawler.store.schema import MIGRATIONS, SCHEMA_VERSION, items, metadata, schema_versions
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.runtime import Runtime
 

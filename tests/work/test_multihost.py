@@ -63,8 +63,9 @@ from crawler.coord.policy import set_live
 from crawler.demo import ShopSite
 from crawler.ops.status import workers_by_host
 from crawler.settings import DEFAULT_GATE_MARGIN, load_settings
-from crawler.store.database import SCHEMA_VERSION, Store, engine_url, items, schema_versions
+from crawler.store.database import Store, engine_url
 from crawler.store.migrations import PG_LOCK_KEY
+from crawler.store.schema import SCHEMA_VERSION, items, schema_versions
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers
 from crawler.work.runtime import Runtime
 
