@@ -104,27 +104,7 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
     requeued now.
     """
     site = frontier.site
-    if urls is None:
-        pages = failed_pages(store, site)
-    else:
-        spellings = {url: (url, _canonical(url)) for url in urls}  # as given, and as records spell it
-        looked_up = store.failed_pages(
-            site, urls=[form for forms in spellings.values() for form in forms], outcomes=(FAILED, REQUEUED)
-        )
-        found = {row["url"]: row for row in looked_up}
-        missing = [url for url, forms in spellings.items() if not any(form in found for form in forms)]
-        if missing:
-            raise ConfigError(
-                f"not a failed page of {site!r}: {missing[0]}"
-                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-            )
-        chosen = (
-            found[form]
-            for forms in spellings.values()
-            for form in forms
-            if form in found and found[form]["outcome"] == FAILED
-        )
-        pages = list({_canonical(page.url): page for page in map(FailedPage.from_row, chosen)}.values())
+    pages = failed_pages(store, site) if urls is None else _failed_among(store, site, urls)
     requests = []
     for page in pages:  # all or nothing: a page the spider would now refuse stops the lot
         try:
@@ -132,8 +112,41 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
         except RefusedURL as exc:
             raise ConfigError(f"cannot requeue {page.url}: {exc}") from None
         requests.append(_request_again(page))
-    now = datetime.now(UTC)
     # The records first: a second retry finds these pages requeued, whatever happens next.
+    _record_requeued(store, site, pages)
+    # A page that failed because robots.txt could not be read gets it asked again now, not after its backoff.
+    ask_again(frontier.connection, site, [origin_of(page.url) for page in pages])
+    frontier.add(requests)
+    _uncount_failed(frontier.connection, site, len(pages))
+    return pages
+
+
+def _failed_among(store: Store, site: str, urls: Iterable[str]) -> list[FailedPage]:
+    """The pages of ``urls`` whose latest record failed, one a canonical URL; ConfigError naming a URL
+    that is not a failed page of ``site`` nor one already requeued."""
+    spellings = {url: (url, _canonical(url)) for url in urls}  # as given, and as records spell it
+    looked_up = store.failed_pages(
+        site, urls=[form for forms in spellings.values() for form in forms], outcomes=(FAILED, REQUEUED)
+    )
+    found = {row["url"]: row for row in looked_up}
+    missing = [url for url, forms in spellings.items() if not any(form in found for form in forms)]
+    if missing:
+        raise ConfigError(
+            f"not a failed page of {site!r}: {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    chosen = (
+        found[form]
+        for forms in spellings.values()
+        for form in forms
+        if form in found and found[form]["outcome"] == FAILED
+    )
+    return list({_canonical(page.url): page for page in map(FailedPage.from_row, chosen)}.values())
+
+
+def _record_requeued(store: Store, site: str, pages: list[FailedPage]) -> None:
+    """A ``retry`` record (outcome ``requeued``) for each page, with what it takes to send it again."""
+    now = datetime.now(UTC)
     store.record_fetches(
         [
             FetchRecord(
@@ -150,11 +163,6 @@ def retry_pages(store: Store, frontier: Frontier, urls: Iterable[str] | None = N
             for page in pages
         ]
     )
-    # A page that failed because robots.txt could not be read gets it asked again now, not after its backoff.
-    ask_again(frontier.connection, site, [origin_of(page.url) for page in pages])
-    frontier.add(requests)
-    _uncount_failed(frontier.connection, site, len(pages))
-    return pages
 
 
 def _request_again(page: FailedPage) -> Request:
