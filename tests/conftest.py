@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -195,17 +196,27 @@ def fake_redis() -> Iterator[Redis]:
 
 
 @pytest.fixture
-def postgres_url() -> str:
-    """URL of an emptied PostgreSQL database (skips, or fails in CI, when none is given)."""
-    url = postgres_server_url()
-    from sqlalchemy import create_engine
+def postgres_url() -> Iterator[str]:
+    """URL of an empty PostgreSQL schema of this test's own, dropped after (skips, or fails in
+    CI, when no server is given): tests in parallel processes (pytest-xdist) share one database."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
 
-    from crawler.store.database import metadata
-
-    engine = create_engine(url)
-    metadata.drop_all(engine)
-    engine.dispose()
-    return url
+    server = postgres_server_url()
+    schema = f"crawler_test_{os.getpid()}_{secrets.token_hex(4)}"
+    admin = create_engine(server)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield (
+            make_url(server)
+            .update_query_dict({"options": f"-csearch_path={schema}"})
+            .render_as_string(hide_password=False)
+        )
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
 
 
 @pytest.fixture
