@@ -38,7 +38,7 @@ PER_PAGE = 20
 #: (download workers in all, worker processes) pairs; workers are split evenly over processes.
 CONFIGS: list[tuple[int, int]] = [(1, 1), (4, 1), (4, 2), (4, 4), (16, 1), (16, 2), (16, 4)]
 QUICK_CONFIGS: list[tuple[int, int]] = [(1, 1), (4, 2), (16, 4)]
-#: A fast site's interval: with the default margin it is within ``runtime.BATCH_BELOW``, so its
+#: A fast site's interval: with the default margin it is within ``batching.BATCH_BELOW``, so its
 #: jobs carry batches of URLs, each through the gate; crawled with BATCH_CONFIGS.
 BATCH_INTERVAL = 0.005
 BATCH_CONFIGS: list[tuple[int, int]] = [(4, 2), (16, 4)]

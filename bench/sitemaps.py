@@ -94,7 +94,7 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     from crawler.spiders.loading import SpiderSet
     from crawler.spiders.spider import Spider
     from crawler.work import jobs, parse_job
-    from crawler.work.runtime import Runtime, install
+    from crawler.work.runtime import Runtime
     from crawler.work.sitemaps import SITEMAP_CALLBACK
 
     body, size = _document(count)
@@ -125,7 +125,6 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     )
     connection = connect(redis_url)
     rt = Runtime(connection, settings, SpiderSet({"bigmap": spider}, []))
-    install(rt)
     rt.store  # noqa: B018  # the schema, before the figures
     url = f"http://127.0.0.1:{server.server_address[1]}/sitemap.xml.gz"
     before = _rss_kib()
@@ -135,7 +134,7 @@ def _measure(redis_url: str, count: int, workdir: str, out: Any) -> None:
     ((_, fields),) = connection.xrange(keys.pages())  # the one page entry, as a parse worker reads it
     task, compressed = page_entry(fields)
     started = time.monotonic()
-    parse_job.parse(task, compressed)
+    parse_job.parse(task, compressed, rt=rt)
     parsed = time.monotonic() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     queued = connection.llen(keys.frontier("bigmap"))

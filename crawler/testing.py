@@ -27,14 +27,18 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .ops.devtools import Outputs, page_of, run_callback
 from .spiders.loading import SpiderSet
 from .spiders.spider import Page, Spider
+
+if TYPE_CHECKING:  # imported where used: ``import crawler.testing`` stays light
+    from .work.runtime import Runtime
 
 __all__ = ["CrawlResult", "Outputs", "crawl", "run_page"]
 
@@ -167,12 +171,13 @@ def crawl(
             overrides["sites"] = {**overrides.get("sites", {}), site: {"interval": interval}}
         config = load_settings(database_url=database_url, state_dir=directory, sites_dir=directory, **overrides)
         try:
-            with _installed(connection, config, SpiderSet({site: spider}, [])) as rt:
+            with _runtime(connection, config, SpiderSet({site: spider}, [])) as rt:
+                rt.publish(site)  # the site's politeness, where the scheduler reads it, as ``crawler seed`` does
                 if start_urls is not None:
                     seed(rt.frontier(site), list(start_urls))
                 else:  # the spider's start requests, as ``crawler seed SITE`` queues them (POSTs too)
                     seed_start(rt.frontier(site), rt.spider(site))
-                _run_workers(connection, site, downloaders, timeout)
+                _run_workers(rt, site, downloaders, timeout)
             store = Store(database_url)
             try:
                 keyed = {row["key"]: row["data"] for row in store.item_rows(site)}
@@ -184,32 +189,23 @@ def crawl(
             server.stop()
 
 
-class _installed:
-    """A Runtime installed for in-thread jobs, and the one before it put back afterwards."""
+@contextmanager
+def _runtime(connection: Any, settings: Any, spiders: SpiderSet) -> Iterator[Runtime]:
+    """The Runtime the crawl's in-thread workers run against, closed afterwards."""
+    from .work.runtime import Runtime
 
-    def __init__(self, connection: Any, settings: Any, spiders: SpiderSet):
-        from .work.runtime import Runtime
-
-        self.runtime = Runtime(connection, settings, spiders)
-
-    def __enter__(self) -> Any:
-        from .work import runtime
-
-        self.previous = runtime._current
-        runtime.install(self.runtime)
-        return self.runtime
-
-    def __exit__(self, *exc: object) -> None:
-        from .work import runtime
-
-        runtime._current = self.previous
-        self.runtime.close()
+    rt = Runtime(connection, settings, spiders)
+    try:
+        yield rt
+    finally:
+        rt.close()
 
 
 def start_burst_workers(
-    connection: Any, sites: Sequence[str], downloaders: int = 2, parsers: int = 1
+    rt: Runtime, sites: Sequence[str], downloaders: int = 2, parsers: int = 1
 ) -> tuple[list[threading.Thread], threading.Event]:
-    """Burst download and parse workers in threads of this process, as a worker process runs them.
+    """Burst download and parse workers in threads of this process, as a worker process runs them,
+    against the runtime ``rt``.
 
     Returns the threads (started) and the event that stops them; ``join_burst_workers`` waits.
     """
@@ -218,9 +214,9 @@ def start_burst_workers(
 
     stop = threading.Event()
     workers: list[DownloadWorker | ParseWorker] = [
-        DownloadWorker(connection, tuple(sites), stop_event=stop) for _ in range(downloaders)
+        DownloadWorker(rt.connection, tuple(sites), stop_event=stop, rt=rt) for _ in range(downloaders)
     ]
-    workers += [ParseWorker(connection, tuple(sites), stop_event=stop) for _ in range(parsers)]
+    workers += [ParseWorker(rt.connection, tuple(sites), stop_event=stop, rt=rt) for _ in range(parsers)]
     threads = [
         threading.Thread(target=w.work, kwargs={"burst": True}, name=f"crawler-test-{i}", daemon=True)
         for i, w in enumerate(workers)
@@ -242,8 +238,8 @@ def join_burst_workers(threads: list[threading.Thread], stop: threading.Event, t
         raise TimeoutError(f"burst workers did not drain the crawl within {timeout:g}s")
 
 
-def _run_workers(connection: Any, site: str, downloaders: int, timeout: float) -> None:
-    threads, stop = start_burst_workers(connection, (site,), downloaders)
+def _run_workers(rt: Runtime, site: str, downloaders: int, timeout: float) -> None:
+    threads, stop = start_burst_workers(rt, (site,), downloaders)
     try:
         join_burst_workers(threads, stop, timeout)
     except TimeoutError:

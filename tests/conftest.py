@@ -34,7 +34,7 @@ from redis import Redis
 from crawler.coord.connection import EmbeddedRedis, connect
 from crawler.demo import ShopSite
 from crawler.settings import Settings, load_settings
-from crawler.work.runtime import Runtime, install
+from crawler.work.runtime import Runtime
 
 #: Fixtures that start a server or a process, or reach one: a test that uses any of them is
 #: an integration test: this file's, then test modules' (a fixture of that name anywhere counts).
@@ -235,9 +235,8 @@ def settings(sqlite_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def runtime(redis_conn: Redis, settings: Settings) -> Iterator[Runtime]:
-    """A runtime installed in this process, as a worker process would have."""
+    """The runtime a worker process builds, for jobs and workers run in this one."""
     rt = Runtime(redis_conn, settings)
-    install(rt)
     yield rt
     rt.close()
 

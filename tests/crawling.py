@@ -22,7 +22,7 @@ from crawler.coord.task import DownloadTask
 from crawler.settings import Settings
 from crawler.store.database import Store
 from crawler.testing import join_burst_workers, start_burst_workers
-from crawler.work.runtime import Runtime, install
+from crawler.work.runtime import Runtime
 
 #: Seconds an in-process crawl may take before the test fails.
 CRAWL_TIMEOUT = 60.0
@@ -38,9 +38,8 @@ def waiting_tasks(connection: Redis, site: str) -> list[DownloadTask]:
 
 @contextmanager
 def installed_runtime(connection: Redis, settings: Settings, **kwargs: Any) -> Iterator[Runtime]:
-    """A Runtime built now (so it finds the spiders written so far), installed for in-process jobs."""
+    """A Runtime built now (so it finds the spiders written so far), closed on the way out."""
     rt = Runtime(connection, settings, **kwargs)
-    install(rt)
     try:
         yield rt
     finally:
@@ -48,10 +47,11 @@ def installed_runtime(connection: Redis, settings: Settings, **kwargs: Any) -> I
 
 
 def start_in_threads(
-    connection: Redis, downloads: int = 2, parsers: int = 1, sites: tuple[str, ...] = ("demo",)
+    rt: Runtime, downloads: int = 2, parsers: int = 1, sites: tuple[str, ...] = ("demo",)
 ) -> tuple[list[threading.Thread], threading.Event]:
-    """Burst download and parse workers in threads of this process (as a worker process runs them)."""
-    return start_burst_workers(connection, sites, downloads, parsers)
+    """Burst download and parse workers in threads of this process, running against ``rt`` (as a worker
+    process runs them)."""
+    return start_burst_workers(rt, sites, downloads, parsers)
 
 
 def join_all(threads: list[threading.Thread], stop: threading.Event, timeout: float = CRAWL_TIMEOUT) -> None:
@@ -62,9 +62,9 @@ def join_all(threads: list[threading.Thread], stop: threading.Event, timeout: fl
         pytest.fail(str(exc))
 
 
-def run_in_threads(connection: Redis, sites: tuple[str, ...] = ("demo",), timeout: float = CRAWL_TIMEOUT) -> None:
-    """Two download workers and a parse worker in threads, until the crawl drains."""
-    threads, stop = start_in_threads(connection, sites=sites)
+def run_in_threads(rt: Runtime, sites: tuple[str, ...] = ("demo",), timeout: float = CRAWL_TIMEOUT) -> None:
+    """Two download workers and a parse worker in threads, against ``rt``, until the crawl drains."""
+    threads, stop = start_in_threads(rt, sites=sites)
     join_all(threads, stop, timeout)
 
 

@@ -257,9 +257,6 @@ def test_architecture_shows_the_import_contract_the_tests_enforce() -> None:
 #: Most lines a module of the package may have, and a function (from its ``def`` to the end of its body).
 MOST_MODULE_LINES = 600
 MOST_FUNCTION_LINES = 60
-#: A temporary exception while crawler/work/ is restructured: its modules (by path) and functions
-#: (by path and qualified name) still over the limits. Only crawler/work/ may be listed; to be emptied.
-PENDING_SPLIT = frozenset({"crawler/work/runtime.py", "crawler/work/parse_job.py:parse"})
 
 
 def over_limits(source: str, where: str) -> list[tuple[str, int]]:
@@ -290,12 +287,10 @@ def test_no_module_is_over_600_lines_nor_a_function_over_60() -> None:
         (label, lines)
         for path in sorted(PACKAGE.rglob("*.py"))
         for label, lines in over_limits(path.read_text(), str(path.relative_to(ROOT)))
-        if label not in PENDING_SPLIT
     ]
     assert not found, (
         f"split these (at most {MOST_MODULE_LINES} lines a module, {MOST_FUNCTION_LINES} a function): {found}"
     )
-    assert all(label.startswith("crawler/work/") for label in PENDING_SPLIT), "only crawler/work/ may wait"
 
 
 def test_the_size_check_sees_a_long_module_and_a_long_function_nested_or_not() -> None:

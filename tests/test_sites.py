@@ -276,7 +276,7 @@ def crawl(connection: Redis, settings: Settings, spider: type[Spider]) -> None:
     """Seed ``spider``'s start URLs and crawl to the end with in-process worker threads."""
     with installed_runtime(connection, settings, spider_set=SpiderSet({spider.name: spider}, [])) as rt:
         seed(rt.frontier(spider.name), spider.start_urls)
-        run_in_threads(connection, (spider.name,), CRAWL_TIMEOUT)
+        run_in_threads(rt, (spider.name,), CRAWL_TIMEOUT)
 
 
 def assert_complete_crawl(settings: Settings, site_name: str, site: SiteCopy) -> None:

@@ -114,6 +114,7 @@ def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> No
         raise ConfigError("name the failed URLs to retry, or give --all")
     if urls and all_pages:
         raise ConfigError("give failed URLs or --all, not both")
+    obj.runtime.publish(site)  # before its work: the politeness the scheduler hands it out by
     pages = retry_pages(obj.runtime.store, obj.runtime.frontier(site), None if all_pages else urls)
     click.echo(f"{site}: {len(pages)} failed page{'' if len(pages) == 1 else 's'} requeued")
 

@@ -16,7 +16,7 @@ import click
 from redis import Redis
 
 from ..coord import counters, keys
-from ..coord.frontier import SEED_PRIORITY
+from ..coord.frontier import SEED_PRIORITY, Frontier
 from ..coord.frontier import seed as seed_urls
 from ..coord.policy import resolve_policy
 from ..coord.scheduler import JOBS_AHEAD
@@ -124,7 +124,7 @@ def seed(
             if not (spider.start_urls or spider.sitemap_urls):
                 click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
                 continue
-            result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
+            result = seed_start(_seeding_frontier(obj, site), spider, force=force, priority=priority)
             _first_jobs(obj, site)
             click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
         return
@@ -146,19 +146,26 @@ def seed(
         raise ConfigError("--callback applies to the URLs given (or --from FILE), not to start_urls")
     if urls:
         result = seed_urls(
-            obj.runtime.frontier(site), urls, force=force, priority=priority, callback=callback or "parse"
+            _seeding_frontier(obj, site), urls, force=force, priority=priority, callback=callback or "parse"
         )
     else:  # the spider's own start requests, sitemaps included, each with its callback
-        result = seed_start(obj.runtime.frontier(site), spider, force=force, priority=priority)
+        result = seed_start(_seeding_frontier(obj, site), spider, force=force, priority=priority)
     _first_jobs(obj, site)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+
+
+def _seeding_frontier(obj: Context, site: str) -> Frontier:
+    """``site``'s frontier, for work to be added: the site's politeness is published first
+    (``Runtime.publish``), so the scheduler hands its first jobs out by it."""
+    obj.runtime.publish(site)
+    return obj.runtime.frontier(site)
 
 
 def _first_jobs(obj: Context, site: str) -> None:
     """Make the site's first download jobs of what was seeded (``Frontier.refill``, as a worker would),
     so a worker's first look finds a job queued, not a dry queue to refill. Safe with workers
     running: a refill's move is made only if what it read is unchanged."""
-    obj.runtime.frontier(site).refill(JOBS_AHEAD)
+    _seeding_frontier(obj, site).refill(JOBS_AHEAD)
 
 
 def _set_spider_args(obj: Context, site: str, pairs: tuple[str, ...]) -> None:
@@ -206,7 +213,7 @@ def _refuse_old_keys(obj: Context) -> None:
 
 def _seed_from(obj: Context, site: str, path: str, force: bool, priority: int, callback: str) -> None:
     """``seed --from``: stream the file's URLs in; bad lines are warnings, none good is the error."""
-    frontier = obj.runtime.frontier(site)
+    frontier = _seeding_frontier(obj, site)
     shown = [time.monotonic()]
 
     def progress(report: SeedReport) -> None:  # on a terminal only: a pipe gets the summary alone
@@ -559,7 +566,7 @@ def demo(obj: Context, products: int, processes: int) -> None:
             pipe.delete(keys.seen("demo"))
             counters.forget(pipe, "demo")
             pipe.execute()
-        seed_urls(obj.runtime.frontier("demo"), [shop.url + "/"], force=True)
+        seed_urls(_seeding_frontier(obj, "demo"), [shop.url + "/"], force=True)
         run_crawl(obj, ["demo"], processes, None, 1)
         store = Store(obj.settings.database_url)
         got = {item["sku"]: item for item in store.items("demo")}

@@ -350,7 +350,7 @@ def claim(
     ``busy``, and its key was renewed less than WORKER_BEAT_EVERY ago (it outlives the
     job: the lease keeper renews it while the job runs).
 
-    ``along(pipe)`` may queue reads last in the transaction (``Runtime.read_site_along``: the
+    ``along(pipe)`` may queue reads last in the transaction (``SiteReads.read_site_along``: the
     site's live settings, due for a re-read) and give back what to call with their replies.
     """
     ttl = worker.get_heartbeat_ttl(job)

@@ -49,7 +49,7 @@ PREPARE_AHEAD = 0.015
 #: Seconds before its gate opens that a thread serving a slow site in turn (a paced batch's next
 #: URL, or the site's next job: ``DownloadWorker.follow``) starts on its request: the thread is the
 #: site's alone, so its round trips (job, refill, claim, settings) are taken off the interval. The
-#: gate still decides when the request goes. At most half ``runtime.PACED_MIN_INTERVAL``.
+#: gate still decides when the request goes. At most half ``work.batching.PACED_MIN_INTERVAL``.
 FOLLOW_AHEAD = 0.25
 
 

@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from redis import Redis
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..coord import keys, quarantine
 from ..coord.gate import Gate
 from ..errors import ConfigError, RefusedRecord
-from .database import FAILED, FetchRecord
+from .database import FAILED, FetchRecord, Store
 
 log = logging.getLogger("crawler.outbox")
 
@@ -43,20 +44,20 @@ FLUSH_BATCH = 500
 _outage_logged = threading.Event()
 
 
-def write(rt: Any, record: FetchRecord) -> str | None:
+def write(connection: Redis, store: Store, record: FetchRecord) -> str | None:
     """Write ``record`` to the database; when it cannot be, the record as JSON for ``park``."""
-    parked = write_all(rt, [record])
+    parked = write_all(connection, store, [record])
     return parked[0] if parked else None
 
 
-def write_all(rt: Any, records: Sequence[FetchRecord]) -> list[str]:
+def write_all(connection: Redis, store: Store, records: Sequence[FetchRecord]) -> list[str]:
     """Write ``records`` to the database in one transaction; when they cannot be, each as JSON for ``park``.
 
     Refused (not an outage), they are written one at a time (see the module docstring);
     an outage met on the way parks the rest.
     """
     try:
-        rt.store.record_fetches(records)
+        store.record_fetches(records)
         return []
     except RefusedRecord:
         pass
@@ -65,14 +66,14 @@ def write_all(rt: Any, records: Sequence[FetchRecord]) -> list[str]:
         return [_to_json(record) for record in records]
     for index, record in enumerate(records):
         try:
-            _write_one(rt, record, rt.store.record_fetches, _to_json(record))
+            _write_one(connection, record, store.record_fetches, _to_json(record))
         except (SQLAlchemyError, ConfigError) as exc:
             _outage(exc)
             return [_to_json(r) for r in records[index:]]
     return []
 
 
-def _write_one(rt: Any, record: FetchRecord, write: Any, raw: str | bytes) -> None:
+def _write_one(connection: Redis, record: FetchRecord, write: Any, raw: str | bytes) -> None:
     """``write([record])``; refused, its page's failed record with the reason; refused again, quarantined.
 
     ``raw`` is what the quarantine keeps of it. Outages raise.
@@ -88,7 +89,7 @@ def _write_one(rt: Any, record: FetchRecord, write: Any, raw: str | bytes) -> No
         write([failed])
     except RefusedRecord as exc:
         reason = f"fetch record refused by the database: {exc}"
-        quarantine.record(rt.connection, keys.outbox(), reason, content={"entry": raw})
+        quarantine.record(connection, keys.outbox(), reason, content={"entry": raw})
 
 
 def _outage(exc: Exception) -> None:
@@ -111,39 +112,39 @@ def count_waiting(pipe: Any) -> None:
     pipe.llen(keys.outbox())
 
 
-def flush(rt: Any) -> int:
+def flush(connection: Redis, store: Store) -> int:
     """Write fetch records that waited in Redis for the database. Returns how many were written.
 
     One worker at a time (a short lock), oldest first, in batches; a database still
     down leaves them waiting. Nothing is removed from Redis before it is written, or,
     refused by the database, recorded failed or quarantined (``write_all``).
     """
-    if not rt.connection.llen(keys.outbox()):
+    if not connection.llen(keys.outbox()):
         return 0
-    lock = Gate(rt.connection, "outbox", expire=60, auto_release=True, key=keys.lock("outbox"))
+    lock = Gate(connection, "outbox", expire=60, auto_release=True, key=keys.lock("outbox"))
     if not lock.acquire(blocking=False):
         return 0
     written = 0
     try:
-        while raw := rt.connection.lrange(keys.outbox(), 0, FLUSH_BATCH - 1):
+        while raw := connection.lrange(keys.outbox(), 0, FLUSH_BATCH - 1):
             records: list[tuple[FetchRecord, str | bytes]] = []
             for entry in raw:
                 try:
                     records.append((_from_json(entry), entry))
                 except (ValueError, TypeError, KeyError) as exc:  # not a record this crawler parked
                     quarantine.record(
-                        rt.connection, keys.outbox(), f"malformed fetch record: {exc}", content={"entry": entry}
+                        connection, keys.outbox(), f"malformed fetch record: {exc}", content={"entry": entry}
                     )
             try:
                 # A record may be there already: its write went through but its answer was
                 # lost (the connection cut after the commit), so it was parked all the same.
-                rt.store.record_fetches_once([record for record, _ in records])
+                store.record_fetches_once([record for record, _ in records])
             except RefusedRecord:
-                if not _flush_each(rt, records):
+                if not _flush_each(connection, store, records):
                     return written
             except (SQLAlchemyError, ConfigError):
                 return written
-            rt.connection.ltrim(keys.outbox(), len(raw), -1)
+            connection.ltrim(keys.outbox(), len(raw), -1)
             written += len(raw)
     finally:
         lock.release()
@@ -153,7 +154,7 @@ def flush(rt: Any) -> int:
     return written
 
 
-def _flush_each(rt: Any, records: list[tuple[FetchRecord, str | bytes]]) -> bool:
+def _flush_each(connection: Redis, store: Store, records: list[tuple[FetchRecord, str | bytes]]) -> bool:
     """A refused batch of parked records one at a time (``_write_one``); False if the database went down.
 
     Records written before it went down are written once anyway (``record_fetches_once``);
@@ -161,7 +162,7 @@ def _flush_each(rt: Any, records: list[tuple[FetchRecord, str | bytes]]) -> bool
     """
     for record, entry in records:
         try:
-            _write_one(rt, record, rt.store.record_fetches_once, entry)
+            _write_one(connection, record, store.record_fetches_once, entry)
         except (SQLAlchemyError, ConfigError):
             return False
     return True

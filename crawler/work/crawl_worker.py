@@ -105,13 +105,14 @@ class CrawlWorker(SimpleWorker):
         connection: Redis,
         sites: Sequence[str],
         stop_event: threading.Event | None = None,
-        rt: runtime.Runtime | None = None,
+        *,
+        rt: runtime.Runtime,
         **kwargs: Any,
     ):
         super().__init__(queues, connection=connection, serializer=JSONSerializer, job_class=CrawlerJob, **kwargs)
         #: What this worker's jobs run against (Redis, settings, spiders, HTTP pool, database); it gives
-        #: it to each job it runs. Without one, the runtime installed in this process.
-        self.runtime = rt if rt is not None else runtime.current()
+        #: it to each job it runs.
+        self.runtime = rt
         #: Shared with the process's other workers of this class: one looks when there is no work.
         self._idle = idle.shared(self.runtime, type(self), sites)
         # One list of sites and of queues for every worker of the process, not copies a worker: RQ
@@ -387,7 +388,7 @@ class CrawlWorker(SimpleWorker):
             prune_dead_executions(self.connection, job)
             site = keys.site_of_queue(queue.name)
             # The site's live settings ride along when due for a re-read: the job reads them first thing.
-            along = functools.partial(self.runtime.read_site_along, site=site) if site is not None else None
+            along = functools.partial(self.runtime.sites.read_site_along, site=site) if site is not None else None
             execution = joblife.claim(self, job, queue, along)
             self._leases.hold(self, job, execution)
             try:
@@ -483,7 +484,7 @@ class CrawlWorker(SimpleWorker):
         ):
             reap(self.connection)
         if every.due("outbox", outbox.FLUSH_EVERY):
-            outbox.flush(self.runtime)
+            outbox.flush(self.runtime.connection, self.runtime.store)
 
     def next_job(self) -> tuple[tuple[Job, Queue] | None, float | None]:
         """A job to run now, else how long until one may be ready (None: no work)."""

@@ -17,6 +17,7 @@ from ..coord import joblife, keys
 from ..coord.replies import text
 from ..coord.scheduler import FOLLOW_AHEAD, JOBS_AHEAD, Next, Scheduler, mark_ready
 from . import idle, runtime
+from .batching import PACED_MAX_INTERVAL
 from .crawl_worker import CrawlWorker
 from .drain import queues_for
 
@@ -32,7 +33,7 @@ WARN_UNSERVED_EVERY = 30.0
 MAX_TAKES = 8
 #: Longest a thread that finished a paced batch waits for that site's gate to take its next
 #: job itself (``DownloadWorker.follow``); a longer wait is left to the ready set and the lookers.
-FOLLOW_WAIT = runtime.PACED_MAX_INTERVAL
+FOLLOW_WAIT = PACED_MAX_INTERVAL
 #: Longest a thread that finished a paced batch waits for new work of its site when it has none
 #: (``DownloadWorker.follow``): the links of its last pages, on their way through a parse worker.
 WORK_WAIT = 2.0
@@ -49,8 +50,7 @@ class DownloadWorker(CrawlWorker):
     its compact frontier if the call asked for it.
     """
 
-    def __init__(self, connection: Redis, sites: Sequence[str], rt: runtime.Runtime | None = None, **kwargs: Any):
-        rt = rt if rt is not None else runtime.current()
+    def __init__(self, connection: Redis, sites: Sequence[str], *, rt: runtime.Runtime, **kwargs: Any):
         # Made once per process, not per thread: hundreds of threads each holding a queue
         # object and the scheduler's keys for every site would multiply their memory.
         shared = idle.shared(rt, type(self), sites)
@@ -144,6 +144,7 @@ class DownloadWorker(CrawlWorker):
         ``handed``: a look found the site's queue dry (NEXT_JOB said so and holds the site for the refill)."""
         step = Next(site=site, refill=True) if handed else self.site_scheduler.next_of(site, FOLLOW_AHEAD)
         if step.site is not None and step.job_id is None:  # its RQ queue ran dry: refill, then take
+            self.runtime.publish(site)  # the politeness NEXT_JOB reads, kept fresh as the site's work is made
             self.runtime.frontier(site).refill(JOBS_AHEAD, due_now=True)
             step = self.site_scheduler.next_of(site, FOLLOW_AHEAD)
         if step.site is None or step.job_id is None:
@@ -245,6 +246,7 @@ class DownloadWorker(CrawlWorker):
         site, self._refill = self._refill, None
         if site is not None:
             try:
+                self.runtime.publish(site)
                 self.runtime.frontier(site).refill(JOBS_AHEAD)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._redis_down(exc)  # the site's next NEXT_JOB asks for the refill again

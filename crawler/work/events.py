@@ -22,8 +22,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis import Redis
+
+from ..coord.counters import Counters
 from ..store import outbox
-from ..store.database import FetchRecord
+from ..store.database import FetchRecord, Store
 
 log = logging.getLogger("crawler.job")
 
@@ -62,8 +65,18 @@ def bound_name(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else f"{bound:g}"
 
 
+@dataclass(frozen=True)
+class RecordSink:
+    """Where a job's record goes: the database (``store``; Redis's outbox while it is down), the
+    job's own Redis pipeline (``connection``), and the process's counters."""
+
+    connection: Redis
+    store: Store
+    counters: Counters
+
+
 def job_done(
-    rt: Any,
+    sink: RecordSink,
     record: FetchRecord,
     gate_wait: float | None = None,
     also: Callable[[Any], None] | None = None,
@@ -76,7 +89,7 @@ def job_done(
     stats hash. Both are counted once that pipeline has gone: a job whose pipeline
     failed is run again, and counted then.
     """
-    jobs_done(rt, [Done(record, gate_wait, also, stats)])
+    jobs_done(sink, [Done(record, gate_wait, also, stats)])
 
 
 @dataclass(frozen=True)
@@ -92,25 +105,27 @@ class Done:
     check: Callable[[list[Any]], list[Any]] | None = None
 
 
-def jobs_done(rt: Any, done: Sequence[Done], written: bool = False) -> None:
+def jobs_done(sink: RecordSink, done: Sequence[Done], written: bool = False) -> None:
     """``job_done`` for several records at once: one database transaction, one Redis pipeline, in order.
 
     ``written``: the records are in the database already (``parse_job.HeldParses`` writes
     them with the items, in one transaction); only the pipeline is left. On an error none
     is counted, and the first error is raised.
     """
-    error = _write_groups(rt, [done], written)[0] if done else None
+    error = _write_groups(sink, [done], written)[0] if done else None
     if error is not None:
         raise error
 
 
-def _write_groups(rt: Any, groups: Sequence[Sequence[Done]], written: bool = False) -> list[BaseException | None]:
+def _write_groups(
+    sink: RecordSink, groups: Sequence[Sequence[Done]], written: bool = False
+) -> list[BaseException | None]:
     """Write the records of every group in one transaction and one pipeline, in order; each group's
     error (the first error reply to its commands, or an error of the whole write), None for those
     that went, which are counted and logged. A group is counted whole or not at all."""
     flat = [d for group in groups for d in group]
-    parked = [] if written else outbox.write_all(rt, [d.record for d in flat])
-    with rt.connection.pipeline(transaction=False) as pipe:
+    parked = [] if written else outbox.write_all(sink.connection, sink.store, [d.record for d in flat])
+    with sink.connection.pipeline(transaction=False) as pipe:
         spans = []
         for d in flat:
             start = len(pipe)
@@ -137,7 +152,7 @@ def _write_groups(rt: Any, groups: Sequence[Sequence[Done]], written: bool = Fal
         errors.append(error)
         if error is None:
             for d in group:
-                rt.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
+                sink.counters.add(d.record.site, d.stats, job_fields(d.record, d.gate_wait))
                 if log.isEnabledFor(logging.INFO):
                     log.info(summary(d.record, d.gate_wait), extra={"job": fields(d.record, d.gate_wait)})
     return errors
@@ -157,8 +172,8 @@ class HeldRecords:
     #: Whether a record goes within its batch, soon enough to carry its gate's rearm: not here.
     prompt = False
 
-    def __init__(self, rt: Any):
-        self.rt = rt
+    def __init__(self, sink: RecordSink):
+        self.sink = sink
         self.held: list[Done] = []
         self._bytes = 0
 
@@ -171,7 +186,7 @@ class HeldRecords:
 
     def flush(self) -> None:
         held, self.held, self._bytes = self.held, [], 0
-        jobs_done(self.rt, held)
+        jobs_done(self.sink, held)
 
 
 #: Longest a paced batch's record waits for others to be written with (``RecordWriter``).
@@ -199,8 +214,8 @@ class RecordWriter:
     (``SoonRecords.flush``), and is the only one it gets.
     """
 
-    def __init__(self, rt: Any):
-        self.rt = rt
+    def __init__(self, sink: RecordSink):
+        self.sink = sink
         self._changed = threading.Condition()
         self._waiting: list[tuple[Done, _Ticket]] = []
         self._due = math.inf
@@ -245,7 +260,7 @@ class RecordWriter:
     def write(self, taken: Sequence[tuple[Done, _Ticket]]) -> None:
         """Write ``taken`` together and settle their tickets, whatever happens (nothing raises here)."""
         try:
-            errors = _write_groups(self.rt, [[done] for done, _ in taken])
+            errors = _write_groups(self.sink, [[done] for done, _ in taken])
         except BaseException as exc:  # noqa: BLE001  # an outage of the whole write: every record's error
             errors = [exc] * len(taken)
         for (_, ticket), error in zip(taken, errors, strict=True):
@@ -290,14 +305,14 @@ class SoonRecords:
             raise error
 
 
-def write_now(rt: Any, done: Done) -> None:
-    """``job_done`` through the process's ``RecordWriter`` (``Runtime.record_writer``): due at once, so
+def write_now(writer: RecordWriter, done: Done) -> None:
+    """``job_done`` through the process's ``writer`` (``Runtime.record_writer``): due at once, so
     written in its next transaction and pipeline together with whatever other threads hand it
     meanwhile, and waited for; its error raised, as ``jobs_done`` raises it. For a job's record
     that no batch holds (a job of one URL, robots.txt), so threads do not queue one by one for
     the database's writer.
     """
-    soon = SoonRecords(rt.record_writer, time.monotonic)
+    soon = SoonRecords(writer, time.monotonic)
     soon.add(done)
     soon.flush()
 

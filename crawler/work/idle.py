@@ -348,8 +348,8 @@ _shared: weakref.WeakKeyDictionary[Any, dict[tuple[type, tuple[str, ...]], Share
 _shared_lock = threading.Lock()
 
 
-def shared(rt: Any, kind: type, sites: Sequence[str]) -> Shared:
-    """The idle state shared by the workers of class ``kind`` serving ``sites`` against the runtime ``rt``:
-    only workers that would find the same work share a watcher."""
+def shared(owner: object, kind: type, sites: Sequence[str]) -> Shared:
+    """The idle state shared by the workers of class ``kind`` serving ``sites`` that ``owner`` (their
+    process's runtime) runs: only workers that would find the same work share a watcher."""
     with _shared_lock:
-        return _shared.setdefault(rt, {}).setdefault((kind, tuple(sorted(sites))), Shared())
+        return _shared.setdefault(owner, {}).setdefault((kind, tuple(sorted(sites))), Shared())

@@ -62,7 +62,8 @@ def parse(
     worker: str | None = None,
     done: Callable[[Any], None] | None = None,
     held: HeldParses | None = None,
-    rt: runtime.Runtime | None = None,
+    *,
+    rt: runtime.Runtime,
 ) -> None:
     """Run the spider callback on a downloaded page (``body`` zlib-compressed); store items; enqueue its links.
 
@@ -76,8 +77,6 @@ def parse(
     record wait there, written with the rest of the parse worker's batch
     (``HeldParses.flush``).
     """
-    if rt is None:  # called directly (a test, a benchmark), not by a parse worker
-        rt = runtime.current()
     if not isinstance(payload, dict) or not isinstance(payload.get("site"), str):
         raise ValueError(f"not a parse task: {payload!r:.200}")
     site, url = payload["site"], str(payload["url"])
@@ -85,6 +84,10 @@ def parse(
     if payload.get("callback") == SITEMAP_CALLBACK:
         _read_sitemap(rt, payload, body, worker, done, started, held)
         return
+
+    def fail(why: str) -> None:  # the page alone fails, recorded with ``why``
+        parse_failed(rt, payload, why, worker, done, started, held)
+
     links: PageLinks | None = None
     try:
         spider = rt.spider(site)
@@ -93,38 +96,14 @@ def parse(
             spider, rt.pipelines(site), url, body, payload, rt.settings.max_body_bytes, links
         )
     except JobTimeoutException:
-        parse_failed(
-            rt,
-            payload,
-            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20),
-            worker,
-            done,
-            started,
-            held,
-        )
+        fail(f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20))
         return
     except Exception as exc:  # the callback's, or an item's step's (ItemError): the page alone fails
         if links is not None and exc is links.failure:  # Redis's, queuing links: the page stays with the worker
             raise
-        parse_failed(rt, payload, failure_text(exc), worker, done, started, held)
+        fail(failure_text(exc))
         return
-    try:
-        if held is None:
-            rt.store.upsert_items(site, items, seen=_fetched_at(payload))
-        else:
-            held.hold_items(site, items, _fetched_at(payload))
-        links.finish()
-    except JobTimeoutException:  # some links may be in: the retry adds only the others (seen set)
-        parse_failed(
-            rt,
-            payload,
-            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
-            f"and {links.passed:,} links\n" + traceback.format_exc(limit=20),
-            worker,
-            done,
-            started,
-            held,
-        )
+    if not _store_outputs(rt, payload, items, links, held, fail):
         return
     notes = links.notes()
     if links.passed and spider.max_pages is not None and rt.frontier(site).pages_admitted() >= spider.max_pages:
@@ -133,6 +112,31 @@ def parse(
     if dropped:  # by process_item or a pipeline (DropItem)
         counts["dropped"] = dropped
     _parse_done(rt, payload, OK, "; ".join(notes) or None, worker, done, started, counts, held)
+
+
+def _store_outputs(
+    rt: runtime.Runtime,
+    payload: dict[str, Any],
+    items: list[Item],
+    links: PageLinks,
+    held: HeldParses | None,
+    fail: Callable[[str], None],
+) -> bool:
+    """Store the page's items (or hold them with ``held``) and queue the rest of its links; False when that
+    timed out, the page failed with ``fail`` (some links may be in: its retry adds only the others)."""
+    try:
+        if held is None:
+            rt.store.upsert_items(payload["site"], items, seen=_fetched_at(payload))
+        else:
+            held.hold_items(payload["site"], items, _fetched_at(payload))
+        links.finish()
+    except JobTimeoutException:
+        fail(
+            f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s while storing {len(items)} items "
+            f"and {links.passed:,} links\n" + traceback.format_exc(limit=20)
+        )
+        return False
+    return True
 
 
 class HeldParses:
@@ -181,6 +185,8 @@ class HeldParses:
         """
         links, self.links = self.links, []
         sites = dict.fromkeys(site for site, _, _ in links)
+        for site in sites:  # the scheduler learns the politeness of a site before its new work
+            self.rt.publish(site)
         frontiers = [self.rt.frontier(site) for site in sites]
         added = enqueue_together(
             [(frontier, [(page, depth) for s, page, depth in links if s == frontier.site]) for frontier in frontiers]
@@ -197,7 +203,7 @@ class HeldParses:
             self._write_each()
         written, self._written = self._written, []
         self.items, self.items_of, self.done, self.pages = [], {}, [], []
-        jobs_done(self.rt, written, written=True)
+        jobs_done(self.rt.sink, written, written=True)
 
     def _write_each(self) -> None:
         """A page at a time, its items with its record: refused alone, the page is recorded failed.
@@ -222,7 +228,7 @@ class HeldParses:
         """Record every page held failed with ``reason`` instead (their writes timed out), and let go of them."""
         pages_, self.links, self.items, self.done, self.pages = self.pages, [], [], [], []
         written, self.items_of, self._written = self._written, {}, []
-        jobs_done(self.rt, written, written=True)  # pages written one at a time before the timeout
+        jobs_done(self.rt.sink, written, written=True)  # pages written one at a time before the timeout
         for payload, worker, done, started in pages_:
             parse_failed(self.rt, payload, reason, worker, done, started)
 
@@ -308,6 +314,7 @@ class PageLinks:
         if not chunk:
             return
         try:
+            self.rt.publish(self.site)  # before its new work, as for a seed
             frontier = self.rt.frontier(self.site)
             result = frontier.add(chunk, depth=self.depth)
         except Exception as exc:
@@ -424,7 +431,7 @@ def _parse_done(
         request=payload["again"] if isinstance(payload.get("again"), dict) else None,
     )
     if held is None:
-        job_done(rt, record, also=also, stats=counts)
+        job_done(rt.sink, record, also=also, stats=counts)
     else:
         held.done.append(Done(record, None, also, counts))
         held.pages.append((payload, worker, done, started))
@@ -442,6 +449,7 @@ def _read_sitemap(
     """The parse step of a sitemap (or robots.txt read for its Sitemap: lines): queue what it lists."""
     site, url = payload["site"], str(payload["url"])
     try:
+        rt.publish(site)  # before the work it lists
         reader = SitemapReader(rt.connection, rt.frontier(site), rt.spider(site), int(payload.get("depth", 0)))
     except ConfigError as exc:  # the spider's rules are wrong: its pages fail until it is fixed
         parse_failed(rt, payload, str(exc), worker, done, started, held)

@@ -151,11 +151,12 @@ class ParseWorker:
         connection: Redis,
         sites: Sequence[str],
         stop_event: threading.Event | None = None,
-        rt: runtime.Runtime | None = None,
+        *,
+        rt: runtime.Runtime,
     ):
         self.connection = connection
-        #: What the pages are parsed against; without one, the runtime installed in this process.
-        self.runtime = rt if rt is not None else runtime.current()
+        #: What the pages are parsed against.
+        self.runtime = rt
         self.sites = list(sites)
         self.stop_event = stop_event or threading.Event()
         self.name = pages.consumer_name()
@@ -259,7 +260,7 @@ class ParseWorker:
         now = time.monotonic()
         if now - self._last_flush >= outbox.FLUSH_EVERY:
             self._last_flush = now
-            outbox.flush(self.runtime)
+            outbox.flush(self.runtime.connection, self.runtime.store)
         if now - self._last_forget >= FORGET_EVERY:
             self._last_forget = now
             lock = Gate(self.connection, "consumers", expire=FORGET_EVERY, key=keys.lock("consumers"))
@@ -280,7 +281,7 @@ class ParseWorker:
         # The sites' live settings and spider arguments due for a re-read, in one round trip for the
         # batch, not one a page.
         decoded = [_decode(entry) for entry in entries]  # once: ``_run`` takes them as they are
-        self.runtime.read_sites_due(found[0]["site"] for found in decoded if not isinstance(found, RefusedEntry))
+        self.runtime.sites.read_sites_due(found[0]["site"] for found in decoded if not isinstance(found, RefusedEntry))
         held = parse_job.HeldParses(self.runtime) if all(entry[2] == 1 for entry in entries) else None
         in_held: list[pages.Entry] = []  # the entries whose pages ``held`` holds
         self._lease.hold([entry_id for entry_id, _, _ in entries])
@@ -342,7 +343,7 @@ class ParseWorker:
             return True
         task, body = found
         site = task["site"]
-        if not self.runtime.has_spider(site):
+        if not self.runtime.sites.has_spider(site):
             if site not in self._warned:
                 self._warned.add(site)
                 log.warning("no spider for site %r here: leaving its pages to other parse workers", site[:100])

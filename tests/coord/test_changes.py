@@ -45,12 +45,12 @@ def test_an_announced_change_is_read_within_the_refresh(runtime: Runtime, redis_
 
 
 def test_a_change_written_by_hand_is_read_at_the_recheck(runtime: Runtime, redis_conn: Redis) -> None:
-    runtime.changes.recheck = 2 * LIVE_REFRESH + 0.5
+    runtime.sites.changes.recheck = 2 * LIVE_REFRESH + 0.5
     assert runtime.policy(SITE).interval == DemoShop.interval
     redis_conn.hset(keys.live_settings(SITE), "interval", "2.5")  # announced by no one
     past_refresh()
     assert runtime.policy(SITE).interval == DemoShop.interval  # the change is not known yet
-    deadline = time.monotonic() + runtime.changes.recheck + LIVE_REFRESH + 1
+    deadline = time.monotonic() + runtime.sites.changes.recheck + LIVE_REFRESH + 1
     while runtime.policy(SITE).interval != 2.5:
         assert time.monotonic() < deadline, "a change written by hand was never read"
         time.sleep(0.1)

@@ -82,7 +82,7 @@ def test_live_settings_written_by_hand_that_do_not_hold_are_ignored_once_and_the
     redis_conn.hset(keys.live_settings("demo"), mapping=junk)
     with ShopSite(products=5, faults=False) as shop:
         seed(runtime.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn, ("demo",), timeout=CRAWL_WITHIN)
+        run_in_threads(runtime, ("demo",), timeout=CRAWL_WITHIN)
         assert len(items_by_key(settings.database_url)) == 5
     for name in junk:  # each bad value warned about once, however many workers and reads met it
         if name != "surprise":
@@ -114,9 +114,10 @@ def test_a_conf_written_by_hand_that_does_not_hold_is_ignored_and_the_crawl_ends
     junk: dict[str, str],
 ) -> None:
     with ShopSite(products=5, faults=False) as shop:
-        seed(runtime.frontier("demo"), [shop.url + "/"])  # the conf is published here: the junk comes after
+        runtime.publish("demo")  # as ``crawler seed`` does: the junk comes after
+        seed(runtime.frontier("demo"), [shop.url + "/"])
         redis_conn.hset(keys.conf("demo"), mapping={k: v.encode("utf-8", "surrogateescape") for k, v in junk.items()})
-        run_in_threads(redis_conn, ("demo",), timeout=CRAWL_WITHIN)
+        run_in_threads(runtime, ("demo",), timeout=CRAWL_WITHIN)
         assert len(items_by_key(settings.database_url)) == 5
     redis_conn.hset(keys.conf("demo"), mapping={k: v.encode("utf-8", "surrogateescape") for k, v in junk.items()})
     for _ in range(2):
@@ -136,7 +137,7 @@ def test_an_adaptive_pace_written_by_hand_that_does_not_hold_is_ignored_and_the_
     with ShopSite(products=5, faults=False) as shop, installed_runtime(redis_conn, settings) as runtime:
         seed(runtime.frontier("autoshop"), [shop.url + "/"])
         redis_conn.hset(keys.conf("autoshop"), "pace_ms", pace)
-        run_in_threads(redis_conn, ("autoshop",), timeout=CRAWL_WITHIN)
+        run_in_threads(runtime, ("autoshop",), timeout=CRAWL_WITHIN)
         assert len(items_by_key(settings.database_url, "autoshop")) == 5
     redis_conn.hset(keys.conf("autoshop"), "pace_ms", pace)
     for _ in range(2):

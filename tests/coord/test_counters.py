@@ -196,7 +196,7 @@ def test_a_burst_crawl_shows_exact_totals_when_its_workers_are_done(
 ) -> None:
     runtime.counters.flush_every = NEVER  # only the workers' own writes (idle, stop) can show the totals
     seed(runtime.frontier("demo"), [shop.url + "/"])
-    threads, stop = start_in_threads(redis_conn)
+    threads, stop = start_in_threads(runtime)
     join_all(threads, stop)
 
     records = runtime.store.fetch_rows("demo")
@@ -214,7 +214,10 @@ def test_a_burst_crawl_shows_exact_totals_when_its_workers_are_done(
 def test_workers_at_rest_have_written_every_count_without_stopping(redis_conn: Redis, runtime: Runtime) -> None:
     runtime.counters.flush_every = NEVER  # only the workers' writes when idle can show the totals
     stop = threading.Event()
-    workers = [DownloadWorker(redis_conn, ("demo",), stop_event=stop), ParseWorker(redis_conn, ("demo",), stop)]
+    workers = [
+        DownloadWorker(redis_conn, ("demo",), stop_event=stop, rt=runtime),
+        ParseWorker(redis_conn, ("demo",), stop, rt=runtime),
+    ]
     threads = [threading.Thread(target=w.work, daemon=True) for w in workers]  # not burst: they stay
     with ShopSite(products=10, faults=False) as shop:
         seed(runtime.frontier("demo"), [shop.url + "/"])

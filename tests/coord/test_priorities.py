@@ -141,7 +141,7 @@ def test_a_seed_overtakes_a_flood_of_background_work(redis_conn: Redis, settings
         front.add([Request(f"{shop.url}/product/{i}", callback="parse_product", priority=-10) for i in range(1, 121)])
         front.refill(JOBS_AHEAD)  # background jobs already made, as in a running crawl
         seed(front, [f"{shop.url}/product/201"])
-        threads, stop = start_in_threads(redis_conn, downloads=downloads)
+        threads, stop = start_in_threads(rt, downloads=downloads)
         set_live(redis_conn, "demo", paused=False)
         rt.publish("demo", force=True)
 

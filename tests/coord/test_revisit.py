@@ -89,14 +89,14 @@ def test_a_periodic_recrawl_finds_new_and_changed_pages_without_a_reset(redis_co
         installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
     ):
         seed(rt.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
         crawled = time.monotonic()  # every URL of the first crawl was seen by now
         assert seed(rt.frontier("demo"), [shop.url + "/"]).duplicates == 1  # seen: a re-seed does nothing yet
         shop.reprice(2, "1.23")
         shop.products = 6  # a new product appears on the listing
         time.sleep(max(0.0, crawled + RevisitedShop.revisit_after * (1 + 1 / SEEN_BUCKETS) + 0.1 - time.monotonic()))
         assert seed(rt.frontier("demo"), [shop.url + "/"]).enqueued == [shop.url + "/"]
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
         store = Store(settings.database_url)
         try:
             items = {row["key"]: row["data"] for row in store.item_rows("demo")}

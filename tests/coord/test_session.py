@@ -432,7 +432,7 @@ def test_a_refused_login_fails_the_page_after_its_retries_and_the_crawl_drains(
         _write_spider(Path(settings.sites_dir), LOGIN_SPIDER.format(url=url, interval=0.01, user="mallory"))
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("members"), [f"{url}/"])
-            run_in_threads(redis_conn, sites=("members",))
+            run_in_threads(rt, sites=("members",))
     store = Store(settings.database_url)
     try:
         rows = [row for row in store.fetch_rows("members") if row["url"] == f"{url}/"]
@@ -456,7 +456,7 @@ def test_pages_wait_for_a_login_under_way_and_a_dead_worker_s_lease_runs_out(
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("members"), [f"{url}/"])
             started = time.time()
-            run_in_threads(redis_conn, sites=("members",))
+            run_in_threads(rt, sites=("members",))
     assert set(items_by_key(settings.database_url, "members")) == {f"M-{i}" for i in range(1, PAGES + 1)}
     assert app.logins == 1 and app.paths[:2] == ["/login", "/do-login"]  # nothing asked before the login
     assert min(app.arrivals) - started >= 1.4  # the lease ran out first
@@ -537,7 +537,7 @@ def _crawl_jarred(redis_conn: Redis, settings: Settings, routes: Routes) -> None
         _write_spider(Path(settings.sites_dir), JAR_SPIDER.format(url=url))
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("jarred"), [f"{url}/"])
-            run_in_threads(redis_conn, sites=("jarred",), timeout=30)
+            run_in_threads(rt, sites=("jarred",), timeout=30)
 
 
 def _outcomes(database_url: str, site: str) -> dict[str, list[tuple[str, str | None]]]:
@@ -772,7 +772,7 @@ def test_a_logged_out_that_raises_fails_its_page_with_the_traceback_and_the_craw
         _write_spider(Path(settings.sites_dir), OUTAGE_SPIDER.format(url=url))
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("members"), [f"{url}/"])
-            run_in_threads(redis_conn, sites=("members",), timeout=30)
+            run_in_threads(rt, sites=("members",), timeout=30)
     assert set(items_by_key(settings.database_url, "members")) == {"home", "p1", "p2"}
     [(outcome, error)] = _outcomes(settings.database_url, "members")["/status"]
     assert outcome == "failed" and error is not None

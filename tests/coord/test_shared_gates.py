@@ -82,7 +82,10 @@ def test_gate_names_follow_the_spider_or_the_config(redis_conn: Redis, settings:
     configured = dataclasses.replace(settings, sites={"named": {"gate_by": "ip"}, "numeric": {"gate": "srv-1"}})
     rt = Runtime(redis_conn, configured)
     assert rt.gate_name("named", "http://localhost:8000/x") == "ip:127.0.0.1"
-    assert redis_conn.hget(keys.conf("named"), "gate") == b"crawler:gate:{ip:127.0.0.1}"  # where NEXT_JOB looks
+    assert redis_conn.hget(keys.conf("named"), "gate") is None  # naming it writes nothing
+    taken = rt.take_gate("named", "http://localhost:8000/x")  # a take tells NEXT_JOB where to look
+    taken.let_go()
+    assert redis_conn.hget(keys.conf("named"), "gate") == b"crawler:gate:{ip:127.0.0.1}"
     assert rt.gate_name("numeric", "http://127.0.0.1:8000/x") == "shared:srv-1"
     assert rt.gate("numeric", "http://127.0.0.1:8000/x").key == "crawler:gate:{shared:srv-1}"  # a slot of its own
     with pytest.raises(ConfigError, match="gate_by must be 'site' or 'ip'"):
@@ -97,7 +100,7 @@ def crawl_pair(redis_conn: Redis, settings: Settings, attribute: str) -> list[fl
     with ShopSite(products=15, faults=False) as shop, installed_runtime(redis_conn, settings) as rt:
         seed(rt.frontier("numeric"), [f"http://127.0.0.1:{shop.port}/"])
         seed(rt.frontier("named"), [f"http://localhost:{shop.port}/"])
-        threads, stop = start_in_threads(redis_conn, downloads=3, parsers=1, sites=("numeric", "named"))
+        threads, stop = start_in_threads(rt, downloads=3, parsers=1, sites=("numeric", "named"))
         join_all(threads, stop)
         assert len(shop.requests_for("/robots.txt")) == 2  # each site read it, through one shared gate
         return [entry.time for entry in shop.requests]

@@ -228,7 +228,7 @@ def test_rq_maintenance_meeting_a_hostile_job_quarantines_it_instead_of_dying(
     downloads = _queue(redis_conn, keys.download_queue(SITE))
     evil = downloads.enqueue("os.system", "true")
     redis_conn.lmove(downloads.key, downloads.intermediate_queue_key, "LEFT", "RIGHT")  # as a dequeue leaves it
-    worker = DownloadWorker(redis_conn, [SITE])
+    worker = DownloadWorker(redis_conn, [SITE], rt=runtime)
 
     worker.clean_registries()  # raised RefusedJob out of RQ's maintenance, killing the worker
 
@@ -248,7 +248,7 @@ def test_a_job_queued_under_the_download_job_name_of_before_the_move_still_runs(
     publish_conf(redis_conn, SITE, 0.0, 0.0)
     redis_conn.sadd(keys.sites(), SITE)
     redis_conn.zadd(keys.ready(), {SITE: 0})
-    worker = DownloadWorker(redis_conn, [SITE])
+    worker = DownloadWorker(redis_conn, [SITE], rt=runtime)
     found, _ = worker.next_job()
 
     assert found is not None and found[0].id == queued.id
@@ -274,7 +274,7 @@ def test_a_job_handed_out_after_many_hostile_ones_is_served_not_left_behind(
     runtime.frontier(SITE).push([DownloadTask(SITE, "http://127.0.0.1:9/real")])
     publish_conf(redis_conn, SITE, 0.0, 0.0)  # due again at once after each job: one look meets them all
     redis_conn.zadd(keys.ready(), {SITE: 0})
-    worker = DownloadWorker(redis_conn, [SITE])
+    worker = DownloadWorker(redis_conn, [SITE], rt=runtime)
     for _ in range(50):
         found, wait = worker.next_job()
         found = found or worker.follow()  # a dry queue is refilled by the looking thread after its look

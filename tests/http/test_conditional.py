@@ -82,11 +82,11 @@ def crawl_twice(
         installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
     ):
         seed(rt.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
         if between is not None:
             between(shop)
         promote_all(redis_conn, PRODUCTS)
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
     shop.base = f"http://{shop.host}:{shop.port}"  # type: ignore[attr-defined]  # url is gone once stopped
     return shop, Store(settings.database_url)
 

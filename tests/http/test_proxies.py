@@ -137,7 +137,7 @@ def proxied_spider(proxies: str | list[str], interval: float = 0.02) -> type[Dem
 def crawl(redis_conn: Redis, settings: Settings, spider: type[DemoShop], shop: ShopSite) -> None:
     with installed_runtime(redis_conn, settings, spider_set=SpiderSet({"demo": spider}, [])) as rt:
         seed(rt.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
 
 
 def records(settings: Settings) -> list[dict[str, Any]]:
@@ -201,7 +201,7 @@ def test_a_proxy_refusing_the_credentials_fails_the_page_without_showing_them(
             redis_conn, settings, spider_set=SpiderSet({"demo": proxied_spider(proxy.url("wrong-Pw"))}, [])
         ) as rt:
             seed(rt.frontier("demo"), [shop.url + "/"])
-            run_in_threads(redis_conn)
+            run_in_threads(rt)
         assert shop.requests == []  # nothing reached the site
         home = shop.url + "/"
     failed = [r for r in records(settings) if r["outcome"] == FAILED and r["url"] == home]

@@ -159,7 +159,7 @@ def test_a_redirect_to_another_origin_sends_no_authorization_the_same_origin_doe
             (Path(settings.sites_dir) / "api.py").write_text(textwrap.dedent(SITE_HEADERS_SPIDER.format(one=url)))
             with installed_runtime(redis_conn, settings) as rt:
                 seed(rt.frontier("api"), [f"{url}/"])
-                run_in_threads(redis_conn, sites=("api",), timeout=30)
+                run_in_threads(rt, sites=("api",), timeout=30)
     assert set(items_by_key(settings.database_url, "api")) == {"home", "landing", "plain", "here"}
     [landing] = two.sent_to("/landing")
     assert not {"authorization", "cookie", "proxy-authorization"} & set(landing)

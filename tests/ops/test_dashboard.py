@@ -36,7 +36,7 @@ def test_queues_jobs_and_workers_pages_answer_while_jobs_run(
     with ShopSite(products=8, faults=False, latency=0.4) as shop, installed_runtime(redis_conn, settings) as rt:
         shop_url = shop.url
         seed(rt.frontier("demo"), [shop_url + "/"])
-        threads, stop = start_in_threads(redis_conn)
+        threads, stop = start_in_threads(rt)
         try:
             deadline = time.monotonic() + 30
             while not any(w.get_current_job_id() for w in Worker.all(redis_conn, serializer=JSONSerializer)):

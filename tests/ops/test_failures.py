@@ -434,7 +434,7 @@ def test_server_error_page_is_listed_then_retried_once_fixed_and_stored_once(
 ) -> None:
     with ShopSite(products=20) as shop:
         seed(runtime.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn, ("demo",))
+        run_in_threads(runtime, ("demo",))
 
         broken = f"{shop.url}/product/{BROKEN_ID}"
         pages = {p["url"]: p for p in failed_json(invoke, "demo")}
@@ -448,7 +448,7 @@ def test_server_error_page_is_listed_then_retried_once_fixed_and_stored_once(
         shop.faults = False  # the shop is fixed: product 7 answers now (/missing stays a 404)
         result = invoke("retry", "demo", "--all")
         assert result.stdout.strip() == "demo: 2 failed pages requeued"
-        run_in_threads(redis_conn, ("demo",))
+        run_in_threads(runtime, ("demo",))
 
         assert stored_items(runtime.store, "demo") == shop.expected_items()  # product 7 included, once
         assert len(shop.expected_items()) == 20
@@ -486,7 +486,7 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
     Path(settings.sites_dir, "flaky.py").write_text(FLAKY_SPIDER.format(flag=str(flag), bad=bad))
     with ShopSite(products=20, faults=False) as shop, installed_runtime(redis_conn, settings) as runtime:
         seed(runtime.frontier("flaky"), [shop.url + "/"])
-        run_in_threads(redis_conn, ("flaky",))
+        run_in_threads(runtime, ("flaky",))
 
         assert len(stored_items(runtime.store, "flaky")) == 19  # the crawl went on past the bug
         (page,) = failed_json(invoke, "flaky")
@@ -497,7 +497,7 @@ def test_callback_that_raised_is_listed_with_its_exception_then_retried_and_gone
         flag.unlink()  # the spider is fixed
         result = invoke("retry", "flaky", f"{shop.url}/product/{bad}")
         assert result.stdout.strip() == "flaky: 1 failed page requeued"
-        run_in_threads(redis_conn, ("flaky",))
+        run_in_threads(runtime, ("flaky",))
 
         assert stored_items(runtime.store, "flaky") == shop.expected_items()
         assert invoke("failed", "flaky").stdout.strip() == "no failed pages"
@@ -579,7 +579,7 @@ def test_a_failed_post_is_retried_and_arrives_as_the_same_post_with_its_meta(
     try:  # one automatic retry (the same POST again too), not three backoffs
         with installed_runtime(redis_conn, dataclasses.replace(settings, max_retries=1)) as runtime:
             assert invoke("seed", "poster").exit_code == 0
-            run_in_threads(redis_conn, ("poster",))
+            run_in_threads(runtime, ("poster",))
             assert {(p["url"], p["kind"], p["status"]) for p in failed_json(invoke, "poster")} == {
                 (base + "/api/search", "download", 500),
                 (base + "/api/form", "download", 500),
@@ -588,7 +588,7 @@ def test_a_failed_post_is_retried_and_arrives_as_the_same_post_with_its_meta(
 
             _Api.failing, _Api.arrived = False, []  # the server is fixed; the spider is not yet
             assert invoke("retry", "poster", "--all").stdout.strip() == "poster: 2 failed pages requeued"
-            run_in_threads(redis_conn, ("poster",))
+            run_in_threads(runtime, ("poster",))
             assert sorted(_Api.arrived) == sorted([json_post, form_post])  # the same POSTs, not GETs
             assert {(p["url"], p["kind"]) for p in failed_json(invoke, "poster")} == {
                 (base + "/api/search", "parse"),
@@ -598,7 +598,7 @@ def test_a_failed_post_is_retried_and_arrives_as_the_same_post_with_its_meta(
             flag.unlink()  # the spider is fixed: a retry of a failed parse is the same POST again
             _Api.arrived = []
             assert invoke("retry", "poster", "--all").exit_code == 0
-            run_in_threads(redis_conn, ("poster",))
+            run_in_threads(runtime, ("poster",))
             assert sorted(_Api.arrived) == sorted([json_post, form_post])
             assert {row["query"]: row for row in runtime.store.items("poster")} == {
                 "café": {"query": "café", "page": 2, "method": "POST"},

@@ -372,7 +372,7 @@ def test_endpoint_after_a_real_crawl_matches_the_fetches_table(
     runtime: Runtime, redis_conn: Redis, shop: ShopSite
 ) -> None:
     seed(runtime.frontier("demo"), [shop.url + "/", shop.url + "/catalogue.pdf"])  # a seed is fetched: skipped
-    threads, stop_event = start_in_threads(redis_conn)
+    threads, stop_event = start_in_threads(runtime)
     join_all(threads, stop_event)
     server = serve(MetricsCollector(redis_conn, runtime.spider_set.named(), runtime.settings), "127.0.0.1", 0)
     try:

@@ -114,7 +114,7 @@ def test_dataclass_attrs_and_pydantic_items_are_stored_and_an_invalid_model_fail
     with ShopSite(products=12, faults=False) as shop, installed_runtime(redis_conn, settings) as runtime:
         shop.repriced[6] = "N/A"  # product 6 is a pydantic one: its price no longer parses
         seed(runtime.frontier("typed"), [shop.url + "/"])
-        run_in_threads(redis_conn, ("typed",))
+        run_in_threads(runtime, ("typed",))
 
         expected = shop.expected_items()
         for number, sku in enumerate(expected, start=1):
@@ -136,7 +136,7 @@ def test_dataclass_attrs_and_pydantic_items_are_stored_and_an_invalid_model_fail
 
         del shop.repriced[6]  # the shop is fixed: the page is retried and stored
         assert invoke("retry", "typed", "--all").stdout.strip() == "typed: 1 failed page requeued"
-        run_in_threads(redis_conn, ("typed",))
+        run_in_threads(runtime, ("typed",))
         assert items_by_key(settings.database_url, "typed") == expected
         assert invoke("failed", "typed").stdout.strip() == "no failed pages"
 
@@ -163,7 +163,7 @@ def test_items_dropped_by_process_item_are_not_stored_and_are_counted_in_stats(
     Path(settings.sites_dir, "dropping.py").write_text(DROPPING_SPIDER)
     with ShopSite(products=20, faults=False) as shop, installed_runtime(redis_conn, settings) as runtime:
         seed(runtime.frontier("dropping"), [shop.url + "/"])
-        run_in_threads(redis_conn, ("dropping",))
+        run_in_threads(runtime, ("dropping",))
 
         out_of_stock = [n for n in range(1, 21) if not product_in_stock(n)]
         assert 0 < len(out_of_stock) < 20

@@ -102,7 +102,7 @@ def test_a_pipeline_whose_open_hangs_fails_its_sites_pages_while_another_site_is
             seed(runtime.frontier("stuck"), [stuck.url + "/"])
             seed(runtime.frontier("fine"), [fine.url + "/"])
             began = time.monotonic()
-            run_in_threads(redis_conn, ("stuck", "fine"))  # one parse worker for both sites
+            run_in_threads(runtime, ("stuck", "fine"))  # one parse worker for both sites
             assert time.monotonic() - began < 30  # the crawl ended by itself, not held by the open
 
             assert items_by_key(settings.database_url, "fine") == {
@@ -116,7 +116,7 @@ def test_a_pipeline_whose_open_hangs_fails_its_sites_pages_while_another_site_is
 
             release(runtime)  # the open returns
             assert invoke("retry", "stuck", "--all").stdout.strip() == "stuck: 1 failed page requeued"
-            run_in_threads(redis_conn, ("stuck", "fine"))
+            run_in_threads(runtime, ("stuck", "fine"))
             assert items_by_key(settings.database_url, "stuck") == {
                 sku: {**item, "via": "stuck"} for sku, item in stuck.expected_items().items()
             }

@@ -24,16 +24,14 @@ from crawler.coord import joblife, keys
 from crawler.coord.frontier import DownloadTask, Frontier, seed
 from crawler.coord.policy import LIVE_REFRESH, set_live
 from crawler.coord.scheduler import FOLLOW_AHEAD, JOBS_AHEAD, Scheduler, publish_conf
+from crawler.coord.spiderargs import ARGS_REFRESH
 from crawler.coord.vetting import MAX_BATCH, CrawlerJob
 from crawler.demo import ShopSite
 from crawler.settings import Settings
 from crawler.spiders.spider import Request
 from crawler.store import outbox
 from crawler.work import jobs
-from crawler.work.jobs import batch as batches
-from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.runtime import (
-    ARGS_REFRESH,
+from crawler.work.batching import (
     BATCH_BELOW,
     LATE_SPACING,
     PACED_BATCH_SPAN,
@@ -41,9 +39,10 @@ from crawler.work.runtime import (
     PACED_MIN_INTERVAL,
     SLOW_ANSWER,
     UNBATCHED_FOR,
-    Runtime,
-    install,
 )
+from crawler.work.jobs import batch as batches
+from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
+from crawler.work.runtime import Runtime
 
 SITE = "demo"
 #: An interval under BATCH_BELOW: the site gets batch jobs.
@@ -169,7 +168,6 @@ def test_the_rest_of_a_batch_goes_back_to_the_front_when_the_site_closes_meanwhi
     redis_conn: Redis, settings: Settings, shop: ShopSite
 ) -> None:
     rt = Runtime(redis_conn, fast(settings))
-    install(rt)
     try:
         rt.frontier(SITE).add([Request(f"{shop.url}/product/20")])  # already waiting: the rest goes before it
         batch = [
@@ -222,7 +220,6 @@ def test_batch_done_reads_only_a_sane_count(fake_redis: Redis, tmp_path: Path) -
 def test_a_pause_sends_the_rest_of_a_batch_back(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
     set_live(redis_conn, SITE, paused=True)  # after the job was handed out for its first URL
     rt = Runtime(redis_conn, fast(settings))
-    install(rt)
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         jobs.download(*batch, rt=rt)
@@ -237,7 +234,6 @@ def test_a_batch_that_raises_midway_writes_what_it_fetched_and_its_retry_starts_
     redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = Runtime(redis_conn, fast(settings))
-    install(rt)
     try:
         urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12, 13, 14)]
         robots = f"{shop.url}/robots.txt"
@@ -329,12 +325,12 @@ def test_a_paced_batch_writes_each_record_and_saves_its_progress_before_each_wai
     redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         batching = rt.batching(SITE)
         assert batching.paced and batching.size == MAX_BATCH and batching.gate_wait > 2 * SLOW
-        assert redis_conn.hget(keys.conf(SITE), "batch") is None  # published with the frontier
         frontier = rt.frontier(SITE)
+        assert redis_conn.hget(keys.conf(SITE), "batch") is None  # published before the site's work is added
+        rt.publish(SITE)
         assert redis_conn.hget(keys.conf(SITE), "batch") == str(MAX_BATCH).encode()
         urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12, 13)]
         frontier.add([Request(u, callback="parse_product") for u in urls])
@@ -372,7 +368,6 @@ def test_a_paced_batch_whose_record_is_not_written_counts_the_url_undone_and_its
     """A paced batch hands its records to the process's writer (``SoonRecords``) and waits for each
     before the URL counts as done: one whose write failed is fetched again by the retry."""
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         urls = [f"{shop.url}/product/{i}" for i in (10, 11, 12)]
         frontier = rt.frontier(SITE)
@@ -381,11 +376,11 @@ def test_a_paced_batch_whose_record_is_not_written_counts_the_url_undone_and_its
         (job,) = queued_jobs(redis_conn)
         real, failed = outbox.write_all, []
 
-        def gone_at_11(rt: Any, records: Any) -> list[str]:
+        def gone_at_11(connection: Any, store: Any, records: Any) -> list[str]:
             if any(r.url.endswith("/product/11") for r in records) and not failed:
                 failed.append(True)
                 raise RuntimeError("the write of /product/11 broke")
-            return real(rt, records)
+            return real(connection, store, records)
 
         monkeypatch.setattr(outbox, "write_all", gone_at_11)
         with pytest.raises(RuntimeError, match="/product/11"):
@@ -408,7 +403,6 @@ def test_a_stopping_worker_or_a_crowded_process_hands_the_rest_of_a_paced_batch_
     redis_conn: Redis, settings: Settings, shop: ShopSite, why: str
 ) -> None:
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 4)]
         asked = iter([False, True])
@@ -428,7 +422,6 @@ def test_a_graceful_stop_ends_a_paced_batchs_wait_for_its_next_turn_at_once(
     interval = 5.0
     no_robots = {SITE: {"interval": interval, "obey_robots": False}}  # the first URL goes at once
     rt = Runtime(redis_conn, dataclasses.replace(settings, sites=no_robots, gate_margin=0.0))
-    install(rt)
     stop = threading.Event()
     try:
         assert rt.batching(SITE).paced
@@ -453,7 +446,6 @@ def test_a_paced_batch_does_not_rest_for_a_url_robots_txt_refuses(
     that long (at 200 slow sites: the listing page's batch ended with its disallowed link)."""
     interval = 1.5
     rt = Runtime(redis_conn, dataclasses.replace(settings, sites={SITE: {"interval": interval}}, gate_margin=0.0))
-    install(rt)
     stop = threading.Event()
     try:
         assert rt.batching(SITE).paced
@@ -483,14 +475,13 @@ def test_a_paced_batch_reads_its_sites_settings_in_its_look_between_urls_not_in_
     assert interval > max(LIVE_REFRESH, ARGS_REFRESH)
     sites = {SITE: {"interval": interval}}
     rt = Runtime(redis_conn, dataclasses.replace(settings, sites=sites, gate_margin=0.0))
-    install(rt)
     stop = threading.Event()
     alone, along = [], []
-    real_read, real_along = rt._read_site, rt.read_site_along
-    monkeypatch.setattr(rt, "_read_site", lambda site, *fresh: (alone.append(site), real_read(site, *fresh))[1])
-    monkeypatch.setattr(rt.policies, "refresh", rt._read_site)  # the policy's reads are the same
+    real_read, real_along = rt.sites._read_site, rt.sites.read_site_along
+    monkeypatch.setattr(rt.sites, "_read_site", lambda site, *fresh: (alone.append(site), real_read(site, *fresh))[1])
+    monkeypatch.setattr(rt.policies, "refresh", rt.sites._read_site)  # the policy's reads are the same
     monkeypatch.setattr(
-        rt, "read_site_along", lambda pipe, site, *rest: (along.append(site), real_along(pipe, site, *rest))[1]
+        rt.sites, "read_site_along", lambda pipe, site, *rest: (along.append(site), real_along(pipe, site, *rest))[1]
     )
     with ShopSite(products=10, latency=0.9, faults=False) as shop:
         try:
@@ -518,7 +509,6 @@ def test_a_slow_site_answering_slower_than_its_interval_goes_back_to_one_url_a_j
 ) -> None:
     with ShopSite(products=10, latency=2 * SLOW, faults=False) as shop:
         rt = Runtime(redis_conn, fast(settings, SLOW))
-        install(rt)
         try:
             assert rt.batching(SITE).paced
             batch = [DownloadTask(SITE, f"{shop.url}/product/{i}", "parse_product").to_json() for i in (1, 2, 3)]
@@ -557,7 +547,6 @@ def test_the_thread_that_ran_a_slow_sites_job_takes_its_next_one_ahead_of_its_ga
     from crawler.work.download_worker import DownloadWorker
 
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         frontier = rt.frontier(SITE)
         frontier.add([Request(f"http://127.0.0.1:9/p/{i}") for i in range(3)])
@@ -604,7 +593,6 @@ def test_a_thread_following_its_site_waits_for_work_announced_for_it_and_takes_i
 
     monkeypatch.setattr(download_worker, "WORK_WAIT", 3.0)
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         worker = DownloadWorker(redis_conn, [SITE], rt=rt)
         room = worker._idle.room
@@ -644,7 +632,6 @@ def test_work_of_a_higher_priority_cuts_a_paced_batch_short(
     redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     try:
         frontier = rt.frontier(SITE)
         real = batches.download_one
@@ -674,7 +661,6 @@ def test_a_paced_batch_saves_its_progress_with_its_records_and_looks_for_higher_
     from crawler.coord import priorities as frontier_module
 
     rt = Runtime(redis_conn, fast(settings, SLOW))
-    install(rt)
     looks_alone: list[str] = []
     monkeypatch.setattr(batches, "outranked", lambda *args, **kwargs: looks_alone.append(args[1]) or False)
     asked_along: list[str] = []

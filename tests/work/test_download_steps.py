@@ -244,7 +244,7 @@ def test_conclude_hands_a_page_to_the_parser_in_its_record_s_pipeline_and_ends_t
 def test_record_holds_a_batch_s_successes_and_writes_a_retry_at_once_after_them(
     runtime: Runtime, redis_conn: Redis
 ) -> None:
-    held = HeldRecords(runtime)
+    held = HeldRecords(runtime.sink)
     first = attempt_at(runtime, "http://127.0.0.1:9/product/1", held=held)
     second = attempt_at(runtime, "http://127.0.0.1:9/product/2", held=held)
     redis_conn.set(keys.errors(SITE), 1)

@@ -104,9 +104,9 @@ def counted_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     real = outbox.write_all
 
-    def write_all(rt: Any, records: Any) -> list[str]:
+    def write_all(connection: Any, store: Any, records: Any) -> list[str]:
         sizes.append(len(records))
-        return real(rt, records)
+        return real(connection, store, records)
 
     monkeypatch.setattr(outbox, "write_all", write_all)
     return sizes
@@ -118,7 +118,7 @@ def test_records_handed_by_many_threads_are_written_together_once_the_first_is_d
     """Eight threads each hand a record due in 0.5 s, one a record due at once: one database
     write and one pipeline take all nine, well before 0.5 s; each thread's flush then returns."""
     sizes = counted_writes(monkeypatch)
-    writer = RecordWriter(runtime)
+    writer = RecordWriter(runtime.sink)
     handed = threading.Barrier(9)
     flushed: list[float] = []
 
@@ -150,7 +150,7 @@ def test_records_handed_by_many_threads_are_written_together_once_the_first_is_d
 def test_an_error_in_one_records_commands_goes_to_its_thread_alone_and_others_are_written(
     runtime: Runtime, redis_conn: Redis
 ) -> None:
-    writer = RecordWriter(runtime)
+    writer = RecordWriter(runtime.sink)
     good = SoonRecords(writer, lambda: time.monotonic() + 0.2)
     bad = SoonRecords(writer, lambda: time.monotonic() + 0.2)
     redis_conn.set("not-a-hash", "x")
@@ -169,10 +169,10 @@ def test_an_error_in_one_records_commands_goes_to_its_thread_alone_and_others_ar
 def test_a_whole_write_that_fails_fails_every_record_in_it_and_the_writer_lives_on(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writer = RecordWriter(runtime)
+    writer = RecordWriter(runtime.sink)
     real = outbox.write_all
 
-    def broken(rt: Any, records: Any) -> list[str]:
+    def broken(connection: Any, store: Any, records: Any) -> list[str]:
         raise RuntimeError("the write broke")
 
     monkeypatch.setattr(outbox, "write_all", broken)
@@ -198,18 +198,21 @@ def test_records_written_now_by_many_threads_share_the_writers_transactions(
     sizes = counted_writes(monkeypatch)
     real, in_write, go_on = outbox.write_all, threading.Event(), threading.Event()
 
-    def first_write_waits(rt: Any, records: Any) -> list[str]:
+    def first_write_waits(connection: Any, store: Any, records: Any) -> list[str]:
         if not in_write.is_set():
             in_write.set()
             go_on.wait(5)
-        return real(rt, records)
+        return real(connection, store, records)
 
     monkeypatch.setattr(outbox, "write_all", first_write_waits)
     errors: list[BaseException] = []
 
     def write(index: int) -> None:
         try:
-            write_now(runtime, Done(record(url=f"http://127.0.0.1:9/p{index}"), also=lambda pipe: pipe.incr("handed")))
+            write_now(
+                runtime.record_writer,
+                Done(record(url=f"http://127.0.0.1:9/p{index}"), also=lambda pipe: pipe.incr("handed")),
+            )
         except BaseException as exc:  # noqa: BLE001  # told to the test
             errors.append(exc)
 

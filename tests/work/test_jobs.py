@@ -39,7 +39,7 @@ from crawler.work import gated_fetch, jobs, parse_job
 from crawler.work.download_worker import DownloadWorker
 from crawler.work.jobs import outcomes, state
 from crawler.work.robots import origin_of
-from crawler.work.runtime import Runtime, current
+from crawler.work.runtime import Runtime
 
 SITE = "demo"
 
@@ -111,10 +111,10 @@ def records(rt: Runtime, url: str, kind: str = "download") -> list[dict[str, Any
     return [r for r in rt.store.fetch_rows(SITE) if r["url"] == url and r["kind"] == kind]
 
 
-def stats(connection: Redis) -> dict[str, int]:
-    """The site's stats hash once this process's counts are written (``counters``)."""
-    current().counters.flush()
-    return {k.decode(): int(v) for k, v in connection.hgetall(keys.stats(SITE)).items()}
+def stats(rt: Runtime) -> dict[str, int]:
+    """The site's stats hash once ``rt``'s counts are written (``counters``)."""
+    rt.counters.flush()
+    return {k.decode(): int(v) for k, v in rt.connection.hgetall(keys.stats(SITE)).items()}
 
 
 def take_next(queue: Queue | Backlog) -> dict[str, Any]:
@@ -253,7 +253,7 @@ def test_html_page_adds_one_page_entry_with_its_task_and_compressed_body(
     (record,) = records(runtime, url)
     assert (record["outcome"], record["status"], record["bytes"], record["attempt"]) == (OK, 200, len(body), 1)
     assert [e.path for e in shop.requests] == ["/robots.txt", "/product/1"]
-    assert stats(redis_conn)["fetched"] == 1
+    assert stats(runtime)["fetched"] == 1
 
 
 def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
@@ -266,7 +266,7 @@ def test_only_a_page_that_is_refreshed_clears_its_parse_failure_mark(
         jobs.download(payload(url, "parse_product", refresh=refresh), rt=runtime)
         entry_id, task, body = read_page(redis_conn)
         assert task.get("refresh") == refresh
-        parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+        parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id), rt=runtime)
         assert redis_conn.scard(keys.parse_failed(SITE)) == left
         redis_conn.delete(keys.parse_failed(SITE), keys.seen(SITE))
 
@@ -279,14 +279,14 @@ def test_parse_stores_items_enqueues_new_links_and_acknowledges_and_deletes_the_
     entry_id, task, body = read_page(redis_conn)
     assert redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 1
 
-    parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id))
+    parse_job.parse(task, body, "w1", partial(pages.ack, entry_id=entry_id), rt=runtime)
 
     assert pages_waiting(redis_conn) == 0 and redis_conn.xpending(keys.pages(), keys.PARSERS)["pending"] == 0
     assert list(runtime.store.items(SITE)) == [shop.expected_items()["SKU-00001"]]
     related = queued_payloads(download_queue(redis_conn))
     assert [(p["url"], p["callback"], p["depth"]) for p in related] == [(f"{shop.url}/product/2", "parse_product", 1)]
     assert [(r["outcome"], r["worker"]) for r in records(runtime, url, kind="parse")] == [(OK, "w1")]
-    assert stats(redis_conn)["items"] == 1
+    assert stats(runtime)["items"] == 1
     # The item was seen when its page was fetched, however late the parse ran.
     (item,) = runtime.store.item_rows(SITE)
     (fetch,) = records(runtime, url)
@@ -328,7 +328,7 @@ def test_503_schedules_one_retry_delayed_by_retry_after(runtime: Runtime, redis_
     assert due >= before + 1.0
     assert download_queue(redis_conn).count == 0 and pages_waiting(redis_conn) == 0
     assert Frontier(redis_conn, "demo", [], 0, 0).waiting() == []
-    assert stats(redis_conn)["delayed"] == 1
+    assert stats(runtime)["delayed"] == 1
     # Retry-After closes the site's gate for every worker, not just this URL.
     assert redis_conn.pttl(keys.gate("demo")) > 900
 
@@ -349,7 +349,7 @@ def test_retry_is_not_released_before_retry_after_has_passed(
         time.sleep(0.01)
     released = time.time()
     assert len(Frontier(redis_conn, "demo", [], 0, 0).waiting()) == 1
-    assert delayed(redis_conn) == [] and stats(redis_conn)["delayed"] == 0
+    assert delayed(redis_conn) == [] and stats(runtime)["delayed"] == 0
     assert redis_conn.zscore(keys.ready(), "demo") is not None
     assert released - arrival >= 1.0, f"released {released - arrival:.2f}s after a 503 with Retry-After: 1"
 
@@ -366,7 +366,7 @@ def test_404_is_recorded_failed_and_not_retried(runtime: Runtime, redis_conn: Re
     assert queue.count == 0
     assert delayed(redis_conn) == []
     assert pages_waiting(redis_conn) == 0
-    assert stats(redis_conn)["failed"] == 1
+    assert stats(runtime)["failed"] == 1
 
 
 def test_redirect_enqueues_its_target_once_and_a_seen_target_not_again(
@@ -465,12 +465,12 @@ def test_a_stored_body_that_is_a_zlib_bomb_fails_its_page_within_the_cap(
     entry_id, task, _ = read_page(redis_conn)
     bomb = zlib.compress(b"<p>" + b"a" * (runtime.settings.max_body_bytes * 4), 9)  # written by someone else
 
-    parse_job.parse(task, bomb, "w1", partial(pages.ack, entry_id=entry_id))
+    parse_job.parse(task, bomb, "w1", partial(pages.ack, entry_id=entry_id), rt=runtime)
 
     (record,) = records(runtime, url, kind="parse")
     assert record["outcome"] == FAILED and "BodyTooLarge" in record["error"]
     assert list(runtime.store.items(SITE)) == [] and pages_waiting(redis_conn) == 0
-    assert stats(redis_conn)["failed"] == 1
+    assert stats(runtime)["failed"] == 1
 
 
 # -- serialization --------------------------------------------------------------------
@@ -495,7 +495,7 @@ def test_pickled_job_in_a_download_queue_is_quarantined_without_running_code(
     raw = redis_conn.hget(evil.key, "data")
     assert b"canary" in zlib.decompress(raw)  # pickle bytes, not JSON
 
-    DownloadWorker(redis_conn, [SITE]).work(burst=True)
+    DownloadWorker(redis_conn, [SITE], rt=runtime).work(burst=True)
 
     assert not canary.exists(), "the worker unpickled a job argument"
     (refused,) = quarantine.entries(redis_conn)
@@ -513,7 +513,7 @@ def test_download_rejects_a_payload_that_is_not_a_download_task(runtime: Runtime
     with pytest.raises(ValueError, match="not a download task"):
         jobs.download(["demo", "http://127.0.0.1/"], rt=runtime)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="not a parse task"):
-        parse_job.parse("crawler:body:x", b"")  # type: ignore[arg-type]
+        parse_job.parse("crawler:body:x", b"", rt=runtime)  # type: ignore[arg-type]
     assert runtime.store.fetch_rows(SITE) == []
 
 
@@ -679,7 +679,7 @@ def test_unreadable_robots_txt_puts_the_page_back_without_spending_an_attempt(
     # The whole site waits for robots.txt, and the wait is not one of its errors.
     assert 58_000 < redis_conn.pttl(keys.gate(SITE)) <= 60_000
     assert redis_conn.get(keys.errors(SITE)) is None
-    assert stats(redis_conn).get("failed", 0) == 0
+    assert stats(runtime).get("failed", 0) == 0
 
 
 def test_headers_dripped_past_the_timeout_are_recorded_and_retried(

@@ -68,12 +68,12 @@ def add_page(connection: Redis, n: int, sleep: float = 0.0) -> str:
     return url
 
 
-def run_workers(connection: Redis, count: int, timeout: float = 60) -> None:
+def run_workers(rt: Runtime, count: int, timeout: float = 60) -> None:
     """``count`` burst parse workers in threads until the stream is drained."""
     stop = threading.Event()
     threads = [
         threading.Thread(
-            target=ParseWorker(connection, (SITE,), stop_event=stop).work, kwargs={"burst": True}, daemon=True
+            target=ParseWorker(rt.connection, (SITE,), stop_event=stop, rt=rt).work, kwargs={"burst": True}, daemon=True
         )
         for _ in range(count)
     ]
@@ -99,7 +99,7 @@ def test_malformed_entries_are_quarantined_and_the_worker_parses_the_rest(echo: 
     junk.append(redis_conn.xadd(keys.pages(), {"task": '{"site": "echo", "url": 7}', "body": b"x"}).decode())
     urls.append(add_page(redis_conn, 3))
 
-    run_workers(redis_conn, 1)
+    run_workers(echo, 1)
 
     assert sorted(item["url"] for item in echo.store.items(SITE)) == urls
     refused = {q.job_id: q for q in quarantine.entries(redis_conn)}
@@ -120,7 +120,7 @@ def test_two_workers_never_parse_one_entry_twice_even_when_a_page_outlasts_the_l
     # longer than the lease too. Their holder's lease thread keeps them its own.
     urls = [add_page(redis_conn, n, sleep=lease + 1.0 if n in (0, 9) else 0.01) for n in range(60)]
 
-    run_workers(redis_conn, 3)
+    run_workers(echo, 3)
 
     parses = Counter(r["url"] for r in echo.store.fetch_rows(SITE) if r["kind"] == "parse" and r["outcome"] == "ok")
     assert parses == Counter(urls), {url: n for url, n in parses.items() if n != 1}
@@ -136,7 +136,7 @@ def test_a_burst_parse_worker_ends_soon_after_its_last_page(echo: Runtime, redis
     assert BURST_READ_BLOCK < READ_BLOCK / 2
     add_page(redis_conn, 1)
     pages.ensure_group(redis_conn)
-    worker = ParseWorker(redis_conn, (SITE,), stop_event=threading.Event())
+    worker = ParseWorker(redis_conn, (SITE,), stop_event=threading.Event(), rt=echo)
     thread = threading.Thread(target=worker.work, kwargs={"burst": True}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -156,7 +156,7 @@ def test_a_stopped_worker_finishes_its_page_and_puts_the_rest_of_its_batch_back(
     urls = [add_page(redis_conn, n, sleep=0.5) for n in range(6)]
     pages.ensure_group(redis_conn)
     stop = threading.Event()
-    worker = ParseWorker(redis_conn, (SITE,), stop_event=stop)
+    worker = ParseWorker(redis_conn, (SITE,), stop_event=stop, rt=echo)
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -259,10 +259,11 @@ def links_settings(settings: Settings) -> Settings:
     return dataclasses.replace(settings, job_lease=3)
 
 
-def parse_the_stream(connection: Redis, site: str, timeout: float = 60) -> None:
+def parse_the_stream(rt: Runtime, site: str, timeout: float = 60) -> None:
     """A parse worker in a thread until the pages stream is empty (the links it queued never drain: no downloads)."""
+    connection = rt.connection
     stop = threading.Event()
-    thread = threading.Thread(target=ParseWorker(connection, (site,), stop_event=stop).work, daemon=True)
+    thread = threading.Thread(target=ParseWorker(connection, (site,), stop_event=stop, rt=rt).work, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
     while connection.xlen(keys.pages()):
@@ -282,7 +283,7 @@ def test_a_page_over_max_links_per_page_keeps_its_first_links_and_its_record_say
 ) -> None:
     with installed_runtime(redis_conn, dataclasses.replace(links_settings, max_links_per_page=100)) as rt:
         url = add_links_page(redis_conn, 1, links_page(1, 250), long=True)
-        parse_the_stream(redis_conn, "links")
+        parse_the_stream(rt, "links")
         (record,) = parse_records(rt)
         assert record["outcome"] == "ok"
         # The cap counts every request yielded: the over-long link is the first of the 100 taken.
@@ -303,14 +304,14 @@ def test_a_parse_worker_makes_jobs_of_links_whose_site_has_none_queued_and_leave
     was made only when a look found it due, five round trips before its send (``refill_together``)."""
     with installed_runtime(redis_conn, links_settings) as rt:
         add_links_page(redis_conn, 1, links_page(1, 3))
-        parse_the_stream(redis_conn, "links")
+        parse_the_stream(rt, "links")
         frontier = rt.frontier("links")
         assert frontier.queue.count >= 1  # made by the parse worker: no download worker runs here
         assert frontier.waiting() == []
         assert [t.url for t in waiting_tasks(redis_conn, "links")] == [f"http://127.0.0.1:9/p/1/{i}" for i in range(3)]
         jobs_before = frontier.queue.job_ids
         add_links_page(redis_conn, 2, links_page(2, 3))
-        parse_the_stream(redis_conn, "links")
+        parse_the_stream(rt, "links")
         assert frontier.queue.job_ids == jobs_before  # jobs were queued: the links wait for the usual refill
         assert [t.url for t in frontier.waiting()] == [f"http://127.0.0.1:9/p/2/{i}" for i in range(3)]
     assert_stream_empty(redis_conn)
@@ -326,7 +327,7 @@ def test_a_batch_is_written_before_the_next_page_once_its_links_pass_the_byte_bu
             redis_conn.delete(keys.pages())
             for n in range(4):
                 add_links_page(redis_conn, few_or_many * 10 + n, links_page(few_or_many * 10 + n, few_or_many))
-            parse_the_stream(redis_conn, "links")
+            parse_the_stream(rt, "links")
         records = parse_records(rt)
         assert len(records) == 8 and all(r["outcome"] == "ok" for r in records)
         # A batch's records are written together with one finishing time (``HeldParses.flush``).

@@ -35,7 +35,7 @@ from crawler.demo import ShopSite
 from crawler.settings import Settings
 from crawler.store.database import Store
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.runtime import Runtime, install
+from crawler.work.runtime import Runtime
 
 INTERVAL = 0.05
 LEASE = 3  # seconds: a killed worker's page comes back within LEASE + reaper period
@@ -117,7 +117,7 @@ def test_a_download_worker_killed_mid_request_loses_no_page(
 def test_a_download_worker_killed_in_the_middle_of_a_batch_loses_no_page(
     redis_url: str, redis_conn: Redis, settings: Settings
 ) -> None:
-    fast = 0.004  # with the default margin, within runtime.BATCH_BELOW: jobs carry batches of URLs
+    fast = 0.004  # with the default margin, within batching.BATCH_BELOW: jobs carry batches of URLs
     settings = dataclasses.replace(settings, sites={"demo": {"interval": fast}}, job_lease=LEASE)
     probe = Runtime(redis_conn, settings)
     try:
@@ -474,20 +474,6 @@ def test_a_database_outage_delays_items_but_loses_none_and_downloads_each_page_o
     assert {path.lstrip("/") for path in fetched} <= recorded, "a request left no fetch record"
 
 
-def test_install_is_per_process() -> None:
-    # Guard for the tests above: they rely on worker processes building their own runtime.
-    with pytest.raises(RuntimeError):
-        from crawler.work import runtime as runtime_module
-
-        saved = runtime_module._current
-        runtime_module._current = None
-        try:
-            runtime_module.current()
-        finally:
-            runtime_module._current = saved
-    assert install is not None
-
-
 @pytest.mark.timeout(240)  # past its own deadline for the workers, which stops them
 def test_download_workers_frozen_right_after_taking_the_gate_never_send_closer_than_the_interval(
     redis_url: str, redis_conn: Redis, settings: Settings, capfd: pytest.CaptureFixture[str]
@@ -687,7 +673,7 @@ def test_a_poison_record_in_the_outbox_is_quarantined_and_the_records_behind_it_
         # As JSON with escapes: a lone surrogate cannot go to Redis as UTF-8 (a parked record is ASCII-safe then).
         redis_conn.rpush(keys.outbox(), json.dumps(json.loads(outbox._to_json(entry))))
     try:
-        outbox.flush(rt)
+        outbox.flush(rt.connection, rt.store)
         rows = rt.store.fetch_rows("demo")
     finally:
         rt.close()
@@ -715,7 +701,7 @@ def test_a_refused_record_in_a_batch_is_recorded_failed_and_the_others_written(
         for path, error in [("a", None), ("garbled", "bad \ud800 text"), ("b?" + "x" * 3000, None)]
     ]
     try:
-        parked = outbox.write_all(rt, batch)
+        parked = outbox.write_all(rt.connection, rt.store, batch)
         rows = {r["url"].split("/")[3][:1]: r for r in rt.store.fetch_rows("demo")}
     finally:
         rt.close()
@@ -756,9 +742,8 @@ def test_a_redelivered_page_whose_items_are_refused_is_recorded_failed(
     pages.ensure_group(redis_conn)
     assert len(pages.read(redis_conn, "gone", 10, 0)) == 1  # a worker that took it and died
     rt = Runtime(redis_conn, settings)
-    install(rt)
     try:
-        worker = ParseWorker(redis_conn, ["refused"])
+        worker = ParseWorker(redis_conn, ["refused"], rt=rt)
         finished = threading.Event()
         thread = threading.Thread(target=lambda: (worker.work(burst=True), finished.set()), daemon=True)
         thread.start()

@@ -75,7 +75,7 @@ def test_refreshed_pages_are_fetched_again_and_their_changes_recorded(redis_conn
         installed_runtime(redis_conn, settings, spider_set=spiders) as rt,
     ):
         seed(rt.frontier("demo"), [shop.url + "/"])
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
         # A burst crawl drains although refreshes are pending: they are not left-over work.
         assert crawl_drained(redis_conn, ["demo"])
         pending = refreshes(redis_conn)
@@ -91,7 +91,7 @@ def test_refreshed_pages_are_fetched_again_and_their_changes_recorded(redis_conn
             assert time.monotonic() < deadline, "the refreshes never came due"
             promoted += scheduler.promote_due()
             time.sleep(0.05)
-        run_in_threads(redis_conn)
+        run_in_threads(rt)
         second = item_rows(settings.database_url)
 
     for i in range(1, 6):

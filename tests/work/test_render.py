@@ -164,7 +164,7 @@ def test_a_render_that_times_out_is_retried_then_recorded_failed(
         write_spider(settings, site, render=True)
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("spa"), [site.url + "/"])
-            threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+            threads, stop = start_in_threads(rt, 1, 1, sites=("spa",))
             join_all(threads, stop)
             rows = [r for r in rt.store.fetch_rows("spa") if r["url"] == site.url + "/product/2"]
     outcomes = [r["outcome"] for r in rows if r["kind"] == "download"]
@@ -285,7 +285,7 @@ def test_one_request_rendered_on_a_site_that_does_not_render(
         (Path(settings.sites_dir) / "spa.py").write_text(MIXED.format(url=site.url))
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("spa"), [site.url + "/ssr/"])
-            threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+            threads, stop = start_in_threads(rt, 1, 1, sites=("spa",))
             join_all(threads, stop)
         paths = site.paths()
     assert items_by_key(settings.database_url, "spa") == {"SPA-0002": site.expected_items()["SPA-0002"]}
@@ -312,7 +312,7 @@ def test_a_rendered_page_with_no_browser_is_recorded_failed_with_the_reason(
         write_spider(settings, site, render=True)
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("spa"), [site.url + "/"])
-            threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+            threads, stop = start_in_threads(rt, 1, 1, sites=("spa",))
             join_all(threads, stop)
             rows = [r for r in rt.store.fetch_rows("spa") if r["url"] == site.url + "/"]
         paths = site.paths()
@@ -378,7 +378,7 @@ def test_a_render_whose_scripts_come_late_ends_by_its_deadline_and_is_recorded_t
                 # The browser started beforehand: its start is not part of the render timed.
                 renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
                 seed(rt.frontier("spa"), [site.url + "/slow-scripts"])
-                threads, stop = start_in_threads(redis_conn, 1, 1, sites=("spa",))
+                threads, stop = start_in_threads(rt, 1, 1, sites=("spa",))
                 join_all(threads, stop)
                 rows = [r for r in rt.store.fetch_rows("spa") if r["url"] == site.url + "/slow-scripts"]
     finally:

@@ -331,7 +331,7 @@ def test_a_burst_crawl_ends_on_a_site_whose_robots_txt_cannot_be_read_and_its_pa
         with installed_runtime(redis_conn, settings) as rt:
             seed(rt.frontier("hang"), server.urls)
             started = time.monotonic()
-            threads, stop = start_in_threads(redis_conn, sites=("hang",))
+            threads, stop = start_in_threads(rt, sites=("hang",))
             join_all(threads, stop, timeout=30)  # drained: not held for the 30 days of RFC 9309's grace
             took = time.monotonic() - started
 
@@ -346,7 +346,7 @@ def test_a_burst_crawl_ends_on_a_site_whose_robots_txt_cannot_be_read_and_its_pa
 
             server.down.clear()  # robots.txt readable again, before its next attempt is due (4 s)
             assert len(retry_pages(rt.store, rt.frontier("hang"), [page.url for page in failed])) == 3
-            threads, stop = start_in_threads(redis_conn, sites=("hang",))
+            threads, stop = start_in_threads(rt, sites=("hang",))
             join_all(threads, stop, timeout=30)
 
             assert sorted(item["url"] for item in rt.store.items("hang")) == sorted(p.url for p in failed)

@@ -145,7 +145,7 @@ def spider_for(site: SitemapSite, **attributes: Any) -> type[Spider]:
 def crawl(redis_conn: Redis, settings: Settings, spider: type[Spider], force: bool = False) -> None:
     with installed_runtime(redis_conn, settings, spider_set=SpiderSet({"smap": spider}, [])) as rt:
         seed_start(rt.frontier("smap"), rt.spider("smap"), force=force)
-        run_in_threads(redis_conn, sites=("smap",))
+        run_in_threads(rt, sites=("smap",))
 
 
 def skus(settings: Settings) -> set[str]:

@@ -34,7 +34,6 @@ from crawler.demo import ShopSite
 from crawler.demo.shop import BROKEN_ID, MOVED_ID, TRANSIENT_ID
 from crawler.settings import Settings
 from crawler.store.database import FAILED, Store
-from crawler.work import runtime as runtime_module
 from crawler.work.download_worker import DownloadWorker
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
 from crawler.work.parse_worker import ParseWorker
@@ -49,7 +48,7 @@ from crawler.work.runtime import Runtime
 def crawl_in_threads(connection: Redis, rt: Runtime, shop: ShopSite, downloads: int = 2, parsers: int = 1) -> None:
     """Seed the shop's home page and crawl it to the end with in-process burst workers."""
     seed(rt.frontier("demo"), [shop.url + "/"])
-    threads, stop = start_in_threads(connection, downloads, parsers)
+    threads, stop = start_in_threads(rt, downloads, parsers)
     join_all(threads, stop)
 
 
@@ -148,12 +147,9 @@ class FlakyShop(DemoShop):
 '''
 
 
-def test_workers_given_their_runtime_crawl_the_shop_with_no_runtime_installed(
-    redis_conn: Redis, settings: Settings, shop: ShopSite, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_workers_given_their_runtime_crawl_the_shop(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
     """The download and parse paths use the runtime their worker is given (its Redis, store, fetcher,
-    policy): none is looked up, so with none installed in the process the crawl still completes."""
-    monkeypatch.setattr(runtime_module, "_current", None)
+    policy), the one thing a process-wide lookup could hand them otherwise: the crawl completes."""
     rt = Runtime(redis_conn, settings)
     try:
         seed(rt.frontier("demo"), [shop.url + "/"])
@@ -164,7 +160,6 @@ def test_workers_given_their_runtime_crawl_the_shop_with_no_runtime_installed(
         for thread in threads:
             thread.start()
         join_all(threads, stop)
-        assert runtime_module._current is None
         assert items_by_sku(settings.database_url) == shop.expected_items()
         assert {r["outcome"] for r in rt.store.fetch_rows("demo") if r["kind"] == "parse"} == {"ok"}
     finally:
@@ -178,7 +173,7 @@ def test_callback_that_raises_fails_that_page_with_traceback_and_crawl_goes_on(
     Path(settings.sites_dir, "flaky.py").write_text(FLAKY_SPIDER.format(bad=bad))
     with ShopSite(products=30) as shop, installed_runtime(redis_conn, settings) as rt:
         seed(rt.frontier("flaky"), [shop.url + "/"])
-        threads, stop = start_in_threads(redis_conn, sites=("flaky",))
+        threads, stop = start_in_threads(rt, sites=("flaky",))
         join_all(threads, stop)
 
         store = Store(settings.database_url)
@@ -225,7 +220,7 @@ def test_a_parse_that_times_out_fails_that_page_visibly_and_it_can_be_retried(
     Path(settings.sites_dir, "slow.py").write_text(SLOW_SPIDER.format(slow=slow))
     with ShopSite(products=12) as shop, installed_runtime(redis_conn, settings) as rt:
         seed(rt.frontier("slow"), [shop.url + "/"])
-        threads, stop = start_in_threads(redis_conn, sites=("slow",))
+        threads, stop = start_in_threads(rt, sites=("slow",))
         join_all(threads, stop)
         pages = [p for p in failed_pages(rt.store, "slow") if p.kind == "parse"]
         assert len(pages) == 1, [(p.url, p.reason) for p in pages]
@@ -244,17 +239,20 @@ def test_a_site_s_policy_is_written_when_it_changes_not_every_second(
     written: list[tuple[object, ...]] = []
     monkeypatch.setattr("crawler.work.runtime.publish_conf", lambda *args, **kwargs: written.append(args))
     monkeypatch.setattr("crawler.work.runtime.LIVE_REFRESH", 0.0)  # every call looks, as one a second would
+    monkeypatch.setattr("crawler.work.site_reads.LIVE_REFRESH", 0.0)
     monkeypatch.setattr("crawler.coord.policy.LIVE_REFRESH", 0.0)
     for _ in range(3):
-        runtime.frontier("demo")  # each parse of the site's pages asks
+        runtime.publish("demo")  # each parse of the site's pages asks, before adding its links
     assert written == []
     set_live(redis_conn, "demo", paused=True)  # `crawler pause demo` from another host
-    runtime.frontier("demo")
-    runtime.frontier("demo")
+    runtime.publish("demo")
+    runtime.publish("demo")
     assert len(written) == 1 and written[0][4] is True  # (connection, site, interval, margin, paused, …)
     monkeypatch.setattr("crawler.work.runtime.REPUBLISH_EVERY", 0.0)
-    runtime.frontier("demo")
+    runtime.publish("demo")
     assert len(written) == 2  # unchanged, but written again now and then, in case it was lost
+    runtime.frontier("demo")
+    assert len(written) == 2  # the frontier's getter writes nothing
 
 
 def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_conn: Redis) -> None:
@@ -265,7 +263,7 @@ def test_paused_site_is_not_downloaded_until_resumed(runtime: Runtime, redis_con
         queue_key = keys.frontier("demo", SEED_PRIORITY)
         assert redis_conn.llen(queue_key) == 1
 
-        threads, stop = start_in_threads(redis_conn)
+        threads, stop = start_in_threads(runtime)
         time.sleep(1.5)
         assert redis_conn.llen(queue_key) == 1, "a worker took a job of a paused site"
         assert shop.requests == []
@@ -406,7 +404,7 @@ def test_status_counts_live_workers_per_host(runtime: Runtime, redis_conn: Redis
     from crawler.ops.status import workers_by_host
 
     stop = threading.Event()
-    worker = ParseWorker(redis_conn, ["demo"], stop_event=stop)
+    worker = ParseWorker(redis_conn, ["demo"], stop_event=stop, rt=runtime)
     thread = threading.Thread(target=worker.work, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -427,7 +425,7 @@ def test_a_page_of_a_site_without_a_spider_here_is_left_to_other_workers(
     pages.add(redis_conn, {"site": "ghost", "url": "http://127.0.0.1:9/"}, zlib.compress(b"<p>boo</p>"))
     pages.add(redis_conn, {"site": "demo", "url": "http://127.0.0.1:9/known"}, zlib.compress(b"<p>hi</p>"))
     stop = threading.Event()
-    worker = ParseWorker(redis_conn, ("demo",), stop_event=stop)
+    worker = ParseWorker(redis_conn, ("demo",), stop_event=stop, rt=runtime)
     thread = threading.Thread(target=worker.work, daemon=True)
     with caplog.at_level("WARNING", logger="crawler.parsing"):
         thread.start()
@@ -863,7 +861,7 @@ def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A site's live settings and spider arguments, due for their once-a-second re-read, ride in the
-    transaction that claims its job (``Runtime.read_site_along``): at 1,000 sites, each site's job
+    transaction that claims its job (``SiteReads.read_site_along``): at 1,000 sites, each site's job
     came every few seconds and paid a round trip of its own for them. A change made meanwhile is
     in force for the job all the same."""
     from rq import Queue
@@ -871,14 +869,14 @@ def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_
     from crawler.coord.frontier import DownloadTask
     from crawler.coord.vetting import CrawlerJob
     from crawler.work import jobs
-    from crawler.work.runtime import READ_ALONG_AHEAD
+    from crawler.work.site_reads import READ_ALONG_AHEAD, SiteReads
 
     rt = Runtime(redis_conn, dataclasses.replace(settings, sites={"demo": {"interval": 0.05}}))
     queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
     reads_alone: list[str] = []
-    read_site = Runtime._read_site
+    read_site = SiteReads._read_site
     monkeypatch.setattr(
-        Runtime, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
+        SiteReads, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
     )
     try:
         with ShopSite(products=1) as shop:
@@ -902,29 +900,29 @@ def test_a_jobs_claim_reads_its_sites_live_settings_along_when_they_are_due_for_
 def test_a_parse_batchs_sites_are_re_read_in_one_round_trip_before_its_pages_are_parsed(
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``Runtime.read_sites_due``: the live settings and spider arguments of a batch's sites that are due
+    """``SiteReads.read_sites_due``: the live settings and spider arguments of a batch's sites that are due
     for a re-read, in one pipeline; a site without a spider here is not read, and one read a moment ago
     is not read again. At 1,000 sites a parse worker read each page's site in a round trip of its own."""
-    from crawler.work.runtime import READ_ALONG_AHEAD
+    from crawler.work.site_reads import READ_ALONG_AHEAD, SiteReads
 
     rt = Runtime(redis_conn, settings)
     reads_alone: list[str] = []
-    read_site = Runtime._read_site
+    read_site = SiteReads._read_site
     monkeypatch.setattr(
-        Runtime, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
+        SiteReads, "_read_site", lambda self, site, *fresh: reads_alone.append(site) or read_site(self, site, *fresh)
     )
     try:
         assert rt.policy("demo").interval != 0.75
         set_live(redis_conn, "demo", interval=0.75)
         time.sleep(1.0 - READ_ALONG_AHEAD + 0.05)
         reads_alone.clear()
-        rt.read_sites_due(["demo", "demo", "no-spider-here"])
+        rt.sites.read_sites_due(["demo", "demo", "no-spider-here"])
         assert rt.policy("demo").interval == 0.75 and rt.spider("demo") is not None
         assert reads_alone == []
         read_at = rt.policies.read_at("demo")
-        rt.read_sites_due(["demo"])  # fresh: nothing read
+        rt.sites.read_sites_due(["demo"])  # fresh: nothing read
         assert rt.policies.read_at("demo") == read_at
-        assert not rt.has_spider("no-spider-here") and rt.has_spider("demo")
+        assert not rt.sites.has_spider("no-spider-here") and rt.sites.has_spider("demo")
     finally:
         rt.close()
 

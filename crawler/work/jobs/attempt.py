@@ -33,6 +33,7 @@ from ...http.headers import encode_headers
 from ...store.database import FAILED, OK, REFUSED, RETRY, utcnow
 from ...urls import check_url
 from .. import runtime
+from ..batching import PACED_MAX_INTERVAL
 from ..events import HeldRecords, SoonRecords
 from ..gated_fetch import page_headers, page_request, send
 from ..render import rendering
@@ -45,7 +46,7 @@ from .state import AttemptState, observe, sent
 
 #: Seconds of a site's interval (margin included) past which a page whose turn went to robots.txt
 #: goes back to its frontier rather than wait for the next turn holding its thread (``Attempt.next_turn_near``).
-TURN_WAIT_MOST = runtime.PACED_MAX_INTERVAL
+TURN_WAIT_MOST = PACED_MAX_INTERVAL
 
 
 def download_one(

@@ -111,7 +111,7 @@ class _Batch:
         self.site, self.priority, self.batching = site, priority, batching
         #: The site as read for the URL about to be fetched (``stop_reason`` reads it for each next URL).
         self.context = context
-        self.held = _soon_records(rt, site) if batching.paced else HeldRecords(rt)
+        self.held = _soon_records(rt, site) if batching.paced else HeldRecords(rt.sink)
         #: What a paced batch's takes of the gate ask along: whether work of a higher priority waits.
         self.unless = _outranked_by(site, priority) if batching.paced else None
         self.stopping: Callable[[], bool] | None = None
@@ -237,16 +237,16 @@ def _takes_turn(rt: runtime.Runtime, payload: dict[str, Any]) -> bool:
     request, and a paced batch does not rest for it). By the spider and policy as last read: asked
     before the rest, it reads nothing (the look after the rest does)."""
     task = DownloadTask.from_json(payload)
-    if not rt.held_policy(task.site).obey_robots:
+    if not rt.sites.held_policy(task.site).obey_robots:
         return True
-    return not rt.robots.refuses(task.site, task.url, user_agent(rt, rt.held_spider(task.site), task))
+    return not rt.robots.refuses(task.site, task.url, user_agent(rt, rt.sites.held_spider(task.site), task))
 
 
 def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int, always: bool = False) -> Rider:
     """What a paced batch sends with its look for work of a higher priority before its next URL
     (``frontier.outranked``): that its first ``done`` URLs are done (``job`` None: run directly,
     nothing to save), so a batch retried skips them; and its site's live settings and spider arguments
-    when due for a re-read (``Runtime.read_site_along``), for the pause check and the URL's steps that
+    when due for a re-read (``SiteReads.read_site_along``), for the pause check and the URL's steps that
     follow."""
 
     def also(pipe: Any) -> Callable[[list[Any]], None] | None:
@@ -254,7 +254,7 @@ def _between_urls(rt: runtime.Runtime, site: str, job: Any, done: int, always: b
         if job is not None:
             joblife.save_batch_done(job, done, pipe)
         start = len(pipe) - base
-        keep = rt.read_site_along(pipe, site, always)
+        keep = rt.sites.read_site_along(pipe, site, always)
         if keep is None:
             return None
         return lambda replies: keep(replies[start:])

@@ -10,6 +10,7 @@ from ...coord.task import DownloadTask
 from ...http.headers import user_agent_of
 from ...spiders.spider import Spider
 from .. import runtime
+from ..batching import Batching
 from ..gated_fetch import sent_headers
 
 
@@ -29,7 +30,7 @@ class SiteContext:
     #: The politeness in force (``coord.policy``): interval, pause, robots.txt, gate.
     policy: SitePolicy
     #: How the site's jobs carry its URLs, and its interval in force (margin and Crawl-delay included).
-    batching: runtime.Batching
+    batching: Batching
     #: The proxy of the URL's requests (None: direct), chosen once: its page's, robots.txt's, login's
     #: and browser's requests all go through it.
     proxy: str | None

@@ -106,7 +106,7 @@ def session_get(attempt: AttemptState, request: Request) -> Response:
         rt.fetcher, gate, outgoing, jar=jar, observe=functools.partial(observe, rt, task), proxies=rt.proxies
     )
     outcome = OK if response.status < 400 else FAILED
-    jobs_done(rt, [login_done(task, url, outcome, response)])
+    jobs_done(rt.sink, [login_done(task, url, outcome, response)])
     raise_for_status(response)
     return response
 

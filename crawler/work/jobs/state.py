@@ -143,10 +143,10 @@ class AttemptState:
             self.held.add(done)
             return
         if self.held is None:  # with other threads' records, in one write
-            write_now(self.rt, done)
+            write_now(self.rt.record_writer, done)
             return
         self.held.flush()  # in order: what was held goes first
-        jobs_done(self.rt, [done])
+        jobs_done(self.rt.sink, [done])
 
 
 def _counted(outcome: str) -> dict[str, int]:
