@@ -6,8 +6,12 @@ repository for ruff and on ``crawler`` for mypy (settings in ``pyproject.toml``)
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,48 @@ def test_every_benchmark_module_imports() -> None:
     code = "import importlib\n" + "".join(f"importlib.import_module('bench.{name}')\n" for name in names)
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def imported_distributions(package: Path) -> dict[str, set[str]]:
+    """The distributions whose modules ``package``'s code imports (the standard library and the package
+    itself left out), each with the modules that import it; a module no installed distribution holds
+    is listed under its own name."""
+    holders = importlib.metadata.packages_distributions()
+    found: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == package.name:
+                    continue
+                for distribution in holders.get(top, [top]):
+                    found.setdefault(normalized(distribution), set()).add(str(path.relative_to(ROOT)))
+    return found
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared_distributions() -> set[str]:
+    """Every distribution ``pyproject.toml`` declares: the dependencies and every extra's."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [
+        *project["dependencies"],
+        *(r for extra in project["optional-dependencies"].values() for r in extra),
+    ]
+    return {normalized(re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0]) for requirement in requirements}
+
+
+def test_every_package_the_code_imports_is_declared() -> None:
+    """What ``crawler/`` imports, directly, is declared in ``pyproject.toml`` (a dependency or an extra's),
+    not left to arrive with another package (httpcore with httpx, Flask with rq-dashboard)."""
+    missing = {name: sorted(where) for name, where in imported_distributions(ROOT / "crawler").items()}
+    missing = {name: where for name, where in missing.items() if name not in declared_distributions()}
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
