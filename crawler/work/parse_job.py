@@ -492,8 +492,19 @@ def _run_callback(
     within ``max_body`` bytes (BodyTooLarge past it): a body written into Redis by someone
     else may be a zlib bomb.
     """
+    page = _page_of(url, raw, payload, max_body)
+    name = str(payload.get("callback") or "parse")
+    out = pipelines.sort(_requests_to(links, spider.callback(name)(page)), page, name)
+    variant = (payload.get("request") or {}).get("variant")
+    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
+    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
+    return items, len(out.dropped)
+
+
+def _page_of(url: str, raw: bytes, payload: dict[str, Any], max_body: int) -> Page:
+    """The page a parse task hands its callback: ``raw`` inflated within ``max_body`` bytes (BodyTooLarge past it)."""
     sent = payload.get("request") or {}
-    page = Page(
+    return Page(
         url,
         inflate_capped(raw, max_body),
         status=int(payload.get("status", 200)),
@@ -502,12 +513,6 @@ def _run_callback(
         encoding=payload.get("encoding"),
         request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
     )
-    name = str(payload.get("callback") or "parse")
-    out = pipelines.sort(_requests_to(links, spider.callback(name)(page)), page, name)
-    variant = (payload.get("request") or {}).get("variant")
-    place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
-    items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
-    return items, len(out.dropped)
 
 
 def _requests_to(links: PageLinks, outputs: Iterable[Any] | None) -> Iterator[Any]:
