@@ -223,7 +223,8 @@ class Frontier:
             )
             encode = encoders.get(shape)
             if encode is None:
-                extra = None if plain else request_data(request.method, request.headers, request.body)
+                errback = str(request.errback) if request.errback else None
+                extra = None if plain else request_data(request.method, request.headers, request.body, errback)
                 encode = encoders[shape] = entry_encoder(
                     str(request.callback), depth, hops, 1, request.meta, every, extra
                 )

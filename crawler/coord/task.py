@@ -62,6 +62,8 @@ class DownloadTask:
     method: str = "GET"
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes | None = None
+    #: The spider method called should the request finally fail (``spiders.failure``); None: the spider's.
+    errback: str | None = None
 
     @property
     def fingerprint(self) -> bytes:
@@ -69,15 +71,15 @@ class DownloadTask:
         return request_fingerprint(self.url, self.method, self.body)
 
     def extra(self) -> dict[str, Any]:
-        """The request's method, headers and body as plain JSON data, each left out at its default."""
-        return request_data(self.method, self.headers, self.body)
+        """The request's method, headers, body and errback as plain JSON data, each left out at its default."""
+        return request_data(self.method, self.headers, self.body, self.errback)
 
     def recorded(self) -> dict[str, Any] | None:
         """What a fetch record keeps of the request, to send it again (``crawler retry``): ``extra``
         without the headers of RECORDED_NOT (credentials stay out of the database); None for a
         plain GET."""
         kept = {name: value for name, value in self.headers.items() if name.lower() not in RECORDED_NOT}
-        return request_data(self.method, kept, self.body) or None
+        return request_data(self.method, kept, self.body, self.errback) or None
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -141,6 +143,7 @@ class DownloadTask:
             method=method,
             headers=headers,
             body=body,
+            errback=read_errback(data),
             **counters,
         )
 
@@ -150,10 +153,14 @@ class DownloadTask:
 RECORDED_NOT = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
-def request_data(method: str, headers: Mapping[str, str], body: bytes | None) -> dict[str, Any]:
-    """A request's method, headers and body as plain JSON data, defaults left out: ``body`` as text
-    when it is UTF-8, else ``body64`` in base64."""
+def request_data(
+    method: str, headers: Mapping[str, str], body: bytes | None, errback: str | None = None
+) -> dict[str, Any]:
+    """A request's method, headers, body and errback as plain JSON data, defaults left out: ``body`` as
+    text when it is UTF-8, else ``body64`` in base64."""
     data: dict[str, Any] = {}
+    if errback:
+        data["errback"] = errback
     if method != "GET":
         data["method"] = method
     if headers:
@@ -185,6 +192,16 @@ def read_request_data(data: Mapping[str, Any]) -> tuple[str, dict[str, str], byt
     elif data.get("body", data.get("body64")) is not None:
         raise ValueError(f"bad download task body: {data.get('body', data.get('body64'))!r:.100}")
     return method.upper(), headers, body or None
+
+
+def read_errback(data: Mapping[str, Any]) -> str | None:
+    """``request_data``'s errback back (a method name, or None); ValueError for anything else."""
+    errback = data.get("errback")
+    if errback is None:
+        return None
+    if not isinstance(errback, str) or not errback.isidentifier():
+        raise ValueError(f"bad download task errback: {errback!r:.100}")
+    return errback
 
 
 def check_priority(value: Any) -> int:

@@ -86,3 +86,28 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+#: Response headers handed on to the parse step first (``page.headers``); the others follow
+#: within HANDED_HEADER_BYTES, but for Set-Cookie (a secret, of no use to a callback).
+KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
+
+
+#: Bytes of names and values of the response headers a page carries to its callback: enough for a
+#: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
+HANDED_HEADER_BYTES = 8 * 1024
+
+
+def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The response headers a page's callback sees: ``KEPT_HEADERS``, then the others in their order
+    while their names and values add up to ``HANDED_HEADER_BYTES`` (never Set-Cookie)."""
+    handed = {k: headers[k] for k in KEPT_HEADERS if k in headers}
+    room = HANDED_HEADER_BYTES - sum(len(k) + len(v) for k, v in handed.items())
+    for name, value in headers.items():
+        if name in handed or name == "set-cookie":
+            continue
+        room -= len(name) + len(value)
+        if room < 0:
+            break
+        handed[name] = value
+    return handed

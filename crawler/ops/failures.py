@@ -17,7 +17,7 @@ from redis import Redis
 
 from ..coord import counters
 from ..coord.frontier import SEED_PRIORITY, Frontier
-from ..coord.task import read_request_data
+from ..coord.task import read_errback, read_request_data
 from ..errors import ConfigError, RefusedURL
 from ..spiders.spider import Request
 from ..store.database import FAILED, REQUEUED, FetchRecord, Store
@@ -178,6 +178,7 @@ def _request_again(page: FailedPage) -> Request:
             method=method,
             headers=headers,
             body=body,
+            errback=read_errback(page.request or {}),
         )
     except ValueError as exc:
         raise ConfigError(f"cannot requeue {page.url}: its recorded request does not hold ({exc})") from None

@@ -79,6 +79,8 @@ class Request:
     ``priority``: of a site's queued requests, the highest is fetched first (seeds 10,
     links 0, scheduled refreshes -10 by default; -1000 to 1000).
     ``dont_filter`` skips the seen-set, for pages that must be fetched again.
+    ``errback``: the spider method (or its name) called with a ``Failure`` should the request
+    finally fail (``crawler.spiders.failure``); the spider's ``errback`` when not given.
     ``refresh``: fetch the page again this many seconds after each fetch (overrides
     the spider's ``refresh`` rule for this request).
     ``render`` / ``render_wait``: render the page in a browser, and the CSS selector waited
@@ -101,9 +103,12 @@ class Request:
     refresh: float | None = None
     render: bool | None = None
     render_wait: str | None = None
+    errback: Callback = None
 
     def __post_init__(self, json: Any, form: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> None:
         self.callback = callback_name(self.callback)
+        if self.errback is not None:
+            self.errback = callback_name(self.errback)
         if self.meta is None:
             self.meta = {}
         if self.render is not None or self.render_wait is not None:
@@ -146,8 +151,8 @@ class Request:
 
     @property
     def is_plain(self) -> bool:
-        """A GET without headers or body: what every request was before methods (the compact default)."""
-        return self.method == "GET" and not self.headers and self.body is None
+        """A GET without headers, body or errback: the compact default of a frontier entry."""
+        return self.method == "GET" and not self.headers and self.body is None and self.errback is None
 
 
 def _checked_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
@@ -421,6 +426,9 @@ class Spider:
     #: ``content_types`` takes the extension's type (``application/pdf`` keeps ``.pdf`` links).
     #: Scrapy's ``IGNORED_EXTENSIONS`` by default; an empty set follows every link.
     deny_extensions: frozenset[str] | set[str] = IGNORED_EXTENSIONS
+    #: The errback of a request that names none: a method's name, or define a method ``errback``
+    #: (``crawler.spiders.failure``). None: failures are recorded only.
+    errback: str | None = None
     #: Reach private, loopback or link-local addresses through host names (DNS) and redirects from
     #: public hosts (refused by default; a URL naming an IP address or localhost is always allowed).
     allow_private_addresses: bool = False

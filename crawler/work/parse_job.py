@@ -36,6 +36,7 @@ from ..errors import (
 from ..http.content import DecodeError, inflate_capped
 from ..settings import DEFAULT_PARSE_TIMEOUT
 from ..spiders.extensions import extension_type, link_extension, normal_extension
+from ..spiders.failure import Failure
 from ..spiders.items import Pipelines, failure_text
 from ..spiders.spider import Page, Request, SentRequest, Spider, accepts
 from ..store.database import FAILED, OK, FetchRecord, Item, utcnow
@@ -92,9 +93,8 @@ def parse(
     try:
         spider = rt.spider(site)
         links = PageLinks(rt, site, spider, int(payload.get("depth", 0)) + 1, held)
-        items, dropped = _run_callback(
-            spider, rt.pipelines(site), url, body, payload, rt.settings.max_body_bytes, links
-        )
+        run = _run_errback if "failure" in payload else _run_callback  # a failed request's errback
+        items, dropped = run(spider, rt.pipelines(site), url, body, payload, rt.settings.max_body_bytes, links)
     except JobTimeoutException:
         fail(f"parse timed out after {DEFAULT_PARSE_TIMEOUT}s\n" + traceback.format_exc(limit=20))
         return
@@ -498,6 +498,32 @@ def _run_callback(
     variant = (payload.get("request") or {}).get("variant")
     place = f"{url}#{variant}" if variant else url  # a POST's items are told from another body's
     items = [Item(_item_key(spider.item_key, data, place, position), url, data) for position, data in out.items]
+    return items, len(out.dropped)
+
+
+def _run_errback(
+    spider: Any, pipelines: Pipelines, url: str, raw: bytes, payload: dict[str, Any], max_body: int, links: PageLinks
+) -> tuple[list[Item], int]:
+    """``_run_callback`` for a request that finally failed (``jobs.errback``): its errback called with a
+    ``Failure``, whose ``page`` is the answer when there was one. ValueError for a failure that does not hold."""
+    page = _page_of(url, raw, payload, max_body)  # empty when no answer came: what pipelines are handed
+    failed = payload["failure"]
+    if not isinstance(failed, dict) or not isinstance(failed.get("kind"), str):
+        raise ValueError(f"not a failure: {failed!r:.200}")
+    status = failed.get("status")
+    failure = Failure(
+        url=url,
+        method=str(failed.get("method") or "GET"),
+        kind=failed["kind"],
+        error=str(failed.get("error") or ""),
+        attempts=int(failed.get("attempts") or 1),
+        status=int(status) if status is not None else None,
+        page=page if failed.get("answered") else None,
+        meta=page.meta,
+    )
+    name = str(payload.get("callback"))
+    out = pipelines.sort(_requests_to(links, spider.callback(name)(failure)), page, name)
+    items = [Item(_item_key(spider.item_key, data, url, position), url, data) for position, data in out.items]
     return items, len(out.dropped)
 
 

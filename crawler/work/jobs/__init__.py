@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ...coord import joblife
+from ...http.headers import handed_headers
 from .. import runtime
 from ..gated_fetch import sent_headers
 from . import batch
 from .attempt import Attempt
-from .outcomes import Verdict, classify, handed_headers
+from .outcomes import Verdict, classify
 
 __all__ = ["Attempt", "Verdict", "classify", "download", "handed_headers", "sent_headers"]
 

@@ -40,6 +40,7 @@ from ..render import rendering
 from ..sitemaps import SITEMAP_CALLBACK, SITEMAP_MAX_BYTES, SitemapSink
 from . import browser, outcomes
 from .context import SiteContext
+from .errback import failure_kind
 from .login import is_logged_out, logged_out, take_session
 from .outcomes import raise_for_status, retry_or_fail, robots_gave_up, schedule_refresh
 from .state import AttemptState, observe, sent
@@ -262,7 +263,8 @@ class Attempt(AttemptState):
             retry_or_fail(self, exc, response)
             return None
         except PermanentError as exc:
-            self.record(FAILED, response=response, error=str(exc), status=getattr(exc, "status", None))
+            status = getattr(exc, "status", None)
+            self.record(FAILED, response=response, error=str(exc), status=status, kind=failure_kind(exc))
             return None
         return response
 
@@ -283,7 +285,7 @@ class Attempt(AttemptState):
             retry_or_fail(self, exc)
             return None
         except (PermanentError, ConfigError) as exc:
-            self.record(FAILED, error=str(exc), status=getattr(exc, "status", None))
+            self.record(FAILED, error=str(exc), status=getattr(exc, "status", None), kind=failure_kind(exc))
             return None
         self.rendered = True
         return response

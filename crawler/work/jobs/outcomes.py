@@ -11,7 +11,6 @@ import dataclasses
 import enum
 import functools
 import zlib
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urljoin
 
@@ -24,11 +23,13 @@ from ...errors import ClientStatus, RefusedURL, RetryableStatus, RobotsUnavailab
 from ...http.addresses import redirects_inward
 from ...http.conditional import Validators, validators_of
 from ...http.fetch import Response
+from ...http.headers import handed_headers
 from ...http.redirects import redirected_request, refresh_target
 from ...spiders.spider import HTML_TYPES, Request, accepts
 from ...store.database import FAILED, OK, REDIRECT, RETRY, SKIPPED, UNCHANGED
 from ...urls import check_url
 from ..gated_fetch import sent_headers
+from .errback import failure_kind
 from .state import AttemptState
 
 #: Transient errors in a row from one site before its gate is closed for everyone.
@@ -37,16 +38,6 @@ ERRORS_BEFORE_PAUSE = 3
 
 #: Longest such pause, seconds.
 MAX_ERROR_PAUSE = 300.0
-
-
-#: Response headers handed on to the parse step first (``page.headers``); the others follow
-#: within HANDED_HEADER_BYTES, but for Set-Cookie (a secret, of no use to a callback).
-KEPT_HEADERS = ("content-type", "last-modified", "etag", "content-language")
-
-
-#: Bytes of names and values of the response headers a page carries to its callback: enough for a
-#: JSON API's Link or X-Total-Count, while a server sending megabytes of headers adds little to the stream.
-HANDED_HEADER_BYTES = 8 * 1024
 
 
 class Verdict(enum.Enum):
@@ -151,7 +142,9 @@ def robots_gave_up(attempt: AttemptState, exc: RobotsUnavailable) -> None:
     unrequested (RFC 9309: unreachable means disallow all), and robots.txt is still asked
     when its wait is over.
     """
-    attempt.record(FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)")
+    attempt.record(
+        FAILED, error=f"robots.txt unreachable: {exc} (gave up after {exc.attempts} attempts)", kind="robots"
+    )
     schedule_refresh(attempt, attempt.task.validators)
 
 
@@ -213,7 +206,8 @@ def retry_or_fail(attempt: AttemptState, exc: TransientError, response: Response
         pause = backoff(settings.backoff, errors_in_a_row - ERRORS_BEFORE_PAUSE + 1, MAX_ERROR_PAUSE)
         rt.close_gate(task.site, task.url, pause, f"{errors_in_a_row} errors in a row", policy)
     if task.attempt > settings.max_retries:
-        attempt.record(FAILED, response=response, error=f"{exc} (gave up after {task.attempt} attempts)", status=status)
+        error = f"{exc} (gave up after {task.attempt} attempts)"
+        attempt.record(FAILED, response=response, error=error, status=status, kind=failure_kind(exc))
         schedule_refresh(attempt, task.validators)  # the site may be back by then, the page as it was
         return
     delay = backoff(settings.backoff, task.attempt)
@@ -238,16 +232,18 @@ def follow_redirect(attempt: AttemptState, response: Response, refresh_to: str |
     how = "meta refresh" if refresh_to is not None else "redirect"
     if task.hops + 1 > rt.settings.max_redirects:
         too_many = TooManyRedirects(f"more than {rt.settings.max_redirects} redirects")
-        record(FAILED, response=response, error=str(too_many))
+        record(FAILED, response=response, error=str(too_many), kind="redirects")
         return
     spider = attempt.spider
     try:
         check_url(target, list(attempt.context.domains))
     except RefusedURL as exc:
-        record(FAILED, response=response, error=f"{how} refused: {exc}")
+        record(FAILED, response=response, error=f"{how} refused: {exc}", kind="refused")
         return
     if not spider.allow_private_addresses and redirects_inward(task.url, target, rt.fetcher.timeout):
-        record(FAILED, response=response, error=f"{how} refused: {target} is a private or loopback address")
+        record(
+            FAILED, response=response, error=f"{how} refused: {target} is a private or loopback address", kind="refused"
+        )
         return
     frontier: Frontier = rt.frontier(task.site)
     status = 303 if refresh_to is not None else response.status
@@ -257,30 +253,15 @@ def follow_redirect(attempt: AttemptState, response: Response, refresh_to: str |
     )
     request = Request(
         target, callback=task.callback, method=method, headers=headers, body=body, meta=task.meta or {},
-        priority=task.priority,
+        priority=task.priority, errback=task.errback,
     )  # fmt: skip
     result = frontier.add([request], depth=task.depth, hops=task.hops + 1)
     if result.refused:
-        record(FAILED, response=response, error=f"{how} refused: {result.refused[0][1]}")
+        record(FAILED, response=response, error=f"{how} refused: {result.refused[0][1]}", kind="refused")
     elif result.duplicates:
         record(REDIRECT, response=response, error=f"{how} to {target} (already seen)")
     else:
         record(REDIRECT, response=response, error=f"{how} to {result.enqueued[0]}")
-
-
-def handed_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The response headers a page's callback sees: ``KEPT_HEADERS``, then the others in their order
-    while their names and values add up to ``HANDED_HEADER_BYTES`` (never Set-Cookie)."""
-    handed = {k: headers[k] for k in KEPT_HEADERS if k in headers}
-    room = HANDED_HEADER_BYTES - sum(len(k) + len(v) for k, v in handed.items())
-    for name, value in headers.items():
-        if name in handed or name == "set-cookie":
-            continue
-        room -= len(name) + len(value)
-        if room < 0:
-            break
-        handed[name] = value
-    return handed
 
 
 def hand_to_parser(

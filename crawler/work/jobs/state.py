@@ -25,6 +25,7 @@ from ..events import Done, HeldRecords, SoonRecords, jobs_done, write_now
 from ..gated_fetch import rearm, sent_headers
 from ..sitemaps import SitemapSink
 from .context import SiteContext
+from .errback import to_errback
 
 log = logging.getLogger("crawler.jobs")
 
@@ -100,22 +101,26 @@ class AttemptState:
         error: str | None = None,
         status: int | None = None,
         then: Callable[[Any], None] | None = None,
+        kind: str | None = None,
     ) -> None:
         """Record ``outcome`` for the page, or for another request the attempt made (``url``: robots.txt,
         a login's, a rendered page's), with ``then``'s Redis commands in the pipeline after it.
 
-        Only the page's own record counts it (``fetched``, ``failed``, ``refused``,
-        ``unchanged``) and carries the gate's wait; its success (OK, UNCHANGED, REDIRECT)
-        ends the site's run of errors in that pipeline (DEL ``keys.errors``), before ``then``'s
-        commands. A batch holds the record back (``HELD_OUTCOMES``); a retry or a failure is
-        written at once, after what was held (``HeldRecords.flush``): the errors-in-a-row
-        rule reads what came before.
+        Only the page's own record counts it (``fetched``, ``failed``, ``refused``, ``unchanged``)
+        and carries the gate's wait; its success (OK, UNCHANGED, REDIRECT) ends the site's run of
+        errors in that pipeline (DEL ``keys.errors``), before ``then``'s commands; its failure
+        (FAILED, REFUSED) goes to its errback too (``errback.to_errback``; ``kind``: what failed,
+        ``errback.failure_kind``). A batch holds the record back (``HELD_OUTCOMES``); a retry or a
+        failure is written at once, after what was held: the errors-in-a-row rule reads what came before.
         """
         task = self.task
         url = task.url if url is None else url
         finished = utcnow()
         stats = _counted(outcome) if url == task.url else {}
         ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
+        if url == task.url and outcome in (FAILED, REFUSED):
+            handed = to_errback(task, self.spider, outcome, response, error, status, kind)
+            then = then if handed is None else _both(then, handed)
         done = Done(
             FetchRecord(
                 site=task.site,
@@ -162,6 +167,17 @@ def _counted(outcome: str) -> dict[str, int]:
 def user_agent(rt: runtime.Runtime, spider: Any, task: DownloadTask) -> str:
     """The User-Agent ``task``'s request goes with: its own header, else the spider's, else the crawl's."""
     return user_agent_of(sent_headers(spider, task), spider.user_agent or rt.settings.user_agent)
+
+
+def _both(first: Callable[[Any], None] | None, second: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Queue ``first``'s commands (if any), then ``second``'s, in one pipeline."""
+
+    def queue(pipe: Any) -> None:
+        if first is not None:
+            first(pipe)
+        second(pipe)
+
+    return queue
 
 
 def _after_record(
