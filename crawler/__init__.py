@@ -14,7 +14,8 @@ sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
 from .settings import Auto  # noqa: E402 (after the line above, which must precede any import of httpx)
 from .spiders.failure import Failure  # noqa: E402
 from .spiders.items import DropItem  # noqa: E402
+from .spiders.rules import Rule  # noqa: E402
 from .spiders.spider import Page, Request, Spider  # noqa: E402
 
-__all__ = ["Auto", "DropItem", "Failure", "Page", "Request", "Spider"]
+__all__ = ["Auto", "DropItem", "Failure", "Page", "Request", "Rule", "Spider"]
 __version__ = "0.1.0"

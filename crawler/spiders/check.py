@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from ..settings import MAX_INTERVAL, Auto, interval_problem
 from .items import pipeline_problem
+from .rules import rules_problem
 
 #: What a site name may look like: it names Redis keys, RQ queues and files.
 SITE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -271,6 +272,10 @@ def _logged_out(cls: type, value: Any) -> str | None:
     return None if value is None or callable(value) else f"must be a method (page) -> bool, got {value!r:.80}"
 
 
+def _rules(cls: type, value: Any) -> str | None:
+    return rules_problem(cls, value)
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -298,6 +303,7 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("gate", _optional_text),
     ("revisit_after", _positive_seconds_or_none),
     ("parse", _parse),
+    ("rules", _rules),
     ("cookies", _flag),
     ("login_url", _login_url),
     ("logged_out", _logged_out),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json as jsonlib
 import re
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from functools import cached_property
 from typing import Any
@@ -25,6 +25,7 @@ from .decoding import html_text, is_json, json_text
 from .extensions import IGNORED_EXTENSIONS
 from .forms import form_fields
 from .links import JOINS_KEPT, Joins
+from .rules import Patterns, Rule, patterns, url_allowed, with_rules
 
 #: What ``Page.text_of`` makes one space: XPath's whitespace (a no-break space is text, not spacing).
 _SPACES = re.compile(r"[ \t\n\r\f]+")
@@ -320,11 +321,18 @@ class Page:
             href = href.attributes.get("href") or ""
         return Request(self.urljoin(href), callback=callback, **kwargs)
 
-    def follow_all(self, css: str, callback: Callback = None, **kwargs: Any) -> Iterator[Request]:
-        """Requests for the ``href`` of every node matching ``css`` that has one, in document order."""
+    def follow_all(
+        self, css: str, callback: Callback = None, *, allow: Patterns = (), deny: Patterns = (), **kwargs: Any
+    ) -> Iterator[Request]:
+        """Requests for the ``href`` of every node matching ``css`` that has one, in document order;
+        with ``allow``/``deny`` (regexes, one or a list, searched in the absolute URL), those of the
+        links one ``allow`` matches (any, without) and no ``deny`` does."""
+        allowed, denied = patterns(allow), patterns(deny)
         for node in self.css(css):
             href = node.attributes.get("href")
             if href and href.strip():
+                if (allowed or denied) and not url_allowed(self.urljoin(href), allowed, denied):
+                    continue
                 yield self.follow(href, callback=callback, **kwargs)
 
     def form(
@@ -477,6 +485,9 @@ class Spider:
     #: goes to ``login(page)``, which returns the Request that submits the login. Define
     #: ``logged_out(page) -> bool`` to have the fleet log in again (once) when a page says so.
     login_url: str | None = None
+    #: Link rules (``Rule(allow=..., callback=..., follow=...)``), Scrapy's ``CrawlSpider.rules``: the first
+    #: rule whose filters take a link wins; pages of ``parse`` and of following rules are followed (``rules``).
+    rules: Sequence[Rule] = ()
 
     def process_item(self, item: Any, page: Page) -> Any:
         """Every item the callbacks yield, before the pipelines: return it (maybe changed, or another item)
@@ -503,10 +514,13 @@ class Spider:
         yield from sitemap_requests(self)
 
     def callback(self, name: str) -> Callable[[Page], Iterable[Any]]:
-        """The bound method a request names; raises AttributeError for an unknown one."""
+        """The bound method a request names (with ``rules``, it and the rules: ``rules.with_rules``);
+        raises AttributeError for an unknown one."""
         method = getattr(self, name, None)
         if not callable(method) or name.startswith("_"):
             raise AttributeError(f"spider {self.name!r} has no callback {name!r}")
+        if self.rules:  # the callback's outputs, then the links its page's rules follow
+            return with_rules(self, name, method, default=getattr(method, "__func__", None) is Spider.parse)
         return method
 
     def domains(self) -> list[str]:

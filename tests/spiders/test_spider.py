@@ -52,7 +52,7 @@ def page() -> Page:
 
 
 def test_public_surface_is_pinned() -> None:
-    assert crawler.__all__ == ["Auto", "DropItem", "Page", "Request", "Spider"]
+    assert crawler.__all__ == ["Auto", "DropItem", "Failure", "Page", "Request", "Rule", "Spider"]
 
 
 # Page ----------------------------------------------------------------------------------
