@@ -53,6 +53,17 @@ UNIT_WALL_SECONDS = 5.0
 _wall_clock = time.perf_counter
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads ``-n``
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``-m unit`` runs in this process unless the command line says ``-n``: starting and
+    collecting in the processes of ``addopts`` (pyproject.toml) takes longer than the tier."""
+    given = config.invocation_params.args
+    if config.option.markexpr.strip() == "unit" and not any(
+        str(arg).startswith(("-n", "--numprocesses", "--dist")) for arg in given
+    ):
+        config.option.numprocesses = 0
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
