@@ -19,6 +19,8 @@
         ├── BodyTooLarge     body or decompressed body over the cap
         ├── BadResponse      malformed or oversized headers, undecodable body, unknown coding
         ├── TooManyRedirects
+        ├── BeforeSendFailed the spider's before_send raised: the page fails (the traceback
+        │                    recorded), ``crawler retry`` sends it again
         └── RefusedRecord    the database refused a record's data (not an outage): the page fails
 
 HTTP library exceptions are translated into this tree in one place
@@ -130,6 +132,12 @@ class BadResponse(PermanentError):
 
 class TooManyRedirects(PermanentError):
     """The redirect chain is longer than the limit."""
+
+
+class BeforeSendFailed(PermanentError):
+    """The spider's ``before_send(request)`` raised (or returned something, or left a method or body of
+    the wrong type): the request is not sent; its page fails, the record holding the traceback, and
+    ``crawler retry`` sends it again (as a page whose callback raised)."""
 
 
 class RefusedRecord(PermanentError):

@@ -1,12 +1,13 @@
 """One gated fetch: ``crawler fetch`` sends the very request a download worker sends, on the wire.
 
 Both go through ``crawler.work.gated_fetch.send``: the same headers in the same order (the
-spider's, its cookies, its user agent), through the same proxy, each after taking the site's
-gate (by address, for ``gate_by = "ip"``), rearmed from its send.
+spider's, its cookies, its user agent, what its ``before_send`` hook adds), through the same
+proxy, each after taking the site's gate (by address, for ``gate_by = "ip"``), rearmed from its send.
 """
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import socketserver
 import threading
@@ -29,6 +30,9 @@ from crawler.work.runtime import Runtime
 SITE = "wired"
 INTERVAL = 2.0
 SPIDER = """
+import hashlib
+from urllib.parse import urlsplit
+
 from crawler import Spider
 
 
@@ -41,6 +45,12 @@ class Wired(Spider):
     proxy = "{proxy}"
     user_agent = "wired-test/1.0"
     headers = {{"Accept-Language": "fr", "X-Token": "t0k3n"}}
+
+    def before_send(self, request):  # signed from what is sent, the site's session cookie included
+        request.url += "?signed=1"
+        parts = urlsplit(request.url)
+        text = " ".join([request.method, parts.path, parts.query, request.cookies["sid"], request.kind])
+        request.headers["X-Signature"] = hashlib.sha256(text.encode()).hexdigest()
 
     def parse(self, page):
         yield {{"url": page.url}}
@@ -139,9 +149,16 @@ def test_crawler_fetch_sends_what_a_download_worker_sends_through_the_same_proxy
 
     fetched, downloaded = proxy.heads_for("/page")  # both through the proxy, nothing else
     assert fetched == downloaded, "crawler fetch and a worker sent different requests"
-    assert fetched.startswith(f"GET {url} HTTP/1.1\r\n".encode())
+    assert fetched.startswith(f"GET {url}?signed=1 HTTP/1.1\r\n".encode())  # as the spider's before_send left it
     lines = fetched.split(b"\r\n")
-    for header in (b"user-agent: wired-test/1.0", b"accept-language: fr", b"x-token: t0k3n", b"cookie: sid=abc123"):
+    signed = hashlib.sha256(b"GET /page signed=1 abc123 page").hexdigest().encode()
+    for header in (
+        b"user-agent: wired-test/1.0",
+        b"accept-language: fr",
+        b"x-token: t0k3n",
+        b"cookie: sid=abc123",
+        b"x-signature: " + signed,
+    ):
         assert any(line.lower() == header for line in lines), header
     assert any(line.lower().startswith(b"proxy-authorization: basic ") for line in lines)
     assert [(method, path) for method, path, _ in routes.received] == [("GET", "/page"), ("GET", "/page")]

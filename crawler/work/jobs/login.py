@@ -22,7 +22,7 @@ from ...spiders.spider import Page, Request
 from ...store.database import FAILED, OK, RETRY, FetchRecord, utcnow
 from ...urls import check_url
 from ..events import Done, jobs_done
-from ..gated_fetch import Outgoing, send
+from ..gated_fetch import LOGIN, Outgoing, send, spider_hook
 from .outcomes import raise_for_status, retry_or_fail
 from .state import AttemptState, observe, worker_name
 
@@ -85,7 +85,7 @@ def log_in(attempt: AttemptState) -> None:
 def session_get(attempt: AttemptState, request: Request) -> Response:
     """One request of a login (its method, headers and body: a login form's POST), sent as a download
     sends a page (``gated_fetch.send``: the gate, the site's headers, cookies, the attempt's proxy,
-    the caps); recorded, and raised on an error status."""
+    the caps, the spider's ``before_send``); recorded, and raised on an error status."""
     rt, task, spider = attempt.rt, attempt.task, attempt.spider
     url = request.url
     check_url(url, list(attempt.context.domains))
@@ -101,6 +101,7 @@ def session_get(attempt: AttemptState, request: Request) -> Response:
         spider.allow_private_addresses,
         request.method,
         request.body,
+        spider_hook(spider, LOGIN, request.meta),
     )
     response = send(
         rt.fetcher, gate, outgoing, jar=jar, observe=functools.partial(observe, rt, task), proxies=rt.proxies
