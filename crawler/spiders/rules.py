@@ -43,15 +43,34 @@ class _Page(Protocol):
 
     def css(self, selector: str) -> list[LexborNode]: ...
     def urljoin(self, href: str) -> str: ...
-    def follow(self, href: str, callback: Any = None, **kwargs: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
 class Link:
-    """A link a rule extracted: its absolute URL and its text (spaces collapsed, ends stripped)."""
+    """A link a rule extracted: its absolute ``url`` and its ``text`` (the text of everything in the
+    link, spaces collapsed, ends stripped; read from the page when first asked for)."""
 
-    url: str
-    text: str = ""
+    __slots__ = ("url", "_node", "_text")
+
+    def __init__(self, url: str, text: str | None = None, node: LexborNode | None = None):
+        self.url = url
+        self._text = text
+        self._node = node
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = _SPACES.sub(" ", str(self._node.text(strip=False))).strip() if self._node else ""
+            self._node = None
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Link) and (self.url, self.text) == (other.url, other.text)
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __repr__(self) -> str:
+        return f"Link({self.url!r}, {self.text!r})"
 
 
 @dataclass(frozen=True)
@@ -66,7 +85,8 @@ class Rule:
     of which one must match the link's text. ``tags``/``attrs``: where links are read
     (``a`` and ``area``, ``href``). ``deny_extensions``: extensions of links not taken (None: the
     spider's ``deny_extensions`` apply, as to every request). ``callback``: a spider method or
-    its name, for the links' pages (None: no callback). ``follow``: whether the links' pages go
+    its name, for the links' pages (None: no callback); ``errback``: the links' requests' errback
+    (None: the spider's). ``follow``: whether the links' pages go
     through the rules too (default: True without a callback, else False). ``meta``: JSON data
     for the links' pages (``page.meta``, where Scrapy has ``cb_kwargs``). ``process_links``
     (a list of ``Link`` -> the links to follow) and ``process_request`` (``(request, page)`` ->
@@ -85,6 +105,7 @@ class Rule:
     attrs: str | Iterable[str] = ("href",)
     deny_extensions: str | Iterable[str] | None = None
     callback: Callable[..., Any] | str | None = None
+    errback: Callable[..., Any] | str | None = None
     follow: bool = None  # type: ignore[assignment]  # None until __post_init__ sets Scrapy's default
     meta: Mapping[str, Any] = field(default_factory=dict)
     process_links: Callable[..., Any] | str | None = None
@@ -132,6 +153,7 @@ class _Extractor:
         if not isinstance(rule, Rule):
             raise ConfigError(f"{where} must be a Rule(...), got {rule!r:.80}")
         self.callback = self._method(cls, rule.callback, f"{where}.callback")
+        self.errback = self._method(cls, rule.errback, f"{where}.errback")
         self.links_hook = self._method(cls, rule.process_links, f"{where}.process_links")
         self.request_hook = self._method(cls, rule.process_request, f"{where}.process_request")
         self.allow = self._patterns(rule.allow, f"{where}.allow")
@@ -189,30 +211,22 @@ class _Extractor:
             raise ConfigError(f"{where}: {value!r:.80} is not a CSS selector") from None
         return selectors
 
-    def extract(self, page: _Page, domains: tuple[str, ...]) -> Iterator[Link]:
-        """The links of ``page`` this rule takes, each once, in document order (region by region)."""
-        nodes = (node for region in self.regions for node in region_nodes(page, region, self.selector))
+    def extract(self, found: list[tuple[str, LexborNode]], skip: set[str]) -> Iterator[Link]:
+        """The links of ``found`` (``_Scan``: the page's links where this rule reads them) it takes,
+        each once, in order, but those in ``skip``."""
         taken: set[str] = set()
-        for node in nodes if self.regions else page.css(self.selector):
-            attributes = node.attributes
-            for attr in self.attrs:
-                href = attributes.get(attr)
-                if not href or not href.strip():
-                    continue
-                url = page.urljoin(href)
-                if url in taken or not self.takes(url, domains):
-                    continue
-                text = _SPACES.sub(" ", str(node.text(strip=False))).strip()
-                if self.restrict_text and not any(pattern.search(text) for pattern in self.restrict_text):
-                    continue
-                taken.add(url)
-                yield Link(url, text)
+        for url, node in found:
+            if url in taken or url in skip or not self.takes(url):
+                continue
+            link = Link(url, node=node)
+            if self.restrict_text and not any(pattern.search(link.text) for pattern in self.restrict_text):
+                continue
+            taken.add(url)
+            yield link
 
-    def takes(self, url: str, domains: tuple[str, ...]) -> bool:
-        """Whether a link to ``url`` passes this rule's filters of the URL (and is within ``domains``)."""
-        if not url.startswith(("http://", "https://")) or not url_allowed(url, self.allow, self.deny):
-            return False
-        if domains and not host_allowed(url, domains):
+    def takes(self, url: str) -> bool:
+        """Whether a link to ``url`` (within the spider's domains) passes this rule's filters of the URL."""
+        if not url_allowed(url, self.allow, self.deny):
             return False
         if self.allow_domains and not host_allowed(url, self.allow_domains):
             return False
@@ -221,10 +235,46 @@ class _Extractor:
         return not self.denied or link_extension(url, self.denied) is None
 
 
-def region_nodes(page: _Page, region: str, selector: str) -> Iterator[LexborNode]:
-    """Nodes matching ``selector`` in (or being) the nodes matching ``region``."""
-    for node in page.css(region):
-        yield from node.css(selector)  # lexbor's scoped search includes the node itself
+class _Scan:
+    """One page's links, as rules read them: the page searched once for each way rules read it
+    (regions, tags and attributes), each href joined once, links outside ``domains`` left out."""
+
+    def __init__(self, page: _Page, domains: tuple[str, ...]):
+        self.page = page
+        self.domains = domains
+        self.found: dict[tuple[tuple[str, ...], str, tuple[str, ...]], list[tuple[str, LexborNode]]] = {}
+        self.hosts: dict[str, bool] = {}  # netloc -> within the domains
+
+    def links(self, rule: _Extractor) -> list[tuple[str, LexborNode]]:
+        """(absolute http(s) URL, node) of every link where ``rule`` reads them, in document order."""
+        key = (rule.regions, rule.selector, rule.attrs)
+        found = self.found.get(key)
+        if found is None:
+            found = self.found[key] = list(self._read(rule))
+        return found
+
+    def _read(self, rule: _Extractor) -> Iterator[tuple[str, LexborNode]]:
+        page = self.page
+        # lexbor's search within a node includes the node itself: a region may be the link
+        regions = (node for region in rule.regions for node in page.css(region))
+        nodes = (node for region in regions for node in region.css(rule.selector))
+        for node in nodes if rule.regions else page.css(rule.selector):
+            attributes = node.attributes
+            for attr in rule.attrs:
+                href = attributes.get(attr)
+                if href and href.strip():
+                    url = page.urljoin(href)
+                    if url.startswith(("http://", "https://")) and self._within(url):
+                        yield url, node
+
+    def _within(self, url: str) -> bool:
+        if not self.domains:
+            return True
+        netloc = url.split("/", 3)[2]
+        within = self.hosts.get(netloc)
+        if within is None:
+            within = self.hosts[netloc] = host_allowed(url, self.domains)
+        return within
 
 
 class RuleSet:
@@ -250,20 +300,22 @@ class RuleSet:
         rule = self.extractors[index]
         return rule if (rule.callback or "parse") == callback else None
 
-    def requests(self, spider: Any, page: _Page) -> Iterator[Any]:
-        """The requests the rules make of ``page``'s links (none unless it is HTML)."""
+    def requests(self, spider: Any, page: _Page, make_request: Callable[..., Any]) -> Iterator[Any]:
+        """The requests (made by ``make_request``, ``Request``) the rules make of ``page``'s links
+        (none unless it is HTML)."""
         content_type = page.headers.get("content-type", "").partition(";")[0].strip().lower()
         if content_type not in _HTML_TYPES:
             return
+        scan = _Scan(page, self.domains)
         seen: set[str] = set()
         for index, rule in enumerate(self.extractors):
-            links = [link for link in rule.extract(page, self.domains) if link.url not in seen]
+            links: Iterable[Link] = rule.extract(scan.links(rule), seen)
             if rule.links_hook:
-                links = list(getattr(spider, rule.links_hook)(links) or ())
+                links = list(getattr(spider, rule.links_hook)(list(links)) or ())
             meta = {**rule.meta, "rule": index}
             for link in links:
                 seen.add(link.url)
-                request = page.follow(link.url, callback=rule.callback, meta=dict(meta))
+                request = make_request(link.url, rule.callback, meta=dict(meta), errback=rule.errback)
                 if rule.request_hook:
                     request = getattr(spider, rule.request_hook)(request, page)
                 if request is not None:
@@ -282,7 +334,9 @@ def rule_set(spider: Any) -> RuleSet:
     return compiled
 
 
-def with_rules(spider: Any, name: str, method: Callable[[Any], Any], default: bool) -> Callable[[Any], Iterable[Any]]:
+def with_rules(
+    spider: Any, name: str, method: Callable[[Any], Any], default: bool, make_request: Callable[..., Any]
+) -> Callable[[Any], Iterable[Any]]:
     """Callback ``name`` (``method``) of a spider with rules: what it yields, then the rules' requests.
 
     A page a rule's link led to goes to the rule's callback (none: nothing), and through the
@@ -309,7 +363,7 @@ def with_rules(spider: Any, name: str, method: Callable[[Any], Any], default: bo
         if callback is not None:
             yield from callback(page) or ()
         if follow:
-            yield from rules.requests(spider, page)
+            yield from rules.requests(spider, page, make_request)
 
     return run
 

@@ -520,7 +520,7 @@ class Spider:
         if not callable(method) or name.startswith("_"):
             raise AttributeError(f"spider {self.name!r} has no callback {name!r}")
         if self.rules:  # the callback's outputs, then the links its page's rules follow
-            return with_rules(self, name, method, default=getattr(method, "__func__", None) is Spider.parse)
+            return with_rules(self, name, method, getattr(method, "__func__", None) is Spider.parse, Request)
         return method
 
     def domains(self) -> list[str]:

@@ -145,9 +145,16 @@ def test_filters_domains_tags_attrs_extensions_and_text() -> None:
     ]
 
 
-def test_process_links_and_process_request_hooks() -> None:
+def test_process_links_and_process_request_hooks_and_the_rule_s_errback() -> None:
     class Hooks(Catalogue):
-        rules = [Rule(allow=r"/item/", process_links="first_two", process_request="tag", callback="parse_item")]
+        rules = [
+            Rule(
+                allow=r"/item/", process_links="first_two", process_request="tag", callback="parse_item", errback="gone"
+            )
+        ]
+
+        def gone(self, failure: Any) -> Any:
+            yield {"gone": failure.url}
 
         def first_two(self, found: list[Any]) -> list[Any]:
             return found[:2]
@@ -159,7 +166,9 @@ def test_process_links_and_process_request_hooks() -> None:
             return request
 
     out = run_page(Hooks, f"{BASE}/cat/", LISTING)
-    assert [(r.url, r.meta) for r in out.requests] == [(f"{BASE}/item/1", {"rule": 0, "from": f"{BASE}/cat/"})]
+    assert [(r.url, r.meta, r.errback) for r in out.requests] == [
+        (f"{BASE}/item/1", {"rule": 0, "from": f"{BASE}/cat/"}, "gone")
+    ]
 
 
 def test_rules_leave_non_html_pages_alone_and_callbacks_may_be_methods() -> None:
@@ -200,6 +209,7 @@ def test_follow_all_filters_by_allow_and_deny() -> None:
         ([Rule(callback=3)], "Shop.rules[0].callback must be a spider method or its name, got 3"),  # type: ignore[arg-type]
         ([Rule(callback=lambda page: [])], "Shop.rules[0].callback names '<lambda>', which is not a method of Shop"),
         ([Rule(process_links="_private")], "Shop.rules[0].process_links names '_private', which is not a method"),
+        ([Rule(errback="on_error")], "Shop.rules[0].errback names 'on_error', which is not a method of Shop"),
         ([Rule(restrict_css="div[[")], "Shop.rules[0].restrict_css: 'div[[' is not a CSS selector"),
         ([Rule(tags="a href")], "Shop.rules[0]: tags and attrs must be names like 'a' and 'href'"),
         ([Rule(meta={"a": object()})], "Shop.rules[0].meta must be a dict of JSON data"),
