@@ -27,6 +27,8 @@ _local = threading.local()
 class RequestGuard:
     """What the calling thread's request may do (until when; whether to private addresses), and
     what to call around its send (``before_send`` before its first byte, ``on_sent`` once written).
+    Its ``before_send`` is the gate's check (``Gate.before_send``, the send grace), not a spider's
+    ``before_send`` hook: that one runs earlier, before the request is built (``gated_fetch.prepared``).
 
     Every socket operation, DNS included, gets only what is left before ``deadline``, so a server
     dripping its headers cannot hold a worker past it, on a new connection or a pooled one.
