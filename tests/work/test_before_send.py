@@ -31,7 +31,7 @@ from crawler.demo.wire import WireStampedHandler, WireStampedServer
 from crawler.ops.failures import failed_pages
 from crawler.settings import Settings, load_settings
 from crawler.spiders.loading import SpiderSet
-from crawler.spiders.spider import Page, Spider
+from crawler.spiders.spider import Page, Request, Spider
 from crawler.store.database import Store
 from crawler.testing import join_burst_workers, start_burst_workers
 from crawler.work.runtime import Runtime
@@ -191,6 +191,30 @@ def test_a_spider_signs_each_request_as_it_is_sent_and_the_api_verifies_the_sign
     # robots.txt is the crawler's request, not the spider's: not through the hook.
     assert all("x-signature" not in a.headers for a in api.to("/robots.txt"))
     assert min(api.gaps()) >= INTERVAL, "the hook ran, the site's interval held on the wire"
+
+
+class LoggingIn(Signed):
+    """Logs in (a GET of ``/login``, then of ``/do-login``): every request signed, each kind noted."""
+
+    name = "logging-in"
+    kinds: list[tuple[str, str]] = []
+
+    def login(self, page: Page) -> Request:
+        return Request(page.urljoin("/do-login"))
+
+    def before_send(self, request: Any) -> None:
+        self.kinds.append((request.kind, urlsplit(request.url).path))
+        super().before_send(request)
+
+
+def test_a_logins_requests_go_through_the_hook_too_told_apart_by_kind(
+    redis_conn: Redis, settings: Settings, api: SignedApi
+) -> None:
+    spider = type("LoggingIn", (LoggingIn,), {"login_url": f"{api.url}/login", "kinds": []})
+    records = crawl(redis_conn, settings, spider, [f"{api.url}/items?page=1"])
+    assert [a.verdict for a in api.to("/login") + api.to("/do-login") + api.to("/items")] == ["ok"] * 3
+    assert spider.kinds == [("login", "/login"), ("login", "/do-login"), ("page", "/items")]
+    assert not [r for r in records if r["outcome"] == "failed"]
 
 
 class Failing(Signed):
