@@ -1,23 +1,27 @@
 """Link rules (``Spider.rules``, ``crawler.spiders.rules``): Scrapy's ``CrawlSpider`` semantics on any spider.
 
-Extraction and rule order on HTML strings (``run_page``, no server), the checks at load, and
-one crawl of the demo shop by a spider of rules alone.
+Extraction and rule order on HTML strings (``run_page``, no server), the checks at load, a
+crawl of the demo shop by a spider of rules alone, and one of the books.toscrape.com copy.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from sitecopies import BooksSite
 
 from crawler import Request, Rule, Spider
 from crawler.demo import ShopSite
 from crawler.errors import ConfigError
 from crawler.spiders.check import check_spider
+from crawler.spiders.loading import load_spiders
 from crawler.spiders.spider import Page
 from crawler.testing import crawl, run_page
 
 BASE = "https://shop.example"
+SITES_DIR = Path(__file__).resolve().parents[2] / "sites"
 
 LISTING = """<html><head><base href="https://shop.example/cat/"></head><body>
 <nav><a href="/cat/shoes">Shoes</a> <a href="/cat/hats?page=2">Hats</a> <a href="/about">About</a></nav>
@@ -268,3 +272,21 @@ def test_a_spider_of_rules_alone_crawls_the_shop_and_requests_nothing_its_rules_
     assert requested == sorted(
         ["/robots.txt", "/", "/products?page=1", "/products?page=2"] + [f"/product/{n}" for n in range(1, 21)]
     )
+
+
+@pytest.mark.integration
+def test_books_by_rules_alone_fetch_what_the_hand_written_spider_fetches() -> None:
+    # sites/books.py's callbacks for books, its parse replaced by two rules: the same crawl of the copy.
+    books = load_spiders(SITES_DIR).get("books")
+
+    class BooksByRules(books):  # type: ignore[misc,valid-type]
+        parse = Spider.parse  # no parse of its own: start pages go through the rules alone
+        rules = [
+            Rule(restrict_css="article.product_pod h3", callback="parse_book"),
+            Rule(restrict_css=["li.next", "div.side_categories"]),
+        ]
+
+    with BooksSite() as site:
+        result = crawl(BooksByRules, [site.url + "/"], allowed_domains=["127.0.0.1"], interval=0.005, timeout=60)
+        assert result.keyed == site.expected_items() and not result.failed
+        assert site.counts() == dict.fromkeys(site.crawl_paths(), 1)  # every page of the site once, no other
