@@ -7,10 +7,10 @@ memory``, before and after, divided by the count):
   frontier with ``Frontier.push`` (pipelined batches), as the parse step queues them;
 - **seen URL**: N fingerprints (``crawler.coord.task.fingerprint``) added to the site's
   seen set (SADD in pipelined batches), as dedup keeps them;
-- **seen URL as the crawler adds it**: the same N URLs through ``Frontier._mark_seen``
+- **seen URL as the crawler adds it**: the same N URLs through ``seen.mark_seen_together``
   (the ``ADD_SEEN`` script);
 - **seen URL that expires** (``Spider.revisit_after``, a week): the same N URLs through
-  ``Frontier._mark_seen`` into the time-bucketed seen sets (``ADD_SEEN_FOR_A_WHILE``);
+  ``seen.mark_seen_together`` into the time-bucketed seen sets (``ADD_SEEN_FOR_A_WHILE``);
   and, for contrast, a sorted set of fingerprint → time (``ZADD``), the other way to
   let seen URLs expire;
 - **plain RQ job**, for contrast: the same download task queued as an RQ job with the
@@ -22,10 +22,19 @@ memory``, before and after, divided by the count):
   the last sample before they exit (burst, crawl drained) and the peak are reported.
 
 Target: at most 200 bytes of Redis per queued URL at 1,000,000 queued URLs.
+
+``python -m bench.memory seen N...`` measures the seen set alone (``seen_dedup``), at each N
+URLs of one site: bytes a URL (``used_memory`` delta and the sum of ``MEMORY USAGE`` of the
+site's seen keys), the sub-sets' encodings, and the time a link of the dedup check, new links
+and links seen before, in calls of SEEN_CHUNK; on the embedded Redis, or ``BENCH_REDIS_URL``.
+It measures the code it runs with, so the same file run against an older checkout
+(``PYTHONPATH``) gives the figures before.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +45,7 @@ from rq.serializers import JSONSerializer
 
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier, seed
+from crawler.coord.seen import SEEN_CHUNK, mark_seen_together
 from crawler.coord.task import fingerprint
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.demo import ShopSite
@@ -43,7 +53,7 @@ from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
 from crawler.work.launcher import WorkerSpec, start_workers
 from crawler.work.runtime import Runtime
 
-from .common import BenchRedis, BenchResult, Check, crawl_settings, stored_items
+from .common import BenchRedis, BenchResult, Check, bench_redis, crawl_settings, machine_info, stored_items
 
 #: URLs queued and seen.
 URLS = 1_000_000
@@ -125,10 +135,10 @@ def seen_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
 
 
 def seen_marked_bytes(redis: BenchRedis, site: str, count: int, revisit_after: float | None) -> dict[str, Any]:
-    """Bytes per URL in the seen set(s) after ``count`` new URLs through ``Frontier._mark_seen``.
+    """Bytes per URL in the seen set(s) after ``count`` new URLs through ``mark_seen_together``.
 
-    The crawler's own path (a Lua script per 10,000 URLs): the plain set (``ADD_SEEN``), or
-    with ``revisit_after`` the time buckets (``ADD_SEEN_FOR_A_WHILE``).
+    The crawler's own path (a Lua script per SEEN_CHUNK URLs): the plain set (``ADD_SEEN``),
+    or with ``revisit_after`` the time buckets (``ADD_SEEN_FOR_A_WHILE``).
     """
     frontier = Frontier(
         redis.connection,
@@ -141,10 +151,10 @@ def seen_marked_bytes(redis: BenchRedis, site: str, count: int, revisit_after: f
     before = used_memory(redis)
     started = time.perf_counter()
     for start in range(0, count, BATCH):
-        frontier._mark_seen([url_for(n) for n in range(start, min(count, start + BATCH))])
+        mark_seen_together([(frontier.seen, [url_for(n) for n in range(start, min(count, start + BATCH))])])
     seconds = time.perf_counter() - started
     after = used_memory(redis)
-    found = [keys.seen(site)] + list(redis.connection.scan_iter(match=keys.seen(site) + ":*"))
+    found = seen_keys(redis, site)
     usage = sum(redis.connection.memory_usage(key, samples=0) or 0 for key in found)
     return {
         "count": count,
@@ -155,6 +165,96 @@ def seen_marked_bytes(redis: BenchRedis, site: str, count: int, revisit_after: f
         "seconds": seconds,
         "keys": found,
     }
+
+
+def seen_keys(redis: BenchRedis, site: str) -> list[bytes]:
+    """Every key of ``site``'s seen URLs (the set or table, its sub-sets, time buckets)."""
+    found = [keys.seen(site).encode()] if redis.connection.exists(keys.seen(site)) else []
+    return found + list(redis.connection.scan_iter(match=keys.seen(site) + ":*", count=1000))
+
+
+def redis_cpu(redis: BenchRedis) -> float:
+    """The server's CPU seconds so far (``INFO cpu``)."""
+    cpu = redis.connection.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def dedup_pass(redis: BenchRedis, frontier: Frontier, numbers: range) -> tuple[float, float, int]:
+    """Wall and Redis CPU seconds to check (and add) URLs ``numbers``, SEEN_CHUNK a call; how many were new."""
+    new, cpu, started = 0, redis_cpu(redis), time.perf_counter()
+    for start in range(numbers.start, numbers.stop, SEEN_CHUNK):
+        urls = [url_for(n) for n in range(start, min(numbers.stop, start + SEEN_CHUNK))]
+        new += sum(mark_seen_together([(frontier.seen, urls)])[0])
+    return time.perf_counter() - started, redis_cpu(redis) - cpu, new
+
+
+def seen_dedup(redis: BenchRedis, site: str, count: int, sample: int = 200_000) -> dict[str, Any]:
+    """``count`` URLs of one site through the dedup check (``mark_seen_together``, as a parse step
+    does, calls of SEEN_CHUNK): bytes a URL, encodings, and per link the time to add a new one
+    (all ``count``) and to check one seen before (``sample`` of them, every k-th, again).
+
+    Per link times include making the fingerprints in Python (the same before and after)."""
+    frontier = Frontier(redis.connection, site, ["example-shop.com"], DEFAULT_FAILURE_TTL, DEFAULT_DOWNLOAD_TIMEOUT)
+    before = used_memory(redis)
+    add_wall, add_cpu, new = dedup_pass(redis, frontier, range(count))
+    after = used_memory(redis)
+    found = seen_keys(redis, site)
+    usage, encodings, largest = 0, {}, 0
+    with redis.connection.pipeline(transaction=False) as pipe:
+        for key in found:
+            pipe.memory_usage(key, samples=0)
+            pipe.object("encoding", key)
+            pipe.type(key)
+        replies = pipe.execute()
+    sets = []
+    for key, size, encoding, kind in zip(found, replies[0::3], replies[1::3], replies[2::3], strict=True):
+        usage += size or 0
+        name = encoding.decode() if isinstance(encoding, bytes) else str(encoding)
+        encodings[name] = encodings.get(name, 0) + 1
+        if kind in (b"set", "set"):
+            sets.append(key)
+    for start in range(0, len(sets), 1000):
+        with redis.connection.pipeline(transaction=False) as pipe:
+            for key in sets[start : start + 1000]:
+                pipe.scard(key)
+            largest = max([largest, *pipe.execute()])
+    step = max(1, count // sample)
+    again = range(0, count, step)
+    wall, cpu, fresh = 0.0, 0.0, 0
+    for start in range(0, len(again), SEEN_CHUNK):  # every k-th URL, SEEN_CHUNK of them a call
+        urls = [url_for(n) for n in again[start : start + SEEN_CHUNK]]
+        cpu0, t0 = redis_cpu(redis), time.perf_counter()
+        fresh += sum(mark_seen_together([(frontier.seen, urls)])[0])
+        wall, cpu = wall + time.perf_counter() - t0, cpu + redis_cpu(redis) - cpu0
+    return {
+        "count": count,
+        "new": new,
+        "delta": after - before,
+        "per_url": (after - before) / count,
+        "key_usage_per_url": usage / count,
+        "keys": len(found),
+        "encodings": encodings,
+        "largest set": largest,
+        "add us/link": add_wall / count * 1e6,
+        "add Redis CPU us/link": add_cpu / count * 1e6,
+        "seen again": len(again),
+        "false new on re-check": fresh,
+        "re-check us/link": wall / len(again) * 1e6,
+        "re-check Redis CPU us/link": cpu / len(again) * 1e6,
+    }
+
+
+def main_seen(counts: list[int]) -> None:
+    """``python -m bench.memory seen N...``: ``seen_dedup`` at each N, on a Redis of its own or BENCH_REDIS_URL."""
+    with bench_redis() as redis:
+        info = machine_info(redis.connection)
+        print(f"redis {info.get('redis-server', '?')} | {info.get('cpu', '?')} | {sys.version.split()[0]}", flush=True)
+        for count in counts:
+            redis.reset()
+            site = f"memseen_{redis.tag}_{count}"
+            figures = seen_dedup(redis, site, count)
+            print(json.dumps(figures), flush=True)
+            redis.connection.delete(*seen_keys(redis, site))
 
 
 def seen_zset_bytes(redis: BenchRedis, site: str, count: int) -> dict[str, Any]:
@@ -401,3 +501,9 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     )
     result.seconds = time.monotonic() - started
     return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["seen"] or len(sys.argv) < 3:
+        sys.exit("usage: python -m bench.memory seen N [N...]")
+    main_seen([int(n) for n in sys.argv[2:]])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..coord import keys
 from ..coord.policy import reset_live, set_live
+from ..coord.seen import stored
 from ..errors import ConfigError
 from ..ops.failures import retry_pages
 from ..ops.rekey import migrate_keys, running_workers
@@ -32,7 +32,7 @@ def reset(obj: Context, site: str, yes: bool) -> None:
     """Forget SITE's queued URLs, seen set and counters, to crawl it again from the start."""
     obj.site(site)
     if not yes:
-        seen = obj.redis.scard(keys.seen(site))
+        _, seen = stored(obj.redis, site)
         try:
             click.confirm(
                 f"Forget {site}'s queued URLs, its {seen} seen URLs and its counters? "

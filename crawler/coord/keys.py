@@ -59,13 +59,23 @@ def ip_gate_name(address: str) -> str:
 
 
 def seen(site: str) -> str:
-    """Set of fingerprints of canonical URLs already scheduled for ``site``."""
+    """``site``'s seen set of before seen tables (8-byte fingerprints): read while it exists, never written."""
     return f"{PREFIX}seen:{_tag(site)}"
 
 
 def seen_bucket(site: str, index: int) -> str:
-    """One time bucket of ``site``'s seen URLs when they expire (``revisit_after``; see ``frontier``)."""
+    """One time bucket of before seen tables (``revisit_after``): read while it lasts, never written."""
     return f"{seen(site)}:{index}"
+
+
+def seen_table(site: str) -> str:
+    """``site``'s seen table (``coord.seen``): a hash; its sub-sets are this name, ``:`` and a number."""
+    return f"{seen(site)}:i"
+
+
+def seen_window(site: str, index: int) -> str:
+    """The seen table of one time bucket of ``site``'s seen URLs when they expire (``revisit_after``)."""
+    return f"{seen(site)}:w:{index}"
 
 
 def robots(site: str, origin: str) -> str:

@@ -1,15 +1,20 @@
 """The seen set: the requests a site has admitted, for good or, with ``revisit_after``, for a while.
 
 A request counts by its fingerprint (``task.fingerprint`` of the canonical URL of a GET without
-a body, else ``task.request_fingerprint`` of method, URL and body). Seen for good: one set,
-``keys.seen(site)`` (ADD_SEEN). Seen for a while: buckets ``revisit_after / SEEN_BUCKETS``
-wide named from the Redis clock (ADD_SEEN_FOR_A_WHILE), so a URL stays seen from
-``revisit_after`` to a quarter more.
+a body, else ``task.request_fingerprint`` of method, URL and body), 64 bits, kept exactly: as a
+signed decimal integer in a seen table (``lua/_seen_table.lua``: sub-sets of at most a few hundred
+integers, which Redis stores as intsets, about 9 B a URL; their number grows with the site by
+linear hashing). Seen for good: one table, ``keys.seen_table(site)`` (ADD_SEEN). Seen for a while:
+a table a time bucket ``revisit_after / SEEN_BUCKETS`` wide named from the Redis clock
+(``keys.seen_window``, ADD_SEEN_FOR_A_WHILE), so a URL stays seen from ``revisit_after`` to a
+quarter more. The sets of before seen tables (``keys.seen``, ``keys.seen_bucket``: 8-byte members)
+are read while they exist, never written; ``migrate`` empties a site's into its table.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 from redis import Redis
@@ -17,19 +22,27 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from ..spiders.spider import Request
-from . import keys, redisclock
+from . import keys, lua, redisclock
+from .replies import text
 from .task import fingerprint, request_fingerprint
 
 #: Fingerprints per ADD_SEEN call: a 100,000-link page blocks Redis in short steps, not one long one.
 SEEN_CHUNK = 5000
 #: Seen-set buckets per ``revisit_after``: a URL stays seen from revisit_after to 1 + 1/SEEN_BUCKETS of it.
 SEEN_BUCKETS = 4
+#: Members a seen table's sub-set holds on average at most: an unsplit one holds up to twice as
+#: many (linear hashing), so 200 keeps every one under 512 (``set-max-intset-entries``), an intset.
+SUBSET_LOAD = 200
 #: How far (ms) this process's estimate of the Redis clock may be off before naming seen-set
 #: buckets takes a second look at it (``redisclock``).
 CLOCK_SLACK_MS = 50
 
 #: What tells requests apart in the seen set: the canonical URL of a GET without a body, else (method, URL, body).
 SeenKey = str | tuple[str, str, bytes | None]
+#: Fingerprints as the scripts take them (``chunk_of``): as table members with their addresses, and 8 raw bytes each.
+Chunk = tuple[bytes, bytes]
+#: msgpack's header of a string of 0 to 31 bytes (fixstr), by length.
+_FIXSTR = [bytes([0xA0 | length]) for length in range(32)]
 
 
 def seen_key(canonical_url: str, request: Request) -> SeenKey:
@@ -39,7 +52,28 @@ def seen_key(canonical_url: str, request: Request) -> SeenKey:
     return (request.method, canonical_url, request.body)
 
 
-def seen_chunks(urls: list[SeenKey]) -> tuple[list[int], list[bytes]]:
+def member(fingerprint_: bytes) -> bytes:
+    """A fingerprint (8 bytes) as a seen table holds it: a signed 64-bit decimal integer."""
+    return b"%d" % int.from_bytes(fingerprint_, "big", signed=True)
+
+
+def address(value: bytes) -> int:
+    """A table member's address (``lua/_seen_table.lua``): its last nine decimal digits."""
+    return abs(int(value)) % 10**9
+
+
+def chunk_of(fingerprints: Sequence[bytes]) -> Chunk:
+    """``fingerprints`` as ADD_SEEN takes them: one msgpack array of the members (strings) then
+    their addresses (uint32), so that the script reads them in one C call; and 8 raw bytes each."""
+    values = [int.from_bytes(fp, "big", signed=True) for fp in fingerprints]
+    members = [b"%d" % value for value in values]
+    packed = [b"\xdd" + (2 * len(values)).to_bytes(4, "big")]
+    packed += [_FIXSTR[len(m)] + m for m in members]
+    packed += [b"\xce" + (abs(value) % 10**9).to_bytes(4, "big") for value in values]  # address()
+    return b"".join(packed), b"".join(fingerprints)
+
+
+def seen_chunks(urls: list[SeenKey]) -> tuple[list[int], list[Chunk]]:
     """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK."""
     first: dict[SeenKey, int] = {}
     for index, url in enumerate(urls):
@@ -47,7 +81,7 @@ def seen_chunks(urls: list[SeenKey]) -> tuple[list[int], list[bytes]]:
     members = [
         fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
     ]
-    chunks = [b"".join(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
+    chunks = [chunk_of(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
     return list(first.values()), chunks
 
 
@@ -64,7 +98,7 @@ class SeenSet:
         self.add_seen = add_seen
         self.add_seen_buckets = add_seen_buckets
 
-    def add_for_a_while(self, chunk: bytes) -> bytes:
+    def add_for_a_while(self, chunk: Chunk) -> bytes:
         """ADD_SEEN_FOR_A_WHILE of ``chunk``, its buckets named from the Redis clock as estimated here.
 
         The buckets passed reach CLOCK_SLACK_MS (at least one bucket) beyond both ends of
@@ -76,8 +110,11 @@ class SeenSet:
         for _ in range(3):
             current = int(redisclock.now_ms(self.connection) // width)
             first = current - SEEN_BUCKETS - slack
-            buckets = [keys.seen_bucket(self.site, index) for index in range(first, current + slack + 1)]
-            reply = self.add_seen_buckets(keys=buckets, args=[chunk, width, SEEN_BUCKETS, first])
+            indexes = range(first, current + slack + 1)
+            names = [keys.seen_window(self.site, i) for i in indexes]
+            names += [keys.seen_bucket(self.site, i) for i in indexes]
+            args: list[bytes | int] = [chunk[0], width, SEEN_BUCKETS, first, chunk[1], SUBSET_LOAD]
+            reply = self.add_seen_buckets(keys=names, args=args)
             if reply is not None:
                 return as_bytes(reply)
             redisclock.resync(self.connection)
@@ -88,21 +125,26 @@ class SeenSet:
         assert self.revisit_after is not None
         return max(1, round(self.revisit_after * 1000 / SEEN_BUCKETS))
 
-    def keys(self) -> list[str]:
-        """The keys that say which URLs are seen now: the plain set, and the live buckets with ``revisit_after``."""
-        found = [keys.seen(self.site)]
-        if self.revisit_after is not None:
-            seconds, micros = self.connection.time()
-            current = (int(seconds) * 1000 + int(micros) // 1000) // self.bucket_width_ms
-            found += [keys.seen_bucket(self.site, current - i) for i in range(SEEN_BUCKETS + 1)]
-        return found
+    def tables_and_old_sets(self) -> tuple[list[str], list[str]]:
+        """The seen tables that say which URLs are seen now (the plain one, or the live time buckets'
+        with ``revisit_after``), and the sets of before seen tables that do too."""
+        if self.revisit_after is None:
+            return [keys.seen_table(self.site)], [keys.seen(self.site)]
+        seconds, micros = self.connection.time()
+        current = (int(seconds) * 1000 + int(micros) // 1000) // self.bucket_width_ms
+        indexes = [current - i for i in range(SEEN_BUCKETS + 1)]
+        return [keys.seen_window(self.site, i) for i in indexes], [keys.seen_bucket(self.site, i) for i in indexes]
 
-    def forget(self, member: bytes) -> None:
-        """Drop the fingerprint ``member`` from the seen set (or sets)."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            for key in self.keys():
-                pipe.srem(key, member)
-            pipe.execute()
+    def keys(self) -> list[str]:
+        """The keys that say which URLs are seen now (``tables_and_old_sets``), tables first."""
+        tables, olds = self.tables_and_old_sets()
+        return tables + olds
+
+    def forget(self, fingerprint_: bytes) -> None:
+        """Drop the fingerprint (8 bytes) from the seen set (or sets): FORGET_SEEN."""
+        tables, olds = self.tables_and_old_sets()
+        forget = lua.script(self.connection, "forget_seen")
+        forget(keys=tables + olds, args=[member(fingerprint_), fingerprint_, len(tables)])
 
 
 def mark_seen_together(sets: Sequence[tuple[SeenSet, list[SeenKey]]]) -> list[list[bool]]:
@@ -132,21 +174,90 @@ def mark_seen_together(sets: Sequence[tuple[SeenSet, list[SeenKey]]]) -> list[li
     return results
 
 
-def _add_plain(plain: list[tuple[int, SeenSet, bytes]], added: list[bytes]) -> None:
+def _add_plain(plain: list[tuple[int, SeenSet, Chunk]], added: list[bytes]) -> None:
     """ADD_SEEN of each (index in ``added``, seen set, chunk) in one pipeline; its flags appended to ``added``."""
     connection = plain[0][1].connection
     script = plain[0][1].add_seen
     with connection.pipeline(transaction=False) as pipe:
         for _, seen, chunk in plain:
-            pipe.evalsha(script.sha, 1, keys.seen(seen.site), chunk)
+            pipe.evalsha(script.sha, 2, *_plain_keys(seen.site), chunk[0], chunk[1], SUBSET_LOAD)
         replies = pipe.execute(raise_on_error=False)
     for (at, seen, chunk), reply in zip(plain, replies, strict=True):
         if isinstance(reply, NoScriptError):  # a Redis restarted mid-crawl, or this process's first call
-            reply = seen.add_seen(keys=[keys.seen(seen.site)], args=[chunk])
+            reply = seen.add_seen(keys=_plain_keys(seen.site), args=[chunk[0], chunk[1], SUBSET_LOAD])
         elif isinstance(reply, Exception):
             raise reply
         added[at] += as_bytes(reply)
 
 
+def _plain_keys(site: str) -> list[str]:
+    return [keys.seen_table(site), keys.seen(site)]
+
+
 def as_bytes(value: str | bytes) -> bytes:
     return value.encode() if isinstance(value, str) else value
+
+
+def contains(connection: Redis, site: str, fingerprint_: bytes) -> bool:
+    """Whether ``site``'s seen set for good (its table, or its set of before tables) holds the fingerprint.
+
+    Reads the table's level and split pointer, the sub-set, then them again: a split in
+    between (they changed) and it looks again.
+    """
+    table, value = keys.seen_table(site), member(fingerprint_)
+    h = address(value)
+    state = connection.hmget(table, "l", "s")
+    while True:
+        level, split = (int(field or 0) for field in state)
+        sub = h % 2**level
+        if sub < split:
+            sub = h % 2 ** (level + 1)
+        with connection.pipeline(transaction=False) as pipe:
+            pipe.sismember(f"{table}:{sub}", value)  # type: ignore[arg-type]  # redis-py types members as str
+            pipe.sismember(keys.seen(site), fingerprint_)  # type: ignore[arg-type]
+            pipe.hmget(table, "l", "s")
+            found, old, again = pipe.execute()
+        if again == state:
+            return bool(found or old)
+        state = again
+
+
+def fingerprints_of(connection: Redis, site: str) -> set[bytes]:
+    """The fingerprints (8 bytes each) ``site``'s seen set for good holds (its table, its set of before tables)."""
+    found = {as_bytes(fp) for fp in connection.smembers(keys.seen(site))}
+    subsets = re.compile(re.escape(keys.seen_table(site)) + r":\d+")
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.seen_table(site)) + ":*"
+    for key in connection.scan_iter(match=pattern, count=1000):
+        if subsets.fullmatch(text(key)):
+            found |= {int(m).to_bytes(8, "big", signed=True) for m in connection.smembers(key)}
+    return found
+
+
+def stored(connection: Redis, site: str) -> tuple[list[str], int]:
+    """Every key of ``site``'s seen URLs (tables, their sub-sets, the sets of before tables, time
+    buckets included), and how many URLs they hold (a table's count, a set's size)."""
+    found = [keys.seen(site)]
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.seen(site)) + ":*"
+    found += [text(key) for key in connection.scan_iter(match=pattern, count=1000)]
+    tables = re.compile(re.escape(keys.seen(site)) + r":(i|w:\d+)")
+    olds = re.compile(re.escape(keys.seen(site)) + r"(:\d+)?")
+    with connection.pipeline(transaction=False) as pipe:
+        for key in found:
+            if tables.fullmatch(key):
+                pipe.hget(key, "n")
+            elif olds.fullmatch(key):
+                pipe.scard(key)
+        counts = pipe.execute()
+    return found, sum(int(count or 0) for count in counts)
+
+
+def migrate(connection: Redis, site: str) -> int:
+    """Move ``site``'s seen set of before seen tables (``keys.seen``) into its table, SEEN_CHUNK
+    fingerprints an ADD_SEEN call ("move": added and removed in one step, so every one stays seen
+    throughout); how many were moved. Time buckets of before tables are left to expire."""
+    script, moved = lua.script(connection, "add_seen"), 0
+    while batch := connection.srandmember(keys.seen(site), SEEN_CHUNK):
+        fingerprints = [as_bytes(fp) for fp in batch]  # type: ignore[arg-type]  # a list, given a count
+        script(keys=_plain_keys(site), args=[*chunk_of(fingerprints), SUBSET_LOAD, "move"])
+        moved += len(fingerprints)
+    return moved

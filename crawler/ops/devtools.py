@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..coord import keys
+from ..coord.seen import contains
 from ..coord.task import DownloadTask, check_priority, check_refresh, request_fingerprint
 from ..errors import ConfigError, RefusedURL
 from ..http.fetch import Response
@@ -110,7 +110,7 @@ def route(requests: Iterable[Request], domains: list[str], seen: Any = None) -> 
 
 def seen_in(connection: Any, site: str) -> Any:
     """``seen(fingerprint)`` for ``route``: whether ``site``'s seen set in Redis has the request."""
-    return lambda member: bool(connection.sismember(keys.seen(site), member))
+    return lambda member: contains(connection, site, member)
 
 
 def site_for(spiders: SpiderSet, url: str, named: str | None = None) -> str:

@@ -13,7 +13,6 @@ reset and had not yet written are dropped, not added to the fresh counters (``co
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from redis import Redis
@@ -22,6 +21,7 @@ from ..coord import counters, keys
 from ..coord.changes import announce
 from ..coord.replies import text
 from ..coord.scheduler import frontier_sizes, is_priority
+from ..coord.seen import stored
 from ..work.drain import queues_for
 
 
@@ -40,10 +40,8 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
     # A priority written by hand (not an integer) names no list; the levels set goes anyway.
     levels = [int(text(p)) for p in connection.zrange(keys.levels(site), 0, -1) if is_priority(p)]
     queued = sum(frontier_sizes(connection, [site])) + int(connection.llen(queue.key))
-    # The time buckets of a spider with ``revisit_after`` too (one set per window: see ``frontier``).
-    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", keys.seen_bucket(site, 0))[:-1] + "*"
-    buckets = [text(key) for key in connection.scan_iter(match=pattern, count=1000)]
-    seen = int(connection.scard(keys.seen(site))) + sum(int(connection.scard(key)) for key in buckets)
+    # The seen table, its sub-sets, the time buckets of ``revisit_after``, the sets of before tables.
+    seen_keys, seen = stored(connection, site)
     in_flight = int(connection.zcard(queue.started_job_registry.key)) + int(
         connection.llen(queue.intermediate_queue_key)
     )
@@ -56,9 +54,8 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
     queue.empty()  # RQ's own script: the queued jobs and their hashes
     with connection.pipeline(transaction=True) as pipe:
         pipe.delete(
-            keys.seen(site),
+            *seen_keys,
             keys.admitted(site),
-            *buckets,
             keys.errors(site),
             keys.levels(site),
             keys.queued(site),

@@ -20,6 +20,7 @@ from test_urls import random_urls
 
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier, refill_together, seed
+from crawler.coord.seen import fingerprints_of, stored
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.errors import RefusedURL
 from crawler.settings import DEFAULT_MAX_URL_LENGTH
@@ -164,19 +165,32 @@ def test_adding_a_batch_does_what_adding_its_requests_one_by_one_does(
         return [(task.priority, task.to_entry()) for task in f.waiting()]
 
     assert waiting(batch) == waiting(single)
-    assert redis_conn.smembers(keys.seen("batch")) == redis_conn.smembers(keys.seen("single"))
+    assert fingerprints_of(redis_conn, "batch") == fingerprints_of(redis_conn, "single")
 
 
-def test_a_page_of_repeated_links_sends_each_url_to_the_seen_set_once(frontier: Frontier, redis_conn: Redis) -> None:
+def test_a_page_of_repeated_links_sends_each_url_to_the_seen_set_once(
+    frontier: Frontier, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each distinct URL is sent once, and the seen table is asked once a sub-set, not once a URL."""
+    import crawler.coord.seen
+
     def calls(command: str) -> int:
         return int(redis_conn.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
-    before_sadd, before_evalsha, before_sismember = calls("sadd"), calls("evalsha"), calls("sismember")
+    frontier.add([Request(f"http://example.com/{i}") for i in range(500)])  # a table of 3 sub-sets
+    subsets = len(stored(redis_conn, SITE)[0]) - 2  # less the table and the old set's name
+    assert subsets == 3
+    sent: list[bytes] = []
+    chunk_of = crawler.coord.seen.chunk_of
+    monkeypatch.setattr(crawler.coord.seen, "chunk_of", lambda fps: (sent.extend(fps), chunk_of(fps))[1])
+    before = {command: calls(command) for command in ("sadd", "evalsha", "sismember", "smismember")}
     result = frontier.add([Request(f"http://example.com/{i % 1_000}#{i}") for i in range(12_000)])
-    assert len(result.enqueued) == 1_000 and result.duplicates == 11_000
-    assert calls("sismember") - before_sismember == 1_000  # one look per distinct URL
-    assert calls("sadd") - before_sadd == 1 + 1  # the new ones in one SADD, plus the site into the set of sites
-    assert calls("evalsha") - before_evalsha <= 2  # one call (a second after loading the script)
+    assert len(result.enqueued) == 500 and result.duplicates == 11_500
+    assert len(sent) == len(set(sent)) == 1_000  # each distinct URL sent once
+    looks = sum(calls(command) - before[command] for command in ("sismember", "smismember"))
+    assert looks <= subsets  # one look a sub-set
+    assert calls("sadd") - before["sadd"] <= 5 + 3 + 1  # the new ones a SADD a sub-set (5), splits, the site
+    assert calls("evalsha") - before["evalsha"] <= 2  # one call (a second after loading the script)
 
 
 @pytest.mark.parametrize("scripts_flushed", [False, True])
@@ -253,14 +267,14 @@ def test_off_domain_and_bad_links_are_returned_not_raised(frontier: Frontier, re
     refused = dict(result.refused)
     assert set(refused) == {"http://evilexample.com/x", "mailto:a@example.com"}
     assert "allowed domains" in refused["http://evilexample.com/x"]
-    assert redis_conn.scard(keys.seen(SITE)) == 1  # refused URLs are not marked seen
+    assert stored(redis_conn, SITE)[1] == 1  # refused URLs are not marked seen
 
 
 def test_add_with_only_refused_links_enqueues_nothing(frontier: Frontier, redis_conn: Redis) -> None:
     result = frontier.add([Request("http://other.org/")])
     assert result.enqueued == [] and len(result.refused or []) == 1
     assert queued(frontier) == 0
-    assert not redis_conn.exists(keys.seen(SITE))
+    assert not redis_conn.exists(keys.seen_table(SITE))
 
 
 def test_added_urls_wait_compactly_and_mark_the_site_ready(frontier: Frontier, redis_conn: Redis) -> None:
@@ -435,7 +449,7 @@ def test_seed_refuses_a_batch_with_one_off_domain_url_and_enqueues_nothing(
     with pytest.raises(RefusedURL, match="evil.org"):
         seed(frontier, ["http://example.com/1", "http://evil.org/2", "http://example.com/3"])
     assert queued(frontier) == 0
-    assert not redis_conn.exists(keys.seen(SITE))
+    assert not redis_conn.exists(keys.seen_table(SITE))
 
 
 def test_seed_refuses_a_malformed_url(frontier: Frontier) -> None:

@@ -1,7 +1,8 @@
-"""Seen URLs that expire (``Spider.revisit_after``): time-bucketed seen sets on the Redis clock."""
+"""Seen URLs that expire (``Spider.revisit_after``): time-bucketed seen tables on the Redis clock."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -10,7 +11,7 @@ from redis import Redis
 
 from crawler.coord import keys, redisclock
 from crawler.coord.frontier import Frontier, seed
-from crawler.coord.seen import SEEN_BUCKETS
+from crawler.coord.seen import SEEN_BUCKETS, stored
 from crawler.coord.task import fingerprint
 from crawler.demo import ShopSite
 from crawler.demo.spider import DemoShop
@@ -27,7 +28,14 @@ def frontier(connection: Redis, revisit_after: float | None, site: str = "shop")
 
 
 def bucket_keys(connection: Redis, site: str = "shop") -> list[bytes]:
-    return sorted(connection.scan_iter(match=keys.seen(site) + ":*"))
+    """The seen tables of the time buckets (not their sub-sets)."""
+    table = re.compile(re.escape(keys.seen_window(site, 0)[:-1].encode()) + rb"\d+")
+    return sorted(k for k in connection.scan_iter(match=keys.seen_window(site, 0)[:-1] + "*") if table.fullmatch(k))
+
+
+def held(connection: Redis, table: bytes) -> int:
+    """URLs a seen table holds."""
+    return int(connection.hget(table, "n") or 0)
 
 
 def test_a_seen_url_stays_seen_for_revisit_after_then_is_queued_again(redis_conn: Redis) -> None:
@@ -40,7 +48,7 @@ def test_a_seen_url_stays_seen_for_revisit_after_then_is_queued_again(redis_conn
     time.sleep(max(0.0, added + 1.0 * (1 + 1 / SEEN_BUCKETS) + 0.05 - time.monotonic()))
     assert front.add([Request(URL)]).enqueued == [URL]  # seen no more: queued again
     assert front.add([Request(URL)]).duplicates == 1  # and seen again from now
-    assert not redis_conn.exists(keys.seen("shop"))  # nothing in the plain set
+    assert not redis_conn.exists(keys.seen_table("shop"), keys.seen("shop"))  # nothing in the plain table
 
 
 def test_buckets_expire_once_no_lookup_can_reach_them(redis_conn: Redis) -> None:
@@ -48,11 +56,14 @@ def test_buckets_expire_once_no_lookup_can_reach_them(redis_conn: Redis) -> None
     front.add([Request(f"{URL}/{i}") for i in range(10)])
     (bucket,) = bucket_keys(redis_conn)
     width_ms = 2000 / SEEN_BUCKETS
-    assert redis_conn.scard(bucket) == 10
-    # Looked up until the end of the bucket SEEN_BUCKETS after it, plus a second.
-    assert 2000 + 1000 < redis_conn.pttl(bucket) <= 2000 + width_ms + 1000
+    assert held(redis_conn, bucket) == 10
+    # Looked up until the end of the bucket SEEN_BUCKETS after it, plus a second: the table and its sub-sets.
+    (subset,) = redis_conn.keys(bucket + b":*")
+    assert redis_conn.scard(subset) == 10
+    for key in (bucket, subset):
+        assert 2000 + 1000 < redis_conn.pttl(key) <= 2000 + width_ms + 1000
     front.forget(f"{URL}/3")
-    assert redis_conn.scard(bucket) == 9 and front.add([Request(f"{URL}/3")]).enqueued
+    assert held(redis_conn, bucket) == 9 and front.add([Request(f"{URL}/3")]).enqueued
 
 
 @pytest.mark.parametrize("value", [0, -5])
@@ -65,9 +76,9 @@ def test_a_seen_url_costs_no_more_memory_in_buckets_than_in_the_plain_set(redis_
     urls = [f"{URL}/{i:08d}" for i in range(20_000)]
     frontier(redis_conn, None, "plain").add([Request(u) for u in urls])
     frontier(redis_conn, 3600, "bucketed").add([Request(u) for u in urls])
-    plain = redis_conn.memory_usage(keys.seen("plain"), samples=0)
-    buckets = sum(redis_conn.memory_usage(k, samples=0) for k in bucket_keys(redis_conn, "bucketed"))
-    assert sum(redis_conn.scard(k) for k in bucket_keys(redis_conn, "bucketed")) == len(urls)
+    plain = sum(redis_conn.memory_usage(k, samples=0) or 0 for k in stored(redis_conn, "plain")[0])
+    buckets = sum(redis_conn.memory_usage(k, samples=0) or 0 for k in stored(redis_conn, "bucketed")[0])
+    assert stored(redis_conn, "bucketed")[1] == stored(redis_conn, "plain")[1] == len(urls)
     assert buckets <= plain * 1.02, f"{buckets / len(urls):.1f} B per URL in buckets, {plain / len(urls):.1f} plain"
     zset_key = "zset-for-contrast"  # what a sorted set of fingerprint -> time would cost
     for start in range(0, len(urls), 5000):
@@ -121,10 +132,10 @@ def test_buckets_are_named_from_the_redis_clock_even_when_this_process_misjudges
     assert front.add([Request(f"{URL}/a"), Request(f"{URL}/first")]).enqueued == [f"{URL}/a"]
     seconds, micros = redis_conn.time()
     current = (int(seconds) * 1000 + int(micros) // 1000) // (2000 // SEEN_BUCKETS)
-    held = {key: redis_conn.smembers(key) for key in bucket_keys(redis_conn)}
+    tables = {key: held(redis_conn, key) for key in bucket_keys(redis_conn)}
     # Every URL in the bucket of the Redis clock's time (or the one before, at a boundary).
-    assert set(held) <= {keys.seen_bucket("shop", current).encode(), keys.seen_bucket("shop", current - 1).encode()}
-    assert sum(len(members) for members in held.values()) == 2
+    assert set(tables) <= {keys.seen_window("shop", current).encode(), keys.seen_window("shop", current - 1).encode()}
+    assert sum(tables.values()) == 2
     error = abs(redisclock.now_ms(redis_conn) - (int(seconds) * 1000 + int(micros) / 1000))
     if abs(off_ms) > 1000:  # beyond the slack: the clock was read again
         assert error < 100

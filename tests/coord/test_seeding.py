@@ -21,6 +21,7 @@ from crawler.coord import keys
 from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier
 from crawler.coord.scheduler import Scheduler
 from crawler.coord.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
+from crawler.coord.seen import stored
 from crawler.errors import RefusedURL
 from crawler.store.database import FAILED, FetchRecord, Store
 from crawler.urls import canonicalize
@@ -82,7 +83,7 @@ def check_seeded(result: Result, connection: Redis, expected: set[str]) -> None:
     assert any("not UTF-8" in w for w in warnings) and any("outside the allowed domains" in w for w in warnings)
     urls = queued_urls(connection)
     assert len(urls) == COUNT and set(urls) == expected  # each once
-    assert connection.scard(keys.seen("demo")) == COUNT
+    assert stored(connection, "demo")[1] == COUNT
     assert all(task.priority == SEED_PRIORITY for task in waiting_tasks(connection, "demo"))
 
 

@@ -17,9 +17,9 @@ from click.testing import CliRunner, Result
 from crawling import assert_one_line_error
 from redis import Redis
 
-from crawler.coord import keys
 from crawler.coord.frontier import Frontier
 from crawler.coord.frontier import seed as seed_urls
+from crawler.coord.seen import stored
 from crawler.demo import ShopSite
 from crawler.errors import ConfigError
 from crawler.http.fetch import Response
@@ -93,7 +93,7 @@ def test_fetch_prints_the_body_on_stdout_and_status_and_headers_on_stderr(
     assert "content-type: text/html; charset=utf-8" in head
     # robots.txt first, as a worker does, then the page; nothing queued.
     assert paths(shop) == ["/robots.txt", "/product/1"]
-    assert redis_conn.scard(keys.seen("demo")) == 0
+    assert stored(redis_conn, "demo")[1] == 0
 
 
 def test_fetch_headers_only(invoke: Invoke, shop: ShopSite) -> None:
@@ -152,7 +152,7 @@ def test_parse_prints_the_items_and_where_each_request_would_go(
     result = invoke("parse", "demo", f"{shop.url}/product/4", "--callback", "parse_product")
     assert result.stdout.splitlines()[2:] == ["1 request", f"  queued        parse_product  {shop.url}/product/5"]
     # Nothing was queued or recorded: the seen set still holds the one seed.
-    assert redis_conn.scard(keys.seen("demo")) == 1
+    assert stored(redis_conn, "demo")[1] == 1
 
 
 def test_parse_of_a_saved_body_needs_no_download_and_sorts_refusals(invoke: Invoke, tmp_path: Path) -> None:

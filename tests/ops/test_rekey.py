@@ -17,6 +17,7 @@ from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.coord.frontier import Frontier, seed
 from crawler.coord.scheduler import Scheduler
+from crawler.coord.seen import stored
 from crawler.ops.rekey import migrate_keys, new_name, old_sites
 
 
@@ -77,7 +78,7 @@ def test_old_names_map_to_tagged_ones() -> None:
 def test_a_crawl_under_the_old_names_carries_on_under_the_new_ones(redis_conn: Redis) -> None:
     fill(redis_conn, "shop")
     as_before_hash_tags(redis_conn)
-    assert redis_conn.exists("crawler:seen:shop", "rq:queue:download:shop", "crawler:gate:ip:127.0.0.1") == 3
+    assert redis_conn.exists("crawler:seen:shop:i", "rq:queue:download:shop", "crawler:gate:ip:127.0.0.1") == 3
     assert old_sites(redis_conn) == ["shop"]
 
     report = migrate_keys(redis_conn)
@@ -88,7 +89,7 @@ def test_a_crawl_under_the_old_names_carries_on_under_the_new_ones(redis_conn: R
     assert redis_conn.smembers(Queue.redis_queues_keys) == set()  # the old queue is gone
     waiting = Frontier(redis_conn, "shop", ["127.0.0.1"], 60, 60).waiting()
     assert len(waiting) == 11 and waiting[0].url == "http://127.0.0.1:9/shop/urgent"  # its job, first again
-    assert redis_conn.scard(keys.seen("shop")) == 11
+    assert stored(redis_conn, "shop")[1] == 11
     assert redis_conn.hget(keys.stats("shop"), "fetched") == b"5"
     assert redis_conn.get(keys.robots("shop", "http://127.0.0.1:9")) == b"User-agent: *\n"
     assert redis_conn.hget(keys.conf("shop"), "gate") == keys.gate("ip:127.0.0.1").encode()

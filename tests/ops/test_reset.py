@@ -18,6 +18,7 @@ from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.coord.frontier import Frontier, seed
 from crawler.coord.scheduler import Scheduler
+from crawler.coord.seen import stored
 from crawler.demo import ShopSite
 from crawler.ops.reset import reset_site
 from crawler.store.database import OK, FetchRecord, Item, Store, utcnow
@@ -42,7 +43,7 @@ def invoke(base: list[str], *args: str, input: str | None = None) -> Result:
 
 def progress_of(connection: Redis, site: str) -> dict[str, int]:
     return {
-        "seen": connection.scard(keys.seen(site)),
+        "seen": stored(connection, site)[1],
         "stats": connection.exists(keys.stats(site)),
         "frontier": connection.exists(keys.frontier(site), keys.frontier(site, 50)),
         "levels": connection.exists(keys.levels(site)),
@@ -101,13 +102,13 @@ def test_reset_asks_first_and_keeps_items_and_fetch_records(
     assert declined.exit_code == 1 and declined.stderr.splitlines()[-1] == (
         "Error: demo not reset (give --yes to skip the question)"
     )
-    assert redis_conn.scard(keys.seen("demo")) == 11
+    assert stored(redis_conn, "demo")[1] == 11
 
     result = invoke(base, "reset", "demo", input="y\n")
     assert result.exit_code == 0, result.output
     assert "Forget demo's queued URLs, its 11 seen URLs and its counters?" in result.stderr
     assert "demo: forgot 12 queued and 11 seen URLs and the counters (items and fetch records kept)" in result.stderr
-    assert redis_conn.scard(keys.seen("demo")) == 0
+    assert stored(redis_conn, "demo") == ([keys.seen("demo")], 0)  # no key left
     store = Store(sqlite_url)
     assert [row["sku"] for row in store.items("demo")] == ["A"] and len(store.fetch_rows("demo")) == 1
     store.close()

@@ -1,25 +1,37 @@
--- ADD_SEEN: adds URL fingerprints to a site's seen set, saying which were new.
--- New members are added with one SADD per 1,000: one SADD each from a script costs ~9 B more per
--- member in Redis 6.2 (65.4 against 56.6 B per seen URL at a million, bench/memory.py).
+-- ADD_SEEN: adds URL fingerprints to a site's seen table, saying which were new.
+-- The table (_seen_table.lua) keeps them as integers in sub-sets Redis stores as intsets, about
+-- 9 B a fingerprint; a crawl begun before seen tables keeps its old set (8-byte members in a hash
+-- table, about 56 B each): read while it exists, and emptied into the table by calls with ARGV[4]
+-- = "move" (crawler.coord.seen.migrate), fingerprints and all in one step.
 --
--- KEYS[1] = the site's seen set (keys.seen).
--- ARGV[1] = fingerprints (crawler.coord.frontier.FINGERPRINT_BYTES, 8, each), concatenated.
--- Returns a string of, per fingerprint, "1" if it was new to the set (now added), else "0",
---   without a reply (or an argument) per fingerprint to pack and parse.
+-- KEYS[1] = the site's seen table (keys.seen_table), a hash; KEYS[2] = its old seen set (keys.seen).
+-- ARGV[1] = the fingerprints as signed 64-bit decimal integers, then their addresses, in one
+--   msgpack array (crawler.coord.seen.chunk_of; _seen_table.lua); ARGV[2] = the same fingerprints as 8 raw bytes each (task.FINGERPRINT_BYTES),
+--   concatenated, in the same order; ARGV[3] = members a sub-set holds on average at most
+--   (crawler.coord.seen.SUBSET_LOAD); ARGV[4] = "move", optional: the fingerprints are members of
+--   the old set, added to the table (unless there already) and removed from the old set.
+-- Returns a string of, per fingerprint, "1" if it was new (now added), else "0", without a reply
+--   (or an argument) per fingerprint to pack and parse.
+-- Built keys: the table's sub-sets, KEYS[1] .. ':' .. n (t.prefix .. n).
 --
--- Cluster: one key.
-local blob, flags, new, pending = ARGV[1], {}, {}, {}
-for i = 1, #blob, 8 do
-    local member = string.sub(blob, i, i + 7)
-    if pending[member] or redis.call('SISMEMBER', KEYS[1], member) == 1 then
-        flags[#flags + 1] = 0
-    else
-        new[#new + 1] = member
-        pending[member] = true
-        flags[#flags + 1] = 1
+-- Cluster: one slot: the table, its sub-sets (their names start with the table's, hash tag included) and the old set.
+--@include _seen_table.lua
+local m, n, flags = seen_members(ARGV[1])
+local t, load, moving = seen_table(KEYS[1], nil), tonumber(ARGV[3]), ARGV[4] == 'move'
+if seen_one_by_one(t, n) then -- the SADD that adds a member says whether it was new
+    seen_add_each(t, m, n, flags, load)
+    if not moving then seen_take_old(KEYS[2], ARGV[2], flags) end
+else -- one look, then one SADD, a sub-set
+    seen_look(t, m, n, flags)
+    if not moving then seen_look_old({KEYS[2]}, ARGV[2], flags) end
+    local new, count = seen_new(m, n, flags)
+    seen_add(t, new, count, load)
+end
+if moving then
+    local raw, args = ARGV[2], {}
+    for i = 1, n do args[i] = string.sub(raw, 8 * i - 7, 8 * i) end
+    for first = 1, n, 1000 do
+        redis.call('SREM', KEYS[2], unpack(args, first, math.min(first + 999, n)))
     end
 end
-for i = 1, #new, 1000 do
-    redis.call('SADD', KEYS[1], unpack(new, i, math.min(i + 999, #new)))
-end
-return table.concat(flags)
+return seen_reply(flags)
