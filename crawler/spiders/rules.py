@@ -73,25 +73,21 @@ class Link:
         return f"Link({self.url!r}, {self.text!r})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rule:
-    """Which links of a page to follow, and the callback of their pages (Scrapy's ``Rule`` with
-    its ``LinkExtractor``'s arguments).
+    """Which links of a page to follow, and the callback of their pages: Scrapy's ``Rule`` with its
+    ``LinkExtractor``'s arguments. Checked when the spider loads (``rules_problem``).
 
-    ``allow``/``deny``: regexes (one, or a list) searched in the absolute URL: a link is taken
-    when one ``allow`` matches (no ``allow``: every link) and no ``deny`` does.
-    ``allow_domains``/``deny_domains``: hosts (and their subdomains). ``restrict_css``: selectors
-    of the regions links are taken from (the whole page by default). ``restrict_text``: regexes
-    of which one must match the link's text. ``tags``/``attrs``: where links are read
-    (``a`` and ``area``, ``href``). ``deny_extensions``: extensions of links not taken (None: the
-    spider's ``deny_extensions`` apply, as to every request). ``callback``: a spider method or
-    its name, for the links' pages (None: no callback); ``errback``: the links' requests' errback
-    (None: the spider's). ``follow``: whether the links' pages go
-    through the rules too (default: True without a callback, else False). ``meta``: JSON data
-    for the links' pages (``page.meta``, where Scrapy has ``cb_kwargs``). ``process_links``
-    (a list of ``Link`` -> the links to follow) and ``process_request`` (``(request, page)`` ->
-    a request or None): spider methods or their names. Checked when the spider loads
-    (``rules_problem``).
+    A link is taken when one of ``allow`` (regexes searched in the absolute URL; none: any) and
+    none of ``deny`` is found in it, its host is within ``allow_domains`` and not ``deny_domains``,
+    its path ends in none of ``deny_extensions`` (None: only the spider's apply, as to every
+    request) and its text matches one of ``restrict_text``; it is read from ``tags``' ``attrs``
+    within ``restrict_css`` (the whole page by default). ``callback``/``errback``: spider methods
+    or their names for the links' requests (None: no callback; the spider's errback). ``follow``:
+    whether the links' pages go through the rules too (default: True without a callback, else
+    False). ``meta``: JSON data handed to the links' pages (Scrapy's ``cb_kwargs``).
+    ``process_links(links)`` -> the ``Link``s to follow; ``process_request(request, page)`` ->
+    a request or None.
     """
 
     _: KW_ONLY
