@@ -276,6 +276,15 @@ def _rules(cls: type, value: Any) -> str | None:
     return rules_problem(cls, value)
 
 
+def _errback(cls: type, value: Any) -> str | None:
+    """None, a method (``def errback(self, failure)``), or the name of a method of the spider."""
+    if value is None or callable(value):
+        return None
+    if not isinstance(value, str) or not callable(getattr(cls, value, None)):
+        return f"must name a method of the spider (failure) -> items and requests, or be one, got {value!r:.80}"
+    return None
+
+
 def _parse(cls: type, value: Any) -> str | None:
     return None if callable(value) else f"must be a method (the default callback), got {value!r}"
 
@@ -304,6 +313,7 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("revisit_after", _positive_seconds_or_none),
     ("parse", _parse),
     ("rules", _rules),
+    ("errback", _errback),
     ("cookies", _flag),
     ("login_url", _login_url),
     ("logged_out", _logged_out),

@@ -104,6 +104,8 @@ def line_of(path: Path, text: str) -> int:
         ("headers = {'X A': '1'}", "Shop.headers has a header name that is not an HTTP token: 'X A'"),
         ("headers = {'X-A': 1}", "Shop.headers['X-A'] must be printable ASCII text, got 1"),
         ("content_types = ('JSON',)", "Shop.content_types must hold lower-case content types like"),
+        ("errback = 'on_failure'", "Shop.errback must name a method of the spider (failure) -> items and requests"),
+        ("errback = 3", "Shop.errback must name a method of the spider"),
     ],
     ids=lambda value: value if "=" in value else "",
 )
