@@ -59,7 +59,7 @@ def ip_gate_name(address: str) -> str:
 
 
 def seen(site: str) -> str:
-    """``site``'s seen set of before seen tables (8-byte fingerprints): read while it exists, never written."""
+    """``site``'s seen set of before seen tables (8-byte fingerprints): read while it exists (``coord.seen``)."""
     return f"{PREFIX}seen:{_tag(site)}"
 
 

@@ -8,7 +8,8 @@ linear hashing). Seen for good: one table, ``keys.seen_table(site)`` (ADD_SEEN).
 a table a time bucket ``revisit_after / SEEN_BUCKETS`` wide named from the Redis clock
 (``keys.seen_window``, ADD_SEEN_FOR_A_WHILE), so a URL stays seen from ``revisit_after`` to a
 quarter more. The sets of before seen tables (``keys.seen``, ``keys.seen_bucket``: 8-byte members)
-are read while they exist, never written; ``migrate`` empties a site's into its table.
+are read while they exist; a member ADD_SEEN meets there moves into the table when it adds one by
+one, and ``migrate`` moves the rest; the time buckets expire as they did.
 """
 
 from __future__ import annotations

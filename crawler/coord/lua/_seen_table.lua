@@ -135,66 +135,29 @@ local function seen_split(t)
     if t.s == t.size then t.l, t.s, t.size = t.l + 1, 0, t.size * 2 end
 end
 
--- The members not flagged, no two alike (as m: members, then addresses), and how many; a member met
--- again is flagged (seen: new once).
-local function seen_new(m, n, flags)
-    local new, count, pending = {}, 0, {}
+-- The members to add, no two alike (as m: members, then addresses), and how many: those not
+-- flagged (a member met again is flagged: new once), and those `moved` (optional) marks.
+local function seen_new(m, n, flags, moved)
+    local new, at, count, pending = {}, {}, 0, {}
     for i = 1, n do
         local member = m[i]
-        if flags[i] == 0 then
+        if flags[i] == 0 or (moved and moved[i]) then
             if pending[member] then
                 flags[i] = 1
             else
                 count = count + 1
-                new[count] = member
+                new[count], at[count] = member, i
                 pending[member] = true
             end
         end
     end
-    local at = count
-    for i = 1, n do
-        if flags[i] == 0 then
-            at = at + 1
-            new[at] = m[n + i]
-        end
-    end
+    for k = 1, count do new[count + k] = m[n + at[k]] end
     return new, count
 end
 
 local function seen_save(t)
     redis.call('HSET', t.key, 'l', string.format('%d', t.l), 's', string.format('%d', t.s), 'n', string.format('%d', t.n))
     if t.expire_at then redis.call('PEXPIREAT', t.key, t.expire_at) end
-end
-
--- Whether to add (and look) a member at a time, one SADD each, its reply saying whether the member
--- was new: when there are about as many sub-sets as members, a sub-set would seldom get two.
-local function seen_one_by_one(t, n)
-    return t.size + t.s >= n
-end
-
--- One SADD a member not flagged yet, into its sub-set: flags[i] = 1 for those it held already;
--- then splits as `load` says (after: each sub-set got about one member at most). How many were new.
-local function seen_add_each(t, m, n, flags, load)
-    local size, s, prefix, expire_at, added = t.size, t.s, t.prefix, t.expire_at, 0
-    for i = 1, n do
-        if flags[i] == 0 then
-            local h = m[n + i]
-            local b = h % size
-            if b < s then b = h % (2 * size) end
-            if redis.call('SADD', prefix .. b, m[i]) == 1 then
-                added = added + 1
-                if expire_at then redis.call('PEXPIREAT', prefix .. b, expire_at) end
-            else
-                flags[i] = 1
-            end
-        end
-    end
-    if added > 0 then
-        t.n = t.n + added
-        while t.n > load * (t.size + t.s) do seen_split(t) end
-        seen_save(t)
-    end
-    return added
 end
 
 -- Adds the new members (m, n: as seen_new gives them) one SADD a sub-set, splitting first as `load` says.
@@ -217,21 +180,28 @@ local function seen_add(t, m, n, load)
     seen_save(t)
 end
 
--- The members added just now (flags[i] == 0) that the set of before seen tables `old` holds: flagged
--- (seen), and taken out of it (they are in the table now).
-local function seen_take_old(old, raw, flags)
+-- The members not flagged yet that the set of before seen tables `old` holds: flagged (seen), marked
+-- in `moved` (to be added to the table), and taken out of the old set. raw: as seen_look_old's.
+local function seen_take_old(old, raw, flags, moved)
     if redis.call('EXISTS', old) == 0 then return end
-    local args, at = {}, {}
+    local args, at, found_raw = {}, {}, {}
     for i = 1, #flags do
         if flags[i] == 0 then
             args[#args + 1], at[#at + 1] = string.sub(raw, 8 * i - 7, 8 * i), i
         end
     end
     for first = 1, #args, 1000 do
-        local last = math.min(first + 999, #args)
-        local found = redis.call('SMISMEMBER', old, unpack(args, first, last))
-        for j = 1, #found do flags[at[first + j - 1]] = found[j] end
-        redis.call('SREM', old, unpack(args, first, last))
+        local found = redis.call('SMISMEMBER', old, unpack(args, first, math.min(first + 999, #args)))
+        for j = 1, #found do
+            if found[j] == 1 then
+                local i = at[first + j - 1]
+                flags[i], moved[i] = 1, true
+                found_raw[#found_raw + 1] = args[first + j - 1]
+            end
+        end
+    end
+    for first = 1, #found_raw, 1000 do
+        redis.call('SREM', old, unpack(found_raw, first, math.min(first + 999, #found_raw)))
     end
 end
 

@@ -1,13 +1,13 @@
 -- ADD_SEEN: adds URL fingerprints to a site's seen table, saying which were new.
 -- The table (_seen_table.lua) keeps them as integers in sub-sets Redis stores as intsets, about
--- 9 B a fingerprint; a crawl begun before seen tables keeps its old set (8-byte members in a hash
--- table, about 56 B each): read while it exists, and emptied into the table by calls with ARGV[4]
--- = "move" (crawler.coord.seen.migrate), fingerprints and all in one step.
+-- 9.5 B a fingerprint; a crawl begun before seen tables keeps its old set (8-byte members in a
+-- hash table, about 56 B each): read while it exists, a member met there moving into the table;
+-- calls with ARGV[4] = "move" (crawler.coord.seen.migrate) empty it.
 --
 -- KEYS[1] = the site's seen table (keys.seen_table), a hash; KEYS[2] = its old seen set (keys.seen).
 -- ARGV[1] = the fingerprints as signed 64-bit decimal integers, then their addresses, in one
---   msgpack array (crawler.coord.seen.chunk_of; _seen_table.lua); ARGV[2] = the same fingerprints as 8 raw bytes each (task.FINGERPRINT_BYTES),
---   concatenated, in the same order; ARGV[3] = members a sub-set holds on average at most
+--   msgpack array (crawler.coord.seen.chunk_of; _seen_table.lua); ARGV[2] = the same fingerprints
+--   as 8 raw bytes each (task.FINGERPRINT_BYTES), concatenated, in the same order; ARGV[3] = members a sub-set holds on average at most
 --   (crawler.coord.seen.SUBSET_LOAD); ARGV[4] = "move", optional: the fingerprints are members of
 --   the old set, added to the table (unless there already) and removed from the old set.
 -- Returns a string of, per fingerprint, "1" if it was new (now added), else "0", without a reply
@@ -17,16 +17,11 @@
 -- Cluster: one slot: the table, its sub-sets (their names start with the table's, hash tag included) and the old set.
 --@include _seen_table.lua
 local m, n, flags = seen_members(ARGV[1])
-local t, load, moving = seen_table(KEYS[1], nil), tonumber(ARGV[3]), ARGV[4] == 'move'
-if seen_one_by_one(t, n) then -- the SADD that adds a member says whether it was new
-    seen_add_each(t, m, n, flags, load)
-    if not moving then seen_take_old(KEYS[2], ARGV[2], flags) end
-else -- one look, then one SADD, a sub-set
-    seen_look(t, m, n, flags)
-    if not moving then seen_look_old({KEYS[2]}, ARGV[2], flags) end
-    local new, count = seen_new(m, n, flags)
-    seen_add(t, new, count, load)
-end
+local t, moving, moved = seen_table(KEYS[1], nil), ARGV[4] == 'move', {}
+seen_look(t, m, n, flags)
+if not moving then seen_take_old(KEYS[2], ARGV[2], flags, moved) end
+local new, count = seen_new(m, n, flags, moved)
+seen_add(t, new, count, tonumber(ARGV[3]))
 if moving then
     local raw, args = ARGV[2], {}
     for i = 1, n do args[i] = string.sub(raw, 8 * i - 7, 8 * i) end
