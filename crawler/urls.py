@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-from w3lib.url import canonicalize_url
+from w3lib.url import canonicalize_url, safe_url_string
 
 from .errors import RefusedURL
 
@@ -216,6 +216,24 @@ class BatchChecker:
         if allowed is None:
             allowed = self.hosts[origin[0]] = host_allowed(origin[0], self.domains)
         return allowed
+
+
+def as_written(url: str, canonical: str) -> str | None:
+    """``url`` as the spider wrote it, to be sent so (Scrapy sends it so): its fragment dropped and
+    what may not stand in a request line percent-encoded (w3lib's ``safe_url_string``, as browsers
+    do); None when that is ``canonical`` (most links: one spelling to carry, not two), or when it would
+    not canonicalize back to ``canonical`` (a spelling the two read apart, such as a space before the
+    fragment: the canonical URL is sent). Dedup, records and items keep to ``canonical``."""
+    written = url.strip().split("#", 1)[0]
+    if written == canonical:
+        return None
+    safe = safe_url_string(written)
+    if safe == canonical:
+        return None
+    try:
+        return safe if canonicalize(safe) == canonical else None
+    except RefusedURL:
+        return None
 
 
 def short_enough(canonical: str, max_length: int) -> str:

@@ -22,7 +22,7 @@ from rq.serializers import JSONSerializer
 from ..errors import RefusedURL
 from ..settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
 from ..spiders.spider import Request
-from ..urls import QUOTED, BatchChecker, canonicalize, check_url, short_enough
+from ..urls import QUOTED, BatchChecker, as_written, canonicalize, check_url, short_enough
 from . import joblife, keys, lua, quarantine
 from .gate import Gate
 from .priorities import entries_by_priority, push_to_front
@@ -213,7 +213,8 @@ class Frontier:
             room -= 1
             every = request.refresh if request.refresh is not None or not self.refresh else self.refresh(request)
             # The link's entry but for its URL is the same for all links of a page: encoded once.
-            plain = request.is_plain
+            written = as_written(request.url, url) if request.url != url else None
+            plain = request.is_plain and written is None
             shape = (
                 str(request.callback),
                 id(request.meta) if request.meta else None,
@@ -224,7 +225,7 @@ class Frontier:
             encode = encoders.get(shape)
             if encode is None:
                 errback = str(request.errback) if request.errback else None
-                extra = None if plain else request_data(request.method, request.headers, request.body, errback)
+                extra = None if plain else request_data(request.method, request.headers, request.body, errback, written)
                 encode = encoders[shape] = entry_encoder(
                     str(request.callback), depth, hops, 1, request.meta, every, extra
                 )

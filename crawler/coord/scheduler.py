@@ -68,8 +68,8 @@ def encode_entry(
 
     ``validators`` ([etag, last_modified]) ride in a scheduled refresh's entry (``conditional``).
     ``extra``, the ninth field, is an object of the task's optional fields (a request's
-    ``method``, ``headers``, ``body``: ``DownloadTask.extra``), left out when empty (a plain
-    GET's entry has eight fields at most, and older entries still read).
+    ``method``, ``headers``, ``body``, ``errback``, URL ``as_written``: ``DownloadTask.extra``),
+    left out when empty (a plain GET's entry has eight fields at most, and older entries still read).
     """
     fields: list[Any] = [
         url,

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import RefusedURL
 from ..http.conditional import Validators, check_validators
+from ..urls import canonicalize
 from .scheduler import decode_entry, encode_entry
 
 #: Bytes of a fingerprint (``ADD_SEEN`` reads them in steps of 8).
@@ -64,6 +66,14 @@ class DownloadTask:
     body: bytes | None = None
     #: The spider method called should the request finally fail (``spiders.failure``); None: the spider's.
     errback: str | None = None
+    #: The URL as the spider wrote it, sent so (``urls.as_written``); None: ``url``, the canonical one,
+    #: which dedup, records and items keep to. Its canonical form is ``url`` (``from_json`` checks).
+    sent_url: str | None = None
+
+    @property
+    def url_to_send(self) -> str:
+        """The URL the request goes to: as the spider wrote it."""
+        return self.sent_url or self.url
 
     @property
     def fingerprint(self) -> bytes:
@@ -72,14 +82,14 @@ class DownloadTask:
 
     def extra(self) -> dict[str, Any]:
         """The request's method, headers, body and errback as plain JSON data, each left out at its default."""
-        return request_data(self.method, self.headers, self.body, self.errback)
+        return request_data(self.method, self.headers, self.body, self.errback, self.sent_url)
 
     def recorded(self) -> dict[str, Any] | None:
         """What a fetch record keeps of the request, to send it again (``crawler retry``): ``extra``
         without the headers of RECORDED_NOT (credentials stay out of the database); None for a
         plain GET."""
         kept = {name: value for name, value in self.headers.items() if name.lower() not in RECORDED_NOT}
-        return request_data(self.method, kept, self.body, self.errback) or None
+        return request_data(self.method, kept, self.body, self.errback, self.sent_url) or None
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -144,6 +154,7 @@ class DownloadTask:
             headers=headers,
             body=body,
             errback=read_errback(data),
+            sent_url=read_sent_url(data, data["url"]),
             **counters,
         )
 
@@ -154,13 +165,19 @@ RECORDED_NOT = frozenset({"authorization", "proxy-authorization", "cookie"})
 
 
 def request_data(
-    method: str, headers: Mapping[str, str], body: bytes | None, errback: str | None = None
+    method: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    errback: str | None = None,
+    sent_url: str | None = None,
 ) -> dict[str, Any]:
-    """A request's method, headers, body and errback as plain JSON data, defaults left out: ``body`` as
-    text when it is UTF-8, else ``body64`` in base64."""
+    """A request's method, headers, body, errback and URL as written (``as_written``) as plain JSON data,
+    defaults left out: ``body`` as text when it is UTF-8, else ``body64`` in base64."""
     data: dict[str, Any] = {}
     if errback:
         data["errback"] = errback
+    if sent_url:
+        data["as_written"] = sent_url
     if method != "GET":
         data["method"] = method
     if headers:
@@ -202,6 +219,20 @@ def read_errback(data: Mapping[str, Any]) -> str | None:
     if not isinstance(errback, str) or not errback.isidentifier():
         raise ValueError(f"bad download task errback: {errback!r:.100}")
     return errback
+
+
+def read_sent_url(data: Mapping[str, Any], url: str) -> str | None:
+    """``request_data``'s URL as written back, or None; ValueError unless its canonical form is ``url``
+    (what was checked against the site's domains: an entry written by hand cannot send elsewhere)."""
+    sent = data.get("as_written")
+    if sent is None:
+        return None
+    try:
+        if not isinstance(sent, str) or canonicalize(sent) != url:
+            raise ValueError
+    except (RefusedURL, ValueError):
+        raise ValueError(f"bad download task URL as written: {sent!r:.200} is not {url!r:.200}") from None
+    return sent
 
 
 def check_priority(value: Any) -> int:

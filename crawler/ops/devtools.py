@@ -24,7 +24,7 @@ from ..http.redirects import refresh_target
 from ..spiders.items import Pipelines
 from ..spiders.loading import SpiderSet
 from ..spiders.spider import HTML_TYPES, Page, Request, Spider, accepts
-from ..urls import canonicalize, host_allowed
+from ..urls import as_written, canonicalize, host_allowed
 from ..work.gated_fetch import page_headers, page_request, send
 from ..work.jobs import browser
 from ..work.jobs.context import site_context
@@ -147,7 +147,7 @@ def fetch_as_worker(rt: Runtime, site: str, url: str, meta: dict[str, Any] | Non
     canonical = canonicalize(url)
     if not host_allowed(canonical, list(context.domains)):
         raise RefusedURL(f"{canonical} is outside the allowed domains of {site!r} ({', '.join(context.domains)})")
-    task = DownloadTask(site, canonical)
+    task = DownloadTask(site, canonical, sent_url=as_written(url, canonical))  # sent as written, as a worker does
     if context.policy.obey_robots and not rt.robots.allowed(
         site,
         canonical,
@@ -160,7 +160,7 @@ def fetch_as_worker(rt: Runtime, site: str, url: str, meta: dict[str, Any] | Non
     render, wait_for = rendering(spider, meta or {})
     if render:
         visit = browser.visit(rt, context, task)
-        return rt.renderer.render(canonical, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+        return rt.renderer.render(task.url_to_send, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
     request = page_request(task, spider, page_headers(rt.connection, spider, task), context.proxy)
     return send(rt.fetcher, rt.take_gate(site, canonical, context.policy), request, proxies=rt.proxies)
 

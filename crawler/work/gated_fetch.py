@@ -151,7 +151,7 @@ def page_request(task: DownloadTask, spider: Any, headers: Mapping[str, str], pr
     spider's ``before_send`` (``spider_hook``)."""
     return Outgoing(
         task.site,
-        task.url,
+        task.url_to_send,
         headers,
         spider.user_agent,
         proxy,

@@ -537,7 +537,9 @@ def _page_of(url: str, raw: bytes, payload: dict[str, Any], max_body: int) -> Pa
         headers=payload.get("headers") or {},
         meta=payload.get("meta") or {},
         encoding=payload.get("encoding"),
-        request=SentRequest(str(sent.get("method") or "GET"), url, dict(sent.get("headers") or {})),
+        request=SentRequest(
+            str(sent.get("method") or "GET"), str(sent.get("url") or url), dict(sent.get("headers") or {})
+        ),
     )
 
 

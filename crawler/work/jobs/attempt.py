@@ -279,7 +279,9 @@ class Attempt(AttemptState):
         rt, task = self.rt, self.task
         visit = browser.visit(rt, self.context, task, self.record)
         try:
-            response = rt.renderer.render(task.url, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes)
+            response = rt.renderer.render(
+                task.url_to_send, visit, wait_for, rt.settings.timeout, rt.settings.max_body_bytes
+            )
             raise_for_status(response)
         except TransientError as exc:
             retry_or_fail(self, exc)

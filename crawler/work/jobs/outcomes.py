@@ -286,12 +286,14 @@ def hand_to_parser(
         "depth": task.depth,
         "fetched": response.started.isoformat(),  # items are "seen" when fetched, not when parsed
     }
-    if not (task.method == "GET" and task.body is None and not sent):
+    if not (task.method == "GET" and task.body is None and not sent and task.sent_url is None):
         # page.request; and, for a request that is not a plain GET, what tells its items from
         # those of another request for the same URL (another body).
         sent_request: dict[str, Any] = {"method": task.method, "headers": sent}
         if task.method != "GET" or task.body is not None:
             sent_request["variant"] = task.fingerprint.hex()
+        if task.sent_url is not None:  # page.request.url: as sent; page.url: the canonical URL
+            sent_request["url"] = task.sent_url
         payload["request"] = sent_request
     again = task.recorded()
     if again:  # what the page's record keeps of its request, should its parse fail (``crawler retry``)
