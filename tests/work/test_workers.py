@@ -557,7 +557,14 @@ def _idle_fleet(
     sites = tuple(f"idle{i:04d}" for i in range(count))
     processes = start_workers([WorkerSpec("download", sites, threads=threads)] * 2, settings, redis_url)
     try:
-        time.sleep(4 + count / 200)  # started, registered, settled (a first pass of the reaper and repair)
+        # Started (a process's imports take seconds on a busy machine), registered with RQ, then
+        # settled: the first pass of the reaper and repair reads every site, hundreds of commands.
+        deadline = time.monotonic() + 60
+        while redis_conn.scard("rq:workers") < len(processes):  # RQ's registry of workers
+            assert all(p.is_alive() for p in processes), "an idle worker process exited"
+            assert time.monotonic() < deadline, "the worker processes never registered with RQ"
+            time.sleep(0.05)
+        time.sleep(4 + count / 200)
         before = int(redis_conn.info("stats")["total_commands_processed"])
         cpu_before = [_cpu_seconds(p.pid) for p in processes]
         started = time.monotonic()
@@ -769,7 +776,9 @@ def test_burst_workers_end_once_the_crawl_drains_not_when_the_sites_next_turn_co
     """A site that was served stays in the ready set until its next turn, an interval on, shows it has
     no work left: a burst download process, told to wait for that turn, ended only then (5 s of a 78 s
     crawl of 1,000 sites at 5 s). It looks for the drain after every look that finds no job."""
-    interval = 6.0
+    # Long, so that half of it holds a parse and two process exits on a busy machine (4 s seen)
+    # while waiting for the next turn still fails; a burst that ends as it should takes no longer.
+    interval = 20.0
     settings = dataclasses.replace(settings, sites={"demo": {"interval": interval, "obey_robots": False}})
     with ShopSite(products=1, faults=False) as shop:
         with installed_runtime(redis_conn, settings) as rt:
