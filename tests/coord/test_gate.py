@@ -18,6 +18,7 @@ import pytest
 from redis import Redis
 from redis.exceptions import ResponseError
 
+from crawler.coord import gate as gate_module
 from crawler.coord import keys
 from crawler.coord.gate import SEND_GRACE, Gate, Turn, site_gate
 from crawler.work.runtime import Runtime
@@ -381,6 +382,9 @@ def test_a_thread_asks_redis_for_a_gate_only_once_its_processs_holder_has_sent(
         return try_acquire(self)
 
     monkeypatch.setattr(Gate, "try_acquire", counted)
+    # A send grace far past the slow connection below: the turn must pass on at the send, not
+    # lapse first because a busy machine woke this thread late from its sleep (it would, rightly).
+    monkeypatch.setattr(gate_module, "SEND_GRACE", 5.0)
     holder = runtime.take_gate("demo")
     second: list[Gate] = []
     thread = threading.Thread(target=lambda: second.append(runtime.take_gate("demo")), name="second")
