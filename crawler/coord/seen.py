@@ -8,8 +8,8 @@ linear hashing). Seen for good: one table, ``keys.seen_table(site)`` (ADD_SEEN).
 a table a time bucket ``revisit_after / SEEN_BUCKETS`` wide named from the Redis clock
 (``keys.seen_window``, ADD_SEEN_FOR_A_WHILE), so a URL stays seen from ``revisit_after`` to a
 quarter more. The sets of before seen tables (``keys.seen``, ``keys.seen_bucket``: 8-byte members)
-are read while they exist; a member ADD_SEEN meets there moves into the table when it adds one by
-one, and ``migrate`` moves the rest; the time buckets expire as they did.
+are read while they exist; a member ADD_SEEN meets there moves into the table, and ``migrate``
+moves the rest; the time buckets expire as they did.
 """
 
 from __future__ import annotations
@@ -40,8 +40,12 @@ CLOCK_SLACK_MS = 50
 
 #: What tells requests apart in the seen set: the canonical URL of a GET without a body, else (method, URL, body).
 SeenKey = str | tuple[str, str, bytes | None]
-#: Fingerprints as the scripts take them (``chunk_of``): as table members with their addresses, and 8 raw bytes each.
-Chunk = tuple[bytes, bytes]
+#: Fingerprints as the scripts take them (``chunk_of``): as table members with their addresses (and
+#: sub-sets' numbers), 8 raw bytes each, and the shape the numbers are for (b"" without them).
+Chunk = tuple[bytes, bytes, bytes]
+#: The shape (level, split pointer) of each seen table (by name) in the last reply this process had:
+#: the next call names its members' sub-sets from it, which ADD_SEEN uses while the shape holds.
+_shapes: dict[str, tuple[int, int]] = {}
 #: msgpack's header of a string of 0 to 31 bytes (fixstr), by length.
 _FIXSTR = [bytes([0xA0 | length]) for length in range(32)]
 
@@ -63,26 +67,37 @@ def address(value: bytes) -> int:
     return abs(int(value)) % 10**9
 
 
-def chunk_of(fingerprints: Sequence[bytes]) -> Chunk:
-    """``fingerprints`` as ADD_SEEN takes them: one msgpack array of the members (strings) then
-    their addresses (uint32), so that the script reads them in one C call; and 8 raw bytes each."""
+def chunk_of(fingerprints: Sequence[bytes], shape: tuple[int, int] | None = None) -> Chunk:
+    """``fingerprints`` as ADD_SEEN takes them: one msgpack array of the members (strings), their
+    addresses (uint32) and, given the table's ``shape`` (level, split) when it has as many sub-sets as
+    members (the script looks one at a time), each one's sub-set's number (strings), so that the
+    script reads them in one C call; 8 raw bytes each; the shape the numbers are for."""
     values = [int.from_bytes(fp, "big", signed=True) for fp in fingerprints]
     members = [b"%d" % value for value in values]
-    packed = [b"\xdd" + (2 * len(values)).to_bytes(4, "big")]
+    addresses = [abs(value) % 10**9 for value in values]  # address()
+    named = shape is not None and 2 ** shape[0] + shape[1] >= len(values)
+    packed = [b"\xdd" + ((3 if named else 2) * len(values)).to_bytes(4, "big")]
     packed += [_FIXSTR[len(m)] + m for m in members]
-    packed += [b"\xce" + (abs(value) % 10**9).to_bytes(4, "big") for value in values]  # address()
-    return b"".join(packed), b"".join(fingerprints)
+    packed += [b"\xce" + h.to_bytes(4, "big") for h in addresses]
+    if shape is not None and named:
+        level, split = shape
+        for h in addresses:
+            number = b"%d" % (h % (2 << level) if h % (1 << level) < split else h % (1 << level))
+            packed.append(_FIXSTR[len(number)] + number)
+        return b"".join(packed), b"".join(fingerprints), b"%d %d" % shape
+    return b"".join(packed), b"".join(fingerprints), b""
 
 
-def seen_chunks(urls: list[SeenKey]) -> tuple[list[int], list[Chunk]]:
-    """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK."""
+def seen_chunks(urls: list[SeenKey], shape: tuple[int, int] | None = None) -> tuple[list[int], list[Chunk]]:
+    """``urls``' first occurrences (their indexes) and their fingerprints, in chunks of SEEN_CHUNK
+    (``chunk_of``, for the table's ``shape`` if known)."""
     first: dict[SeenKey, int] = {}
     for index, url in enumerate(urls):
         first.setdefault(url, index)
     members = [
         fingerprint(key) if isinstance(key, str) else request_fingerprint(key[1], key[0], key[2]) for key in first
     ]
-    chunks = [chunk_of(members[start : start + SEEN_CHUNK]) for start in range(0, len(members), SEEN_CHUNK)]
+    chunks = [chunk_of(members[start : start + SEEN_CHUNK], shape) for start in range(0, len(members), SEEN_CHUNK)]
     return list(first.values()), chunks
 
 
@@ -114,7 +129,7 @@ class SeenSet:
             indexes = range(first, current + slack + 1)
             names = [keys.seen_window(self.site, i) for i in indexes]
             names += [keys.seen_bucket(self.site, i) for i in indexes]
-            args: list[bytes | int] = [chunk[0], width, SEEN_BUCKETS, first, chunk[1], SUBSET_LOAD]
+            args: list[bytes | int] = [chunk[0], width, SEEN_BUCKETS, first, chunk[1], SUBSET_LOAD]  # no shape
             reply = self.add_seen_buckets(keys=names, args=args)
             if reply is not None:
                 return as_bytes(reply)
@@ -136,6 +151,10 @@ class SeenSet:
         indexes = [current - i for i in range(SEEN_BUCKETS + 1)]
         return [keys.seen_window(self.site, i) for i in indexes], [keys.seen_bucket(self.site, i) for i in indexes]
 
+    def shape(self) -> tuple[int, int] | None:
+        """The plain table's shape in the last reply this process had (None with ``revisit_after``)."""
+        return None if self.revisit_after is not None else _shapes.get(keys.seen_table(self.site))
+
     def keys(self) -> list[str]:
         """The keys that say which URLs are seen now (``tables_and_old_sets``), tables first."""
         tables, olds = self.tables_and_old_sets()
@@ -154,7 +173,7 @@ def mark_seen_together(sets: Sequence[tuple[SeenSet, list[SeenKey]]]) -> list[li
     occurrence is sent). The plain seen sets' ADD_SEEN calls go in one pipeline
     (by hash: a script Redis had not loaded is run again on its own, which loads it); a site whose
     URLs are seen for a while only (``revisit_after``) in calls of its own."""
-    chunked = [(seen, urls, *seen_chunks(urls)) for seen, urls in sets]
+    chunked = [(seen, urls, *seen_chunks(urls, seen.shape())) for seen, urls in sets]
     added: list[bytes] = [b""] * len(chunked)
     plain = [
         (at, seen, chunk)
@@ -181,14 +200,22 @@ def _add_plain(plain: list[tuple[int, SeenSet, Chunk]], added: list[bytes]) -> N
     script = plain[0][1].add_seen
     with connection.pipeline(transaction=False) as pipe:
         for _, seen, chunk in plain:
-            pipe.evalsha(script.sha, 2, *_plain_keys(seen.site), chunk[0], chunk[1], SUBSET_LOAD)
+            pipe.evalsha(script.sha, 2, *_plain_keys(seen.site), chunk[0], chunk[1], SUBSET_LOAD, b"", chunk[2])
         replies = pipe.execute(raise_on_error=False)
     for (at, seen, chunk), reply in zip(plain, replies, strict=True):
         if isinstance(reply, NoScriptError):  # a Redis restarted mid-crawl, or this process's first call
-            reply = seen.add_seen(keys=_plain_keys(seen.site), args=[chunk[0], chunk[1], SUBSET_LOAD])
+            reply = seen.add_seen(keys=_plain_keys(seen.site), args=[chunk[0], chunk[1], SUBSET_LOAD, b"", chunk[2]])
         elif isinstance(reply, Exception):
             raise reply
-        added[at] += as_bytes(reply)
+        added[at] += _flags(seen.site, as_bytes(reply))
+
+
+def _flags(site: str, reply: bytes) -> bytes:
+    """ADD_SEEN's flags, the table's shape after its ``:`` kept for the next call."""
+    flags, _, shape = reply.partition(b":")
+    level, split = shape.split()
+    _shapes[keys.seen_table(site)] = (int(level), int(split))
+    return flags
 
 
 def _plain_keys(site: str) -> list[str]:
@@ -259,6 +286,7 @@ def migrate(connection: Redis, site: str) -> int:
     script, moved = lua.script(connection, "add_seen"), 0
     while batch := connection.srandmember(keys.seen(site), SEEN_CHUNK):
         fingerprints = [as_bytes(fp) for fp in batch]  # type: ignore[arg-type]  # a list, given a count
-        script(keys=_plain_keys(site), args=[*chunk_of(fingerprints), SUBSET_LOAD, "move"])
+        packed, raw, _ = chunk_of(fingerprints)
+        script(keys=_plain_keys(site), args=[packed, raw, SUBSET_LOAD, "move", ""])
         moved += len(fingerprints)
     return moved

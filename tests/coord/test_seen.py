@@ -42,11 +42,11 @@ def mark(front: Frontier, urls: list[str]) -> list[bool]:
 
 def add_fingerprints(connection: Redis, fingerprints: list[bytes], site: str = SITE) -> str:
     """ADD_SEEN of raw fingerprints; its reply ("1" new, "0" seen, per fingerprint)."""
+    packed, raw, _ = chunk_of(fingerprints)
     reply = lua.script(connection, "add_seen")(
-        keys=[keys.seen_table(site), keys.seen(site)],
-        args=[*chunk_of(fingerprints), crawler.coord.seen.SUBSET_LOAD],
+        keys=[keys.seen_table(site), keys.seen(site)], args=[packed, raw, crawler.coord.seen.SUBSET_LOAD, "", ""]
     )
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
+    return (reply.decode() if isinstance(reply, bytes) else str(reply)).partition(":")[0]
 
 
 def subsets(connection: Redis, table: str) -> list[bytes]:
@@ -94,8 +94,8 @@ def test_a_member_is_the_fingerprint_as_a_signed_decimal_and_gives_it_back() -> 
 
 @pytest.mark.unit
 def test_a_chunk_is_a_msgpack_array_of_members_then_their_last_nine_digits() -> None:
-    packed, raw = chunk_of(EDGES)
-    assert raw == b"".join(EDGES)
+    packed, raw, shape = chunk_of(EDGES)
+    assert raw == b"".join(EDGES) and shape == b""
     assert packed[0] == 0xDD and int.from_bytes(packed[1:5], "big") == 2 * len(EDGES)
     at, strings = 5, []
     for _ in EDGES:  # fixstr: 0xa0 | length, then the bytes
@@ -288,3 +288,42 @@ def test_a_table_with_more_sub_sets_than_links_is_asked_one_sismember_a_link(red
     assert calls("sismember") == 10 and calls("smismember") == 0
     assert calls("sadd") == 1 + 1  # the new link, and the split 4,001 URLs make
     assert check_table(redis_conn, keys.seen_table(SITE))["n"] == 4_001
+
+
+@pytest.mark.unit
+def test_given_the_shape_a_chunk_names_each_members_sub_set_as_the_script_would() -> None:
+    fps = [fingerprint(f"http://example.com/{n}") for n in range(50)]
+    level, split = 5, 19  # 51 sub-sets: as many as members or more
+    packed, _, shape = chunk_of(fps, (level, split))
+    assert shape == b"5 19" and int.from_bytes(packed[1:5], "big") == 3 * 50
+    numbers = [int(n) for n in re.findall(rb"[\xa0-\xbf]([0-9]+)", packed[-50 * 4 :])][-50:]
+    for fp, number in zip(fps, numbers, strict=True):
+        h = abs(int(member(fp))) % 10**9
+        assert number == (h % 2 ** (level + 1) if h % 2**level < split else h % 2**level)
+    assert chunk_of(fps, (5, 17))[2] == b""  # 49 sub-sets, fewer than members: the script groups them
+
+
+def test_the_shape_of_the_last_reply_names_the_next_calls_sub_sets_and_a_stale_one_is_ignored(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    front = frontier(redis_conn)
+    urls = [f"http://example.com/{n}" for n in range(3_000)]  # 15 sub-sets
+    assert all(mark(front, urls))
+    table = keys.seen_table(SITE)
+    state = check_table(redis_conn, table)
+    assert crawler.coord.seen._shapes[table] == (state["l"], state["s"]) == (3, 7)
+    shapes: list[bytes] = []
+    chunk_of_ = crawler.coord.seen.chunk_of
+    monkeypatch.setattr(
+        crawler.coord.seen, "chunk_of", lambda fps, shape=None: (c := chunk_of_(fps, shape), shapes.append(c[2]))[0]
+    )
+    page = urls[100:110] + ["http://example.com/new"]
+    assert mark(front, page) == [False] * 10 + [True]
+    assert shapes == [b"3 7"]  # 3,001 URLs: a split, 16 sub-sets, level 4
+    assert crawler.coord.seen._shapes[table] == (4, 0)
+    crawler.coord.seen._shapes[table] = (3, 6)  # as if another process had changed it since
+    assert mark(front, urls[200:210] + ["http://example.com/new2"]) == [False] * 10 + [True]
+    assert shapes[-1] == b"3 6" and crawler.coord.seen._shapes[table] == (4, 0)
+    crawler.coord.seen._shapes[table] = (5, 0)  # a level it never had
+    assert not any(mark(front, urls[:14]))
+    assert shapes[-1] == b"5 0" and check_table(redis_conn, table)["n"] == 3_002

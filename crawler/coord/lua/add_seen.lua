@@ -8,17 +8,20 @@
 -- ARGV[1] = the fingerprints as signed 64-bit decimal integers, then their addresses, in one
 --   msgpack array (crawler.coord.seen.chunk_of; _seen_table.lua); ARGV[2] = the same fingerprints
 --   as 8 raw bytes each (task.FINGERPRINT_BYTES), concatenated, in the same order; ARGV[3] = members a sub-set holds on average at most
---   (crawler.coord.seen.SUBSET_LOAD); ARGV[4] = "move", optional: the fingerprints are members of
---   the old set, added to the table (unless there already) and removed from the old set.
+--   (crawler.coord.seen.SUBSET_LOAD); ARGV[4] = "move" or "": "move" when the fingerprints are
+--   members of the old set, to add to the table (unless there already) and remove from the old set;
+--   ARGV[5] = the table's shape the caller last saw ("level split", from a reply) when ARGV[1] also
+--   holds each fingerprint's sub-set's number for it, else "" (used only if the shape is still that).
 -- Returns a string of, per fingerprint, "1" if it was new (now added), else "0", without a reply
---   (or an argument) per fingerprint to pack and parse.
+--   (or an argument) per fingerprint to pack and parse; then ":" and the table's shape now.
 -- Built keys: the table's sub-sets, KEYS[1] .. ':' .. n (t.prefix .. n).
 --
 -- Cluster: one slot: the table, its sub-sets (their names start with the table's, hash tag included) and the old set.
 --@include _seen_table.lua
-local m, n, flags = seen_members(ARGV[1])
+local named = (ARGV[5] or '') ~= ''
+local m, n, flags = seen_members(ARGV[1], named and 3 or 2)
 local t, moving, moved = seen_table(KEYS[1], nil), ARGV[4] == 'move', {}
-seen_look(t, m, n, flags)
+seen_look(t, m, n, flags, named and ARGV[5] == seen_shape(t))
 if not moving then seen_take_old(KEYS[2], ARGV[2], flags, moved) end
 local new, count = seen_new(m, n, flags, moved)
 seen_add(t, new, count, tonumber(ARGV[3]))
@@ -29,4 +32,4 @@ if moving then
         redis.call('SREM', KEYS[2], unpack(args, first, math.min(first + 999, n)))
     end
 end
-return seen_reply(flags)
+return seen_reply(flags) .. ':' .. seen_shape(t)

@@ -28,14 +28,14 @@ local current = math.floor(now_ms() / width)
 if current - back < first or current > first + count - 1 then return false end
 -- Reached by lookups until the end of bucket current + back; a second more for clock steps.
 local expire_at = string.format('%d', (current + back + 1) * width + 1000)
-local m, n, flags = seen_members(ARGV[1])
+local m, n, flags = seen_members(ARGV[1], 2)
 local tables, olds = {}, {}
 for i = 0, back do
     local at = current - i - first + 1
     tables[#tables + 1] = seen_table(KEYS[at], i == 0 and expire_at or nil)
     olds[#olds + 1] = KEYS[count + at]
 end
-for _, t in ipairs(tables) do seen_look(t, m, n, flags) end
+for _, t in ipairs(tables) do seen_look(t, m, n, flags, false) end
 seen_look_old(olds, ARGV[5], flags)
 local new, added = seen_new(m, n, flags)
 seen_add(tables[1], new, added, tonumber(ARGV[6]))
