@@ -28,7 +28,9 @@ URLs of one site: bytes a URL (``used_memory`` delta and the sum of ``MEMORY USA
 site's seen keys), the sub-sets' encodings, and the time a link of the dedup check, new links
 and links seen before, in calls of SEEN_CHUNK; on the embedded Redis, or ``BENCH_REDIS_URL``.
 It measures the code it runs with, so the same file run against an older checkout
-(``PYTHONPATH``) gives the figures before.
+(``PYTHONPATH``) gives the figures before. ``python -m bench.memory seen-ab OLD.lua N...``
+times ADD_SEEN against an older one (``git show 4e3c1d6:crawler/coord/lua/add_seen.lua``,
+the set of 8-byte fingerprints) side by side on one server, calls alternated (``seen_ab``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from rq.serializers import JSONSerializer
 
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier, seed
-from crawler.coord.seen import SEEN_CHUNK, mark_seen_together
+from crawler.coord.seen import SEEN_CHUNK, SeenKey, mark_seen_together
 from crawler.coord.task import fingerprint
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.demo import ShopSite
@@ -183,7 +185,7 @@ def dedup_pass(redis: BenchRedis, frontier: Frontier, numbers: range) -> tuple[f
     """Wall and Redis CPU seconds to check (and add) URLs ``numbers``, SEEN_CHUNK a call; how many were new."""
     new, cpu, started = 0, redis_cpu(redis), time.perf_counter()
     for start in range(numbers.start, numbers.stop, SEEN_CHUNK):
-        urls = [url_for(n) for n in range(start, min(numbers.stop, start + SEEN_CHUNK))]
+        urls: list[SeenKey] = [url_for(n) for n in range(start, min(numbers.stop, start + SEEN_CHUNK))]
         new += sum(mark_seen_together([(frontier.seen, urls)])[0])
     return time.perf_counter() - started, redis_cpu(redis) - cpu, new
 
@@ -199,7 +201,7 @@ def seen_dedup(redis: BenchRedis, site: str, count: int, sample: int = 200_000) 
     add_wall, add_cpu, new = dedup_pass(redis, frontier, range(count))
     after = used_memory(redis)
     found = seen_keys(redis, site)
-    usage, encodings, largest = 0, {}, 0
+    usage, largest, encodings = 0, 0, dict[str, int]()
     with redis.connection.pipeline(transaction=False) as pipe:
         for key in found:
             pipe.memory_usage(key, samples=0)
@@ -222,7 +224,7 @@ def seen_dedup(redis: BenchRedis, site: str, count: int, sample: int = 200_000) 
     again = range(0, count, step)
     wall, cpu, fresh = 0.0, 0.0, 0
     for start in range(0, len(again), SEEN_CHUNK):  # every k-th URL, SEEN_CHUNK of them a call
-        urls = [url_for(n) for n in again[start : start + SEEN_CHUNK]]
+        urls: list[SeenKey] = [url_for(n) for n in again[start : start + SEEN_CHUNK]]
         cpu0, t0 = redis_cpu(redis), time.perf_counter()
         fresh += sum(mark_seen_together([(frontier.seen, urls)])[0])
         wall, cpu = wall + time.perf_counter() - t0, cpu + redis_cpu(redis) - cpu0
@@ -242,6 +244,66 @@ def seen_dedup(redis: BenchRedis, site: str, count: int, sample: int = 200_000) 
         "re-check us/link": wall / len(again) * 1e6,
         "re-check Redis CPU us/link": cpu / len(again) * 1e6,
     }
+
+
+def seen_ab(redis: BenchRedis, count: int, old_source: str, reps: int = 21) -> dict[str, Any]:
+    """Redis time a link of ADD_SEEN and of an older ADD_SEEN (``old_source``: one KEYS, the set of
+    8-byte fingerprints, ARGV[1] the fingerprints concatenated), side by side on one server:
+    ``count`` URLs of one site in each, then ``reps`` rounds of a call of SEEN_CHUNK links seen
+    before (a random sample) and one of new links to each, alternated, so that a busy machine
+    weighs on both alike. Per kind: min and median µs a link, by ``INFO commandstats`` (the
+    scripts' own time); and the Python time a link of making each's arguments."""
+    import random
+    import statistics
+
+    from crawler.coord import lua
+    from crawler.coord.seen import SUBSET_LOAD, chunk_of
+    from crawler.coord.task import fingerprint
+
+    connection = redis.connection
+    old, new = connection.register_script(old_source), lua.script(connection, "add_seen")
+    old_keys = [f"{keys.seen(redis.tag + '_old')}"]
+    new_keys = [keys.seen_table(redis.tag + "_new"), keys.seen(redis.tag + "_new")]
+    shape: list[tuple[int, int] | None] = [None]
+
+    def call_new(chunk: tuple[bytes, bytes, bytes]) -> bytes:
+        reply = new(keys=new_keys, args=[chunk[0], chunk[1], SUBSET_LOAD, "", chunk[2]])
+        flags, _, named = reply.partition(b":")
+        level, split = named.split()
+        shape[0] = (int(level), int(split))
+        return flags
+
+    def script_usec() -> int:
+        return int(connection.info("commandstats").get("cmdstat_evalsha", {}).get("usec", 0))
+
+    for start in range(0, count, SEEN_CHUNK):
+        fps = [fingerprint(url_for(n)) for n in range(start, min(count, start + SEEN_CHUNK))]
+        old(keys=old_keys, args=[b"".join(fps)])
+        call_new(chunk_of(fps, shape[0]))
+    times: dict[str, list[float]] = {k: [] for k in ("old seen", "new seen", "old new", "new new", "py old", "py new")}
+    fresh = count
+    for _ in range(reps):
+        for kind, fps in (
+            ("seen", [fingerprint(url_for(n)) for n in random.sample(range(count), SEEN_CHUNK)]),
+            ("new", [fingerprint(url_for(n)) for n in range(fresh, fresh + SEEN_CHUNK)]),
+        ):
+            started = time.perf_counter()
+            raw = b"".join(fps)
+            times["py old"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            chunk = chunk_of(fps, shape[0])
+            times["py new"].append(time.perf_counter() - started)
+            expected = (b"0" if kind == "seen" else b"1") * SEEN_CHUNK
+            before = script_usec()
+            assert as_bytes(old(keys=old_keys, args=[raw])) == expected
+            middle = script_usec()
+            assert call_new(chunk) == expected
+            times[f"old {kind}"].append((middle - before) / 1e6)
+            times[f"new {kind}"].append((script_usec() - middle) / 1e6)
+        fresh += SEEN_CHUNK
+    connection.delete(*old_keys, *seen_keys(redis, redis.tag + "_new"))
+    per_link = {k: [t / SEEN_CHUNK * 1e6 for t in v] for k, v in times.items()}
+    return {k: {"min": min(v), "median": statistics.median(v)} for k, v in per_link.items()} | {"count": count}
 
 
 def main_seen(counts: list[int]) -> None:
@@ -503,7 +565,25 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     return result
 
 
+def main_seen_ab(old_script: str, counts: list[int]) -> None:
+    """``python -m bench.memory seen-ab OLD_ADD_SEEN.lua N...``: ``seen_ab`` at each N."""
+    source = Path(old_script).read_text()
+    with bench_redis() as redis:
+        info = machine_info(redis.connection)
+        print(f"redis {info.get('redis-server', '?')} | {info.get('cpu', '?')} | {sys.version.split()[0]}", flush=True)
+        for count in counts:
+            redis.reset()
+            print(json.dumps(seen_ab(redis, count, source)), flush=True)
+
+
+def as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["seen"] or len(sys.argv) < 3:
-        sys.exit("usage: python -m bench.memory seen N [N...]")
-    main_seen([int(n) for n in sys.argv[2:]])
+    if sys.argv[1:2] == ["seen"] and len(sys.argv) >= 3:
+        main_seen([int(n) for n in sys.argv[2:]])
+    elif sys.argv[1:2] == ["seen-ab"] and len(sys.argv) >= 4:
+        main_seen_ab(sys.argv[2], [int(n) for n in sys.argv[3:]])
+    else:
+        sys.exit("usage: python -m bench.memory seen N [N...] | seen-ab OLD_ADD_SEEN.lua N [N...]")
