@@ -1,11 +1,12 @@
 """Rendering: pages rendered per second, CPU and memory per rendered page, against plain fetching.
 
 Two crawls of the loopback shop of ``crawler.demo.spa``, each by one download worker
-process (one thread) and one parse worker process, to the end (burst):
+process (``THREADS`` threads: as many pages rendered at once) and one parse worker process,
+to the end (burst):
 
 - **rendered**: the single-page app (every page a shell whose script writes it from JSON),
   a spider with ``render = True``: each page is a document, a script and an XHR, each
-  through the site's gate, in a fresh browser context of the process's one Chromium;
+  through the site's gate, in a page of the site's browser context in the process's one Chromium;
 - **plain**: the server-rendered twin (``/ssr/``), the same pages written by the server,
   fetched without a browser.
 
@@ -27,8 +28,8 @@ import psutil
 
 from crawler.coord.frontier import seed
 from crawler.demo.spa import SPIDER_SOURCE, SpaSite
+from crawler.work.chromium import find_browser
 from crawler.work.launcher import WorkerSpec, start_workers
-from crawler.work.render import find_browser
 from crawler.work.runtime import Runtime
 
 from .common import BenchRedis, BenchResult, Check, crawl_settings, run_until_exit, stored_items
@@ -36,6 +37,8 @@ from .common import BenchRedis, BenchResult, Check, crawl_settings, run_until_ex
 #: Products of the shop (pages crawled: one more, its home page).
 PRODUCTS = 150
 QUICK_PRODUCTS = 20
+#: Threads of the download process (its pages rendered at once: ``render.RENDER_PAGES`` at most).
+THREADS = 4
 #: Seconds between two samples of the download process tree.
 SAMPLE_EVERY = 0.25
 #: Longest a crawl may take.
@@ -98,7 +101,10 @@ def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict
         seed(rt.frontier("bench"), [start])
     finally:
         rt.close()
-    specs = [WorkerSpec(kind, ("bench",), threads=1, burst=True) for kind in ("download", "parse")]
+    specs = [
+        WorkerSpec(kind, ("bench",), threads=THREADS if kind == "download" else 1, burst=True)
+        for kind in ("download", "parse")
+    ]
     download, parse = start_workers(specs, settings, redis.url)
     with TreeSampler(download.pid) as sampler:
         seconds, finished = run_until_exit([download, parse], CRAWL_TIMEOUT)
@@ -119,7 +125,8 @@ def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict
 def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     products = QUICK_PRODUCTS if quick else PRODUCTS
     browser = find_browser()
-    result = BenchResult("render", {"products": products, "pages": products + 1, "browser": browser})
+    parameters = {"products": products, "pages": products + 1, "download threads": THREADS, "browser": browser}
+    result = BenchResult("render", parameters)
     figures: dict[str, dict[str, Any]] = {}
     with SpaSite(products=products) as site, tempfile.TemporaryDirectory(prefix="bench-render-") as tmp:
         for name, render in (("plain (server-rendered twin)", False), ("rendered (single-page app)", True)):
@@ -142,7 +149,7 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
         for name, f in figures.items()
     ]
     result.table(
-        "one download process (1 thread) + one parse process, interval 1 ms",
+        f"one download process ({THREADS} threads) + one parse process (1 thread), interval 1 ms",
         [
             "crawl",
             "pages",

@@ -1,64 +1,68 @@
 """Rendering pages in a headless Chromium (Playwright), for sites whose content JavaScript writes.
 
 One browser per process, started on the first rendered page only and restarted if it
-dies; a new browser context per page, so no cookie or storage passes from one page to the
-next. Every request the page makes goes through ``Visit.fetch`` or is aborted: the
-browser itself never opens a connection. Requests of a blocked resource type (images,
-fonts, media, stylesheets by default), other than GET, outside the allowed domains, and
-websockets are aborted; the rest are fetched by the crawler's own fetcher (its address
-rules, body cap and proxies) through the site's gate, and handed to the browser
-(``route.fulfill``). A redirect of the page itself ends the render: the download job sends
-its target through the frontier, as for a plain fetch; a script's or an XHR's redirect is
-followed here, each hop checked and fetched the same way.
+dies, rendering up to ``RENDER_PAGES`` pages at once. Each site has a browser context of its
+own (``Visit.site``), kept with its pages for its later renders, so no cookie, storage or
+cache passes from one site to another; a page is reused, once left for ``about:blank``, by
+its own site's renders only (``RENDERS_PER_PAGE`` of them). Every request the page makes
+goes through ``Visit.fetch`` or is aborted: the browser itself never opens a connection.
+Requests of a blocked resource type (images, fonts, media, stylesheets by default), other
+than GET, outside the allowed domains, and websockets are aborted; the rest are fetched by
+the crawler's own fetcher (its address rules, body cap and proxies) through the site's
+gate, and handed to the browser (``route.fulfill``). A redirect of the page itself ends the
+render: the download job sends its target through the frontier, as for a plain fetch; a
+script's or an XHR's redirect is followed here, each hop checked and fetched the same way.
 
 Two bounds hold whatever the page does:
 
 - **Time.** A render has one deadline, ``timeout`` seconds, that its context, navigation,
   waits and routed fetches share: each fetch (gate wait included) gets only what is left of
-  it. The steps Playwright gives no timeout (``page.content()``, closing the context), which
+  it. The steps Playwright gives no timeout (``page.content()``, closing a page), which
   a script that never yields holds forever, are cut by a watchdog that kills the browser
   ``RENDER_GRACE`` seconds past the deadline; the page is a FetchTimeout either way.
 - **Network.** No byte leaves the browser but through ``route`` and the fetcher: it is
-  launched (``_confinement``) with every connection of its own sent to a proxy at a local
+  launched (``chromium.confinement``) with every connection of its own sent to a proxy at a local
   port that refuses it, loopback included (a dedicated, shared or service worker's
   WebSocket or fetch, which ``route`` does not see, WebRTC's TURN over TCP), WebRTC kept
   off UDP outside a proxy (STUN), and no host name resolved. Page WebSockets are answered
   by ``route_web_socket`` and never connected.
 
-Playwright's sync API is not thread-safe, so the browser lives in one thread of its own
-(``Renderer``), and the worker threads of a download process hand it their pages in turn.
+The browser is driven by Playwright's async API in an event loop of its own thread
+(``Renderer``): the download threads of a process hand it their pages
+(``run_coroutine_threadsafe``) and wait for their DOM; the routed fetches, which block on
+the site's gate, run in threads of the renderer's, the event loop serving the other pages
+meanwhile.
 Playwright is an optional dependency (``pip install -e '.[browser]'``): imported when the
 first page is rendered.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import functools
 import importlib.util
 import logging
 import os
-import queue
-import shutil
-import signal
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urljoin
 
-from ..errors import BodyTooLarge, ConfigError, CrawlerError, FetchTimeout, RefusedURL, TransientError
+from ..errors import BodyTooLarge, CrawlerError, FetchTimeout, RefusedURL, TransientError
 from ..http.fetch import Response
 from ..urls import check_url
+from .chromium import SPEED_SWITCHES, BrowserNotFound, KillTimer, browser_pid, confinement, find_browser
 
 log = logging.getLogger("crawler.render")
 
 #: Resource types (Playwright's names) aborted unless a spider says otherwise (``Spider.render_block``).
 DEFAULT_BLOCK = ("image", "font", "media", "stylesheet")
-#: Executables looked for on ``PATH`` when no ``browser_path`` is set, in order.
-BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 #: Redirect hops of one script or XHR followed inside a render.
 MAX_SUBRESOURCE_REDIRECTS = 5
 #: Request headers of the browser not passed on to the fetcher (it sets its own, or they are per connection).
@@ -68,33 +72,21 @@ DROPPED_RESPONSE_HEADERS = frozenset({"content-encoding", "content-length", "tra
 #: Seconds a render may run past its deadline before its browser is killed (a render ends within
 #: ``timeout`` plus about this much): ``page.content()`` and closing a context take no timeout.
 RENDER_GRACE = 1.0
-
-
-class BrowserNotFound(ConfigError):
-    """No Chromium to render with, or Playwright is not installed."""
+#: Pages rendered at once by one process (its download threads beyond that wait their turn).
+RENDER_PAGES = 4
+#: Routed fetches at once per page (threads of the renderer's: each blocks on the site's gate).
+FETCHES_PER_PAGE = 4
+#: Renders a page serves before it is closed for a new one.
+RENDERS_PER_PAGE = 100
+#: Renders of a page between two garbage collections its renderer is asked for: V8 collects the
+#: documents a reused page left behind late, if ever, with no memory pressure (hundreds of MiB).
+COLLECT_EVERY = 5
+#: Sites whose browser context (and idle pages) a process keeps; the least recently rendered go first.
+KEPT_SITES = 8
 
 
 class RenderFailed(TransientError):
     """The browser failed or died during a render (it is restarted for the next page)."""
-
-
-def find_browser(browser_path: str | None = None) -> str:
-    """The Chromium executable: ``browser_path`` if given, else the first of BROWSER_NAMES on ``PATH``.
-
-    Raises BrowserNotFound, with a one-line message saying what to do, when there is none.
-    """
-    if browser_path:
-        if os.path.isfile(browser_path) and os.access(browser_path, os.X_OK):
-            return browser_path
-        raise BrowserNotFound(f"browser_path {browser_path!r} is not an executable file")
-    for name in BROWSER_NAMES:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise BrowserNotFound(
-        "no Chromium found for rendering: install it (Debian/Ubuntu: apt-get install chromium) "
-        "or set browser_path / CRAWLER_BROWSER_PATH"
-    )
 
 
 @dataclass
@@ -113,6 +105,8 @@ class Visit:
     domains: list[str]
     block: frozenset[str] = frozenset(DEFAULT_BLOCK)
     user_agent: str | None = None
+    #: The site rendered: its browser context and pages serve its renders only; None: a context of its own.
+    site: str | None = None
     #: What the page asked for and was not let fetch: (resource type, URL, why); for ``crawler fetch --render``.
     aborted: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -128,117 +122,164 @@ class _Navigation:
         self.response: Response | None = None
 
 
-class Renderer:
-    """One headless Chromium for this process, in a thread of its own, started on first use.
+class _Tab:
+    """A page of a site's context, reused by one render after another; ``job`` is the render it
+    serves now (None between two: whatever the page asks for then is aborted)."""
 
-    ``render`` may be called from any thread; pages are rendered one at a time.
+    def __init__(self, page: Any):
+        self.page = page
+        self.job: _Job | None = None
+        self.renders = 0
+        self.devtools: Any = None  # a CDP session of the page's, to ask its renderer for a GC
+
+
+@dataclass
+class _Job:
+    """One render's share of a tab: what it may fetch, by when, and what its page's own request came to."""
+
+    visit: Visit
+    deadline: float
+    navigation: _Navigation
+    #: Routed fetches not done yet.
+    pending: set[asyncio.Future[Response]] = field(default_factory=set)
+
+
+class _Site:
+    """A browser context of one site (and user agent), its idle tabs, and how many renders use it."""
+
+    def __init__(self, context: Any):
+        self.context = context
+        self.idle: list[_Tab] = []
+        self.busy = 0
+
+
+class Renderer:
+    """One headless Chromium for this process, driven by Playwright's async API in a thread of its own.
+
+    ``render`` may be called from any thread: up to ``pages`` renders run at once (the callers
+    beyond wait their turn), each in a page of its own in its site's browser context. A
+    site's context (``Visit.site``) and its pages are reused by its later renders, never by
+    another site's; a render without a site gets a fresh context, closed after it.
     ``launches`` counts the browsers started (a crash makes another).
     """
 
-    def __init__(self, browser_path: str | None = None):
+    def __init__(self, browser_path: str | None = None, pages: int = RENDER_PAGES):
         self.browser_path = browser_path
+        self.pages = pages
         self.launches = 0
-        self._jobs: queue.Queue[tuple[concurrent.futures.Future[Response], tuple[Any, ...]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = threading.BoundedSemaphore(self.pages)
+        #: The routed fetches block (the gate's wait, the request): they run here, not in the event loop.
+        self._fetchers = concurrent.futures.ThreadPoolExecutor(1)
+        # The event loop's own, touched in its thread only.
+        self._playwright: Any = None
         self._browser: Any = None
         self._browser_pid: int | None = None
+        self._launching: asyncio.Lock | None = None
+        self._opening: asyncio.Lock | None = None
+        self._sites: OrderedDict[tuple[str, str | None], _Site] = OrderedDict()
         #: A local port bound and never listened on: the browser's proxy, which refuses every connection.
         self._refuser: socket.socket | None = None
-        self._pid = os.getpid()
 
     def render(self, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int) -> Response:
-        """Load ``url`` in a fresh context and return its DOM as an HTML ``Response`` (utf-8).
+        """Load ``url`` in a page of its site's context and return its DOM as an HTML ``Response`` (utf-8).
 
         The DOM is taken once ``wait_for`` (a CSS selector) is in it, or, without one, once
         the network has been idle for 500 ms after the load event (or at the deadline, if it
-        never is). The render ends within ``timeout`` seconds (plus ``RENDER_GRACE`` at most),
-        a FetchTimeout when it is not done by then; a DOM over ``max_bytes`` (utf-8) is BodyTooLarge.
-        A page whose own response is a redirect, an error status or not HTML is returned
-        unrendered, as fetched.
+        never is). The render ends within ``timeout`` seconds (plus ``RENDER_GRACE`` at most) of
+        its start (its turn among ``pages``, the browser started), a FetchTimeout when it is not
+        done by then; a DOM over ``max_bytes`` (utf-8) is BodyTooLarge. A page whose own response
+        is a redirect, an error status or not HTML is returned unrendered, as fetched.
         """
-        future: concurrent.futures.Future[Response] = concurrent.futures.Future()
-        self._start()
-        self._jobs.put((future, (url, visit, wait_for, timeout, max_bytes)))
-        return future.result()
+        loop = self._start()
+        with self._slots:
+            job = self._render_fresh(url, visit, wait_for, timeout, max_bytes)
+            try:
+                future = asyncio.run_coroutine_threadsafe(job, loop)
+            except RuntimeError as exc:  # the loop was closed under it (``close``)
+                job.close()
+                raise RenderFailed(f"the renderer is closed: {exc}") from exc
+            return future.result()
 
     def close(self) -> None:
         """Close the browser and stop its thread (a no-op when none was started)."""
         with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(None)
-            thread.join(timeout=30)
+            thread, loop = self._thread, self._loop
+            self._thread = self._loop = None
+        if thread is None or loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=30)
+        except Exception as exc:  # any: closing goes on whatever the browser did
+            log.debug("browser not closed cleanly: %s", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        if not thread.is_alive():
+            loop.close()  # a render asked for after this one fails at once
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
         if self._refuser is not None:
             self._refuser.close()
             self._refuser = None
 
-    def _start(self) -> None:
+    def _start(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._thread is not None and self._pid != os.getpid():  # forked: the thread stayed in the parent
-                self._thread, self._browser = None, None
-                self._jobs = queue.Queue()
-            if self._thread is None:
+            if self._pid != os.getpid():  # forked: the thread and the browser stayed in the parent
+                self._pid = os.getpid()
+                self._reset()
+            if self._thread is None or self._loop is None:
                 # One-line errors in the caller's thread, before anything starts.
                 if importlib.util.find_spec("playwright") is None:
                     raise BrowserNotFound("rendering needs Playwright: pip install -e '.[browser]'")
                 find_browser(self.browser_path)
-                self._pid = os.getpid()
-                self._thread = threading.Thread(target=self._run, name="renderer", daemon=True)
+                loop = asyncio.new_event_loop()
+                self._fetchers = concurrent.futures.ThreadPoolExecutor(
+                    FETCHES_PER_PAGE * self.pages, thread_name_prefix="render-fetch"
+                )
+                self._thread = threading.Thread(target=loop.run_forever, name="renderer", daemon=True)
                 self._thread.start()
+                self._loop = loop
+            return self._loop
 
-    def _run(self) -> None:
-        from playwright.sync_api import sync_playwright
+    async def _shutdown(self) -> None:
+        browser, playwright = self._browser, self._playwright
+        self._browser = self._playwright = None
+        self._sites.clear()
+        if browser is not None and browser.is_connected():
+            await browser.close()
+        if playwright is not None:
+            await playwright.stop()
 
-        try:
-            with sync_playwright() as playwright:
-                while (job := self._jobs.get()) is not None:
-                    future, args = job
-                    if not future.set_running_or_notify_cancel():
-                        continue
-                    try:
-                        future.set_result(self._render_fresh(playwright, *args))
-                    except BaseException as exc:  # any: it belongs to the thread that asked
-                        future.set_exception(exc)
-                if self._browser is not None and self._browser.is_connected():
-                    self._browser.close()
-        except Exception as exc:  # Playwright's driver did not start, or died: no page waits for it forever
-            self._fail_all(RenderFailed(f"Playwright failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"))
-
-    def _fail_all(self, error: Exception) -> None:
-        with self._lock:
-            self._thread = None
-        while True:
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                job[0].set_exception(error)
-
-    def _render_fresh(
-        self, playwright: Any, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int
+    async def _render_fresh(
+        self, url: str, visit: Visit, wait_for: str | None, timeout: float, max_bytes: int
     ) -> Response:
         """``_render`` in a connected browser (started if there is none, restarted if it died), killed
         if the render is not over ``RENDER_GRACE`` past its deadline (a FetchTimeout)."""
-        from playwright.sync_api import Error
+        from playwright.async_api import Error
 
         for attempt in (1, 2):
-            if self._browser is None or not self._browser.is_connected():
-                self._launch(playwright)
+            browser = await self._connected_browser()
             deadline = time.monotonic() + timeout
-            with _Watchdog(self._browser, self._browser_pid, deadline + RENDER_GRACE) as watchdog:
+            with KillTimer(browser, self._browser_pid, deadline + RENDER_GRACE) as watchdog:
                 try:
-                    context = self._browser.new_context(user_agent=visit.user_agent, service_workers="block")
+                    site, tab = await self._tab(browser, visit)
                 except Error as exc:  # the browser died between two pages: once more with a new one
-                    self._browser = None
+                    self._forget(browser)
                     if watchdog.fired:
                         raise _overran(timeout) from exc
                     if attempt == 2:
                         raise RenderFailed(f"browser failed: {exc}") from exc
                     continue
+                done = False
                 try:
-                    return _render(context, url, visit, wait_for, deadline, timeout, max_bytes)
+                    response = await _render(tab, url, visit, wait_for, deadline, timeout, max_bytes)
+                    done = True
+                    return response
                 except (Error, RenderFailed) as exc:
                     if watchdog.fired:
                         raise _overran(timeout) from exc
@@ -246,24 +287,106 @@ class Renderer:
                         raise RenderFailed(f"render failed: {str(exc).splitlines()[0]}") from exc
                     raise
                 finally:
-                    try:
-                        context.close()
-                    except Error:  # the browser died during the render: the next page starts another
-                        self._browser = None
+                    await self._release(browser, site, tab, reuse=done and not watchdog.fired)
                     if watchdog.fired:
-                        self._browser = None
+                        self._forget(browser)
         raise AssertionError("unreachable")
 
-    def _launch(self, playwright: Any) -> None:
+    async def _connected_browser(self) -> Any:
+        if self._launching is None:
+            self._launching = asyncio.Lock()
+        async with self._launching:  # renders that find no browser start one between them
+            if self._browser is None or not self._browser.is_connected():
+                self._forget(self._browser)
+                await self._launch()
+            return self._browser
+
+    def _forget(self, browser: Any) -> None:
+        """Drop ``browser`` (dead, or killed) and its contexts: the next render starts another."""
+        if browser is not None and browser is self._browser:
+            self._browser = None
+            self._sites.clear()
+
+    async def _tab(self, browser: Any, visit: Visit) -> tuple[_Site | None, _Tab]:
+        """A page for a render of ``visit``: an idle one of its site's context, else a new one in it
+        (the context made if there is none); without a site, a page in a fresh context."""
+        if visit.site is None:
+            context = await self._new_context(browser, visit.user_agent)
+            try:
+                return None, await _new_tab(context, self._fetchers)
+            except BaseException:
+                await _close_quietly(context.close())
+                raise
+        key = (visit.site, visit.user_agent)
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # two first renders of a site open one context between them
+            site = self._sites.get(key)
+            if site is None:
+                site = self._sites[key] = _Site(await self._new_context(browser, visit.user_agent))
+            self._sites.move_to_end(key)
+            site.busy += 1
+        await self._close_idle_sites()
+        try:
+            tab = site.idle.pop() if site.idle else await _new_tab(site.context, self._fetchers)
+        except BaseException:
+            site.busy -= 1
+            raise
+        return site, tab
+
+    async def _new_context(self, browser: Any, user_agent: str | None) -> Any:
+        context = await browser.new_context(user_agent=user_agent, service_workers="block")
+        # What no page of ours routes (a popup's requests, say) is aborted, never sent.
+        await context.route("**/*", lambda route: route.abort("blockedbyclient"))
+        return context
+
+    async def _close_idle_sites(self) -> None:
+        """Close the contexts of the sites least recently rendered, idle, beyond ``KEPT_SITES``."""
+        for key in list(self._sites)[: max(0, len(self._sites) - KEPT_SITES)]:
+            site = self._sites.get(key)
+            if site is not None and site.busy == 0:
+                del self._sites[key]
+                await _close_quietly(site.context.close())
+
+    async def _release(self, browser: Any, site: _Site | None, tab: _Tab, reuse: bool) -> None:
+        """The render's page back to its site's idle ones (left for ``about:blank``, so that nothing
+        of its document runs on), or closed (with its context, for a render without a site)."""
+        from playwright.async_api import Error
+
+        job, tab.job = tab.job, None
+        if job is not None and job.pending:  # a late request's record comes before the page's own
+            await asyncio.wait(job.pending, timeout=max(0.0, job.deadline - time.monotonic()))
+        if site is None:
+            await _close_quietly(tab.page.context.close())
+            return
+        site.busy -= 1
+        if reuse and browser is self._browser and len(site.idle) < self.pages and tab.renders < RENDERS_PER_PAGE:
+            try:
+                await tab.page.goto("about:blank", timeout=RENDER_GRACE * 1000)
+                if tab.renders % COLLECT_EVERY == 0:
+                    if tab.devtools is None:
+                        tab.devtools = await site.context.new_cdp_session(tab.page)
+                    await asyncio.wait_for(tab.devtools.send("HeapProfiler.collectGarbage"), RENDER_GRACE)
+                site.idle.append(tab)
+                return
+            except (Error, TimeoutError):
+                pass
+        await _close_quietly(tab.page.close())
+
+    async def _launch(self) -> None:
         executable = find_browser(self.browser_path)
         if self._refuser is None:
             self._refuser = socket.socket()
             self._refuser.bind(("127.0.0.1", 0))  # never listened on: a connection to it is refused
         try:
-            args = _confinement(self._refuser.getsockname()[1])
-            self._browser = playwright.chromium.launch(executable_path=executable, headless=True, args=args)
-            self._browser_pid = _browser_pid(self._browser)
-        except Exception as exc:  # Playwright's Error: the browser did not start
+            if self._playwright is None:
+                from playwright.async_api import async_playwright
+
+                self._playwright = await async_playwright().start()
+            args = confinement(self._refuser.getsockname()[1]) + list(SPEED_SWITCHES)
+            self._browser = await self._playwright.chromium.launch(executable_path=executable, headless=True, args=args)
+            self._browser_pid = await browser_pid(self._browser)
+        except Exception as exc:  # Playwright's Error: the browser (or Playwright's driver) did not start
             raise RenderFailed(f"browser {executable} did not start: {str(exc).splitlines()[0]}") from exc
         if self._browser_pid is None:
             log.warning("browser %s gave no process id: a render past its deadline cannot be cut", executable)
@@ -271,62 +394,39 @@ class Renderer:
         log.info("browser started: %s", executable)
 
 
-def _confinement(refusing_port: int) -> list[str]:
-    """Chromium's switches that leave a page no way out but ``route``: the browser's own connections
-    (and WebRTC's over TCP) go to a proxy at ``refusing_port`` on loopback, which refuses them,
-    loopback addresses included (``<-loopback>``, else bypassed); WebRTC sends no UDP outside a proxy
-    (the ``webrtc.ip_handling_policy`` preference); no host name is resolved."""
-    return [
-        f"--proxy-server=http://127.0.0.1:{refusing_port}",
-        "--proxy-bypass-list=<-loopback>",
-        "--webrtc-ip-handling-policy=disable_non_proxied_udp",
-        "--host-resolver-rules=MAP * ~NOTFOUND",
-    ]
+async def _new_tab(context: Any, fetchers: concurrent.futures.Executor) -> _Tab:
+    """A new page of ``context``, each of its requests routed for the render it serves (``_Tab.job``)."""
+    page = await context.new_page()
+    tab = _Tab(page)
+
+    async def route(route: Any) -> None:
+        job = tab.job
+        if job is None:  # between two renders: the last one's document is gone, or going
+            await _answer(route.abort("blockedbyclient"))
+            return
+        await _route(route, page, job, fetchers)
+
+    await page.route("**/*", route)
+    await page.route_web_socket("**/*", lambda ws: None)  # never connected to a server
+    return tab
 
 
-def _browser_pid(browser: Any) -> int | None:
-    """The browser process's id, as Chromium gives it (``SystemInfo.getProcessInfo``)."""
-    session = browser.new_browser_cdp_session()
+async def _close_quietly(closing: Any) -> None:
+    """Await ``closing`` (a page's or context's ``close()``); an error (the browser gone) is nothing to report."""
+    from playwright.async_api import Error
+
     try:
-        processes = session.send("SystemInfo.getProcessInfo").get("processInfo", [])
-    finally:
-        session.detach()
-    return next((p["id"] for p in processes if p.get("type") == "browser"), None)
+        await closing
+    except Error:
+        pass
 
 
-class _Watchdog:
-    """Kills the browser process ``pid`` at ``when`` (``time.monotonic()``) unless the ``with`` is left
-    first; ``fired`` says it did."""
-
-    def __init__(self, browser: Any, pid: int | None, when: float):
-        self.fired = False
-        self._browser, self._pid = browser, pid
-        self._left = False
-        self._lock = threading.Lock()
-        self._timer = threading.Timer(max(0.0, when - time.monotonic()), self._fire)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Watchdog:
-        if self._pid is not None:
-            self._timer.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._left = True
-        self._timer.cancel()
-
-    def _fire(self) -> None:
-        with self._lock:
-            # A browser that is gone already may have left its pid to another process.
-            if self._left or self._pid is None or not self._browser.is_connected():
-                return
-            self.fired = True
-            log.warning("render past its deadline: browser %d killed", self._pid)
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except OSError:
-                pass
+async def _answer(answering: Any) -> None:
+    """Await ``answering`` (a route's ``abort`` or ``fulfill``): the page may be gone (its deadline)."""
+    try:
+        await answering
+    except Exception as exc:  # any: nothing to answer, and the render says why
+        log.debug("request not answered: %s", exc)
 
 
 def _overran(timeout: float) -> FetchTimeout:
@@ -335,26 +435,26 @@ def _overran(timeout: float) -> FetchTimeout:
     )
 
 
-def _render(
-    context: Any, url: str, visit: Visit, wait_for: str | None, deadline: float, timeout: float, max_bytes: int
+async def _render(
+    tab: _Tab, url: str, visit: Visit, wait_for: str | None, deadline: float, timeout: float, max_bytes: int
 ) -> Response:
-    """Render ``url`` in ``context`` by ``deadline`` (``time.monotonic()``; see ``Renderer.render``)."""
-    from playwright.sync_api import Error
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    """Render ``url`` in ``tab`` by ``deadline`` (``time.monotonic()``; see ``Renderer.render``)."""
+    from playwright.async_api import Error
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
 
     started, clock = datetime.now(UTC), deadline - timeout
     navigation = _Navigation()
-    page = context.new_page()
-    context.route("**/*", lambda route: _route(route, page, visit, navigation, deadline))
-    page.route_web_socket("**/*", lambda ws: None)  # never connected to a server
+    page = tab.page
+    tab.job = _Job(visit, deadline, navigation)
+    tab.renders += 1
     loaded = False
     try:
-        page.goto(url, timeout=_ms_left(deadline), wait_until="load")
+        await page.goto(url, timeout=_ms_left(deadline), wait_until="load")
         loaded = True
         if wait_for:
-            page.wait_for_selector(wait_for, state="attached", timeout=_ms_left(deadline))
+            await page.wait_for_selector(wait_for, state="attached", timeout=_ms_left(deadline))
         else:
-            page.wait_for_load_state("networkidle", timeout=_ms_left(deadline))
+            await page.wait_for_load_state("networkidle", timeout=_ms_left(deadline))
     except (PlaywrightTimeout, Error) as exc:
         if navigation.unrendered is not None:
             return navigation.unrendered
@@ -365,11 +465,11 @@ def _render(
                 what = f"waiting for {wait_for!r}" if loaded else "loading"
                 took = time.monotonic() - clock
                 raise FetchTimeout(f"render timed out after {took:.1f}s {what} (limit {timeout:g}s)") from exc
-        elif not page.is_closed() and context.browser and context.browser.is_connected():
+        elif not page.is_closed() and page.context.browser and page.context.browser.is_connected():
             raise RenderFailed(f"render failed: {str(exc).splitlines()[0]}") from exc
         else:
             raise RenderFailed(f"browser died during the render: {str(exc).splitlines()[0]}") from exc
-    html = page.content().encode("utf-8")
+    html = (await page.content()).encode("utf-8")
     if len(html) > max_bytes:
         raise BodyTooLarge(f"rendered DOM over {max_bytes:,} bytes ({len(html):,})")
     document = navigation.response
@@ -390,11 +490,13 @@ def _ms_left(deadline: float) -> float:
     return max(1.0, (deadline - time.monotonic()) * 1000)
 
 
-def _route(route: Any, page: Any, visit: Visit, navigation: _Navigation, deadline: float) -> None:
-    """Fetch one request of the page through ``visit`` and hand the browser the answer, or abort it."""
+async def _route(route: Any, page: Any, job: _Job, fetchers: concurrent.futures.Executor) -> None:
+    """Fetch one request of the page through ``job.visit`` (in a thread of the renderer's, the event
+    loop free meanwhile) and hand the browser the answer, or abort it."""
     request = route.request
-    is_page = request.is_navigation_request() and request.frame == page.main_frame
+    visit, navigation, deadline = job.visit, job.navigation, job.deadline
     try:
+        is_page = request.is_navigation_request() and request.frame == page.main_frame
         why = _refusal(request, visit, is_page and navigation.response is None)
         if why is None and is_page and navigation.response is not None:
             why = "a second navigation of the page"  # script-driven: one render is one page
@@ -402,24 +504,31 @@ def _route(route: Any, page: Any, visit: Visit, navigation: _Navigation, deadlin
             why = "past the render's deadline"
         if why is not None:
             visit.aborted.append((request.resource_type, request.url, why))
-            route.abort("blockedbyclient")
+            await route.abort("blockedbyclient")
             return
         headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST_HEADERS}
         try:
-            response = _fetch(request.url, headers, visit, deadline, is_page)
+            fetching = asyncio.get_running_loop().run_in_executor(
+                fetchers, functools.partial(_fetch, request.url, headers, visit, deadline, is_page)
+            )
+            job.pending.add(fetching)
+            try:
+                response = await fetching
+            finally:
+                job.pending.discard(fetching)
         except CrawlerError as exc:
             if is_page:
                 navigation.error = exc
-            route.abort("failed")
+            await route.abort("failed")
             return
         if is_page:
             navigation.response = response
             if not 200 <= response.status < 300 or not response.is_html:
                 navigation.unrendered = response
-                route.abort("aborted")
+                await route.abort("aborted")
                 return
         kept = {k: v for k, v in response.headers.items() if k not in DROPPED_RESPONSE_HEADERS}
-        route.fulfill(status=response.status, headers=kept, body=response.body)
+        await route.fulfill(status=response.status, headers=kept, body=response.body)
     except Exception as exc:  # the page may be gone (deadline): nothing to answer, and the render says why
         log.debug("request %s not answered: %s", request.url, exc)
 

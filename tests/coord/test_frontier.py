@@ -182,7 +182,9 @@ def test_a_page_of_repeated_links_sends_each_url_to_the_seen_set_once(
     assert subsets == 3
     sent: list[bytes] = []
     chunk_of = crawler.coord.seen.chunk_of
-    monkeypatch.setattr(crawler.coord.seen, "chunk_of", lambda fps, *shape: (sent.extend(fps), chunk_of(fps, *shape))[1])
+    monkeypatch.setattr(
+        crawler.coord.seen, "chunk_of", lambda fps, *shape: (sent.extend(fps), chunk_of(fps, *shape))[1]
+    )
     before = {command: calls(command) for command in ("sadd", "evalsha", "sismember", "smismember")}
     result = frontier.add([Request(f"http://example.com/{i % 1_000}#{i}") for i in range(12_000)])
     assert len(result.enqueued) == 500 and result.duplicates == 11_500

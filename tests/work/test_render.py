@@ -34,8 +34,9 @@ from crawler.errors import BodyTooLarge, FetchTimeout
 from crawler.http.fetch import Fetcher, Response
 from crawler.settings import Settings
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, Store
+from crawler.work.chromium import BrowserNotFound, find_browser
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.render import RENDER_GRACE, BrowserNotFound, Renderer, Visit, find_browser
+from crawler.work.render import RENDER_GRACE, Renderer, Visit
 from crawler.work.runtime import Runtime
 
 #: Paths of the app a rendering crawl must never request.
@@ -171,6 +172,43 @@ def test_a_render_that_times_out_is_retried_then_recorded_failed(
     assert outcomes == [RETRY, FAILED], rows
     assert "render timed out" in (rows[-1]["error"] or "") and "h1.name" in rows[-1]["error"], rows[-1]
     assert set(items_by_key(settings.database_url, "spa")) == {"SPA-0001"}
+
+
+def pages_open_at_once(paths: list[str]) -> int:
+    """Most product pages open at the same time on the wire: a page is open from its own request's
+    arrival to its API request's (its script's XHR, the render's last request)."""
+    open_pages: set[str] = set()
+    most = 0
+    for path in paths:
+        if path.startswith("/product/"):
+            open_pages.add(path.removeprefix("/product/"))
+        elif path.startswith("/api/product/"):
+            open_pages.discard(path.removeprefix("/api/product/"))
+        most = max(most, len(open_pages))
+    return most
+
+
+def test_several_pages_render_at_once_in_one_process_each_request_still_spaced_by_the_gate(
+    redis_conn: Redis, settings: Settings, browser: str
+) -> None:
+    """Four download threads of one process render their pages at once in its one browser (the
+    pages of one site's context, reused): the pages' requests interleave on the wire, yet no two
+    arrive closer than the site's interval."""
+    interval = 0.1
+    settings = dataclasses.replace(settings, browser_path=browser, sites={"spa": {"interval": interval}})
+    with SpaSite(products=8) as site:
+        write_spider(settings, site, render=True)
+        with installed_runtime(redis_conn, settings) as rt:
+            seed(rt.frontier("spa"), [site.url + "/"])
+            threads, stop = start_in_threads(rt, 4, 1, sites=("spa",))
+            join_all(threads, stop)
+            launches = rt.renderer.launches
+        assert items_by_key(settings.database_url, "spa") == site.expected_items()
+        paths = [a.path for a in sorted(site.arrivals, key=lambda a: a.time)]
+        gap = site.min_gap()
+    assert pages_open_at_once(paths) >= 2, paths
+    assert gap is not None and gap >= interval, f"two requests {gap * 1000:.1f} ms apart"
+    assert launches == 1
 
 
 def crawler_cli(redis_url: str, settings: Settings, *args: str, env: dict[str, str] | None = None) -> Result:

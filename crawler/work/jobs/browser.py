@@ -21,13 +21,15 @@ Record = Callable[..., None]
 
 def visit(rt: runtime.Runtime, context: SiteContext, task: DownloadTask, record: Record | None = None) -> Visit:
     """What the render of ``task``'s page may fetch, and how (``render.Visit``): each request through
-    the site's gate and the context's proxy (``routed_fetch``), within the site's domains, with its user agent.
+    the site's gate and the context's proxy (``routed_fetch``), within the site's domains, with its user agent,
+    in the site's own browser context.
     ``record``: what records each of the page's requests but its own (None: nothing recorded)."""
     return Visit(
         fetch=routed_fetch(rt, context, task, record),
         domains=list(context.domains),
         block=frozenset(getattr(context.spider, "render_block", DEFAULT_BLOCK)),
         user_agent=context.user_agent,
+        site=task.site,
     )
 
 
