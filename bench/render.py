@@ -39,6 +39,8 @@ PRODUCTS = 150
 QUICK_PRODUCTS = 20
 #: Threads of the download process (its pages rendered at once: ``render.RENDER_PAGES`` at most).
 THREADS = 4
+#: The site's interval (seconds): short, so that the figures are the workers' cost, not politeness.
+INTERVAL = 0.001
 #: Seconds between two samples of the download process tree.
 SAMPLE_EVERY = 0.25
 #: Longest a crawl may take.
@@ -51,6 +53,8 @@ class TreeSampler:
     def __init__(self, pid: int):
         self.root = psutil.Process(pid)
         self.cpu: dict[int, float] = {}
+        #: Each process's kind (``process_kind``), for where the CPU goes.
+        self.kinds: dict[int, str] = {}
         self.peak_pss = 0
         self.peak_rss = 0
         self.browser_processes = 0
@@ -85,15 +89,41 @@ class TreeSampler:
             except psutil.Error:
                 continue
             self.cpu[process.pid] = times.user + times.system
+            if process.pid not in self.kinds:
+                self.kinds[process.pid] = process_kind(process)
             pss += getattr(memory, "pss", memory.rss)
             rss += memory.rss
         self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds of the processes sampled, summed by kind, most first."""
+        by: dict[str, float] = {}
+        for pid, seconds in self.cpu.items():
+            by[self.kinds.get(pid, "?")] = by.get(self.kinds.get(pid, "?"), 0.0) + seconds
+        return dict(sorted(by.items(), key=lambda kv: -kv[1]))
+
+
+def process_kind(process: psutil.Process) -> str:
+    """What a process of the download tree is: the worker (python), Playwright's driver (node), or
+    Chromium's browser, renderer, GPU or utility process (its ``--type``)."""
+    try:
+        cmdline = process.cmdline()
+    except psutil.Error:
+        return "?"
+    if not cmdline:
+        return "?"
+    if cmdline[0].endswith("node"):
+        return "playwright driver"
+    if "python" in Path(cmdline[0]).name:
+        return "worker (python)"
+    kind = next((arg.removeprefix("--type=") for arg in cmdline if arg.startswith("--type=")), "browser")
+    return f"chromium {kind}"
 
 
 def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict[str, Any]:
     """One crawl of the shop (the app rendered, or its twin plain) and its figures."""
     start = site.url + ("/" if render else "/ssr/")
-    settings = crawl_settings(workdir, redis.url, [], {"bench": 0.001})
+    settings = crawl_settings(workdir, redis.url, [], {"bench": INTERVAL})
     (Path(settings.sites_dir) / "bench.py").write_text(SPIDER_SOURCE.format(name="bench", url=start, render=render))
     redis.connection.flushdb()
     rt = Runtime(redis.connection, settings)
@@ -106,9 +136,11 @@ def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict
         for kind in ("download", "parse")
     ]
     download, parse = start_workers(specs, settings, redis.url)
-    with TreeSampler(download.pid) as sampler:
+    site.arrivals.clear()
+    with TreeSampler(download.pid) as sampler, TreeSampler(parse.pid) as parse_sampler:
         seconds, finished = run_until_exit([download, parse], CRAWL_TIMEOUT)
     pages = site.products + 1
+    gap = site.min_gap()
     return {
         "pages": pages,
         "items": stored_items(settings.database_url, "bench"),
@@ -116,9 +148,12 @@ def crawl(redis: BenchRedis, workdir: Path, site: SpaSite, render: bool) -> dict
         "finished": finished,
         "pages_per_s": pages / seconds,
         "cpu_s": sum(sampler.cpu.values()),
+        "parse_cpu_s": sum(parse_sampler.cpu.values()),
+        "min_gap_ms": None if gap is None else gap * 1000,
         "peak_pss_mib": sampler.peak_pss / 2**20,
         "peak_rss_mib": sampler.peak_rss / 2**20,
         "processes": sampler.browser_processes + 1,
+        "cpu_s_by_kind": sampler.cpu_by_kind(),
     }
 
 
@@ -141,7 +176,8 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
             f["seconds"],
             f["pages_per_s"],
             f["cpu_s"],
-            f["cpu_s"] / f["pages"] * 1000,
+            f["parse_cpu_s"],
+            (f["cpu_s"] + f["parse_cpu_s"]) / f["pages"] * 1000,
             f["peak_pss_mib"],
             f["peak_rss_mib"],
             f["processes"],
@@ -157,15 +193,34 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
             "seconds",
             "pages/s",
             "download CPU s",
-            "CPU ms/page",
+            "parse CPU s",
+            "CPU ms/page (both)",
             "peak PSS MiB",
             "peak RSS MiB (sum)",
             "processes",
+            "closest requests ms",
         ],
-        rows,
+        [[*row, figures[row[0]]["min_gap_ms"]] for row in rows],
+    )
+    rendered = figures["rendered (single-page app)"]
+    result.table(
+        "where the rendered crawl's download CPU goes",
+        ["process", "CPU s", "ms/page"],
+        [[kind, cpu, cpu / rendered["pages"] * 1000] for kind, cpu in rendered["cpu_s_by_kind"].items()],
     )
     for name, f in figures.items():
         result.checks.append(Check(f"{name}: every item", f"{f['items']}", f"{products}", f["items"] == products))
+        gap = f["min_gap_ms"]
+        held = gap is not None and gap >= INTERVAL * 1000
+        result.checks.append(
+            Check(f"{name}: closest requests on the wire", f"{gap or 0:.2f} ms", f">= {INTERVAL * 1000:g} ms", held)
+        )
+    cpu_ms = (rendered["cpu_s"] + rendered["parse_cpu_s"]) / rendered["pages"] * 1000
+    result.checks += [
+        Check("rendered pages a second", f"{rendered['pages_per_s']:.2f}", ">= 4", rendered["pages_per_s"] >= 4),
+        Check("rendered: CPU ms a page, every process", f"{cpu_ms:.0f}", "<= 250", cpu_ms <= 250),
+        Check("rendered: peak PSS MiB", f"{rendered['peak_pss_mib']:.0f}", "<= 700", rendered["peak_pss_mib"] <= 700),
+    ]
     result.notes.append(
         "download CPU and memory: the download worker process and its descendants (Playwright's driver, "
         "Chromium's processes); PSS splits shared pages between the processes that share them"

@@ -3,8 +3,8 @@
 One browser per process, started on the first rendered page only and restarted if it
 dies, rendering up to ``RENDER_PAGES`` pages at once. Each site has a browser context of its
 own (``Visit.site``), kept with its pages for its later renders, so no cookie, storage or
-cache passes from one site to another; a page is reused, once left for ``about:blank``, by
-its own site's renders only (``RENDERS_PER_PAGE`` of them). Every request the page makes
+cache passes from one site to another; a page is reused, its document stopped and emptied,
+by its own site's renders only (``RENDERS_PER_PAGE`` of them). Every request the page makes
 goes through ``Visit.fetch`` or is aborted: the browser itself never opens a connection.
 Requests of a blocked resource type (images, fonts, media, stylesheets by default), other
 than GET, outside the allowed domains, and websockets are aborted; the rest are fetched by
@@ -40,35 +40,25 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import importlib.util
+import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urljoin
 
-from ..errors import BodyTooLarge, CrawlerError, FetchTimeout, RefusedURL, TransientError
+from ..errors import BodyTooLarge, FetchTimeout, TransientError
 from ..http.fetch import Response
-from ..urls import check_url
 from .chromium import SPEED_SWITCHES, BrowserNotFound, KillTimer, browser_pid, confinement, find_browser
+from .render_requests import Job, Navigation, Visit, answer, route
 
 log = logging.getLogger("crawler.render")
 
-#: Resource types (Playwright's names) aborted unless a spider says otherwise (``Spider.render_block``).
-DEFAULT_BLOCK = ("image", "font", "media", "stylesheet")
-#: Redirect hops of one script or XHR followed inside a render.
-MAX_SUBRESOURCE_REDIRECTS = 5
-#: Request headers of the browser not passed on to the fetcher (it sets its own, or they are per connection).
-DROPPED_REQUEST_HEADERS = frozenset({"accept-encoding", "user-agent", "host", "connection", "content-length"})
-#: Response headers not handed to the browser: the body it gets is decoded and whole.
-DROPPED_RESPONSE_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding", "connection"})
 #: Seconds a render may run past its deadline before its browser is killed (a render ends within
 #: ``timeout`` plus about this much): ``page.content()`` and closing a context take no timeout.
 RENDER_GRACE = 1.0
@@ -89,37 +79,28 @@ class RenderFailed(TransientError):
     """The browser failed or died during a render (it is restarted for the next page)."""
 
 
-@dataclass
-class Visit:
-    """What one render may fetch, and how.
-
-    ``fetch(url, headers, wait, is_page)`` fetches one request the page makes (through the
-    site's gate, leaving a fetch record for the page's requests but not for the page itself,
-    whose record is the download job's) and returns the response, or raises a
-    ``CrawlerError``, within ``wait`` seconds, the gate's wait and the request together:
-    what is left of the render's deadline. ``domains``: requests elsewhere are
-    aborted; ``block``: resource types aborted.
-    """
-
-    fetch: Callable[[str, Mapping[str, str], float, bool], Response]
-    domains: list[str]
-    block: frozenset[str] = frozenset(DEFAULT_BLOCK)
-    user_agent: str | None = None
-    #: The site rendered: its browser context and pages serve its renders only; None: a context of its own.
-    site: str | None = None
-    #: What the page asked for and was not let fetch: (resource type, URL, why); for ``crawler fetch --render``.
-    aborted: list[tuple[str, str, str]] = field(default_factory=list)
+#: What a page's document is left as between two renders of its site: stopped (its loads, timers and
+#: animation frames) and emptied: cheaper than a navigation to ``about:blank`` (docs/BENCHMARKS.md).
+QUIETEN = """() => {
+  window.stop();
+  const timer = setTimeout(() => {}, 0), frame = requestAnimationFrame(() => {});
+  for (let i = 0; i <= timer; i++) { clearTimeout(i); clearInterval(i); }
+  for (let i = 0; i <= frame; i++) cancelAnimationFrame(i);
+  document.documentElement.remove();
+}"""
 
 
-class _Navigation:
-    """What the page's own request came to, read after ``goto``."""
-
-    def __init__(self) -> None:
-        #: The page's response when it is not to be rendered (a redirect, an error status, not HTML).
-        self.unrendered: Response | None = None
-        #: Why the page's own request failed.
-        self.error: CrawlerError | None = None
-        self.response: Response | None = None
+#: Resolves once an element matches a CSS selector (``%s``, a JSON string), as Playwright's
+#: ``wait_for_selector(state="attached")`` does for CSS.
+WAIT_FOR_SELECTOR = """new Promise(resolve => {
+  const selector = %s, found = () => document.querySelector(selector) !== null;
+  if (found()) return resolve(true);
+  const observer = new MutationObserver(() => { if (found()) { observer.disconnect(); resolve(true); } });
+  observer.observe(document, {childList: true, subtree: true, attributes: true});
+})"""
+#: The document as HTML, its doctype first.
+DOCUMENT_HTML = """(document.doctype ? new XMLSerializer().serializeToString(document.doctype) : "")
+  + (document.documentElement ? document.documentElement.outerHTML : "")"""
 
 
 class _Tab:
@@ -128,20 +109,9 @@ class _Tab:
 
     def __init__(self, page: Any):
         self.page = page
-        self.job: _Job | None = None
+        self.job: Job | None = None
         self.renders = 0
-        self.devtools: Any = None  # a CDP session of the page's, to ask its renderer for a GC
-
-
-@dataclass
-class _Job:
-    """One render's share of a tab: what it may fetch, by when, and what its page's own request came to."""
-
-    visit: Visit
-    deadline: float
-    navigation: _Navigation
-    #: Routed fetches not done yet.
-    pending: set[asyncio.Future[Response]] = field(default_factory=set)
+        self.devtools: Any = None  # the page's CDP session: its DOM read, its renderer asked for a GC
 
 
 class _Site:
@@ -349,8 +319,8 @@ class Renderer:
                 await _close_quietly(site.context.close())
 
     async def _release(self, browser: Any, site: _Site | None, tab: _Tab, reuse: bool) -> None:
-        """The render's page back to its site's idle ones (left for ``about:blank``, so that nothing
-        of its document runs on), or closed (with its context, for a render without a site)."""
+        """The render's page back to its site's idle ones (its document stopped and emptied, ``QUIETEN``,
+        so that nothing of it runs on), or closed (with its context, for a render without a site)."""
         from playwright.async_api import Error
 
         job, tab.job = tab.job, None
@@ -362,10 +332,8 @@ class Renderer:
         site.busy -= 1
         if reuse and browser is self._browser and len(site.idle) < self.pages and tab.renders < RENDERS_PER_PAGE:
             try:
-                await tab.page.goto("about:blank", timeout=RENDER_GRACE * 1000)
+                await asyncio.wait_for(tab.page.evaluate(QUIETEN), RENDER_GRACE)
                 if tab.renders % COLLECT_EVERY == 0:
-                    if tab.devtools is None:
-                        tab.devtools = await site.context.new_cdp_session(tab.page)
                     await asyncio.wait_for(tab.devtools.send("HeapProfiler.collectGarbage"), RENDER_GRACE)
                 site.idle.append(tab)
                 return
@@ -398,15 +366,16 @@ async def _new_tab(context: Any, fetchers: concurrent.futures.Executor) -> _Tab:
     """A new page of ``context``, each of its requests routed for the render it serves (``_Tab.job``)."""
     page = await context.new_page()
     tab = _Tab(page)
+    tab.devtools = await context.new_cdp_session(page)
 
-    async def route(route: Any) -> None:
+    async def routed(request: Any) -> None:
         job = tab.job
-        if job is None:  # between two renders: the last one's document is gone, or going
-            await _answer(route.abort("blockedbyclient"))
+        if job is None:  # between two renders: the last one's document is stopped, or stopping
+            await answer(request.abort("blockedbyclient"))
             return
-        await _route(route, page, job, fetchers)
+        await route(request, page, job, fetchers)
 
-    await page.route("**/*", route)
+    await page.route("**/*", routed)
     await page.route_web_socket("**/*", lambda ws: None)  # never connected to a server
     return tab
 
@@ -419,14 +388,6 @@ async def _close_quietly(closing: Any) -> None:
         await closing
     except Error:
         pass
-
-
-async def _answer(answering: Any) -> None:
-    """Await ``answering`` (a route's ``abort`` or ``fulfill``): the page may be gone (its deadline)."""
-    try:
-        await answering
-    except Exception as exc:  # any: nothing to answer, and the render says why
-        log.debug("request not answered: %s", exc)
 
 
 def _overran(timeout: float) -> FetchTimeout:
@@ -443,24 +404,25 @@ async def _render(
     from playwright.async_api import TimeoutError as PlaywrightTimeout
 
     started, clock = datetime.now(UTC), deadline - timeout
-    navigation = _Navigation()
+    navigation = Navigation()
     page = tab.page
-    tab.job = _Job(visit, deadline, navigation)
+    tab.job = Job(visit, deadline, navigation)
     tab.renders += 1
     loaded = False
     try:
         await page.goto(url, timeout=_ms_left(deadline), wait_until="load")
         loaded = True
         if wait_for:
-            await page.wait_for_selector(wait_for, state="attached", timeout=_ms_left(deadline))
+            waiting = _evaluate(tab.devtools, WAIT_FOR_SELECTOR % json.dumps(wait_for), promise=True)
+            await asyncio.wait_for(waiting, max(0.001, deadline - time.monotonic()))
         else:
             await page.wait_for_load_state("networkidle", timeout=_ms_left(deadline))
-    except (PlaywrightTimeout, Error) as exc:
+    except (PlaywrightTimeout, TimeoutError, Error) as exc:
         if navigation.unrendered is not None:
             return navigation.unrendered
         if navigation.error is not None:
             raise navigation.error
-        if isinstance(exc, PlaywrightTimeout):
+        if isinstance(exc, (PlaywrightTimeout, TimeoutError)):
             if not loaded or wait_for:  # loaded with no selector to wait for, the network never quiet: the DOM as is
                 what = f"waiting for {wait_for!r}" if loaded else "loading"
                 took = time.monotonic() - clock
@@ -469,7 +431,7 @@ async def _render(
             raise RenderFailed(f"render failed: {str(exc).splitlines()[0]}") from exc
         else:
             raise RenderFailed(f"browser died during the render: {str(exc).splitlines()[0]}") from exc
-    html = (await page.content()).encode("utf-8")
+    html = str(await _evaluate(tab.devtools, DOCUMENT_HTML) or "").encode("utf-8")
     if len(html) > max_bytes:
         raise BodyTooLarge(f"rendered DOM over {max_bytes:,} bytes ({len(html):,})")
     document = navigation.response
@@ -486,86 +448,29 @@ async def _render(
     )
 
 
+async def _evaluate(devtools: Any, expression: str, promise: bool = False) -> Any:
+    """The value of ``expression`` in the page's own world (awaited if it is a ``promise``); RenderFailed
+    if it throws."""
+    # Not Playwright's selectors nor page.content(): they run its injected script, evaluated anew in
+    # each document; nor a world of our own, a V8 context a document. What the page's scripts could
+    # change here gives a page nothing it lacks (it writes its DOM); a wait it defeats ends at the deadline.
+    reply = await devtools.send(
+        "Runtime.evaluate",
+        {
+            "expression": expression,
+            "awaitPromise": promise,
+            "returnByValue": True,
+        },
+    )
+    if "exceptionDetails" in reply:
+        details = reply["exceptionDetails"]
+        why = details.get("exception", {}).get("description") or details.get("text") or "a script error"
+        raise RenderFailed(f"render failed: {why.splitlines()[0]}")
+    return reply["result"].get("value")
+
+
 def _ms_left(deadline: float) -> float:
     return max(1.0, (deadline - time.monotonic()) * 1000)
-
-
-async def _route(route: Any, page: Any, job: _Job, fetchers: concurrent.futures.Executor) -> None:
-    """Fetch one request of the page through ``job.visit`` (in a thread of the renderer's, the event
-    loop free meanwhile) and hand the browser the answer, or abort it."""
-    request = route.request
-    visit, navigation, deadline = job.visit, job.navigation, job.deadline
-    try:
-        is_page = request.is_navigation_request() and request.frame == page.main_frame
-        why = _refusal(request, visit, is_page and navigation.response is None)
-        if why is None and is_page and navigation.response is not None:
-            why = "a second navigation of the page"  # script-driven: one render is one page
-        if why is None and time.monotonic() >= deadline:
-            why = "past the render's deadline"
-        if why is not None:
-            visit.aborted.append((request.resource_type, request.url, why))
-            await route.abort("blockedbyclient")
-            return
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST_HEADERS}
-        try:
-            fetching = asyncio.get_running_loop().run_in_executor(
-                fetchers, functools.partial(_fetch, request.url, headers, visit, deadline, is_page)
-            )
-            job.pending.add(fetching)
-            try:
-                response = await fetching
-            finally:
-                job.pending.discard(fetching)
-        except CrawlerError as exc:
-            if is_page:
-                navigation.error = exc
-            await route.abort("failed")
-            return
-        if is_page:
-            navigation.response = response
-            if not 200 <= response.status < 300 or not response.is_html:
-                navigation.unrendered = response
-                await route.abort("aborted")
-                return
-        kept = {k: v for k, v in response.headers.items() if k not in DROPPED_RESPONSE_HEADERS}
-        await route.fulfill(status=response.status, headers=kept, body=response.body)
-    except Exception as exc:  # the page may be gone (deadline): nothing to answer, and the render says why
-        log.debug("request %s not answered: %s", request.url, exc)
-
-
-def _refusal(request: Any, visit: Visit, is_page: bool) -> str | None:
-    """Why ``request`` is not to be fetched, or None."""
-    if not is_page and request.resource_type in visit.block:
-        return f"{request.resource_type} blocked"
-    if request.method != "GET":
-        return f"{request.method} not sent"
-    try:
-        check_url(request.url, visit.domains)
-    except RefusedURL as exc:
-        return str(exc)
-    return None
-
-
-def _fetch(url: str, headers: Mapping[str, str], visit: Visit, deadline: float, is_page: bool) -> Response:
-    """``visit.fetch``, following a script's or XHR's redirects (each hop checked); the page's own are not."""
-    response = visit.fetch(url, headers, _time_left(deadline, url), is_page)
-    hops = 0
-    while not is_page and 300 <= response.status < 400 and response.location:
-        hops += 1
-        target = urljoin(url, response.location.strip())
-        if hops > MAX_SUBRESOURCE_REDIRECTS:
-            raise RefusedURL(f"more than {MAX_SUBRESOURCE_REDIRECTS} redirects from {url}")
-        check_url(target, visit.domains)
-        url, response = target, visit.fetch(target, headers, _time_left(deadline, target), False)
-    return response
-
-
-def _time_left(deadline: float, url: str) -> float:
-    """Seconds left before the render's ``deadline`` for requesting ``url``; FetchTimeout when none are."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise FetchTimeout(f"the render's deadline passed before {url} was requested")
-    return left
 
 
 def rendering(spider: Any, meta: Mapping[str, Any]) -> tuple[bool, str | None]:

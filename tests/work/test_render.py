@@ -10,6 +10,7 @@ them, unless ``CRAWLER_REQUIRE_BROWSER=1`` (set by ``.ci/run``), which makes the
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -36,7 +37,8 @@ from crawler.settings import Settings
 from crawler.store.database import FAILED, OK, REDIRECT, RETRY, Store
 from crawler.work.chromium import BrowserNotFound, find_browser
 from crawler.work.launcher import WorkerSpec, start_workers, stop_workers, wait_for
-from crawler.work.render import RENDER_GRACE, Renderer, Visit
+from crawler.work.render import RENDER_GRACE, Renderer, RenderFailed
+from crawler.work.render_requests import Visit
 from crawler.work.runtime import Runtime
 
 #: Paths of the app a rendering crawl must never request.
@@ -294,6 +296,114 @@ def test_a_dom_over_the_body_cap_is_refused(browser: str) -> None:
     finally:
         renderer.close()
         fetcher.close()
+
+
+#: A page whose script keeps working after its content is written: an interval and animation frames
+#: that count, and a request every 20 ms; it also keeps a mark in the site's storage.
+BUSY_PAGE = b"""<!doctype html><html><body><div id="app"></div><script>
+window.ticks = 0; window.frames = 0;
+localStorage.setItem("seen", (localStorage.getItem("seen") || "") + location.pathname + " ");
+setInterval(() => { window.ticks++; fetch("/tick?" + window.ticks).catch(() => {}); }, 20);
+(function frame() { window.frames++; requestAnimationFrame(frame); })();
+setTimeout(() => { document.getElementById("app").innerHTML =
+  '<h1 class="name">busy</h1><p class="seen">' + localStorage.getItem("seen") + '</p>'; }, 50);
+</script></body></html>"""
+
+
+def recording_visit(fetcher: Fetcher, site: str | None, fetched: list[str]) -> Visit:
+    def fetch(url: str, headers: Any, wait: float, is_page: bool) -> Response:
+        fetched.append(url)
+        return fetcher.get(url, headers=headers, timeout=wait)
+
+    return Visit(fetch=fetch, domains=["127.0.0.1"], site=site)
+
+
+def test_a_page_kept_for_its_sites_next_render_runs_nothing_of_the_last_document(browser: str) -> None:
+    """Between two renders of a site its page is kept, its document stopped and emptied: the busy
+    page's interval and animation frames count no more while the page waits, and the site's next
+    render (in that page, which its storage shows) gets only its own requests."""
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser, pages=1)
+    second: list[str] = []
+
+    def idle_page_counts() -> tuple[Any, Any]:
+        (site,) = renderer._sites.values()
+        (tab,) = site.idle
+        assert renderer._loop is not None
+        reading = tab.page.evaluate("[window.ticks, window.frames, document.documentElement === null]")
+        return asyncio.run_coroutine_threadsafe(reading, renderer._loop).result(5)
+
+    try:
+        with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
+            busy = renderer.render(site.url + "/busy", recording_visit(fetcher, "s", []), "h1.name", 10.0, 1_000_000)
+            before = idle_page_counts()
+            time.sleep(0.3)  # some 15 ticks and 18 frames, had they run on
+            after = idle_page_counts()
+            again = renderer.render(
+                site.url + "/busy", recording_visit(fetcher, "s", second), "h1.name", 10.0, 1_000_000
+            )
+    finally:
+        renderer.close()
+        fetcher.close()
+    assert b"busy" in busy.body
+    assert before == after and before[2] is True, (before, after)
+    assert second[0] == site.url + "/busy"
+    ticks = [int(url.rsplit("?", 1)[1]) for url in second[1:]]
+    assert ticks == list(range(1, len(ticks) + 1)), second  # its own interval's, from 1
+    assert b"/busy /busy" in again.body  # the same site's page and storage, reused
+
+
+def test_sites_rendered_in_turn_share_no_storage_and_each_keeps_its_own(browser: str) -> None:
+    """Each site's pages are its own browser context's: a mark one site's page keeps in storage is
+    there for its next render, never for another site's."""
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser, pages=1)
+    bodies: dict[str, list[bytes]] = {"a": [], "b": []}
+    try:
+        with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
+            for name in ("a", "b", "a", "b"):
+                response = renderer.render(
+                    site.url + "/busy", recording_visit(fetcher, name, []), "h1.name", 10.0, 1_000_000
+                )
+                bodies[name].append(response.body)
+    finally:
+        renderer.close()
+        fetcher.close()
+    for name in ("a", "b"):
+        first, second = bodies[name]
+        assert b'<p class="seen">/busy </p>' in first, first
+        assert b'<p class="seen">/busy /busy </p>' in second, second
+
+
+def test_a_render_wait_that_is_no_css_selector_fails_the_render_in_one_line(browser: str) -> None:
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    try:
+        with SpaSite(products=1) as site:
+            with pytest.raises(RenderFailed, match="render failed: SyntaxError") as failed:
+                renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1..name", 10.0, 1_000_000)
+            after = renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+    finally:
+        renderer.close()
+        fetcher.close()
+    assert "\n" not in str(failed.value)
+    assert b"Widget 1" in after.body
+
+
+def test_a_render_wait_for_a_selector_that_never_matches_times_out_by_the_deadline(browser: str) -> None:
+    fetcher = Fetcher(10.0, 1_000_000, "test")
+    renderer = Renderer(browser)
+    try:
+        with SpaSite(products=1) as site:
+            renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+            start = time.monotonic()
+            with pytest.raises(FetchTimeout, match="render timed out after .* waiting for 'h2.never'"):
+                renderer.render(site.url + "/product/1", direct_visit(fetcher), "h2.never", 1.5, 1_000_000)
+            took = time.monotonic() - start
+    finally:
+        renderer.close()
+        fetcher.close()
+    assert 1.4 < took < 1.5 + RENDER_GRACE
 
 
 MIXED = """

@@ -12,7 +12,7 @@ from ...http.fetch import Response
 from ...store.database import FAILED, OK
 from .. import runtime
 from ..gated_fetch import Outgoing, send
-from ..render import DEFAULT_BLOCK, Visit
+from ..render_requests import DEFAULT_BLOCK, Visit
 from .context import SiteContext
 
 #: Records a request the rendered page made (``AttemptState.record``'s signature).
