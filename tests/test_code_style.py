@@ -90,6 +90,7 @@ def declared_distributions() -> set[str]:
     return {normalized(re.split(r"[\[<>=!~ ;]", requirement, maxsplit=1)[0]) for requirement in requirements}
 
 
+@pytest.mark.slow  # parses every module of crawler/ and reads every installed distribution's metadata
 def test_every_package_the_code_imports_is_declared() -> None:
     """What ``crawler/`` imports, directly, is declared in ``pyproject.toml`` (a dependency or an extra's),
     not left to arrive with another package (httpcore with httpx, Flask with rq-dashboard)."""

@@ -282,6 +282,7 @@ def over_limits(source: str, where: str) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.slow  # parses every module of crawler/
 def test_no_module_is_over_600_lines_nor_a_function_over_60() -> None:
     found = [
         (label, lines)
