@@ -301,6 +301,13 @@ class Gate:
         if turn is not None:
             turn[0].give(turn[1])
 
+    def lapsed(self) -> bool:
+        """Whether the send grace ran out since the gate was taken (or it is not taken): a send now
+        would take it again first (``before_send``). No Redis call."""
+        if self.token is None or self.acquired_at is None:
+            return True
+        return time.monotonic() - self.acquired_at >= self.expire - self.rearm_expire - SEND_SAFETY
+
     def before_send(self) -> None:
         """Make sure the gate is held, for at least ``rearm_expire`` from now: call it right before sending.
 
@@ -310,7 +317,7 @@ class Gate:
         """
         if self.token is None or self.acquired_at is None:
             self.acquire()
-        while time.monotonic() - self.acquired_at >= self.expire - self.rearm_expire - SEND_SAFETY:  # type: ignore[operator]
+        while self.lapsed():
             _late_sends.note(self.key)
             self.retake()
 

@@ -179,7 +179,8 @@ def send(
     """Send ``request`` through ``gate``, taken by the caller, and let this process's turn at it go
     (``Gate.let_go``) once the request is over, whatever came of it.
 
-    First the spider's ``before_send`` runs on it (``prepared``: its time counts against ``timeout``).
+    First the spider's ``before_send`` runs on it (``prepared``: its time counts against ``timeout``),
+    once more after the gate is taken again when it outlasted the send grace.
     Right before the first byte the gate is made sure of (``Gate.before_send``: taken again if the
     send grace ran out meanwhile); once it is written, ``on_sent()`` runs: by default the gate is
     rearmed (``rearm``). Then the answer's cookies go into ``jar`` (if given) and ``observe`` (if
@@ -188,7 +189,13 @@ def send(
     ``sink`` and ``timeout`` are the fetcher's (``Fetcher.get``). Raises what it and ``prepared`` raise.
     """
     try:
-        request, timeout = prepared(fetcher, request, timeout)
+        written = request
+        request, timeout = prepared(fetcher, written, timeout)
+        if written.spider_hook is not None and gate.lapsed():
+            # The hook outlasted the send grace: the gate is taken again (a wait), then the hook run
+            # once more, so that what it wrote (a signature's timestamp) is of the send.
+            gate.before_send()
+            request, timeout = prepared(fetcher, written, timeout)
     except BaseException:
         gate.let_go()  # nothing sent; the site is told nothing either: the spider's doing, not the site's
         raise

@@ -24,6 +24,7 @@ import pytest
 from crawling import run_in_threads
 from redis import Redis
 
+import crawler.coord.gate as gate_module
 from crawler.coord.connection import connect
 from crawler.coord.frontier import seed
 from crawler.coord.gate import SEND_GRACE
@@ -269,25 +270,38 @@ def test_a_before_send_that_moves_the_request_to_another_host_is_refused_and_rec
 
 
 class Slow(Signed):
-    """Its hook takes ``pause`` seconds for page 1."""
+    """Its hook takes ``pause`` seconds the first time it runs for page 1 (a token fetched once, say);
+    ``page_1_stamps``: the timestamps it signed page 1 with, in order."""
 
     name = "slow"
     pause = 0.0
+    page_1_stamps: list[str] = []
 
     def before_send(self, request: Any) -> None:
         if "page=1" in request.url:
-            time.sleep(self.pause)
-        super().before_send(request)
+            if not self.page_1_stamps:
+                time.sleep(self.pause)
+            super().before_send(request)
+            self.page_1_stamps.append(request.headers["X-Timestamp"])
+        else:
+            super().before_send(request)
 
 
 def test_a_slow_before_send_past_the_send_grace_sends_after_the_gate_is_taken_again_spacing_held(
-    redis_url: str, redis_conn: Redis, settings: Settings, api: SignedApi, caplog: pytest.LogCaptureFixture
+    redis_url: str,
+    redis_conn: Redis,
+    settings: Settings,
+    api: SignedApi,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Two worker processes (a Runtime each: threads of one process take turns at the gate). Page 1's
     # hook outlasts the gate's whole first lifetime (interval, margin, send grace) by a second, in which
     # the other process takes the gate and sends a page every interval; page 1, taken by surprise
     # mid-sequence, goes only once the gate is taken again, an interval after the other's last send.
-    slow = type("Slow", (Slow,), {"pause": INTERVAL + settings.gate_margin + SEND_GRACE + 1.0})
+    # The late-send warning is rate-limited process-wide: another test's in this process must not hide this one's.
+    monkeypatch.setattr(gate_module, "_late_sends", gate_module._LateSends())
+    slow = type("Slow", (Slow,), {"pause": INTERVAL + settings.gate_margin + SEND_GRACE + 1.0, "page_1_stamps": []})
     spiders = SpiderSet({"slow": slow}, [])
     first, second = Runtime(redis_conn, settings, spiders), Runtime(connect(redis_url), settings, spiders)
     try:
@@ -305,6 +319,10 @@ def test_a_slow_before_send_past_the_send_grace_sends_after_the_gate_is_taken_ag
     assert all(a.verdict == "ok" for a in api.to("/items")) and len(api.to("/items")) == 8
     assert min(api.gaps()) >= INTERVAL, f"two requests {min(api.gaps()):.3f}s apart"
     assert any("send grace ran out" in r.getMessage() for r in caplog.records), "no late send noticed"
+    # The hook ran again once the gate was taken again: page 1 went signed as of its send, not of
+    # before the wait for the gate (a stale timestamp, which a wait longer than a second makes refused).
+    (page_1,) = [a for a in api.to("/items") if a.target == "/items?page=1"]
+    assert len(slow.page_1_stamps) == 2 and page_1.headers["x-timestamp"] == slow.page_1_stamps[-1]
 
 
 def test_the_time_before_send_takes_counts_against_the_requests_deadline(
@@ -321,7 +339,7 @@ def test_the_time_before_send_takes_counts_against_the_requests_deadline(
     )
     served = SignedApi(delay=0.6)
     try:
-        slow = type("Slow", (Slow,), {"pause": 0.6})
+        slow = type("Slow", (Slow,), {"pause": 0.6, "page_1_stamps": []})
         records = crawl(redis_conn, settings, slow, [f"{served.url}/items?page=1", f"{served.url}/items?page=2"])
     finally:
         served.close()
@@ -342,7 +360,7 @@ def test_a_before_send_longer_than_the_whole_timeout_sends_nothing(
         sites_dir=str(tmp_path),
         state_dir=str(tmp_path),
     )
-    slow = type("Slow", (Slow,), {"pause": 0.7})
+    slow = type("Slow", (Slow,), {"pause": 0.7, "page_1_stamps": []})
     records = crawl(redis_conn, settings, slow, [f"{api.url}/items?page=1"])
     assert api.to("/items") == []
     (record,) = downloads(records, "/items")
