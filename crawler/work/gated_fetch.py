@@ -179,8 +179,7 @@ def send(
     """Send ``request`` through ``gate``, taken by the caller, and let this process's turn at it go
     (``Gate.let_go``) once the request is over, whatever came of it.
 
-    First the spider's ``before_send`` runs on it (``prepared``: its time counts against ``timeout``),
-    once more after the gate is taken again when it outlasted the send grace.
+    First the spider's ``before_send`` runs on it (``prepared_at_gate``: its time counts against ``timeout``).
     Right before the first byte the gate is made sure of (``Gate.before_send``: taken again if the
     send grace ran out meanwhile); once it is written, ``on_sent()`` runs: by default the gate is
     rearmed (``rearm``). Then the answer's cookies go into ``jar`` (if given) and ``observe`` (if
@@ -189,13 +188,7 @@ def send(
     ``sink`` and ``timeout`` are the fetcher's (``Fetcher.get``). Raises what it and ``prepared`` raise.
     """
     try:
-        written = request
-        request, timeout = prepared(fetcher, written, timeout)
-        if written.spider_hook is not None and gate.lapsed():
-            # The hook outlasted the send grace: the gate is taken again (a wait), then the hook run
-            # once more, so that what it wrote (a signature's timestamp) is of the send.
-            gate.before_send()
-            request, timeout = prepared(fetcher, written, timeout)
+        request, timeout = prepared_at_gate(fetcher, gate, request, timeout)
     except BaseException:
         gate.let_go()  # nothing sent; the site is told nothing either: the spider's doing, not the site's
         raise
@@ -229,6 +222,18 @@ def send(
     if observe is not None:
         observe(gate, response, None)
     return response
+
+
+def prepared_at_gate(
+    fetcher: Fetcher, gate: Gate, request: Outgoing, timeout: float | None
+) -> tuple[Outgoing, float | None]:
+    """``prepared``, run once more after ``gate`` is taken again when the hook outlasted its send
+    grace, so that what the hook wrote (a signature's timestamp) is of the send, not of before the wait."""
+    hooked, left = prepared(fetcher, request, timeout)
+    if request.spider_hook is None or not gate.lapsed():
+        return hooked, left
+    gate.before_send()
+    return prepared(fetcher, request, left)
 
 
 def prepared(fetcher: Fetcher, request: Outgoing, timeout: float | None) -> tuple[Outgoing, float | None]:
