@@ -53,6 +53,10 @@ class DeferredGate:
         if self.gate is not None:
             self.gate.let_go()
 
+    def lapsed(self) -> bool:
+        """``Gate.lapsed`` of the gate once taken; False before: it is taken at the first byte, if one is sent."""
+        return bool(self.gate.lapsed()) if self.gate is not None else False
+
     def before_send(self) -> None:
         """``Gate.before_send`` of the gate, taken now if it was not yet (a request is being written)."""
         self.take()

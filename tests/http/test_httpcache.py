@@ -7,6 +7,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -15,9 +16,11 @@ from redis import Redis
 from crawler.cli.app import cli
 from crawler.coord import keys
 from crawler.demo import ShopSite
+from crawler.demo.spider import DemoShop
 from crawler.http.cache import CACHE_FILE, CachingFetcher
 from crawler.ops.devtools import fetch_as_worker
 from crawler.settings import Settings
+from crawler.spiders.loading import SpiderSet
 from crawler.work.runtime import Runtime
 
 
@@ -51,6 +54,32 @@ def test_a_hit_sends_no_request_and_takes_no_gate(redis_conn: Redis, settings: S
     # Misses: robots.txt and the page's first fetch; hits: the page's second.
     assert redis_conn.hmget(keys.stats("demo"), "cache_hits", "cache_misses") == [b"1", b"2"]
     assert (Path(cached.state_dir) / CACHE_FILE).exists()
+
+
+class Hooked(DemoShop):
+    """The demo shop, each request marked as it is sent."""
+
+    def before_send(self, request: Any) -> None:
+        request.headers["X-Sent-At"] = f"{time.time():.3f}"
+
+
+def test_a_spiders_before_send_runs_with_the_cache_a_hit_still_taking_no_gate(
+    redis_conn: Redis, settings: Settings, shop: ShopSite
+) -> None:
+    """With the cache the gate is taken at a miss's first byte: the hook's check of the send grace
+    (``lapsed``) asks the stand-in, which takes nothing for it."""
+    cached = dataclasses.replace(settings, http_cache=True, sites={"demo": {"interval": 1.0}})
+    rt = Runtime(redis_conn, cached, SpiderSet({"demo": Hooked}, []))
+    try:
+        first = fetch_as_worker(rt, "demo", f"{shop.url}/product/1")
+        started = time.monotonic()
+        again = fetch_as_worker(rt, "demo", f"{shop.url}/product/1")
+        took = time.monotonic() - started
+    finally:
+        rt.close()
+    assert (first.extra["cache"], again.extra["cache"]) == ("miss", "hit")
+    assert took < 0.5, took  # the gate closed for 1 s by the miss was not waited for
+    assert paths(shop) == ["/robots.txt", "/product/1"]
 
 
 def test_a_miss_still_takes_the_gate(redis_conn: Redis, settings: Settings, shop: ShopSite) -> None:
