@@ -319,12 +319,27 @@ def recording_visit(fetcher: Fetcher, site: str | None, fetched: list[str]) -> V
     return Visit(fetch=fetch, domains=["127.0.0.1"], site=site)
 
 
-def test_a_page_kept_for_its_sites_next_render_runs_nothing_of_the_last_document(browser: str) -> None:
+@pytest.fixture
+def fetcher() -> Iterator[Fetcher]:
+    made = Fetcher(10.0, 1_000_000, "test")
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def renderer(browser: str) -> Iterator[Renderer]:
+    """A renderer of one page at a time (its renders share one page of each site's context)."""
+    made = Renderer(browser, pages=1)
+    yield made
+    made.close()
+
+
+def test_a_page_kept_for_its_sites_next_render_runs_nothing_of_the_last_document(
+    renderer: Renderer, fetcher: Fetcher
+) -> None:
     """Between two renders of a site its page is kept, its document stopped and emptied: the busy
     page's interval and animation frames count no more while the page waits, and the site's next
     render (in that page, which its storage shows) gets only its own requests."""
-    fetcher = Fetcher(10.0, 1_000_000, "test")
-    renderer = Renderer(browser, pages=1)
     second: list[str] = []
 
     def idle_page_counts() -> tuple[Any, Any]:
@@ -334,18 +349,12 @@ def test_a_page_kept_for_its_sites_next_render_runs_nothing_of_the_last_document
         reading = tab.page.evaluate("[window.ticks, window.frames, document.documentElement === null]")
         return asyncio.run_coroutine_threadsafe(reading, renderer._loop).result(5)
 
-    try:
-        with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
-            busy = renderer.render(site.url + "/busy", recording_visit(fetcher, "s", []), "h1.name", 10.0, 1_000_000)
-            before = idle_page_counts()
-            time.sleep(0.3)  # some 15 ticks and 18 frames, had they run on
-            after = idle_page_counts()
-            again = renderer.render(
-                site.url + "/busy", recording_visit(fetcher, "s", second), "h1.name", 10.0, 1_000_000
-            )
-    finally:
-        renderer.close()
-        fetcher.close()
+    with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
+        busy = renderer.render(site.url + "/busy", recording_visit(fetcher, "s", []), "h1.name", 10.0, 1_000_000)
+        before = idle_page_counts()
+        time.sleep(0.3)  # some 15 ticks and 18 frames, had they run on
+        after = idle_page_counts()
+        again = renderer.render(site.url + "/busy", recording_visit(fetcher, "s", second), "h1.name", 10.0, 1_000_000)
     assert b"busy" in busy.body
     assert before == after and before[2] is True, (before, after)
     assert second[0] == site.url + "/busy"
@@ -354,56 +363,42 @@ def test_a_page_kept_for_its_sites_next_render_runs_nothing_of_the_last_document
     assert b"/busy /busy" in again.body  # the same site's page and storage, reused
 
 
-def test_sites_rendered_in_turn_share_no_storage_and_each_keeps_its_own(browser: str) -> None:
+def test_sites_rendered_in_turn_share_no_storage_and_each_keeps_its_own(renderer: Renderer, fetcher: Fetcher) -> None:
     """Each site's pages are its own browser context's: a mark one site's page keeps in storage is
     there for its next render, never for another site's."""
-    fetcher = Fetcher(10.0, 1_000_000, "test")
-    renderer = Renderer(browser, pages=1)
     bodies: dict[str, list[bytes]] = {"a": [], "b": []}
-    try:
-        with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
-            for name in ("a", "b", "a", "b"):
-                response = renderer.render(
-                    site.url + "/busy", recording_visit(fetcher, name, []), "h1.name", 10.0, 1_000_000
-                )
-                bodies[name].append(response.body)
-    finally:
-        renderer.close()
-        fetcher.close()
+    with SpaSite(products=1, pages={"/busy": ("text/html", BUSY_PAGE)}) as site:
+        for name in ("a", "b", "a", "b"):
+            response = renderer.render(
+                site.url + "/busy", recording_visit(fetcher, name, []), "h1.name", 10.0, 1_000_000
+            )
+            bodies[name].append(response.body)
     for name in ("a", "b"):
         first, second = bodies[name]
         assert b'<p class="seen">/busy </p>' in first, first
         assert b'<p class="seen">/busy /busy </p>' in second, second
 
 
-def test_a_render_wait_that_is_no_css_selector_fails_the_render_in_one_line(browser: str) -> None:
-    fetcher = Fetcher(10.0, 1_000_000, "test")
-    renderer = Renderer(browser)
-    try:
-        with SpaSite(products=1) as site:
-            with pytest.raises(RenderFailed, match="render failed: SyntaxError") as failed:
-                renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1..name", 10.0, 1_000_000)
-            after = renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
-    finally:
-        renderer.close()
-        fetcher.close()
+def test_a_render_wait_that_is_no_css_selector_fails_the_render_in_one_line(
+    renderer: Renderer, fetcher: Fetcher
+) -> None:
+    with SpaSite(products=1) as site:
+        with pytest.raises(RenderFailed, match="render failed: SyntaxError") as failed:
+            renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1..name", 10.0, 1_000_000)
+        after = renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
     assert "\n" not in str(failed.value)
     assert b"Widget 1" in after.body
 
 
-def test_a_render_wait_for_a_selector_that_never_matches_times_out_by_the_deadline(browser: str) -> None:
-    fetcher = Fetcher(10.0, 1_000_000, "test")
-    renderer = Renderer(browser)
-    try:
-        with SpaSite(products=1) as site:
-            renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
-            start = time.monotonic()
-            with pytest.raises(FetchTimeout, match="render timed out after .* waiting for 'h2.never'"):
-                renderer.render(site.url + "/product/1", direct_visit(fetcher), "h2.never", 1.5, 1_000_000)
-            took = time.monotonic() - start
-    finally:
-        renderer.close()
-        fetcher.close()
+def test_a_render_wait_for_a_selector_that_never_matches_times_out_by_the_deadline(
+    renderer: Renderer, fetcher: Fetcher
+) -> None:
+    with SpaSite(products=1) as site:
+        renderer.render(site.url + "/product/1", direct_visit(fetcher), "h1.name", 10.0, 1_000_000)
+        start = time.monotonic()
+        with pytest.raises(FetchTimeout, match="render timed out after .* waiting for 'h2.never'"):
+            renderer.render(site.url + "/product/1", direct_visit(fetcher), "h2.never", 1.5, 1_000_000)
+        took = time.monotonic() - start
     assert 1.4 < took < 1.5 + RENDER_GRACE
 
 
