@@ -17,8 +17,8 @@ Two bounds hold whatever the page does:
 
 - **Time.** A render has one deadline, ``timeout`` seconds, that its context, navigation,
   waits and routed fetches share: each fetch (gate wait included) gets only what is left of
-  it. The steps Playwright gives no timeout (``page.content()``, closing a page), which
-  a script that never yields holds forever, are cut by a watchdog that kills the browser
+  it. The steps that take no timeout (reading the DOM, closing a page), which a script
+  that never yields holds forever, are cut by a watchdog that kills the browser
   ``RENDER_GRACE`` seconds past the deadline; the page is a FetchTimeout either way.
 - **Network.** No byte leaves the browser but through ``route`` and the fetcher: it is
   launched (``chromium.confinement``) with every connection of its own sent to a proxy at a local
@@ -60,7 +60,7 @@ from .render_requests import Job, Navigation, Visit, answer, route
 log = logging.getLogger("crawler.render")
 
 #: Seconds a render may run past its deadline before its browser is killed (a render ends within
-#: ``timeout`` plus about this much): ``page.content()`` and closing a context take no timeout.
+#: ``timeout`` plus about this much): reading the DOM and closing a page take no timeout.
 RENDER_GRACE = 1.0
 #: Pages rendered at once by one process (its download threads beyond that wait their turn).
 RENDER_PAGES = 4

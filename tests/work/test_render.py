@@ -535,7 +535,7 @@ def test_a_render_whose_scripts_come_late_ends_by_its_deadline_and_is_recorded_t
 
 def test_a_page_whose_script_never_yields_is_cut_at_its_deadline_and_the_next_page_renders(browser: str) -> None:
     """Loaded, its network idle, the page's thread taken by a script for good: taking its DOM
-    waits forever (Playwright gives it no timeout), so the browser is killed past the deadline."""
+    waits forever (it takes no timeout), so the browser is killed past the deadline."""
     timeout = 2.0
     fetcher = Fetcher(10.0, 1_000_000, "test")
     renderer = Renderer(browser)
