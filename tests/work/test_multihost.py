@@ -89,8 +89,10 @@ RTT_SLACK_MS = 15.0
 #: Seconds for the workers of every host to start, and for the crawl to drain.
 START_TIMEOUT = 60.0
 CRAWL_TIMEOUT = 60.0
-#: Crawls without a margin run at most until one has h1's request followed by h2's.
-NO_MARGIN_CRAWLS = 3
+#: Crawls without a margin run at most until one has h1's request followed by h2's at once.
+NO_MARGIN_CRAWLS = 4
+#: Ms after the gate allowed it within which a request counts as sent at once (its thread was waiting).
+PROMPT_MS = 20.0
 
 SPIDER = f"""
 from crawler.demo.spider import DemoShop
@@ -572,11 +574,13 @@ def test_without_a_margin_a_far_host_then_a_near_one_reach_the_site_closer_than_
         crawl = run_crawl(net, tmp_path / str(attempt), 0.0)
         report(crawl, request)
         check_complete_and_within_bound(crawl)
-        dangerous = crawl.by_pair().get(("h1", "h2"), [])
+        # h2 at the gate as it opened after h1 (started within PROMPT_MS of when it could): an h2
+        # that came later anyway (seen: 186 ms) shows nothing of the margin either way.
+        dangerous = [g for g in crawl.by_pair().get(("h1", "h2"), []) if g.late is not None and g.late < PROMPT_MS]
         if dangerous:
             break
         summaries.append(f"{crawl.summary()}\n{crawl.logs}")
-    assert dangerous, "the far-then-near sequence never occurred, in {} crawls:\n{}".format(
+    assert dangerous, "the far-then-near sequence, h2 at once, never occurred, in {} crawls:\n{}".format(
         NO_MARGIN_CRAWLS, "\n".join(summaries)
     )
     closest = min(g.ms for g in dangerous)
