@@ -3,7 +3,7 @@
 With no NAME every benchmark runs, in the order below; ``--quick`` runs each in a
 smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
 ``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``;
-``--config quick|200|1000`` picks ``fleet``'s scenario. Each
+``--config quick|200|1000|2000|10000`` picks ``fleet``'s scenario. Each
 benchmark runs on its own private Redis (``crawler.coord.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``). Scrapy, for the throughput
 comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
@@ -31,6 +31,7 @@ BENCHMARKS = (
     "many_sites",
     "throughput",
     "memory",
+    "economy",
     "parse",
     "seeding",
     "recrawl",
@@ -58,7 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="parse: the URL the --page of the same rank was served from",
     )
     parser.add_argument(
-        "--config", choices=("quick", "200", "1000"), help="fleet: the scenario [200; quick with --quick]"
+        "--config",
+        choices=("quick", "200", "1000", "2000", "10000"),
+        help="fleet: the scenario [200; quick with --quick]",
     )
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]

@@ -1,6 +1,6 @@
 """Fleet: thousands of slow sites on a few cores (issue 21), against Scrapy in the same run.
 
-Invocation: ``python -m bench fleet [--quick | --config quick|200|1000]``.
+Invocation: ``python -m bench fleet [--quick | --config quick|200|1000|2000|10000]``.
 
 Configurations (``CONFIGS``), each site a demo shop (``crawler.demo.ShopSite``'s pages:
 robots.txt, home, listing pages of ``PER_PAGE`` products, the products, the PDF) on its own
@@ -12,12 +12,23 @@ filters no extension): a site's full crawl is one request more for Scrapy.
   of 200 requests/s, ideal wall time (35 - 1) x 1 s = 34 s (Scrapy 35 s) plus the last answer;
 - ``1000``: 1,000 sites x 10 products (13 requests a site, Scrapy 14), interval 5 s: 200
   requests/s, 1,000 gates, ideal 60 s (Scrapy 65 s);
+- ``2000`` and ``10000``: the first pass of a broad crawl over a list of hosts: 2,000 or
+  10,000 sites of one product each, interval 2 s, each shop without its listing
+  (``FleetConfig.listing``: the home links the product, which links no listing page, so
+  there is no PDF either): robots.txt, home, product, 3 requests a site for both crawlers,
+  ideal (3 - 1) x 2 s = 4 s plus the last answer. The budget (1,000 or 5,000 requests/s) is
+  far more than a few cores send: the crawler's cost per host, not the interval, bounds
+  the wall (6,000 or 30,000 requests). Scrapy's callbacks keep links to the page's own host
+  (``FleetConfig.filter_hosts``) rather than an ``allowed_domains`` of 10,000 domains, whose
+  regex would be the cost measured;
 - ``quick`` (``--quick``): 20 sites x 5 products, interval 0.5 s.
 
 Each site answers after its latency, drawn once per site from uniform ``LATENCY`` (0.2-0.8
 s), plus uniform 0-``JITTER`` (0.1 s) per response. All sites are served by one asyncio
-process (``serve_main``: raw non-blocking sockets, latency by ``call_later``), a subprocess
-of this one, not counted as either crawler's; every request's arrival is the kernel's receive
+process (``serve_main``: raw non-blocking sockets, latency by ``call_later``; one listening
+socket on the wildcard address bound to the ``lo`` device, a connection's site the address
+it reached, so 10,000 sites take one descriptor, not 10,000), a subprocess of this one, not
+counted as either crawler's; every request's arrival is the kernel's receive
 stamp of its first segment (``SO_TIMESTAMPNS``, as ``crawler.demo.wire``), so gaps are those
 the site saw, whatever the load. Its CPU over the run is reported. A fresh server serves each
 crawler.
@@ -31,7 +42,7 @@ run it, as two subprocesses started together. The download worker's extra argume
 from ``BENCH_FLEET_DOWNLOAD_ARGS`` (e.g. ``"-n 2 --threads 64"``), the parse worker's from
 ``BENCH_FLEET_PARSE_ARGS`` (e.g. ``"-n 2"``); by default none: the plain default commands.
 Scrapy: one ``scrapy runspider`` process of the spider of ``bench throughput`` (same
-selectors and items) with every site's home as start URL,
+selectors and items) with every site's home as start URL (read from a file),
 ``DOWNLOAD_DELAY`` = interval with no jitter (``DOWNLOAD_DELAY_JITTER=0``, or
 ``RANDOMIZE_DOWNLOAD_DELAY=False`` in a Scrapy without it; by default each delay is drawn
 from 0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_DOMAIN=1``,
@@ -40,7 +51,9 @@ from 0.5-1.5 x, which breaks the interval by design), ``CONCURRENT_REQUESTS_PER_
 (``BENCH_FLEET_ROUNDS=N`` repeats both, alternating which goes first; the table shows every
 round, the checks take the first; ``BENCH_FLEET_SCRAPY=0`` leaves Scrapy out, to look at ours
 alone). Either is stopped after ``BENCH_FLEET_TIMEOUT`` seconds (default max(120, 4 x
-ideal)): a crawl cut short fails its wall check, its wall is the timeout.
+ideal, our requests / ``TIMEOUT_RATE`` (50/s)): 120, 140, 260, 120 and 600 s for ``quick``,
+``200``, ``1000``, ``2000``, ``10000``): a crawl cut short fails its wall check, its wall is
+the timeout.
 
 Figures, per crawler:
 
@@ -141,6 +154,9 @@ PARSE_ARGS_ENV = "BENCH_FLEET_PARSE_ARGS"
 #: ``0``: run ours only (a look at our figures, not a comparison).
 SCRAPY_ENV = "BENCH_FLEET_SCRAPY"
 TIMEOUT_ENV = "BENCH_FLEET_TIMEOUT"
+#: The default timeout allows at least this slow a crawl (requests/s), for configurations whose
+#: wall the crawler's CPU bounds rather than the interval (10,000 sites: 30,000 requests, ideal 4 s).
+TIMEOUT_RATE = 50.0
 ROUNDS_ENV = "BENCH_FLEET_ROUNDS"
 #: Violations are also counted apart when they come this much (s) before the interval is up.
 CLEAR_BY = 0.01
@@ -160,16 +176,27 @@ class FleetConfig:
     sites: int
     products: int
     interval: float
+    #: False: the home links every product itself and no page links a listing (``_FleetShop``):
+    #: robots.txt, home and the products only, no listing page, no PDF.
+    listing: bool = True
+    #: Scrapy's spider drops links to other hosts in its callbacks (``scrapy_spider``).
+    filter_hosts: bool = False
 
     @property
     def requests_per_site(self) -> int:
         """robots.txt, home, listing pages, the products: what our full crawl of a site fetches."""
-        return 2 + max(1, -(-self.products // PER_PAGE)) + self.products
+        pages = max(1, -(-self.products // PER_PAGE)) if self.listing else 0
+        return 2 + pages + self.products
 
     @property
     def scrapy_requests_per_site(self) -> int:
-        """Scrapy's full crawl of a site: ours and the PDF."""
-        return self.requests_per_site + 1
+        """Scrapy's full crawl of a site: ours and the PDF (linked from the first listing page)."""
+        return self.requests_per_site + (1 if self.listing else 0)
+
+    @property
+    def requests(self) -> int:
+        """Our full crawl of every site."""
+        return self.sites * self.requests_per_site
 
     @property
     def budget(self) -> float:
@@ -185,6 +212,8 @@ CONFIGS = {
     "quick": FleetConfig("quick", 20, 5, 0.5),
     "200": FleetConfig("200", 200, 30, 1.0),
     "1000": FleetConfig("1000", 1000, 10, 5.0),
+    "2000": FleetConfig("2000", 2000, 1, 2.0, listing=False, filter_hosts=True),
+    "10000": FleetConfig("10000", 10000, 1, 2.0, listing=False, filter_hosts=True),
 }
 
 
@@ -202,15 +231,42 @@ def site_latencies(count: int) -> list[float]:
 # -- the sites' server (a process of its own) ------------------------------------------
 
 
-class _FleetShop(ShopSite):
-    """A demo shop's pages for one fleet address, answered by the fleet server, not by a thread of its own."""
+#: The link of a demo product page back to the first listing page (left out when there is no listing).
+BACK_LINK = b'<p><a href="/products?page=1">Back to products</a></p>'
 
-    def __init__(self, host: str, port: int, products: int):
+
+class _FleetShop(ShopSite):
+    """A demo shop's pages for one fleet address, answered by the fleet server, not by a thread of its own.
+
+    Without ``listing`` the home links every product itself (and, as the demo's, the
+    robots-disallowed admin page) and the product pages lose their link back to the
+    listing: a crawl is robots.txt, home and the products, no listing page, no PDF.
+    """
+
+    def __init__(self, host: str, port: int, products: int, listing: bool = True):
         super().__init__(products=products, per_page=PER_PAGE, faults=False, host=host, port=port)
+        self.listing = listing
+        if not listing and products and BACK_LINK not in super()._product("1").body:
+            raise RuntimeError("crawler.demo's product page changed: its link back to the listing not found")
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def _home(self) -> bytes:
+        if self.listing:
+            return super()._home()
+        links = "".join(f'<li><a href="/product/{i}">Product {i}</a></li>\n' for i in range(1, self.products + 1))
+        return (
+            '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Demo shop</title></head>\n<body>\n'
+            f'<h1>Demo shop</h1>\n<ul>\n{links}<li><a href="/private/admin">Admin</a></li>\n</ul>\n</body></html>\n'
+        ).encode()
+
+    def _product(self, raw_id: str) -> Any:
+        response = super()._product(raw_id)
+        if not self.listing:
+            response.body = response.body.replace(BACK_LINK, b"")
+        return response
 
 
 def _stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
@@ -310,36 +366,44 @@ class _Connection:
 
 
 class _FleetServer:
-    """Every site's listening socket in one event loop; the request log, in arrival order of handling."""
+    """Every site in one event loop behind one listening socket; the request log, in arrival order of handling.
+
+    The socket listens on the wildcard address, bound to the loopback device (``SO_BINDTODEVICE``:
+    no other interface reaches it), so one descriptor serves every ``site_host`` (a socket
+    per address would take 10,000 of them at 10,000 sites, before any connection); a
+    connection's site is the address it was made to, a connection to any other is closed.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spec: dict[str, Any]):
         self.loop = loop
         self.latencies: list[float] = spec["latencies"]
         self.rng = random.Random(spec.get("seed", SEED) + 1)
         self.log: list[tuple[float, int, str, str]] = []
-        self.listeners: list[socket.socket] = []
         hosts = [site_host(i) for i in range(len(self.latencies))]
-        port = 0
-        for index, host in enumerate(hosts):
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if SO_TIMESTAMPNS is not None:  # inherited by accepted sockets, from their first segment on
-                listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            listener.bind((host, port))
-            port = listener.getsockname()[1]
-            listener.listen(1024)
-            listener.setblocking(False)
-            loop.add_reader(listener.fileno(), self.accept, listener, index)
-            self.listeners.append(listener)
-        self.port = port
-        self.shops = [_FleetShop(host, port, spec["products"]) for host in hosts]
+        self.sites = {host: index for index, host in enumerate(hosts)}
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"lo")
+        if SO_TIMESTAMPNS is not None:  # inherited by accepted sockets, from their first segment on
+            listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(65535)  # the kernel caps it at net.core.somaxconn
+        listener.setblocking(False)
+        loop.add_reader(listener.fileno(), self.accept, listener)
+        self.listeners = [listener]
+        self.port = listener.getsockname()[1]
+        self.shops = [_FleetShop(host, self.port, spec["products"], spec.get("listing", True)) for host in hosts]
 
-    def accept(self, listener: socket.socket, site: int) -> None:
+    def accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 sock, _ = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            site = self.sites.get(sock.getsockname()[0])
+            if site is None:  # not a fleet address
+                sock.close()
+                continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _Connection(self, sock, site)
@@ -388,7 +452,11 @@ class FleetServer:
         self.config = config
         self.spec = workdir / "server.json"
         self.out = workdir / "server-log.json"
-        self.spec.write_text(json.dumps({"latencies": site_latencies(config.sites), "products": config.products}))
+        self.spec.write_text(
+            json.dumps(
+                {"latencies": site_latencies(config.sites), "products": config.products, "listing": config.listing}
+            )
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from bench.fleet import serve_main; serve_main()", str(self.spec), str(self.out)],
             cwd=ROOT,
@@ -806,13 +874,32 @@ def measure_idle(redis: BenchRedis, config_file: Path, workdir: Path, window: fl
 # -- Scrapy ---------------------------------------------------------------------------------
 
 
-def scrapy_spider() -> str:
-    """``bench throughput``'s Scrapy spider, for many sites: every start URL, no domain filter."""
-    source = SCRAPY_SPIDER
-    for old, new in (
+#: ``scrapy_spider`` with ``filter_hosts``: the links a callback follows, those to the page's own host only.
+FOLLOW_OWN_HOST = '''
+    def follow_own(self, response, **kwargs):
+        """response.follow_all(**kwargs), links to other hosts left out (no allowed_domains regex)."""
+        host = urlsplit(response.url).hostname
+        return (r for r in response.follow_all(**kwargs) if urlsplit(r.url).hostname == host)
+'''
+
+
+def scrapy_spider(filter_hosts: bool = False) -> str:
+    """``bench throughput``'s Scrapy spider, for many sites: the start URLs one a line in the file
+    ``start`` names (10,000 of them are more than one command-line argument may hold), no
+    ``allowed_domains``; with ``filter_hosts`` each callback drops links to other hosts itself
+    (``FOLLOW_OWN_HOST``), the cost the issue prefers to OffsiteMiddleware's regex of 10,000 domains."""
+    edits = [
         ('    allowed_domains = ["127.0.0.1"]\n', ""),
-        ("self.start_urls = [start]", "self.start_urls = start.split()"),
-    ):
+        ("self.start_urls = [start]", "self.start_urls = open(start, encoding='ascii').read().split()"),
+    ]
+    if filter_hosts:
+        edits += [
+            ("import scrapy\n", "from urllib.parse import urlsplit\n\nimport scrapy\n"),
+            ("\n    def parse(self, response):", FOLLOW_OWN_HOST + "\n    def parse(self, response):"),
+            ("response.follow_all(css=", "self.follow_own(response, css="),
+        ]
+    source = SCRAPY_SPIDER
+    for old, new in edits:
         if old not in source:
             raise RuntimeError(f"bench.throughput's Scrapy spider changed: {old.strip()!r} not found")
         source = source.replace(old, new)
@@ -835,7 +922,9 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
     server = FleetServer(config, workdir)
     try:
         spider = workdir / "fleet_spider.py"
-        spider.write_text(scrapy_spider())
+        spider.write_text(scrapy_spider(config.filter_hosts))
+        starts = workdir / "start_urls.txt"
+        starts.write_text("".join(server.url(i) + "\n" for i in range(config.sites)))
         feed = workdir / "items.jsonl"
         concurrency = 2 * config.sites
         args = [
@@ -845,7 +934,7 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
             "runspider",
             str(spider),
             "-a",
-            "start=" + " ".join(server.url(i) for i in range(config.sites)),
+            f"start={starts}",
             "-O",
             str(feed),
             *("-s", "ROBOTSTXT_OBEY=True"),
@@ -900,14 +989,16 @@ def run_scrapy(python: str, config: FleetConfig, workdir: Path, timeout: float) 
 
 def _timeout(config: FleetConfig) -> float:
     given = os.environ.get(TIMEOUT_ENV)
-    return float(given) if given else max(120.0, 4 * config.ideal)
+    return float(given) if given else max(120.0, 4 * config.ideal, config.requests / TIMEOUT_RATE)
 
 
 def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> BenchResult:
     compile_crawler()  # as installed: Scrapy runs from the bytecode pip wrote
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 sites: more sockets than 1,024
     chosen = CONFIGS[config or ("quick" if quick else "200")]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 sites and up: more sockets than 1,024
+    if hard != resource.RLIM_INFINITY and hard < chosen.sites + 1024:  # a connection a site, and the rest
+        raise RuntimeError(f"{chosen.sites} sites need more file descriptors than RLIMIT_NOFILE's {hard}")
     timeout = _timeout(chosen)
     rounds = int(os.environ.get(ROUNDS_ENV, "1"))
     idle = QUICK_IDLE_WINDOW if chosen.label == "quick" else IDLE_WINDOW
@@ -925,7 +1016,8 @@ def run(redis: BenchRedis, quick: bool = False, config: str | None = None) -> Be
             "latency s": f"uniform {LATENCY[0]}-{LATENCY[1]} per site + 0-{JITTER} per response",
             "ours": "crawler worker download --burst " + " ".join(download_args()) + " / crawler worker parse --burst",
             "scrapy": f"DOWNLOAD_DELAY={chosen.interval}, {no_jitter(python) if python else '-'}, "
-            f"CONCURRENT_REQUESTS={2 * chosen.sites}, CONCURRENT_REQUESTS_PER_DOMAIN=1",
+            f"CONCURRENT_REQUESTS={2 * chosen.sites}, CONCURRENT_REQUESTS_PER_DOMAIN=1, "
+            + ("links filtered by host in the callbacks" if chosen.filter_hosts else "no domain filter"),
             "timeout s": timeout,
             "scrapy python": python or "not found",
         },
