@@ -114,8 +114,25 @@ def touch(connection: Redis, consumer: str, ids: Sequence[str]) -> set[str]:
 
 def ack(pipe: Any, entry_id: str) -> None:
     """Acknowledge and delete an entry done with (in the caller's pipeline)."""
-    pipe.xack(keys.pages(), keys.PARSERS, entry_id)
-    pipe.xdel(keys.pages(), entry_id)
+    ack_all(pipe, [entry_id])
+
+
+def ack_all(pipe: Any, entry_ids: Sequence[str]) -> None:
+    """Acknowledge and delete entries done with: one XACK and one XDEL for all (none if no id)."""
+    if entry_ids:
+        pipe.xack(keys.pages(), keys.PARSERS, *entry_ids)
+        pipe.xdel(keys.pages(), *entry_ids)
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What a parse worker does with an entry once its page is recorded: ``ack`` it, in the record's
+    pipeline. A write of several records sends the ``Ack``s it carries together (``ack_all``)."""
+
+    entry_id: str
+
+    def __call__(self, pipe: Any) -> None:
+        ack(pipe, self.entry_id)
 
 
 def hand_back(connection: Redis, entries: Sequence[Entry]) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from redis import Redis
 
+from ..coord import pages
 from ..coord.counters import Counters
 from ..store import outbox
 from ..store.database import FetchRecord, Store
@@ -103,6 +104,9 @@ class Done:
     #: Takes the replies to ``also``'s commands and gives them back, errors it dealt with replaced
     #: (``Gate.rearm_sent``); any error left is raised once the whole pipeline has run.
     check: Callable[[list[Any]], list[Any]] | None = None
+    #: The page entry this record's page came from (a parse's), acknowledged with the others of
+    #: the write, after every record's commands: one XACK and one XDEL for all (``pages.ack_all``).
+    ack: str | None = None
 
 
 def jobs_done(sink: RecordSink, done: Sequence[Done], written: bool = False) -> None:
@@ -135,11 +139,12 @@ def _write_groups(
         parked_from = len(pipe)
         for entry in parked:
             outbox.park(pipe, entry)
+        pages.ack_all(pipe, [d.ack for d in flat if d.ack is not None])
         replies = pipe.execute(raise_on_error=False)  # no round trip when empty
     for d, (start, end) in zip(flat, spans, strict=True):
         if d.check is not None:  # called even with no reply: a rider that had nothing to send rode too
             replies[start:end] = d.check(replies[start:end])
-    # A record parked but not in Redis is lost to every group: none is told it went.
+    # A record parked but not in Redis, or an acknowledgement refused, is every group's: none is told it went.
     lost = next((reply for reply in replies[parked_from:] if isinstance(reply, Exception)), None)
     errors: list[BaseException | None] = []
     at = 0

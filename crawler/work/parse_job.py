@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from rq.timeouts import JobTimeoutException
 
-from ..coord import keys
+from ..coord import keys, pages
 from ..coord.frontier import (
     AddResult,
     Candidate,
@@ -41,7 +41,7 @@ from ..spiders.items import Pipelines, failure_text
 from ..spiders.spider import Page, Request, SentRequest, Spider, accepts
 from ..store.database import FAILED, OK, FetchRecord, Item, utcnow
 from . import runtime
-from .events import Done, job_done, jobs_done
+from .events import Done, jobs_done
 from .sitemaps import SITEMAP_CALLBACK, SitemapReader
 
 log = logging.getLogger("crawler.jobs")
@@ -411,9 +411,10 @@ def _parse_done(
             pipe.sadd(keys.parse_failed(site), fingerprint(str(payload["url"])))
         elif payload.get("refresh"):
             pipe.srem(keys.parse_failed(site), fingerprint(str(payload["url"])))
-        if done is not None:
+        if done is not None and ack is None:
             done(pipe)
 
+    ack = done.entry_id if isinstance(done, pages.Ack) else None  # sent with the write's others
     finished = utcnow()
     record = FetchRecord(
         site=site,
@@ -431,9 +432,9 @@ def _parse_done(
         request=payload["again"] if isinstance(payload.get("again"), dict) else None,
     )
     if held is None:
-        job_done(rt.sink, record, also=also, stats=counts)
+        jobs_done(rt.sink, [Done(record, None, also, counts, ack=ack)])
     else:
-        held.done.append(Done(record, None, also, counts))
+        held.done.append(Done(record, None, also, counts, ack=ack))
         held.pages.append((payload, worker, done, started))
 
 

@@ -349,7 +349,7 @@ class ParseWorker:
                 log.warning("no spider for site %r here: leaving its pages to other parse workers", site[:100])
             pages.hand_back(self._client, [entry])
             return False
-        done = partial(pages.ack, entry_id=entry_id)
+        done = pages.Ack(entry_id)
         if deliveries > pages.MAX_DELIVERIES:
             parse_job.parse_failed(
                 self.runtime,
