@@ -219,14 +219,17 @@ def children_cpu() -> float:
 def run_command(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, Any]:
     """One ``crawler`` command in a subprocess (``TIMED``): wall, start-up + exit, import, own work, CPU, output."""
     cpu, started = children_cpu(), time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", TIMED, *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", TIMED, *args],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:  # stopped: a failed run, shown as one
+        done = subprocess.CompletedProcess(exc.cmd, -9, _text(exc.stdout), _text(exc.stderr) + "\n(timed out)")
     wall, cpu = time.perf_counter() - started, children_cpu() - cpu
     times: dict[str, float] = {}
     stderr = []
@@ -246,6 +249,10 @@ def run_command(args: list[str], env: dict[str, str], cwd: Path) -> dict[str, An
         "stdout": done.stdout,
         "stderr": "\n".join(stderr),
     }
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def seed_counts(stdout: str) -> tuple[int, int, int]:
