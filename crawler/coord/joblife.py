@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now
 from rq.worker import BaseWorker, WorkerStatus
 
-from . import keys
+from ..settings import DEFAULT_JOB_LEASE
+from . import keys, lua, redisclock
 from .gate import Gate
 from .replies import text
 from .scheduler import mark_ready
@@ -95,6 +96,9 @@ RETRY_DELAYS = [0, 15, 60, 300, 900]
 #: Seconds a job may sit in its queue's intermediate list without a lease before the reaper
 #: hands it back: handed out by NEXT_JOB, it is claimed within milliseconds by a live worker.
 STRANDED_AFTER = 2 * REAP_EVERY
+#: Seconds after which a sighting of a job in an intermediate list no longer counts: the reaper looks at
+#: a queue with a job there again STRANDED_AFTER later, so a sighting this old is of an earlier stay.
+STALE_SIGHTING = 3 * STRANDED_AFTER
 RETRIES = len(RETRY_DELAYS)
 #: The job meta field that counts a batch's URLs done, in order.
 BATCH_DONE = "done"
@@ -114,22 +118,34 @@ def queue_names(connection: Redis) -> list[str]:
 
 #: Queues whose state one survey pipeline of the reaper reads (four commands each).
 SURVEY_CHUNK = 500
+#: Seconds between two full reaper passes over every queue, fleet-wide; between them a pass surveys
+#: only the sites the claims say are due. What a job no claim names (handed out by a crawler of
+#: before the claims) waits for at most.
+FULL_REAP_EVERY = 3600.0
+#: Sites of the claims one reaper pass surveys at most (the others at the next pass).
+CLAIMS_A_PASS = 5000
 
 
-def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
+def reap(connection: Redis, lease: float = DEFAULT_JOB_LEASE) -> bool:
     """Run one reaper pass unless another worker ran one in the last REAP_EVERY seconds.
 
-    Hands abandoned jobs back (or fails them once out of retries) and moves RQ retries
-    that are due into their queues, and jobs stranded in an intermediate list
-    (``rescue_stranded``). Returns whether this call did the pass. It surveys every queue
-    first (``survey``) and acts only on the queues that have something to do.
+    Hands abandoned jobs back (or fails them once out of retries), moves RQ retries that
+    are due into their queues, and hands back jobs stranded in an intermediate list
+    (``rescue_stranded``). It surveys the queues of the sites the claims say are due
+    (``keys.claims``: NEXT_JOB names a site there as it hands out a job, to be looked at
+    once the job's ``lease`` could have lapsed), acts on those with something to do, and
+    settles when it looks at each again (``SETTLE_CLAIMS``); once a FULL_REAP_EVERY, fleet-wide,
+    it surveys every queue instead. Returns whether this call did the pass.
     """
     lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
         return False
+    full = Gate(connection, "full-reap", expire=FULL_REAP_EVERY, key=keys.lock("full-reap")).acquire(blocking=False)
+    names = queue_names(connection) if full else [keys.download_queue(site) for site in claims_due(connection)]
     seen: dict[str, float] = {}
     queued: dict[str, float] = {}
-    for name, found in survey(connection, queue_names(connection) if names is None else names):
+    looks: dict[str, float | None] = {}
+    for name, found in survey(connection, names):
         queue = _queue(connection, name)
         if found.expired:
             registry = StartedJobRegistry(queue=queue, serializer=JSONSerializer, job_class=CrawlerJob)
@@ -139,17 +155,45 @@ def reap(connection: Redis, names: Iterable[str] | None = None) -> bool:
         if found.handed_out:
             rescue_stranded(connection, queue, seen)
         site = keys.site_of_queue(name)
-        if site is not None and (found.queued or found.expired or found.due or found.handed_out):
-            queued[site] = 0
+        if site is not None:
+            looks[site] = found.next_look()
+            if found.queued or found.expired or found.due or found.handed_out:
+                queued[site] = 0
     # A job handed back must be seen by the scheduler; a site already in the ready set is left as it is.
     mark_ready(connection, queued)
-    # Forget the ids no longer stranded (claimed, or handed back), keep the others' first sighting.
+    settle_claims(connection, looks, lease)
+    # A full pass forgets the ids no longer stranded (claimed, or handed back); every pass keeps the
+    # others' first sighting (a sighting too old to be this stay's is taken again: ``rescue_stranded``).
     with connection.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.stranded())
+        if full:
+            pipe.delete(keys.stranded())
         if seen:
             pipe.hset(keys.stranded(), mapping=seen)  # type: ignore[arg-type]  # redis-py types keys invariantly
         pipe.execute()
     return True
+
+
+def claims_due(connection: Redis) -> list[str]:
+    """The sites the claims say the reaper should look at now (CLAIMS_A_PASS at most, the longest due first)."""
+    now = redisclock.now_ms(connection)
+    return [text(site) for site in connection.zrangebyscore(keys.claims(), "-inf", now, start=0, num=CLAIMS_A_PASS)]
+
+
+def settle_claims(connection: Redis, looks: Mapping[str, float | None], lease: float) -> None:
+    """Record when the reaper next looks at each site surveyed (``looks``: seconds from now, None for
+    never: the site is forgotten unless a job was handed out meanwhile), in one SETTLE_CLAIMS call."""
+    if not looks:
+        return
+    later = [(site, wait) for site, wait in looks.items() if wait is not None]
+    forget = [site for site, wait in looks.items() if wait is None]
+    args: list[Any] = [len(later)]
+    for site, wait in later:
+        args += [site, int(wait * 1000)]
+    site_keys = [keys.claims()]
+    for site in forget:
+        queue = _queue(connection, keys.download_queue(site))
+        site_keys += [queue.intermediate_queue_key, queue.started_job_registry.key, queue.scheduled_job_registry.key]
+    lua.script(connection, "settle_claims")(keys=site_keys, args=[*args, *forget, int(lease * 1000)])
 
 
 @dataclass(frozen=True)
@@ -157,14 +201,32 @@ class QueueSurvey:
     """What the reaper found in one queue: ``at``, the timestamp (RQ's clock, seconds) it counted against."""
 
     at: float
-    expired: int  # leases in the started registry that ran out by ``at``
-    due: int  # RQ-scheduled jobs (retries) due by ``at``
+    lease_ends: float | None  # the first lease in the started registry to run out (RQ's clock), None if none
+    retry_due: float | None  # when the first RQ-scheduled job (a retry) is due, None if none
     handed_out: int  # job ids in the intermediate list
     queued: int  # job ids in the queue
 
+    @property
+    def expired(self) -> bool:
+        """Whether a lease of the started registry ran out by ``at``."""
+        return self.lease_ends is not None and self.lease_ends <= self.at
+
+    @property
+    def due(self) -> bool:
+        """Whether a retry is due by ``at``."""
+        return self.retry_due is not None and self.retry_due <= self.at
+
+    def next_look(self) -> float | None:
+        """Seconds from ``at`` until the reaper should look at the queue again (0: at its next pass), None when
+        nothing is there to watch: no job handed out, leased, or scheduled."""
+        waits = [max(0.0, t - self.at) for t in (self.lease_ends, self.retry_due) if t is not None]
+        if self.handed_out:
+            waits.append(STRANDED_AFTER)
+        return min(waits) if waits else None
+
 
 def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, QueueSurvey]]:
-    """Each queue of ``names`` with its counts (``QueueSurvey``), read SURVEY_CHUNK queues a round trip."""
+    """Each queue of ``names`` with what it holds (``QueueSurvey``), read SURVEY_CHUNK queues a round trip."""
     names = list(names)
     for start in range(0, len(names), SURVEY_CHUNK):
         chunk = names[start : start + SURVEY_CHUNK]
@@ -172,14 +234,19 @@ def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, Queue
         with connection.pipeline(transaction=False) as pipe:
             for name in chunk:
                 queue = _queue(connection, name)
-                pipe.zcount(queue.started_job_registry.key, 0, at)
-                pipe.zcount(queue.scheduled_job_registry.key, 0, at)
+                pipe.zrange(queue.started_job_registry.key, 0, 0, withscores=True)
+                pipe.zrange(queue.scheduled_job_registry.key, 0, 0, withscores=True)
                 pipe.llen(queue.intermediate_queue_key)
                 pipe.llen(queue.key)
             replies = pipe.execute()
         for i, name in enumerate(chunk):
-            expired, due, handed_out, queued = (int(n) for n in replies[4 * i : 4 * i + 4])
-            yield name, QueueSurvey(at, expired, due, handed_out, queued)
+            started, scheduled, handed_out, queued = replies[4 * i : 4 * i + 4]
+            yield name, QueueSurvey(at, _first_score(started), _first_score(scheduled), int(handed_out), int(queued))
+
+
+def _first_score(reply: list[Any]) -> float | None:
+    """The score of a ZRANGE 0 0 WITHSCORES reply, None if the set was empty."""
+    return float(reply[0][1]) if reply else None
 
 
 _queues: weakref.WeakKeyDictionary[Redis, dict[str, Queue]] = weakref.WeakKeyDictionary()
@@ -221,8 +288,10 @@ def rescue_stranded(connection: Redis, queue: Queue, seen: dict[str, float]) -> 
     for job_id, first in zip(ids, first_seen, strict=True):
         if job_id in running:
             continue
-        if first is None or wall - float(first) < STRANDED_AFTER:
-            seen[job_id] = wall if first is None else float(first)
+        # A sighting older than STALE_SIGHTING is of an earlier stay of the job (it was claimed, and
+        # later handed out again): this stay is seen now for the first time.
+        if first is None or not STRANDED_AFTER <= wall - float(first) < STALE_SIGHTING:
+            seen[job_id] = wall if first is None or wall - float(first) >= STALE_SIGHTING else float(first)
             continue
         with connection.pipeline(transaction=True) as pipe:
             pipe.lrem(queue.intermediate_queue_key, 1, job_id)

@@ -242,6 +242,12 @@ def group(sites: list[str]) -> str:
     return f"{PREFIX}group:{digest}"
 
 
+def claims() -> str:
+    """Sorted set of sites whose RQ queues the reaper watches (jobs handed out, leases, retries), scored
+    by when (ms, Redis clock) it next looks at each (``joblife.reap``)."""
+    return f"{PREFIX}claims"
+
+
 def stranded() -> str:
     """Hash of job ids seen in an RQ intermediate list without a lease, to when (epoch s) the reaper first saw them."""
     return f"{PREFIX}stranded"

@@ -23,6 +23,7 @@ from redis import Redis
 from rq import Queue
 from rq.job import Job
 
+from ..settings import DEFAULT_JOB_LEASE
 from . import keys, lua
 from .replies import text
 
@@ -144,7 +145,8 @@ class Next:
 class Scheduler:
     """Client side of the scheduling scripts (``crawler/lua``), for one worker (or one command)."""
 
-    def __init__(self, connection: Redis, sites: Sequence[str] = ()):
+    def __init__(self, connection: Redis, sites: Sequence[str] = (), lease: float = DEFAULT_JOB_LEASE):
+        """``lease``: the jobs' lease (``job_lease``), after which the reaper first looks at a job handed out."""
         self.connection = connection
         self.sites = sorted(set(sites))
         self.group = keys.group(self.sites) if self.sites else ""
@@ -162,6 +164,7 @@ class Scheduler:
         self._pick_keys = [keys.ready(), self.group] if self.group else [keys.ready()]
         self._pick_args = [int(PREPARE_AHEAD * 1000)]
         self._site_keys: dict[str, list[str]] = {}
+        self._lease_ms = int(lease * 1000)
         #: The gate each site's conf was last seen to name (a shared one), per site.
         self._gates: dict[str, str | bytes] = {}
 
@@ -206,7 +209,7 @@ class Scheduler:
         for _ in range(2):  # a second time when the site's conf names a gate not known here
             site_keys = self._site_keys.get(site) or self._keys_of(site)
             gate = self._gates.get(site)
-            args: list[str | int] = [site, REFILL_BELOW, int(ahead * 1000), int(REFILL_HOLD * 1000)]
+            args: list[str | int] = [site, REFILL_BELOW, int(ahead * 1000), int(REFILL_HOLD * 1000), self._lease_ms]
             reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
             code = int(reply[0])
             if code == 1:
@@ -233,6 +236,7 @@ class Scheduler:
             queue.intermediate_queue_key,
             queue.started_job_registry.key,
             keys.gate(site),
+            keys.claims(),
         ]
         return found
 

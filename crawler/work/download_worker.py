@@ -59,7 +59,9 @@ class DownloadWorker(CrawlWorker):
         self._by_site: dict[str, Queue] = shared.made("by_site", lambda: dict(zip(sites, queues, strict=True)))
         # Always the sites this worker has spiders for: a site seeded elsewhere, or whose
         # spider failed to load here, is never handed to it (it would hand it back, again and again).
-        self.site_scheduler: Scheduler = shared.made("scheduler", lambda: Scheduler(connection, sites))
+        self.site_scheduler: Scheduler = shared.made(
+            "scheduler", lambda: Scheduler(connection, sites, rt.settings.job_lease)
+        )
         self._refill: str | None = None
         self._warned: set[str] = set()
         self._site_of: dict[str, str] = shared.made("site_of", lambda: {q.name: s for s, q in self._by_site.items()})

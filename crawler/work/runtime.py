@@ -76,7 +76,7 @@ class Runtime:
 
     @cached_property
     def scheduler(self) -> Scheduler:
-        return Scheduler(self.connection)
+        return Scheduler(self.connection, lease=self.settings.job_lease)
 
     @cached_property
     def record_writer(self) -> RecordWriter:

@@ -19,7 +19,7 @@ from redis import Redis
 from redis.crc import key_slot
 from rq import Queue
 
-from crawler.coord import inflight, keys, lua, pages
+from crawler.coord import inflight, joblife, keys, lua, pages
 from crawler.coord.frontier import Frontier
 from crawler.coord.gate import site_gate
 from crawler.coord.pacing import Auto, Pacer
@@ -401,6 +401,7 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
         assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY
         inflight.note_idle(redis_conn, "host:1:a")
+        joblife.settle_claims(redis_conn, {"shop": 1.0, "timed": None}, 10)  # SETTLE_CLAIMS
     for name, declared, touched in seen.calls:
         wrong = undeclared(name, declared, touched)
         assert not wrong, f"{name} touched keys not in its KEYS: {sorted(wrong)}"

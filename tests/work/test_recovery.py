@@ -881,7 +881,7 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
     stranded = job_of("site0900")
     redis_conn.lrem(queue_of("site0900").key, 1, stranded.id)
     redis_conn.lpush(queue_of("site0900").intermediate_queue_key, stranded.id)
-    redis_conn.hset(keys.stranded(), stranded.id, time.time() - 10 * joblife.STRANDED_AFTER)
+    redis_conn.hset(keys.stranded(), stranded.id, time.time() - 2 * joblife.STRANDED_AFTER)
     redis_conn.delete(keys.ready())
 
     round_trips = 0
@@ -903,6 +903,74 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
     print(f"a reaper pass over 1,000 sites: {round_trips} round trips")
     assert round_trips <= 30, f"a reaper pass over 1,000 sites took {round_trips} round trips"
     assert not joblife.reap(redis_conn)  # one pass a period for the whole fleet
+
+
+def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_out_of(redis_conn: Redis) -> None:
+    """The claims: NEXT_JOB names a site as it hands out a job, the reaper looks at it once the job's lease
+    could have lapsed, hands back a dead worker's job and forgets the site once nothing is left to watch.
+    A pass over 1,000 sites of which one had a job handed out costs Redis a few commands, not 4 a site."""
+    from rq import Queue
+    from rq.job import JobStatus
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.frontier import Frontier
+    from crawler.coord.scheduler import Scheduler, publish_conf
+    from crawler.spiders.spider import Request
+
+    sites = [f"site{i:04d}" for i in range(1000)]
+    redis_conn.sadd(keys.sites(), *sites)
+    for site in ("site0007", "site0500"):
+        publish_conf(redis_conn, site, 0.05, 0.0)
+        front = Frontier(redis_conn, site, ["example.com"], failure_ttl=60, job_timeout=60)
+        front.add([Request(f"http://example.com/{site}/{i}") for i in range(2)])
+        front.refill(2)
+    assert joblife.reap(redis_conn)  # the first pass of a fleet surveys every queue
+    redis_conn.delete(keys.lock("reaper"))
+    assert redis_conn.zcard(keys.claims()) == 0
+
+    step = Scheduler(redis_conn, ["site0007"], lease=0.0).next()  # its lease lapses at once
+    assert step.site == "site0007" and step.job_id is not None
+    assert [m.decode() for m in redis_conn.zrange(keys.claims(), 0, -1)] == ["site0007"]
+    queue = Queue(keys.download_queue("site0007"), connection=redis_conn, serializer=JSONSerializer)
+    job = queue.fetch_job(step.job_id)  # claimed by a worker that died at once: its lease ran out
+    redis_conn.lrem(queue.intermediate_queue_key, 1, job.id)
+    job.set_status(JobStatus.STARTED)
+    redis_conn.zadd(queue.started_job_registry.key, {f"{job.id}:dead-execution": 1})
+
+    def commands() -> int:
+        stats = redis_conn.info("commandstats")
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    before = commands()
+    assert joblife.reap(redis_conn)
+    spent = commands() - before
+    assert step.job_id in queue.get_job_ids()  # handed back, for a worker to take
+    assert spent < 100, f"a pass that had one site to look at cost {spent} commands"
+    redis_conn.delete(keys.lock("reaper"))
+    assert joblife.reap(redis_conn)  # looks again: only queued jobs, nothing to watch
+    assert redis_conn.zcard(keys.claims()) == 0
+
+
+def test_a_sighting_in_an_intermediate_list_too_old_to_be_this_stays_is_taken_again(redis_conn: Redis) -> None:
+    """A job seen stranded long ago, then claimed, and handed out again later, is not handed back on its
+    new stay's first sighting (its worker may be claiming it): the old sighting counts as none."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+
+    queue = Queue(keys.download_queue("site"), connection=redis_conn, serializer=JSONSerializer)
+    job = queue.enqueue(DOWNLOAD_FUNC, {"site": "site", "url": "https://site.example/"}, retry=joblife.job_retry())
+    redis_conn.lmove(queue.key, queue.intermediate_queue_key)
+    redis_conn.hset(keys.stranded(), job.id, time.time() - joblife.STALE_SIGHTING - 1)
+    seen: dict[str, float] = {}
+    assert joblife.rescue_stranded(redis_conn, queue, seen) == 0
+    assert time.time() - seen[job.id] < 5  # seen now, for the first time this stay
+    redis_conn.hset(keys.stranded(), job.id, time.time() - joblife.STRANDED_AFTER - 1)
+    assert joblife.rescue_stranded(redis_conn, queue, {}) == 1
+    assert queue.get_job_ids() == [job.id]
 
 
 def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_next_period(

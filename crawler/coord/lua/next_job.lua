@@ -9,13 +9,14 @@
 -- KEYS[1] = the ready set (keys.ready); the site's keys: KEYS[2] its conf hash (keys.conf),
 --   KEYS[3] its levels set (keys.levels), KEYS[4] its queued set (keys.queued), KEYS[5] its RQ
 --   queue, KEYS[6] that queue's intermediate list, KEYS[7] its started registry, KEYS[8] its own
---   gate (keys.gate); KEYS[9] = the gate the caller last saw the conf name (a gate several sites
---   share), absent when it knows of none.
+--   gate (keys.gate); KEYS[9] = the reaper's claims (keys.claims); KEYS[10] = the gate the caller
+--   last saw the conf name (a gate several sites share), absent when it knows of none.
 -- ARGV[1] = the site (its member in the ready set), ARGV[2] = refill when fewer jobs than this
 --   are left queued, ARGV[3] = ms before its gate opens that a site's job may be handed out
 --   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides,
 --   ARGV[4] = ms the site is held out of other workers' picks while one refills its queue
---   (scheduler.REFILL_HOLD).
+--   (scheduler.REFILL_HOLD), ARGV[5] = ms after a hand-out that the reaper first looks at the site's
+--   queue (the job's lease: its claim has lapsed by then if its worker died).
 -- Returns {1, job_id, refill, again_ms} (again_ms: when the site is due again, ms from now) |
 --   {2} (its RQ queue is empty: refill, then call again; the site is
 --   re-scored ARGV[4] ms ahead meanwhile, so other workers pick other sites, and the refill marks it
@@ -24,15 +25,16 @@
 --   {0, wait_ms} (no job: the site is not due, or was re-scored; it is due again in wait_ms) |
 --   {-1} (the site is not in the ready set, or has just left it: no work).
 --
--- Cluster: cross-slot: the site's keys share its slot, but the ready set is global, and a shared
--- gate is in a slot of its own. The re-scoring must be atomic with the hand-out (two workers
+-- Cluster: cross-slot: the site's keys share its slot, but the ready set and the claims are
+-- global, and a shared gate is in a slot of its own. The re-scoring must be atomic with the hand-out (two workers
 -- would otherwise be handed the same turn) and with the removal of a site found without work
 -- (a push in between would be left unserved).
 --@include _now.lua
 --@include _conf.lua
-local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, known_gate =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, claims, known_gate =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local site, REFILL_BELOW, ahead, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local first_look = tonumber(ARGV[5])
 local now = now_ms()
 
 local due = tonumber(redis.call('ZSCORE', ready, site))
@@ -80,6 +82,8 @@ if gate_ttl > ahead then
 end
 local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
 redis.call('ZREM', queued_set, job)
+-- The reaper looks at the site once this job's lease could have lapsed, or sooner if it already would.
+redis.call('ZADD', claims, 'LT', now + first_look, site)
 -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that,
 -- or after the batch's span for a paced batch (its thread takes those turns).
 local span = math.max(1, math.min(conf_number(conf[8], 1) or 1, 16))
