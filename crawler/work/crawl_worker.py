@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -388,7 +388,7 @@ class CrawlWorker(SimpleWorker):
             prune_dead_executions(self.connection, job)
             site = keys.site_of_queue(queue.name)
             # The site's live settings ride along when due for a re-read: the job reads them first thing.
-            along = functools.partial(self.runtime.sites.read_site_along, site=site) if site is not None else None
+            along = functools.partial(self._claim_reads, site=site) if site is not None else None
             execution = joblife.claim(self, job, queue, along)
             self._leases.hold(self, job, execution)
             try:
@@ -398,6 +398,19 @@ class CrawlWorker(SimpleWorker):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # The job's claim expires and the reaper hands it back once Redis answers.
             self._redis_down(exc)
+
+    def _claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
+        """What a job's claim reads along (``joblife.claim``): whether the site has a run of errors
+        (``SiteMemory.claim_reads``), and its live settings when due (``SiteReads.read_site_along``)."""
+        errors = self.runtime.memory.claim_reads(pipe, site)
+        settings = self.runtime.sites.read_site_along(pipe, site)
+
+        def keep(replies: list[Any]) -> None:
+            errors(replies[:1])
+            if settings is not None:
+                settings(replies[1:])
+
+        return keep
 
     def perform_job(self, job: Job, queue: Queue, execution: Execution) -> bool:
         """Run a job claimed by ``joblife.claim``; a success finished in one step, a failure through RQ.

@@ -6,8 +6,11 @@ run, and what the next job of the site needs from the last one, is kept here, in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..coord import keys
 from ..coord.gate import Turn
 
 
@@ -28,6 +31,22 @@ class SiteMemory:
     published: dict[str, float] = field(default_factory=dict)
     #: Site -> (when, what) this process last wrote of its conf.
     conf_written: dict[str, tuple[float, tuple[object, ...]]] = field(default_factory=dict)
+    #: Site -> whether a run of its errors may stand in Redis (``keys.errors``), as read at this process's
+    #: last claim of a job of the site or written here since; absent: not known. A success ends a run
+    #: (a DEL) only when there may be one. Exact for a site of concurrency 1 (its one job at a time
+    #: reads it at its claim); with more, a run another process starts meanwhile outlives a success here
+    #: until the next claim of the site reads it.
+    error_runs: dict[str, bool] = field(default_factory=dict)
+
+    def claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:
+        """Queue in ``pipe`` (a job's claim) the read of whether ``site`` has a run of errors; what keeps
+        its reply, given the replies from this command on."""
+        pipe.exists(keys.errors(site))
+
+        def keep(replies: list[Any]) -> None:
+            self.error_runs[site] = bool(replies[0])
+
+        return keep
 
     def turn(self, gate_key: str) -> Turn:
         """This process's turn at the gate ``gate_key``, made on first use."""

@@ -195,6 +195,7 @@ def retry_or_fail(attempt: AttemptState, exc: TransientError, response: Response
     settings, policy = rt.settings, attempt.context.policy
     status = getattr(exc, "status", None)
     errors_in_a_row = int(rt.connection.incr(keys.errors(task.site)))
+    rt.memory.error_runs[task.site] = True
     if exc.retry_after is not None:
         rt.close_gate(
             task.site, task.url, min(exc.retry_after, settings.max_retry_after), f"Retry-After after {status}", policy

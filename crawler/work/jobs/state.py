@@ -117,7 +117,11 @@ class AttemptState:
         url = task.url if url is None else url
         finished = utcnow()
         stats = _counted(outcome) if url == task.url else {}
+        # A success ends the site's run of errors, if it may have one (``SiteMemory.error_runs``).
         ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
+        if ends_errors:
+            ends_errors = self.rt.memory.error_runs.get(task.site, True)
+            self.rt.memory.error_runs[task.site] = False
         if url == task.url and outcome in (FAILED, REFUSED):
             handed = to_errback(task, self.spider, outcome, response, error, status, kind)
             then = then if handed is None else _both(then, handed)
