@@ -242,6 +242,12 @@ def group(sites: list[str]) -> str:
     return f"{PREFIX}group:{digest}"
 
 
+def drained(sites: list[str]) -> str:
+    """A fleet's word, for a moment, that the crawl of ``sites`` was found drained by an exact count
+    (``work.drain.crawl_drained``), named by its sorted sites as ``group``."""
+    return f"{PREFIX}drained:{group(sites).rsplit(':', 1)[1]}"
+
+
 def claims() -> str:
     """Sorted set of sites whose RQ queues the reaper watches (jobs handed out, leases, retries), scored
     by when (ms, Redis clock) it next looks at each (``joblife.reap``)."""

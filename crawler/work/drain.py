@@ -110,10 +110,17 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) 
     return waiting or sum(frontier_sizes(connection, sites))
 
 
+#: Seconds for which an exact count's "drained" stands for the other burst processes of the fleet
+#: (``keys.drained``): each would otherwise count every site twice itself as the crawl ends.
+DRAINED_WORD_FOR = 2.0
+
+
 def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[], bool] | None = None) -> bool:
     """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
 
-    Checked twice a moment apart, so work passing between two lists is not missed.
+    Checked twice a moment apart, so work passing between two lists is not missed; a burst's
+    look (``count_all`` given) takes another process's such verdict of the last DRAINED_WORD_FOR
+    seconds instead, once its cheap looks see nothing.
     ``count_all``: asked before a look reads every site (once the cheap looks saw nothing);
     False: not drained, as far as this look says, so a burst may look often while its
     every-site counts are made at the pace ``count_all`` sets.
@@ -121,7 +128,15 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     sites = list(sites)
     if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):
         return False
+    # Another process's exact count found it drained a moment ago, and the cheap looks see nothing since:
+    # no process holds a job or has a page to parse, so none could have made work meanwhile.
+    verdict = keys.drained(sites)
+    if count_all is not None and connection.exists(verdict):
+        return True
     if pending_work(connection, sites, looked=count_all is not None):
         return False
     time.sleep(0.05)
-    return pending_work(connection, sites) == 0
+    if pending_work(connection, sites):
+        return False
+    connection.set(verdict, 1, px=int(DRAINED_WORD_FOR * 1000))
+    return True
