@@ -244,6 +244,27 @@ def test_a_crawl_begun_before_seen_tables_keeps_its_old_set_and_migrates(redis_c
     assert migrate(redis_conn, SITE) == 0
 
 
+def test_once_no_old_set_is_left_the_table_says_so_and_no_call_looks_for_one_again(redis_conn: Redis) -> None:
+    """Each call looked for the set of before seen tables (an EXISTS a page's links); once it is found
+    gone (here: never made, or emptied by migration) the table holds o = 1 and calls look no more."""
+    front = frontier(redis_conn)
+
+    def exists_calls(urls: list[str]) -> int:
+        before = int(redis_conn.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+        mark(front, urls)
+        return int(redis_conn.info("commandstats").get("cmdstat_exists", {}).get("calls", 0)) - before
+
+    assert exists_calls(["http://example.com/1"]) == 1
+    assert redis_conn.hget(keys.seen_table(SITE), "o") == b"1"
+    assert exists_calls(["http://example.com/2", "http://example.com/1"]) == 0
+    other = frontier(redis_conn, "migrating")
+    redis_conn.sadd(keys.seen("migrating"), fingerprint("http://example.com/old"))
+    assert mark(other, ["http://example.com/old"]) == [False]  # read from the old set, moved into the table
+    assert redis_conn.hget(keys.seen_table("migrating"), "o") is None
+    assert mark(other, ["http://example.com/x"]) == [True]  # the old set is empty now: found gone
+    assert redis_conn.hget(keys.seen_table("migrating"), "o") == b"1"
+
+
 def test_old_time_buckets_are_read_while_they_last(redis_conn: Redis) -> None:
     front = frontier(redis_conn, revisit_after=60.0)
     seconds, micros = redis_conn.time()

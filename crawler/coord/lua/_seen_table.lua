@@ -1,6 +1,7 @@
 -- Helper: seen tables (crawler.coord.seen): 64-bit fingerprints stored as decimal integers in
 -- sub-sets small enough for Redis to keep as intsets (8 B a member), by linear hashing.
--- A table is a hash, its KEYS entry (fields l = level, s = split pointer, n = members), and its
+-- A table is a hash, its KEYS entry (fields l = level, s = split pointer, n = members, o = 1 once no
+-- set of before seen tables is left beside it), and its
 -- sub-sets, named the table's name .. ':' .. b: names that start with a key passed in KEYS, its
 -- hash tag included (the one key name built in a script: tests/coord/test_lua.py).
 -- A member's address is h, its last nine decimal digits (a number below 1e9: exact in a double, so
@@ -22,8 +23,9 @@ end
 
 -- A table's state; expire_at (ms, a string) or nil: when its keys expire, set on every write.
 local function seen_table(key, expire_at)
-    local state = redis.call('HMGET', key, 'l', 's', 'n')
+    local state = redis.call('HMGET', key, 'l', 's', 'n', 'o')
     local t = {key = key, l = tonumber(state[1]) or 0, s = tonumber(state[2]) or 0, n = tonumber(state[3]) or 0}
+    t.old_gone = state[4] == '1'
     t.size, t.prefix, t.expire_at = 2 ^ t.l, key .. ':', expire_at
     return t
 end
@@ -191,8 +193,15 @@ end
 
 -- The members not flagged yet that the set of before seen tables `old` holds: flagged (seen), marked
 -- in `moved` (to be added to the table), and taken out of the old set. raw: as seen_look_old's.
-local function seen_take_old(old, raw, flags, moved)
-    if redis.call('EXISTS', old) == 0 then return end
+-- Once the old set is found gone (emptied, or never made), table t says so (field o = 1) and it is
+-- not looked for again: one EXISTS a call saved.
+local function seen_take_old(t, old, raw, flags, moved)
+    if t.old_gone then return end
+    if redis.call('EXISTS', old) == 0 then
+        redis.call('HSET', t.key, 'o', 1)
+        t.old_gone = true
+        return
+    end
     local args, at, found_raw = {}, {}, {}
     for i = 1, #flags do
         if flags[i] == 0 then

@@ -22,7 +22,7 @@ local named = (ARGV[5] or '') ~= ''
 local m, n, flags = seen_members(ARGV[1], named and 3 or 2)
 local t, moving, moved = seen_table(KEYS[1], nil), ARGV[4] == 'move', {}
 seen_look(t, m, n, flags, named and ARGV[5] == seen_shape(t))
-if not moving then seen_take_old(KEYS[2], ARGV[2], flags, moved) end
+if not moving then seen_take_old(t, KEYS[2], ARGV[2], flags, moved) end
 local new, count = seen_new(m, n, flags, moved)
 seen_add(t, new, count, tonumber(ARGV[3]))
 if moving then
