@@ -1,8 +1,9 @@
-"""Per-site counters and metrics: counted in each process's memory, written to Redis about once a second.
+"""Per-site counters and metrics: counted in each process's memory, written to Redis every second or few.
 
 The one writer of ``crawler:stats:SITE`` and ``crawler:metrics:SITE``: a job ``add``s its
 increments to its process's ``Counters``, which writes the sums in one transaction at most
-FLUSH_EVERY after the first unwritten count, and at once on ``flush``/``flush_if_quiet``.
+FLUSH_EVERY after the first unwritten count (longer with many sites' counts waiting), the
+metrics METRICS_PERIODS times less often, and everything at once on ``flush``/``flush_if_quiet``.
 Counts made before a site's reset are never written after it (``keys.resets``). Fields
 program logic reads exact (``IMMEDIATE``, ``crawler:errors:SITE``) are written where they
 are decided. The design and its price: docs/ARCHITECTURE.md ("Counters are summed in
@@ -12,6 +13,7 @@ memory") and docs/METRICS.md.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -32,6 +34,11 @@ FLUSH_EVERY = 1.0
 #: proportion, up to MOST_PERIODS (many slow sites' counts batched, not written a site a second).
 SITES_PER_PERIOD = 50
 MOST_PERIODS = 5.0
+
+#: Periods between two writes of a process's metrics (a scrape's figures, never read by the crawl
+#: itself): most of a slow site's fields are its metrics' (a histogram bucket and sum each for the
+#: download's time and the gate's wait, bytes, a status count), written a quarter as often.
+METRICS_PERIODS = 4.0
 
 #: Seconds without a count after which a worker with no work writes its process's counts
 #: at once (``flush_if_quiet``): the process is at rest, so waiting for the timer would
@@ -56,7 +63,8 @@ class Counters:
         self._metrics: dict[str, dict[str, Number]] = {}
         self._counted_at: dict[str, int | None] = {}  # site -> reset count its pending stats were counted at
         self._resets: dict[str, int] = {}  # site -> the reset count last seen in Redis
-        self._since: float | None = None  # when the oldest count not yet written was made (monotonic)
+        self._since: float | None = None  # when the oldest stats count not yet written was made (monotonic)
+        self._metrics_since: float | None = None  # the same, of the metrics
         self._last = 0.0  # when the latest count was made (monotonic)
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -88,8 +96,12 @@ class Counters:
                 for name, amount in metrics.items():
                     into[name] = into.get(name, 0) + amount
             self._last = time.monotonic()
-            if self._since is None:
+            started = self._since is not None or self._metrics_since is not None
+            if stats and self._since is None:
                 self._since = self._last
+            if metrics and self._metrics_since is None:
+                self._metrics_since = self._last
+            if not started:
                 self._start()
 
     def pending(self) -> int:
@@ -97,8 +109,9 @@ class Counters:
         with self._cond:
             return sum(map(len, self._stats.values())) + sum(map(len, self._metrics.values()))
 
-    def flush(self) -> bool:
-        """Write every count made so far, in one transaction; whether it went (or nothing was left).
+    def flush(self, metrics_too: bool = True) -> bool:
+        """Write every count made so far (``metrics_too``: the metrics as well), in one transaction;
+        whether it went (or nothing was left).
 
         On a Redis error the counts stay for the next try (logged once per outage); this
         never raises for one, so a worker can call it on its way out.
@@ -106,7 +119,10 @@ class Counters:
         with self._writing:
             with self._cond:
                 stats, self._stats = self._stats, {}
-                metrics, self._metrics = self._metrics, {}
+                metrics: dict[str, dict[str, Number]] = {}
+                if metrics_too:
+                    metrics, self._metrics = self._metrics, {}
+                    self._metrics_since = None
                 counted_at, self._counted_at = self._counted_at, {}
                 self._since = None
             if not stats and not metrics:
@@ -134,7 +150,7 @@ class Counters:
 
     def flush_if_quiet(self, quiet: float = QUIET) -> None:
         """``flush`` if counts wait and none was made in the last ``quiet`` seconds (a worker with no work calls it)."""
-        if self._since is not None and time.monotonic() - self._last >= quiet:
+        if (self._since is not None or self._metrics_since is not None) and time.monotonic() - self._last >= quiet:
             self.flush()
 
     def close(self) -> None:
@@ -199,6 +215,8 @@ class Counters:
                 for name, amount in amounts.items():
                     into[name] = into.get(name, 0) + amount
             self._since = time.monotonic()  # the next try in one interval
+            if metrics:
+                self._metrics_since = self._since
             self._start()
 
     def _period(self) -> float:
@@ -220,15 +238,21 @@ class Counters:
                 while True:
                     if self._closed:
                         return
-                    if self._since is None:
+                    if self._since is None and self._metrics_since is None:
                         self._cond.wait()
                         continue
-                    left = self._since + self._period() - time.monotonic()
+                    period, now = self._period(), time.monotonic()
+                    stats_due = math.inf if self._since is None else self._since + period
+                    metrics_due = (
+                        math.inf if self._metrics_since is None else self._metrics_since + METRICS_PERIODS * period
+                    )
+                    left = min(stats_due, metrics_due) - now
                     if left <= 0:
+                        metrics_too = metrics_due <= now
                         break
                     self._cond.wait(left)
             try:
-                self.flush()
+                self.flush(metrics_too)
             except Exception:  # a bug: said, and the thread lives on (the workers' own writes still run)
                 log.exception("counters: write failed")
 

@@ -102,6 +102,28 @@ def test_counts_wait_in_memory_then_the_writing_thread_writes_them_within_the_in
         tally.close()
 
 
+def test_the_writing_thread_writes_metrics_a_few_periods_after_the_stats_counted_with_them(redis_conn: Redis) -> None:
+    """Most of a slow site's fields are metrics, for a scrape: they wait METRICS_PERIODS periods, the
+    stats one; a flush (a worker at rest, or closing) writes both at once."""
+    tally = Counters(redis_conn, flush_every=0.4)
+    try:
+        counted = time.monotonic()
+        tally.add(SITE, {"fetched": 1}, {"bytes:download": 100})
+        while not stats(redis_conn):
+            assert time.monotonic() - counted < 3.0, "the stats were never written"
+            time.sleep(0.01)
+        assert not redis_conn.exists(keys.metrics(SITE)), "the metrics went with the stats"
+        while not redis_conn.exists(keys.metrics(SITE)):
+            assert time.monotonic() - counted < 6.0, "the metrics were never written"
+            time.sleep(0.01)
+        assert time.monotonic() - counted >= counters.METRICS_PERIODS * 0.4
+        tally.add(SITE, {"fetched": 1}, {"bytes:download": 50})
+        assert tally.flush()
+        assert stats(redis_conn) == {"fetched": 2} and redis_conn.hget(keys.metrics(SITE), "bytes:download") == b"150"
+    finally:
+        tally.close()
+
+
 def test_a_worker_with_no_work_writes_the_counts_once_its_process_has_stopped_counting(redis_conn: Redis) -> None:
     tally = Counters(redis_conn, flush_every=NEVER)
     tally.add(SITE, {"fetched": 1})

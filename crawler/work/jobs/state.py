@@ -117,11 +117,7 @@ class AttemptState:
         url = task.url if url is None else url
         finished = utcnow()
         stats = _counted(outcome) if url == task.url else {}
-        # A success ends the site's run of errors, if it may have one (``SiteMemory.error_runs``).
-        ends_errors = bool(stats) and outcome in (OK, UNCHANGED, REDIRECT)
-        if ends_errors:
-            ends_errors = self.rt.memory.error_runs.get(task.site, True)
-            self.rt.memory.error_runs[task.site] = False
+        ends_errors = bool(stats) and _ends_errors(self.rt, task.site, outcome)
         if url == task.url and outcome in (FAILED, REFUSED):
             handed = to_errback(task, self.spider, outcome, response, error, status, kind)
             then = then if handed is None else _both(then, handed)
@@ -156,6 +152,16 @@ class AttemptState:
             return
         self.held.flush()  # in order: what was held goes first
         jobs_done(self.rt.sink, [done])
+
+
+def _ends_errors(rt: runtime.Runtime, site: str, outcome: str) -> bool:
+    """Whether a page's own record of ``outcome`` ends a run of errors of ``site`` in Redis: a success,
+    when there may be one (``SiteMemory.error_runs``), which then there is not."""
+    if outcome not in (OK, UNCHANGED, REDIRECT):
+        return False
+    may = rt.memory.error_runs.get(site, True)
+    rt.memory.error_runs[site] = False
+    return may
 
 
 def _counted(outcome: str) -> dict[str, int]:
