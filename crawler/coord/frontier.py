@@ -23,7 +23,7 @@ from ..errors import RefusedURL
 from ..settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
 from ..spiders.spider import Request
 from ..urls import QUOTED, BatchChecker, as_written, canonicalize, check_url, short_enough
-from . import joblife, keys, lua, quarantine
+from . import joblife, keys, lua, packs, quarantine
 from .gate import Gate
 from .priorities import entries_by_priority, push_to_front
 from .replies import text
@@ -70,7 +70,7 @@ class _RefillRead:
     """What one try of ``Frontier.refill`` read, and would move."""
 
     levels: list[bytes]  # the levels set's members as read, highest first
-    taken: list[tuple[int, list[bytes]]] = field(default_factory=list)  # (priority, entries) per list read
+    taken: list[tuple[int, packs.Taken]] = field(default_factory=list)  # (priority, what it takes) per list read
     batches: list[list[DownloadTask]] = field(default_factory=list)  # each of one priority: a job each
     refused: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, entry, reason): kept aside
 
@@ -288,13 +288,11 @@ class Frontier:
         ]
         for priority, entries in pieces[:-1]:
             with self.connection.pipeline(transaction=True) as pipe:
-                pipe.rpush(keys.frontier(self.site, priority), *entries)
-                pipe.zadd(keys.levels(self.site), {str(priority): priority})
+                self._push_piece(pipe, priority, entries)
                 pipe.execute()
         with self.connection.pipeline(transaction=True) as pipe:
             priority, entries = pieces[-1]
-            pipe.rpush(keys.frontier(self.site, priority), *entries)
-            pipe.zadd(keys.levels(self.site), {str(priority): priority})
+            self._push_piece(pipe, priority, entries)
             pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
             pipe.sadd(keys.sites(), self.site)
             pipe.zrangebyscore(keys.queued(self.site), "-inf", f"({max(by_priority)}", start=0, num=1)
@@ -383,6 +381,15 @@ class Frontier:
         pipe.zrevrange(keys.levels(self.site), 0, -1)
         pipe.lrange(keys.frontier(self.site, 0), 0, jobs_ahead * self.batch - 1)
 
+    def _push_piece(self, pipe: Any, priority: int, entries: list[str]) -> None:
+        """Queue in ``pipe`` the push of ``entries`` at the end of the list of ``priority``, packed
+        (``packs``: a page's links, a seed file's chunk), and its priority in the levels set."""
+        elements, extra = packs.pack(entries)
+        pipe.rpush(keys.frontier(self.site, priority), *elements)
+        if extra:
+            pipe.hincrby(keys.frontier_extra(self.site), str(priority), extra)
+        pipe.zadd(keys.levels(self.site), {str(priority): priority})
+
     def _refill_read(
         self, jobs_ahead: int, queued: Any, levels: list[bytes], default_head: list[bytes]
     ) -> _RefillRead | None:
@@ -407,13 +414,15 @@ class Frontier:
         for priority in priorities:  # highest first
             if priority not in heads:  # below 0, left unread: enough was read above it
                 break
-            entries = heads[priority][: (wanted - len(read.batches)) * self.batch]
-            read.taken.append((priority, entries))
+            taken = packs.take(heads[priority], (wanted - len(read.batches)) * self.batch)
+            read.taken.append((priority, taken))
+            # Written by hand? kept aside with its reason, never retried.
+            read.refused += [(keys.frontier(self.site, priority), bad, why) for bad, why in taken.refused]
             tasks = []
-            for entry in entries:
+            for entry in taken.entries:
                 try:
                     tasks.append(DownloadTask.from_entry(self.site, entry, priority))
-                except ValueError as exc:  # written by hand? kept aside with its reason, never retried
+                except ValueError as exc:
                     read.refused.append((keys.frontier(self.site, priority), entry, str(exc)))
             read.batches += [tasks[i : i + self.batch] for i in range(0, len(tasks), self.batch)]
             if len(read.batches) >= wanted:
@@ -441,11 +450,17 @@ class Frontier:
             if key == keys.levels(self.site):
                 writes.zrem(key, entry)
             quarantine.record(self.connection, key, reason, content={"entry": entry}, pipeline=writes)
-        script_keys = [keys.levels(self.site), keys.ready(), *(keys.frontier(self.site, p) for p, _ in read.taken)]
+        script_keys = [
+            keys.levels(self.site),
+            keys.ready(),
+            keys.frontier_extra(self.site),
+            *(keys.frontier(self.site, p) for p, _ in read.taken),
+        ]
         args: list[Any] = [self.site if due_now and read.batches else "", len(read.levels), *read.levels]
         args.append(len(read.taken))
-        for priority, entries in read.taken:
-            args += [str(priority), len(entries), *entries]
+        for priority, taken in read.taken:
+            args += [str(priority), len(taken.elements), *taken.elements, taken.whole, taken.extra]
+            args += ["" if taken.rest is None else taken.rest]
         args.append(len(writes.command_stack))
         for command, _options in writes.command_stack:
             name, key, *rest = command
@@ -466,8 +481,8 @@ class Frontier:
             if not is_priority(raw):
                 continue  # names no list (the next refill quarantines it)
             priority = int(text(raw))
-            for entry in self.connection.lrange(keys.frontier(self.site, priority), 0, -1):
-                tasks.append(DownloadTask.from_entry(self.site, entry, priority))
+            for element in self.connection.lrange(keys.frontier(self.site, priority), 0, -1):
+                tasks += [DownloadTask.from_entry(self.site, entry, priority) for entry in packs.unpack(element)]
         return tasks
 
     def forget(self, url: str, method: str = "GET", body: bytes | None = None) -> None:

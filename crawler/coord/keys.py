@@ -161,6 +161,12 @@ def frontier(site: str, priority: int = 0) -> str:
     return base if priority == 0 else f"{base}:{priority}"
 
 
+def frontier_extra(site: str) -> str:
+    """Hash of ``site``'s frontier lists (field: the priority) to the entries their packs hold beyond one
+    each (``packs``): a list's entries are its length plus that."""
+    return f"{PREFIX}frontier-extra:{_tag(site)}"
+
+
 def levels(site: str) -> str:
     """Sorted set of the priorities whose frontier list of ``site`` holds entries (score = priority)."""
     return f"{PREFIX}levels:{_tag(site)}"
@@ -242,10 +248,10 @@ def group(sites: list[str]) -> str:
     return f"{PREFIX}group:{digest}"
 
 
-def drained(sites: list[str]) -> str:
-    """A fleet's word, for a moment, that the crawl of ``sites`` was found drained by an exact count
-    (``work.drain.crawl_drained``), named by its sorted sites as ``group``."""
-    return f"{PREFIX}drained:{group(sites).rsplit(':', 1)[1]}"
+def drained() -> str:
+    """The fleet's word, for a moment, that a crawl was found drained by an exact count: the name of its
+    sites' ``group`` (``work.drain.crawl_drained``); deleted as a job is handed out (``NEXT_JOB``)."""
+    return f"{PREFIX}drained"
 
 
 def claims() -> str:

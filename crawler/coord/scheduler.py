@@ -237,6 +237,7 @@ class Scheduler:
             queue.started_job_registry.key,
             keys.gate(site),
             keys.claims(),
+            keys.drained(),
         ]
         return found
 
@@ -444,7 +445,11 @@ def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:
             for index, priorities in zip(pending, levels, strict=True):
                 # A priority that is not an integer was not written by a push: it names no list.
                 lists = [keys.frontier(sites[index], int(p)) for p in priorities if is_priority(p)]
-                size(keys=[keys.levels(sites[index]), *lists], args=priorities, client=pipe)
+                size(
+                    keys=[keys.levels(sites[index]), keys.frontier_extra(sites[index]), *lists],
+                    args=priorities,
+                    client=pipe,
+                )
             counts = [int(n) for n in pipe.execute()]
         for index, count in zip(pending, counts, strict=True):
             sizes[index] = count

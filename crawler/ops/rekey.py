@@ -37,6 +37,7 @@ OLD_SITE_KINDS = (
     "stats",
     "settings",
     "frontier",
+    "frontier-extra",  # newer than hash tags, but renamed with its lists (a crawl moved by hand)
     "levels",
     "conf",
     "errors",

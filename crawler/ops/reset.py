@@ -61,6 +61,7 @@ def reset_site(connection: Redis, site: str) -> ResetResult:
             keys.queued(site),
             keys.spider_args(site),
             *(keys.frontier(site, p) for p in {0, *levels}),
+            keys.frontier_extra(site),
             keys.cookies(site),  # a fresh crawl starts with an empty jar, and logs in again
             keys.session(site),
             # The sitemaps' <lastmod> of each URL: a fresh crawl takes them as new, not as "not newer".

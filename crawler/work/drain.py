@@ -128,15 +128,19 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     sites = list(sites)
     if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):
         return False
-    # Another process's exact count found it drained a moment ago, and the cheap looks see nothing since:
-    # no process holds a job or has a page to parse, so none could have made work meanwhile.
-    verdict = keys.drained(sites)
-    if count_all is not None and connection.exists(verdict):
+    # Another process's exact count found it drained a moment ago, no job was handed out since (NEXT_JOB
+    # deletes the word), and the cheap looks see nothing: no process holds a job or has a page to parse.
+    group = keys.group(sites)
+    if count_all is not None and connection.get(keys.drained()) == group.encode():
         return True
+    # Marked before counting: a job handed out while the count runs deletes the mark, and the word is
+    # given only if the mark is still there (SET XX), so a count that missed a hand-out gives none.
+    word_ms = int(DRAINED_WORD_FOR * 1000)
+    connection.set(keys.drained(), "counting", px=word_ms)
     if pending_work(connection, sites, looked=count_all is not None):
         return False
     time.sleep(0.05)
     if pending_work(connection, sites):
         return False
-    connection.set(verdict, 1, px=int(DRAINED_WORD_FOR * 1000))
+    connection.set(keys.drained(), group, px=word_ms, xx=True)
     return True

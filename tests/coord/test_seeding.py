@@ -17,9 +17,8 @@ from redis import Redis
 from w3lib.url import canonicalize_url
 
 from crawler.cli.app import cli
-from crawler.coord import keys
 from crawler.coord.frontier import PUSH_CHUNK, SEED_PRIORITY, Frontier
-from crawler.coord.scheduler import Scheduler
+from crawler.coord.scheduler import Scheduler, frontier_sizes
 from crawler.coord.seeding import BAD_EXAMPLES, SEED_CHUNK, SeedReport, seed_lines
 from crawler.coord.seen import stored
 from crawler.errors import RefusedURL
@@ -206,7 +205,7 @@ def test_one_add_of_many_urls_pushes_in_bounded_pieces(redis_conn: Redis) -> Non
     before = commands(redis_conn)
     result = frontier.add([Request(f"http://127.0.0.1/x/{i}") for i in range(count)])
     after = commands(redis_conn)
-    assert len(result.enqueued) == count and redis_conn.llen(keys.frontier("demo")) == count
+    assert len(result.enqueued) == count and frontier_sizes(redis_conn, ["demo"]) == [count]
     assert after["rpush"] - before.get("rpush", 0) == 3
     assert [task.url for task in frontier.waiting()] == [f"http://127.0.0.1/x/{i}" for i in range(count)]
 

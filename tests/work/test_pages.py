@@ -24,6 +24,7 @@ from rq.suspension import resume, suspend
 
 from crawler.coord import joblife, keys, pages, quarantine
 from crawler.coord.frontier import Frontier
+from crawler.coord.scheduler import frontier_sizes
 from crawler.coord.vetting import page_entry
 from crawler.settings import Settings
 from crawler.work import parse_job
@@ -363,7 +364,7 @@ def test_a_parse_worker_given_pages_of_250000_links_each_queues_them_all_and_sta
     assert all(r["error"] is None for r in records)  # nothing dropped
     frontier = Frontier(redis_conn, "links", [], 60, 60)
     jobs = sum(len(joblife.tasks_left(job)) for job in frontier.queue.get_jobs())
-    assert redis_conn.llen(keys.frontier("links", 0)) + jobs == count * links
+    assert frontier_sizes(redis_conn, ["links"])[0] + jobs == count * links
 
 
 def test_a_parse_worker_process_takes_no_page_while_suspended_and_parses_it_after_resume(

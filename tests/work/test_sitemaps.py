@@ -22,6 +22,7 @@ from redis import Redis
 
 from crawler.coord import keys
 from crawler.coord.frontier import Frontier
+from crawler.coord.scheduler import frontier_sizes
 from crawler.coord.seeding import seed_start
 from crawler.coord.task import fingerprint
 from crawler.errors import BadResponse, BodyTooLarge
@@ -222,13 +223,13 @@ def test_a_sitemap_of_50000_urls_is_streamed_into_the_frontier(redis_conn: Redis
     report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", stored)
     seconds = time.monotonic() - started
     assert (report.urls, report.queued, report.refused) == (50_000, 50_000, 0)
-    assert redis_conn.llen(keys.frontier("smap")) == 50_000
+    assert frontier_sizes(redis_conn, ["smap"]) == [50_000]
     assert seconds < 30
 
 
 def test_a_sitemap_is_read_up_to_the_protocols_50000_entries(redis_conn: Redis) -> None:
     report = reader(redis_conn).read("http://127.0.0.1/sitemap.xml.gz", zlib.compress(gzipped_urlset(MAX_ENTRIES + 10)))
-    assert redis_conn.llen(keys.frontier("smap")) == MAX_ENTRIES
+    assert frontier_sizes(redis_conn, ["smap"]) == [MAX_ENTRIES]
     assert (report.urls, report.queued, report.capped) == (MAX_ENTRIES, MAX_ENTRIES, True)
     assert report.summary().endswith("; capped at 50000 entries, the rest ignored")  # in the sitemap's record
 

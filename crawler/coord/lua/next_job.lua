@@ -9,7 +9,8 @@
 -- KEYS[1] = the ready set (keys.ready); the site's keys: KEYS[2] its conf hash (keys.conf),
 --   KEYS[3] its levels set (keys.levels), KEYS[4] its queued set (keys.queued), KEYS[5] its RQ
 --   queue, KEYS[6] that queue's intermediate list, KEYS[7] its started registry, KEYS[8] its own
---   gate (keys.gate); KEYS[9] = the reaper's claims (keys.claims); KEYS[10] = the gate the caller
+--   gate (keys.gate); KEYS[9] = the reaper's claims (keys.claims); KEYS[10] = the fleet's word that
+--   a crawl is drained (keys.drained), void once a job is handed out; KEYS[11] = the gate the caller
 --   last saw the conf name (a gate several sites share), absent when it knows of none.
 -- ARGV[1] = the site (its member in the ready set), ARGV[2] = refill when fewer jobs than this
 --   are left queued, ARGV[3] = ms before its gate opens that a site's job may be handed out
@@ -31,8 +32,8 @@
 -- (a push in between would be left unserved).
 --@include _now.lua
 --@include _conf.lua
-local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, claims, known_gate =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gate, claims, drained, known_gate =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local site, REFILL_BELOW, ahead, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local first_look = tonumber(ARGV[5])
 local now = now_ms()
@@ -84,6 +85,9 @@ local job = redis.call('LMOVE', queue, intermediate, 'LEFT', 'RIGHT')
 redis.call('ZREM', queued_set, job)
 -- The reaper looks at the site once this job's lease could have lapsed, or sooner if it already would.
 redis.call('ZADD', claims, 'LT', now + first_look, site)
+-- A job in an intermediate list is what a drain look's cheap reads do not see: a word that the
+-- crawl was drained, given before, no longer holds.
+redis.call('DEL', drained)
 -- Handed out up to ``ahead`` ms before the gate opens: the next turn is one interval after that,
 -- or after the batch's span for a paced batch (its thread takes those turns).
 local span = math.max(1, math.min(conf_number(conf[8], 1) or 1, 16))
