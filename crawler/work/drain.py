@@ -87,14 +87,15 @@ def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
     return sum(1 for site in named if site in sites)
 
 
-def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) -> int:
+def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, found: list[str] | None = None) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
     Exact when it is 0, a lower bound otherwise. The cheap looks come first: the processes
     with jobs in hand (``inflight``), then ``quick_work`` (a constant number of commands);
     only when both see nothing is every site counted (retries, RQ jobs, pages to parse,
     records waiting, then the compact frontiers). ``looked``: the caller has just made both
-    cheap looks, which saw nothing.
+    cheap looks, which saw nothing. ``found``: given, the first site whose own work the count
+    found is appended to it.
     """
     sites = list(sites)
     quick = 0 if looked else busy_processes(connection) or quick_work(connection, sites)
@@ -106,13 +107,24 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False) 
         outbox.count_waiting(pipe)  # records waiting for the database
         pipe.xlen(keys.pages())  # pages unread or being parsed: deleted once done with
         _count_jobs(pipe, queues_for(connection, [keys.download_queue(site) for site in sites]))
-        waiting = sum(int(n or 0) for n in pipe.execute())
-    return waiting or sum(frontier_sizes(connection, sites))
+        replies = [int(n or 0) for n in pipe.execute()]
+    waiting = sum(replies)
+    if not waiting:
+        sizes = frontier_sizes(connection, sites)
+        waiting, replies = sum(sizes), sizes
+    elif found is not None:  # per site: its retries, then (after two fleet counts) its queue's four counts
+        n = len(sites)
+        replies = [replies[i] + sum(replies[n + 2 + 4 * i : n + 6 + 4 * i]) for i in range(n)]
+    if found is not None:
+        found += [site for site, work in zip(sites, replies, strict=False) if work][:1]
+    return waiting
 
 
 #: Seconds for which an exact count's "drained" stands for the other burst processes of the fleet
 #: (``keys.drained``): each would otherwise count every site twice itself as the crawl ends.
 DRAINED_WORD_FOR = 2.0
+#: What the word holds when a count found work: this, then the first site it found with some.
+WORK_AT = "work at "
 
 
 def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[], bool] | None = None) -> bool:
@@ -130,14 +142,21 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
         return False
     # Another process's exact count found it drained a moment ago, no job was handed out since (NEXT_JOB
     # deletes the word), and the cheap looks see nothing: no process holds a job or has a page to parse.
-    group = keys.group(sites)
-    if count_all is not None and connection.get(keys.drained()) == group.encode():
+    # Or it found work at a site: while that site has work, no count of every site is needed.
+    group, word_ms = keys.group(sites), int(DRAINED_WORD_FOR * 1000)
+    word = text(connection.get(keys.drained()) or b"") if count_all is not None else ""
+    if word == group:
         return True
+    hinted = word.removeprefix(WORK_AT)
+    if word.startswith(WORK_AT) and hinted in sites and pending_work(connection, [hinted], looked=True):
+        return False
     # Marked before counting: a job handed out while the count runs deletes the mark, and the word is
     # given only if the mark is still there (SET XX), so a count that missed a hand-out gives none.
-    word_ms = int(DRAINED_WORD_FOR * 1000)
     connection.set(keys.drained(), "counting", px=word_ms)
-    if pending_work(connection, sites, looked=count_all is not None):
+    found: list[str] = []
+    if pending_work(connection, sites, looked=count_all is not None, found=found):
+        if found:
+            connection.set(keys.drained(), WORK_AT + found[0], px=word_ms)
         return False
     time.sleep(0.05)
     if pending_work(connection, sites):

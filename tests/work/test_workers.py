@@ -778,6 +778,14 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
     step = Scheduler(redis_conn, ["v7"]).next()
     assert step.job_id == "job" and not redis_conn.exists(keys.drained())
     assert not crawl_drained(redis_conn, sites, lambda: True)  # counted: the job handed out is work
+    # Work the cheap looks miss (a job handed out, its worker not noted busy yet): found by one count,
+    # whose word names its site; the other looks read that site alone while it has work.
+    redis_conn.delete(keys.ready(), f"rq:queue:{keys.download_queue('v7')}:intermediate")
+    redis_conn.rpush(f"rq:queue:{keys.download_queue('v300')}:intermediate", "in-hand")
+    assert not crawl_drained(redis_conn, sites, lambda: True)
+    assert redis_conn.get(keys.drained()) == b"work at v300"
+    hinted, spent = commands()
+    assert not hinted and spent <= 20 + 2 * QUICK_SITES, f"a look with a site named counted every site: {spent}"
 
 
 def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_at_its_usual_pace(
