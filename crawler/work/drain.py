@@ -125,6 +125,8 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
 DRAINED_WORD_FOR = 2.0
 #: What the word holds when a count found work: this, then the first site it found with some.
 WORK_AT = "work at "
+#: What the word holds while a process counts every site (its own word replaces it, or it lapses).
+COUNTING = "counting"
 
 
 def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[], bool] | None = None) -> bool:
@@ -147,19 +149,24 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     word = text(connection.get(keys.drained()) or b"") if count_all is not None else ""
     if word == group:
         return True
+    if word == COUNTING:  # another process is counting every site: its word comes within a moment
+        return False
     hinted = word.removeprefix(WORK_AT)
     if word.startswith(WORK_AT) and hinted in sites and pending_work(connection, [hinted], looked=True):
         return False
     # Marked before counting: a job handed out while the count runs deletes the mark, and the word is
     # given only if the mark is still there (SET XX), so a count that missed a hand-out gives none.
-    connection.set(keys.drained(), "counting", px=word_ms)
+    connection.set(keys.drained(), COUNTING, px=word_ms)
     found: list[str] = []
     if pending_work(connection, sites, looked=count_all is not None, found=found):
         if found:
             connection.set(keys.drained(), WORK_AT + found[0], px=word_ms)
+        else:  # work of the whole fleet (pages, records waiting): the next look counts again
+            connection.delete(keys.drained())
         return False
     time.sleep(0.05)
     if pending_work(connection, sites):
+        connection.delete(keys.drained())
         return False
     connection.set(keys.drained(), group, px=word_ms, xx=True)
     return True
