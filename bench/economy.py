@@ -18,7 +18,11 @@ measurement, so no figure carries another's keys):
   levels set; the mean entry length. Twice: plain GETs at priority 0, depth 0 (the
   ``bench memory`` figure), and a mix (``mixed_task``) of priorities (0, 5, 10), depths
   1-5, two callbacks, a refresh time on one task in four (a recrawl a day) and a form
-  POST (a body and its Content-Type) on one in ten;
+  POST (a body and its Content-Type) on one in ten. The frontier packs a push's entries
+  (``crawler.coord.packs``), and URLs that differ by a counter pack far better than links
+  do, so the plain GETs are measured twice more: with varied URLs (``varied_url``: words,
+  ids and a query drawn at random, 86 characters, the target's figure as much as the plain
+  one's) and with random ones (a path of random letters: the least packing saves);
 - **seeding 10,000 sites**: a sites directory of one generated module of 10,000 spiders
   (the demo shop spider under other names, one start URL and domain each; its bytecode
   written first, as a kept sites directory has it), seeded with the real command,
@@ -49,9 +53,11 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import random
 import re
 import resource
 import statistics
+import string
 import subprocess
 import sys
 import tempfile
@@ -62,6 +68,7 @@ from typing import Any
 
 from crawler.coord import keys
 from crawler.coord.frontier import DownloadTask, Frontier
+from crawler.coord.scheduler import frontier_sizes
 from crawler.ops.status import site_status
 from crawler.settings import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_FAILURE_TTL
 from crawler.spiders.spider import FORM_TYPE
@@ -143,6 +150,39 @@ def plain_task(site: str, n: int) -> DownloadTask:
     return DownloadTask(site, url_for(n))
 
 
+#: Words of the varied URLs' paths (``varied_url``): a shop's categories and product names.
+WORDS = (
+    "kitchen dining garden outdoor bedroom bath lighting decor storage office kids toys sports fitness travel "
+    "luggage shoes boots jackets shirts dresses denim knit wool linen cotton leather ceramic glass steel oak "
+    "walnut bamboo vintage modern classic compact deluxe premium organic handmade limited edition large small "
+    "blue green red black white grey navy sand olive rose"
+).split()
+
+
+def varied_url(n: int) -> str:
+    """A product URL of exactly URL_LENGTH characters as a shop's links are: words, ids and a query drawn
+    at random for each ``n`` (the same for the same ``n``), so packs hold no run of near-identical URLs."""
+    rng = random.Random(n)
+    words = "-".join(rng.choice(WORDS) for _ in range(rng.randint(2, 4)))
+    url = (
+        f"https://www.example-shop.com/{rng.choice(WORDS)}/{rng.choice(WORDS)}-{rng.choice(WORDS)}/"
+        f"{words}-{rng.randrange(10**9):09d}?ref={rng.choice(WORDS)}&v={rng.randrange(10**6)}"
+    )
+    return (url + "x" * URL_LENGTH)[:URL_LENGTH]
+
+
+def varied_task(site: str, n: int) -> DownloadTask:
+    """A plain GET at priority 0 of ``varied_url(n)``: what packs save on links that share less."""
+    return DownloadTask(site, varied_url(n))
+
+
+def random_task(site: str, n: int) -> DownloadTask:
+    """A plain GET at priority 0 of a URL whose path is random letters and digits: the least packs save."""
+    rng = random.Random(n)
+    path = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(URL_LENGTH))
+    return DownloadTask(site, ("https://www.example-shop.com/" + path)[:URL_LENGTH])
+
+
 def mixed_task(site: str, n: int) -> DownloadTask:
     """A task of the mix: priority, depth, callback, refresh and method all by ``n``."""
     post = n % 10 == 3
@@ -160,9 +200,10 @@ def mixed_task(site: str, n: int) -> DownloadTask:
 
 
 def frontier_keys(redis: BenchRedis, site: str) -> list[str]:
-    """The site's frontier lists (one a priority, named by its levels set) and the levels set."""
+    """The site's frontier lists (one a priority, named by its levels set), its extra counts (``packs``)
+    and the levels set, last."""
     levels = redis.connection.zrange(keys.levels(site), 0, -1)
-    return [keys.frontier(site, int(level)) for level in levels] + [keys.levels(site)]
+    return [keys.frontier(site, int(level)) for level in levels] + [keys.frontier_extra(site), keys.levels(site)]
 
 
 def queued_bytes(redis: BenchRedis, site: str, count: int, task: Callable[[str, int], DownloadTask]) -> dict[str, Any]:
@@ -179,16 +220,17 @@ def queued_bytes(redis: BenchRedis, site: str, count: int, task: Callable[[str, 
         for key in found:
             pipe.memory_usage(key, samples=0)
         usage = sum(size or 0 for size in pipe.execute())
-    lists = found[:-1]
+    lists = found[:-2]
     with redis.connection.pipeline(transaction=False) as pipe:
         for key in lists:
             pipe.llen(key)
-        lengths = pipe.execute()
+        elements = pipe.execute()
     sample = range(min(count, ENTRY_SAMPLE))  # consecutive: the mix repeats every 100 tasks, a stride would alias it
     entries = sum(len(task(site, n).to_entry().encode()) for n in sample)
     return {
         "count": count,
-        "entries": sum(lengths),
+        "entries": frontier_sizes(redis.connection, [site])[0],
+        "elements": sum(elements),
         "lists": len(lists),
         "delta": after - before,
         "per_url": (after - before) / count,
@@ -404,7 +446,13 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
                 None,
             )
         )
-        for kind, task in (("plain GET, priority 0", plain_task), ("mix", mixed_task)):
+        kinds = (
+            ("plain GET, priority 0", plain_task),
+            ("varied URLs, GET, priority 0", varied_task),
+            ("random URLs, GET, priority 0", random_task),
+            ("mix", mixed_task),
+        )
+        for kind, task in kinds:
             with bench_redis() as fresh:
                 queued = queued_bytes(fresh, f"ecoq_{fresh.tag}", count, task)
             print(f"  economy: {queued['per_url']:.1f} B per queued URL ({kind}) at {count:,}", flush=True)
@@ -421,7 +469,7 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
                     queued["seconds"],
                 ]
             )
-            plain = task is plain_task
+            plain = task in (plain_task, varied_task)
             result.checks.append(
                 Check(
                     f"Redis bytes per queued URL at {count:,}, {kind} (used_memory; MEMORY USAGE)"

@@ -21,6 +21,8 @@ PACK_MARK = b"\x00"
 PACK_LEAST = 8
 #: Entries a pack holds at most: what a refill taking a few of them decompresses.
 PACK_MOST = 128
+#: zlib's level: 1 packs varied links to 25 B an entry for 0.9 us of CPU, 6 to 24 B for 1.8 us.
+PACK_LEVEL = 1
 #: Bytes a pack may decompress to at most (a pack written by hand is refused past it).
 UNPACKED_MOST = 64 * 1024 * 1024
 
@@ -43,7 +45,7 @@ def pack(entries: Sequence[str]) -> tuple[list[str | bytes], int]:
 
 def pack_run(entries: Sequence[bytes]) -> bytes:
     """One pack of ``entries`` (two or more)."""
-    return PACK_MARK + zlib.compress(b"\n".join(entries), 6)
+    return PACK_MARK + zlib.compress(b"\n".join(entries), PACK_LEVEL)
 
 
 def unpack(element: bytes | str) -> list[bytes]:

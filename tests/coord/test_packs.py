@@ -93,9 +93,9 @@ def test_a_packed_frontier_is_refilled_in_order_counted_exactly_and_keeps_what_i
     )
     assert frontier_sizes(redis_conn, [SITE]) == [0]
     assert not redis_conn.exists(keys.frontier(SITE), keys.frontier(SITE, 5), keys.levels(SITE))
-    assert not redis_conn.hgetall(keys.frontier_extra(SITE)) or set(
-        redis_conn.hvals(keys.frontier_extra(SITE))
-    ) == {b"0"}
+    assert not redis_conn.hgetall(keys.frontier_extra(SITE)) or set(redis_conn.hvals(keys.frontier_extra(SITE))) == {
+        b"0"
+    }
 
 
 def test_a_packed_post_comes_out_of_the_frontier_as_it_went_in(redis_conn: Redis) -> None:
