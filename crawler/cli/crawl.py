@@ -55,21 +55,24 @@ if TYPE_CHECKING:
 def sites(obj: Context) -> None:
     """List the spiders found, with their politeness settings."""
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
-    table = Table("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
+    from ..ops.tables import print_table
+
+    rows = []
     for name, spider in sorted(obj.spider_set.spiders.items()):
         policy = resolve_policy(spider, obj.settings, {})
-        table.add_row(  # Text: a value is never read as markup
-            Text(name),
-            Text(policy.interval_text),
-            Text(policy.sources["interval"]),
-            "yes" if policy.obey_robots else "no",
-            Text(", ".join(spider().domains()) or "-"),
-            str(len(spider.start_urls)),
+        rows.append(  # Text: a value is never read as markup
+            [
+                Text(name),
+                Text(policy.interval_text),
+                Text(policy.sources["interval"]),
+                "yes" if policy.obey_robots else "no",
+                Text(", ".join(spider().domains()) or "-"),
+                str(len(spider.start_urls)),
+            ]
         )
-    Console().print(table)
+    print_table(Console(), ("site", "interval (s)", "from", "robots", "allowed domains", "start URLs"), rows)
 
 
 @click.command()

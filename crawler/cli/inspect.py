@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from datetime import UTC, datetime
 
 import click
 import redis
 
 from ..coord import keys, quarantine
-from ..coord.policy import read_live, resolve_policy
 from ..errors import ConfigError, CrawlerError
 from ..ops.failures import FailedPage, failed_pages
-from ..ops.status import known_sites, parse_backlog, politeness, site_status, state, workers_by_host
+from ..ops.status import known_sites, parse_backlog, read_politeness, site_status, status_json, workers_by_host
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from .context import Context, _export, pass_context
@@ -29,12 +27,14 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     names = [obj.site(site)] if site else sorted(set(known_sites(obj.redis)) | set(obj.spider_set.spiders))
     statuses = site_status(obj.redis, names)
     rates = _observed_rates(obj, names)
+    named = obj.spider_set.named()
+    spiders = {s.site: obj.spider_set.get(s.site) for s in statuses if s.site in named}
+    found = read_politeness(obj.redis, spiders, obj.settings)  # a few round trips a chunk of sites, none a site
     for s in statuses:
         s.rate = rates.get(s.site)
-        if s.site in obj.spider_set.named():
-            policy = resolve_policy(obj.spider_set.get(s.site), obj.settings, read_live(obj.redis, s.site))
+        if s.site in found:
+            policy, now = found[s.site]
             s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
-            now = politeness(obj.redis, s.site, policy)
             s.interval, s.interval_why = now.interval, now.why
             s.closed_for, s.closed_why = now.closed_for, now.closed_why
     hosts = workers_by_host(obj.redis)
@@ -43,10 +43,7 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
 
     suspended = bool(is_suspended(obj.redis))  # `rq suspend`: no worker takes a job, whatever a site's state
     if as_json:
-        sites_ = [{**s.as_dict(), "state": state(s, suspended)} for s in statuses]
-        click.echo(
-            json.dumps({"sites": sites_, "parse": asdict(parsing), "workers": hosts, "suspended": suspended}, indent=2)
-        )
+        click.echo(status_json(statuses, parsing, hosts, suspended))
         return
     from rich.console import Console
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,19 +64,60 @@ def _shown(file: Path) -> str:
         return str(file)
 
 
-def check_spider(cls: type, file: Path | None = None) -> str | None:
+#: Per base class, the problems the checks that look at a value alone (``VALUE_ONLY``) found with it,
+#: by index in ``CHECKS``: a subclass that leaves such an attribute to it has the same (``check_spider``).
+Verdicts = dict[type, dict[int, str]]
+
+
+def check_spider(cls: type, file: Path | None = None, verdicts: Verdicts | None = None) -> str | None:
     """What is wrong with spider class ``cls`` (the first problem found), or None.
 
     The message names the class, the attribute and, when ``file`` is given, the line
     that sets it: ``sites/shop.py, line 9: Shop.interval must be ...``.
+
+    ``verdicts``: a dict kept over several classes (a module's: ``load_spiders``). An attribute
+    whose check looks at its value alone (``VALUE_ONLY``), which ``cls`` leaves to its one base
+    class, has the base's verdict: found once a base (``_base_problems``), not again for each
+    of 10,000 spiders of one base that set a name, a start URL and little else.
     """
-    for attribute, check in CHECKS:
+    found = _first_problem(cls, verdicts)
+    if found is None:
+        return None
+    attribute, problem = found
+    separator = "" if problem.startswith("[") else " "
+    return f"{_where(cls, attribute, file)}{cls.__name__}.{attribute}{separator}{problem}"
+
+
+def _first_problem(cls: type, verdicts: Verdicts | None) -> tuple[str, str] | None:
+    """The first attribute of ``CHECKS`` whose check finds a problem with ``cls``, and the problem."""
+    inherited: dict[int, str] = {}
+    indices: Iterable[int] = range(len(CHECKS))
+    if verdicts is not None and len(cls.__bases__) == 1 and type(cls) is type:
+        own = cls.__dict__.keys() & VALUE_ONLY  # the rest of VALUE_ONLY is the base's: its verdicts hold
+        problems = _base_problems(cls.__bases__[0], verdicts)
+        inherited = {index: problem for index, problem in problems.items() if CHECKS[index][0] not in own}
+        indices = sorted([*_CLASS_CHECKS, *(_INDEX[name] for name in own)])
+    first = min(inherited, default=len(CHECKS))
+    for index in indices:
+        if index > first:
+            break
+        attribute, check = CHECKS[index]
         problem = check(cls, getattr(cls, attribute, None))
         if problem:
-            where = _where(cls, attribute, file)
-            separator = "" if problem.startswith("[") else " "
-            return f"{where}{cls.__name__}.{attribute}{separator}{problem}"
-    return None
+            return attribute, problem
+    return (CHECKS[first][0], inherited[first]) if inherited else None
+
+
+def _base_problems(base: type, verdicts: Verdicts) -> dict[int, str]:
+    """What the ``VALUE_ONLY`` checks find wrong with ``base``, by index in ``CHECKS``: found once, kept in
+    ``verdicts``."""
+    if base not in verdicts:
+        verdicts[base] = {
+            index: problem
+            for index, (attribute, check) in enumerate(CHECKS)
+            if attribute in VALUE_ONLY and (problem := check(base, getattr(base, attribute, None)))
+        }
+    return verdicts[base]
 
 
 def _where(cls: type, attribute: str, file: Path | None) -> str:
@@ -126,10 +167,18 @@ def _url_list(cls: type, value: Any) -> str | None:
     for url in value:
         if not isinstance(url, str):
             return f"must hold URL strings, got {type(url).__name__} {url!r:.80}"
+        if _PLAIN_URL.match(url):  # what urlsplit would take too, found quicker: most start URLs
+            continue
         parts = urlsplit(url.strip())
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
             return f"must hold absolute http(s) URLs, got {url!r}"
     return None
+
+
+#: The start of an absolute http(s) URL whose host is a name or an IPv4 address (letters, digits, dots,
+#: dashes), a port of digits at most after it, then its path, query, fragment or end: ``urlsplit`` would
+#: split it into that scheme and host, so ``_url_list`` passes it unsplit.
+_PLAIN_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]*)?(?:[/?#]|\Z)", re.IGNORECASE)
 
 
 def _domains(cls: type, value: Any) -> str | None:
@@ -320,3 +369,9 @@ CHECKS: tuple[tuple[str, Callable[[type, Any], str | None]], ...] = (
     ("pipelines", _pipelines),
     ("process_item", _process_item),
 )
+
+#: The attributes whose check looks at the value alone, never at the class (``check_spider``'s ``verdicts``).
+VALUE_ONLY = frozenset(name for name, _ in CHECKS) - {"refresh", "rules", "errback", "login_url"}
+#: Each checked attribute's index in ``CHECKS``, and those of the checks that look at the class too.
+_INDEX = {name: index for index, (name, _) in enumerate(CHECKS)}
+_CLASS_CHECKS = [index for index, (name, _) in enumerate(CHECKS) if name not in VALUE_ONLY]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, SpiderLoadError
-from .check import check_spider, import_failure
+from .check import Verdicts, check_spider, import_failure
 from .spider import Spider
 
 
@@ -63,10 +63,11 @@ def load_spiders(directory: str | Path, extra: Iterable[type[Spider]] = ()) -> S
         except Exception as exc:  # any error in user code is reported, not raised
             errors.append(SpiderLoadError(file.stem, import_failure(file, exc)))
             continue
+        verdicts: Verdicts = {}  # a module's spiders share their base's values: each checked once (``check_spider``)
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Spider) and obj is not Spider and obj.name:
                 if obj.__module__ == module.__name__:
-                    problem = check_spider(obj, file)
+                    problem = check_spider(obj, file, verdicts)
                     if problem:
                         errors.append(SpiderLoadError(file.stem, problem, site=str(obj.name)))
                     else:

@@ -1,0 +1,81 @@
+"""Many reads in one round trip, without a client's work a command: ``read_many``, for the every-site commands.
+
+A redis-py pipeline spends some 8 µs of Python on a command (queued, packed, its reply parsed
+and converted, one at a time): the eight reads a site of ``crawler status`` were 0.6 s at 10,000
+sites. Here hiredis packs the commands, they go on one connection of the client's pool at once,
+and their replies are read as the parser gives them: some 1.5 µs a command. For reads only,
+whose replies the caller takes raw (``pairs`` for a hash); writes go through the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import hiredis
+from redis import Redis
+from redis.connection import AbstractConnection
+from redis.exceptions import ResponseError
+
+#: An argument of a command, as hiredis packs it.
+Arg = str | bytes | int | float
+
+
+def read_many(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]:
+    """The replies of ``commands`` (reads, each a name and its arguments), in order, as sent together.
+
+    Replies come raw, as the connection's parser makes them (bytes, integers, lists; a hash a
+    flat list of fields and values, or a dict over RESP3: ``pairs`` reads either). An error
+    reply raises its ``ResponseError`` once every reply is read; a connection lost on the way
+    is retried as the client's commands are (its ``retry``), everything sent again.
+    """
+    commands = list(commands)
+    if not commands:
+        return []
+    # hiredis's stub takes a tuple of one argument for a tuple of any number of them
+    packed = b"".join(hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
+    pool: Any = connection.connection_pool
+    conn = _connection(pool)
+    try:
+        replies = conn.retry.call_with_retry(lambda: _send_and_read(conn, packed, len(commands)), _dropped(conn))
+    except BaseException:  # replies may be left unread on it: never handed out again as it is
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
+def _connection(pool: Any) -> AbstractConnection:
+    """A connection of ``pool`` (before redis-py 5.3 it takes the name of the command it is for)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("PIPELINE")
+
+
+def _send_and_read(conn: AbstractConnection, packed: bytes, count: int) -> list[Any]:
+    conn.send_packed_command([packed])
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(conn.read_response())
+        except ResponseError as exc:  # its reply read: the next ones follow
+            replies.append(exc)
+    return replies
+
+
+def _dropped(conn: AbstractConnection) -> Any:
+    """What a failed try does before the next: the connection closed, so no reply of it is read later."""
+    return lambda error: conn.disconnect()
+
+
+def pairs(reply: Any) -> dict[Any, Any]:
+    """A hash's reply (``HGETALL``) as a dict: a flat list of fields and values (RESP2), or a dict (RESP3)."""
+    if isinstance(reply, dict):
+        return reply
+    fields = iter(reply)
+    return dict(zip(fields, fields, strict=False))

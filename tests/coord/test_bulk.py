@@ -1,0 +1,94 @@
+"""``read_many``: a pipeline's replies, raw, in one round trip; the connection left as clean as a pipeline leaves it."""
+
+from __future__ import annotations
+
+import pytest
+import redis.connection
+from redis import Redis
+from redis.exceptions import ResponseError
+
+from crawler.coord.bulk import pairs, read_many
+
+
+def fill(connection: Redis) -> None:
+    connection.rpush("list", "a", "b", "c")
+    connection.zadd("zset", {"x": 1, "y": 2})
+    connection.hset("hash", mapping={"f": "1", "g": "2"})
+    connection.set("string", "text")
+
+
+COMMANDS = [
+    ("LLEN", "list"),
+    ("LLEN", "none"),
+    ("ZCARD", "zset"),
+    ("HGETALL", "hash"),
+    ("HGETALL", "none"),
+    ("HMGET", "hash", "f", "nope", "g"),
+    ("GET", "string"),
+    ("LRANGE", "list", 0, -1),
+]
+
+
+def count_sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each round trip any client starts (a command or a pipeline sent)."""
+    sends: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        sends.append(1)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return sends
+
+
+def test_the_replies_are_a_pipelines_raw_in_one_round_trip(redis_conn: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    fill(redis_conn)
+    stored = redis_conn.hgetall("hash")
+    sends = count_sends(monkeypatch)
+    replies = read_many(redis_conn, COMMANDS * 1000)
+    assert len(sends) == 1
+    assert replies == replies[:8] * 1000
+    hashes = [pairs(replies[3]), pairs(replies[4])]  # a flat list of fields and values, or a dict over RESP3
+    assert [*replies[:3], *replies[5:8]] == [3, 0, 2, [b"1", None, b"2"], b"text", [b"a", b"b", b"c"]]
+    assert hashes == [stored, {}] == [{b"f": b"1", b"g": b"2"}, {}]
+    assert read_many(redis_conn, []) == [] and len(sends) == 1  # nothing to read: nothing sent
+
+
+def test_an_error_reply_raises_after_every_reply_is_read_and_the_connection_reads_on(redis_conn: Redis) -> None:
+    fill(redis_conn)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        read_many(redis_conn, [("LLEN", "list"), ("LLEN", "hash"), ("ZCARD", "zset")])
+    assert redis_conn.connection_pool._created_connections == 1  # type: ignore[attr-defined]
+    assert read_many(redis_conn, [("ZCARD", "zset")]) == [2]  # no reply of the failed call is left to read
+    assert redis_conn.llen("list") == 3
+
+
+def test_a_connection_lost_is_retried_as_the_client_retries(redis_conn: Redis, redis_url: str) -> None:
+    fill(redis_conn)
+    own = redis_conn.client_id()  # the pool's one connection, which read_many takes next
+    other = Redis.from_url(redis_url)
+    try:
+        other.client_kill_filter(_id=own)
+    finally:
+        other.close()
+    assert read_many(redis_conn, [("LLEN", "list")]) == [3]
+
+
+def test_it_reads_fakeredis_too(fake_redis: Redis) -> None:
+    fill(fake_redis)
+    replies = read_many(fake_redis, COMMANDS[:6])
+    assert [*replies[:3], pairs(replies[3]), pairs(replies[4]), replies[5]] == [
+        3,
+        0,
+        2,
+        {b"f": b"1", b"g": b"2"},
+        {},
+        [b"1", None, b"2"],
+    ]
+
+
+def test_pairs_reads_a_hash_over_resp2_and_resp3() -> None:
+    assert pairs([b"a", b"1", b"b", b"2"]) == {b"a": b"1", b"b": b"2"}
+    assert pairs({b"a": b"1"}) == {b"a": b"1"}
+    assert pairs([]) == {}
