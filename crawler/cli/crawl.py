@@ -20,7 +20,7 @@ from ..coord.frontier import SEED_PRIORITY, Frontier
 from ..coord.frontier import seed as seed_urls
 from ..coord.policy import resolve_policy
 from ..coord.scheduler import JOBS_AHEAD
-from ..coord.seeding import SeedReport, open_lines, seed_lines, seed_start
+from ..coord.seeding import SEED_SITES, SeedReport, open_lines, seed_lines, seed_sites, seed_start
 from ..coord.spiderargs import parse_args, read_args, store_args
 from ..coord.task import PRIORITY_RANGE
 from ..errors import ConfigError
@@ -122,14 +122,17 @@ def seed(
     if len(sites) > 1:
         if urls or from_file is not None or callback is not None or spider_args:
             raise ConfigError("URLs, --from, --callback and -a apply to one site: name one")
-        for site in sites:
-            spider = obj.runtime.spider(site)
-            if not (spider.start_urls or spider.sitemap_urls):
-                click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
-                continue
-            result = seed_start(_seeding_frontier(obj, site), spider, force=force, priority=priority)
-            _first_jobs(obj, site)
-            click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+        for start in range(0, len(sites), SEED_SITES):  # a few round trips a chunk of sites, a line a site
+            chunk = sites[start : start + SEED_SITES]
+            obj.runtime.sites.read_sites_due(chunk)  # their spider arguments and live settings, in one
+            done = seed_sites(chunk, obj.runtime.spider, lambda site: _seeding_frontier(obj, site), force, priority)
+            for site, result in done.results:
+                if result is None:
+                    click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
+                else:
+                    click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+            if done.failure is not None:
+                raise done.failure
         return
     (site,) = sites
     _set_spider_args(obj, site, spider_args)

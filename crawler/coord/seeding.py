@@ -15,17 +15,21 @@ import dataclasses
 import gzip
 import io
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..spiders.spider import Request, Spider
-from .frontier import SEED_PRIORITY, AddResult, Frontier
+from .frontier import SEED_PRIORITY, AddResult, Candidate, Frontier, enqueue_together, refill_together
+from .scheduler import JOBS_AHEAD
 
 #: URLs handed to the frontier at a time: one ADD_SEEN call and one RPUSH each, so that a chunk
 #: holds Redis for about a millisecond (docs/BENCHMARKS.md, "Seeding a million URLs").
 SEED_CHUNK = 500
+#: Sites ``seed --all`` seeds together (``seed_candidates``, ``refill_together``): a few round trips for
+#: them all, and their lines printed as each such chunk is done.
+SEED_SITES = 500
 #: Bad lines kept (line number, text, reason) to show; the rest are only counted.
 BAD_EXAMPLES = 5
 #: Bytes a line may hold beyond the longest URL, for what ``strip`` removes (indentation, CR LF, a byte order mark).
@@ -178,17 +182,89 @@ def seed_start(frontier: Frontier, spider: Spider, force: bool = False, priority
     Every URL is checked first: RefusedURL for the first bad one, and nothing is queued.
     ConfigError when the spider has none.
     """
+    (result,) = seed_candidates([(frontier, *start_candidates(frontier, spider, force, priority))])
+    return result
+
+
+#: What ``Frontier.vet`` made of a site's requests: those to queue if new (with their canonical URL), and
+#: those refused, with why.
+Vetted = tuple[list[Candidate], list[tuple[str, str]]]
+
+
+def start_candidates(frontier: Frontier, spider: Spider, force: bool = False, priority: int = SEED_PRIORITY) -> Vetted:
+    """What ``seed_start`` queues for ``spider`` (if new), vetted by ``frontier``; nothing is written.
+
+    RefusedURL for the first URL ``frontier.check`` refuses; ConfigError when the spider has
+    no start request.
+    """
     requests = list(spider.start_requests())
     if not requests:
         raise ConfigError(f"site {spider.name!r} has no start_urls or sitemap_urls: give URLs to seed")
     for request in requests:
         frontier.check(request.url)
-    return frontier.add(
+    return frontier.vet(
         [
             dataclasses.replace(request, priority=priority, dont_filter=force or request.dont_filter)
             for request in requests
         ]
     )
+
+
+def seed_candidates(seeds: Sequence[tuple[Frontier, list[Candidate], list[tuple[str, str]]]]) -> list[AddResult]:
+    """Queue each site's vetted requests (``start_candidates``) as ``Frontier.add`` queues them, all the
+    sites' seen-set calls in one round trip (``enqueue_together``); what was done, a result a site.
+    ``seed --all`` seeds SEED_SITES sites at a time so: one call a site was a round trip a site."""
+    done = enqueue_together([(frontier, [(candidates, 0)]) for frontier, candidates, _ in seeds])
+    results = [result for (result,) in done]
+    for result, (_, _, refused) in zip(results, seeds, strict=True):
+        result.refused = refused
+    return results
+
+
+@dataclass
+class SitesSeeded:
+    """What ``seed_sites`` did: (site, its result; None: it has no start URL or sitemap) of each site it came
+    to, in order, and the error of the site that stopped it (None: it came to every site)."""
+
+    results: list[tuple[str, AddResult | None]] = field(default_factory=list)
+    failure: Exception | None = None
+
+
+def seed_sites(
+    sites: Sequence[str],
+    spider_of: Callable[[str], Spider],
+    frontier_of: Callable[[str], Frontier],
+    force: bool = False,
+    priority: int = SEED_PRIORITY,
+) -> SitesSeeded:
+    """``seed_start`` of each site's spider (``spider_of(site)``), then its first jobs, as a site at a time
+    would, together: the sites' seen-set calls in one round trip (``seed_candidates``), their first
+    jobs' reads in another (``refill_together``: a site with start requests of a priority above 0 is
+    then refilled alone, as ``Frontier.refill``). ``frontier_of(site)``: the site's frontier, asked
+    before its start requests are checked (``seed`` publishes the site's policy there). The first
+    site that cannot be seeded (RefusedURL, no start request at all:
+    ``start_candidates``; any error of its spider's) stops it: those before it are seeded, none after
+    it is looked at, and the error is ``failure``, for the caller to raise once it has shown the others.
+    """
+    done = SitesSeeded()
+    seeds: list[tuple[Frontier, list[Candidate], list[tuple[str, str]]]] = []
+    order: list[tuple[str, int | None]] = []  # each site, and the index of its seed (None: it has nothing to seed)
+    for site in sites:
+        try:
+            spider = spider_of(site)
+            if not (spider.start_urls or spider.sitemap_urls):
+                order.append((site, None))
+                continue
+            frontier = frontier_of(site)
+            seeds.append((frontier, *start_candidates(frontier, spider, force=force, priority=priority)))
+        except Exception as exc:  # raised by the caller once those before it are seeded, as a site at a time was
+            done.failure = exc
+            break
+        order.append((site, len(seeds) - 1))
+    results = seed_candidates(seeds)
+    refill_together([frontier for frontier, _, _ in seeds], JOBS_AHEAD)
+    done.results = [(site, None if at is None else results[at]) for site, at in order]
+    return done
 
 
 @contextmanager

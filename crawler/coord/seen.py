@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
@@ -195,19 +196,40 @@ def mark_seen_together(sets: Sequence[tuple[SeenSet, list[SeenKey]]]) -> list[li
 
 
 def _add_plain(plain: list[tuple[int, SeenSet, Chunk]], added: list[bytes]) -> None:
-    """ADD_SEEN of each (index in ``added``, seen set, chunk) in one pipeline; its flags appended to ``added``."""
+    """ADD_SEEN of each (index in ``added``, seen set, chunk) in one pipeline; its flags appended to ``added``.
+
+    Calls that found the script not loaded (a Redis restarted mid-crawl, or its first call
+    there) are made again in order: the first on its own, which loads it, the others together
+    (at the first seed of 10,000 sites, one at a time, they were a round trip a site).
+    """
+    replies = _add_seen_all(plain)
+    missing = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    if missing:
+        _, seen, chunk = plain[missing[0]]
+        replies[missing[0]] = seen.add_seen(keys=_plain_keys(seen.site), args=_add_seen_args(chunk))
+        replies[missing[0] + 1 :] = _add_seen_all(plain[missing[0] + 1 :])  # in order: those after it again
+    for (at, seen, chunk), reply in zip(plain, replies, strict=True):
+        if isinstance(reply, NoScriptError):  # unloaded again meanwhile (SCRIPT FLUSH): on its own
+            reply = seen.add_seen(keys=_plain_keys(seen.site), args=_add_seen_args(chunk))
+        elif isinstance(reply, Exception):
+            raise reply
+        added[at] += _flags(seen.site, as_bytes(reply))
+
+
+def _add_seen_all(plain: Sequence[tuple[int, SeenSet, Chunk]]) -> list[Any]:
+    """The replies of ADD_SEEN of each chunk, by hash, in one pipeline (errors as replies)."""
+    if not plain:
+        return []
     connection = plain[0][1].connection
     script = plain[0][1].add_seen
     with connection.pipeline(transaction=False) as pipe:
         for _, seen, chunk in plain:
-            pipe.evalsha(script.sha, 2, *_plain_keys(seen.site), chunk[0], chunk[1], SUBSET_LOAD, b"", chunk[2])
-        replies = pipe.execute(raise_on_error=False)
-    for (at, seen, chunk), reply in zip(plain, replies, strict=True):
-        if isinstance(reply, NoScriptError):  # a Redis restarted mid-crawl, or this process's first call
-            reply = seen.add_seen(keys=_plain_keys(seen.site), args=[chunk[0], chunk[1], SUBSET_LOAD, b"", chunk[2]])
-        elif isinstance(reply, Exception):
-            raise reply
-        added[at] += _flags(seen.site, as_bytes(reply))
+            pipe.evalsha(script.sha, 2, *_plain_keys(seen.site), *_add_seen_args(chunk))
+        return list(pipe.execute(raise_on_error=False))
+
+
+def _add_seen_args(chunk: Chunk) -> list[bytes | int]:
+    return [chunk[0], chunk[1], SUBSET_LOAD, b"", chunk[2]]
 
 
 def _flags(site: str, reply: bytes) -> bytes:
