@@ -74,7 +74,7 @@ def random_cell(rng: random.Random) -> Cell:
 def test_a_table_is_what_rich_prints_whatever_its_cells_and_width(seed: int) -> None:
     rng = random.Random(seed)
     width = rng.choice([40, 80, 120, 200])
-    rows = [[random_cell(rng) for _ in HEADERS] for _ in range(rng.choice([1, 2, 5, 40]))]
+    rows = [[random_cell(rng) for _ in HEADERS] for _ in range(rng.choice([1, 2, 5, 15]))]
     for console_of in consoles(width):
         assert ours(console_of, HEADERS, rows) == rich_output(console_of, HEADERS, rows), (width, console_of.__name__)
 
@@ -82,12 +82,12 @@ def test_a_table_is_what_rich_prints_whatever_its_cells_and_width(seed: int) -> 
 def test_the_sites_table_of_many_plain_rows_is_rich_s_with_long_domains_cut() -> None:
     rows: list[list[Cell]] = [
         [Text(f"eco{i:05d}"), Text("1"), Text("spider"), "yes", Text(f"www.site{i:05d}.example"), "1"]
-        for i in range(100)
+        for i in range(40)
     ]
     rows[7][4] = Text("www.site00007.example, shop.site00007.example")  # wraps: rich renders this row itself
     for console_of in consoles(80):
         assert ours(console_of, HEADERS, rows) == rich_output(console_of, HEADERS, rows)
-    assert "www.site00042.exam… " in ours(consoles(80)[0], HEADERS, rows)
+    assert "www.site00012.exam… " in ours(consoles(80)[0], HEADERS, rows)
 
 
 def test_an_empty_table_is_rich_s() -> None:
