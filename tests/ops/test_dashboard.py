@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 from crawling import installed_runtime, join_all, start_in_threads
 from redis import Redis
 from rq import Queue, Worker
@@ -89,13 +90,22 @@ def locked_redis_url(tmp_path: Path) -> Iterator[str]:
     try:
         url = f"unix://{socket}?db=0&password={SECRET}"
         deadline = time.monotonic() + 10
-        while not socket.exists():
+        while not _answers(url):  # the socket's file comes before the server listens on it
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.02)
         yield url
     finally:
         server.terminate()
         server.wait(10)
+
+
+def _answers(url: str) -> bool:
+    """Whether the Redis at ``url`` answers a PING."""
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=1) as client:
+            return bool(client.ping())
+    except redis.ConnectionError:
+        return False
 
 
 @contextmanager
