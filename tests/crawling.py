@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.connection
 from click.testing import Result
 from redis import Redis
 
@@ -170,3 +171,16 @@ def run_console_script(*args: str, cwd: Path) -> subprocess.CompletedProcess[str
         k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL") and not k.startswith("CRAWLER_")
     }
     return subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Grows by one at each round trip a client starts: a command, a pipeline or a ``read_many`` sent."""
+    sends: list[int] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        sends.append(1)
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return sends

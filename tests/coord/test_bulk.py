@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import redis.connection
+from crawling import count_round_trips
 from redis import Redis
 from redis.exceptions import ResponseError
 
@@ -29,23 +29,10 @@ COMMANDS = [
 ]
 
 
-def count_sends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A list that grows by one at each round trip any client starts (a command or a pipeline sent)."""
-    sends: list[int] = []
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(self, command, check_health=True):  # type: ignore[no-untyped-def]
-        sends.append(1)
-        return send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-    return sends
-
-
 def test_the_replies_are_a_pipelines_raw_in_one_round_trip(redis_conn: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     fill(redis_conn)
     stored = redis_conn.hgetall("hash")
-    sends = count_sends(monkeypatch)
+    sends = count_round_trips(monkeypatch)
     replies = read_many(redis_conn, COMMANDS * 1000)
     assert len(sends) == 1
     assert replies == replies[:8] * 1000

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 
 import pytest
-import redis.connection
+from crawling import count_round_trips
 from redis import Redis
 from rq import Queue
 
@@ -31,19 +31,6 @@ from crawler.spiders.spider import Request, Spider
 
 #: Sites of the every-site reads: two chunks and a part.
 SITES = [f"s{i:04d}" for i in range(2 * STATUS_CHUNK + 1)]
-
-
-def count_round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Grows by one at each round trip a client starts: a command, a pipeline or a ``read_many`` sent."""
-    sends: list[int] = []
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(self, command, check_health=True):  # type: ignore[no-untyped-def]
-        sends.append(1)
-        return send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
-    return sends
 
 
 def commands_processed(connection: Redis) -> int:
