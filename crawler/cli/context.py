@@ -108,9 +108,8 @@ def kept_for_life() -> Iterator[None]:
     """Objects made inside are kept to the end of the process: the cyclic garbage collector is paused while
     they are made, then they and every object before them are left out of its later passes (``gc.freeze``).
 
-    At 10,000 spiders, its full passes over their classes (set off by making them, and again by
-    what ``status`` then reads) were 0.15 s of the command's 0.85. Garbage with cycles made
-    before or inside is never collected: a command's start-up, once.
+    For the spiders a command loads: the collector's full passes would walk every class again and
+    again. Garbage with cycles made before or inside is never collected: a command's start-up, once.
     """
     enabled = gc.isenabled()
     gc.disable()

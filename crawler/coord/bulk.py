@@ -1,8 +1,7 @@
 """Many reads in one round trip, without a client's work a command: ``read_many``, for the every-site commands.
 
 A redis-py pipeline spends some 8 µs of Python on a command (queued, packed, its reply parsed
-and converted, one at a time): the eight reads a site of ``crawler status`` were 0.6 s at 10,000
-sites. Here hiredis packs the commands, they go on one connection of the client's pool at once,
+and converted, one at a time). Here hiredis packs the commands, they go on one connection of the client's pool at once,
 and their replies are read as the parser gives them: some 1.5 µs a command. For reads only,
 whose replies the caller takes raw (``pairs`` for a hash); writes go through the client.
 """
