@@ -148,6 +148,7 @@ class Settings:
         ua = self.user_agent
         _require(bool(ua.strip()) and ua.isascii() and ua.isprintable(), "user_agent", "must be printable ASCII text")
         check_proxy("proxy", self.proxy)
+        shards = split_shards(self.redis_url)
         for site, overrides in self.sites.items():
             if not isinstance(overrides, Mapping):
                 raise ConfigError(f"config: sites.{site} must be a mapping")
@@ -155,6 +156,9 @@ class Settings:
                 if key not in SITE_KEYS:
                     raise ConfigError(f"config: sites.{site}.{key} is not a site setting")
                 SITE_KEYS[key](f"sites.{site}.{key}", value)
+            shard = overrides.get("shard")
+            if shard is not None and shard not in ({name for name, _ in shards} or {DEFAULT_SHARD}):
+                raise ConfigError(f"config: sites.{site}.shard names no shard of redis_url, got {shard!r}")
 
 
 def _require(ok: bool, name: str, message: str) -> None:
@@ -260,6 +264,57 @@ def check_gate_name(name: str, value: Any) -> str | None:
     return value
 
 
+def check_shard_name(name: str, value: Any) -> str:
+    """The name of a Redis shard (``a=redis://…``): letters, digits, ``_`` or ``-``, 1 to 40 of them."""
+    if not isinstance(value, str) or not _SHARD_NAME.fullmatch(value):
+        raise ConfigError(f"config: {name} must be a shard name of letters, digits, '_' or '-', got {value!r}")
+    return value
+
+
+#: A shard's name in ``REDIS_URL``: ``NAME=URL``.
+_SHARD_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
+_NAMED_PIECE = re.compile(r"([A-Za-z0-9_-]{1,40})=(.*)", re.DOTALL)
+#: The name of the one shard of a ``REDIS_URL`` that names none.
+DEFAULT_SHARD = "default"
+
+
+def split_shards(value: str | None) -> list[tuple[str, str]]:
+    """The (name, URL) of each Redis a ``REDIS_URL`` value names; ConfigError for a malformed one.
+
+    ``redis://h/0`` is one shard, ``default``; ``a=redis://h1/0,b=redis://h2/0`` two. A comma
+    not followed by ``NAME=`` belongs to the URL before it (a Sentinel URL's host list).
+    """
+    if value is None:
+        return []
+    pieces = value.split(",")
+    if not _NAMED_PIECE.fullmatch(pieces[0].strip()):
+        if any(_NAMED_PIECE.fullmatch(piece.strip()) and "://" not in piece.split("=", 1)[0] for piece in pieces[1:]):
+            raise ConfigError("config: redis_url: name every shard (NAME=URL,NAME=URL), not only some")
+        return [(DEFAULT_SHARD, value)]
+    shards: list[tuple[str, str]] = []
+    for piece in pieces:
+        named = _NAMED_PIECE.fullmatch(piece.strip())
+        if named:
+            shards.append((named.group(1), named.group(2).strip()))
+        else:
+            shards[-1] = (shards[-1][0], f"{shards[-1][1]},{piece}")
+    names = [name for name, _ in shards]
+    for name, url in shards:
+        if not url:
+            raise ConfigError(f"config: redis_url: shard {name!r} has no URL")
+        if names.count(name) > 1:
+            raise ConfigError(f"config: redis_url: shard {name!r} is named twice")
+    return shards
+
+
+def redact_shards(value: str) -> str:
+    """A ``REDIS_URL`` value as shown to people: each shard's URL without its secrets (``redact_url``)."""
+    shards = split_shards(value)
+    if len(shards) == 1 and shards[0][1] == value:
+        return redact_url(value)
+    return ",".join(f"{name}={redact_url(url)}" for name, url in shards)
+
+
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"config: {name} must be true or false, got {value!r}")
@@ -339,6 +394,7 @@ SITE_KEYS = {
     "gate_by": check_gate_by,
     "gate": check_gate_name,
     "proxy": check_proxy,
+    "shard": check_shard_name,
 }
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
@@ -514,4 +570,16 @@ def secrets_of(settings: Settings | None = None) -> list[str]:
     urls = [os.environ.get("REDIS_URL"), os.environ.get("DATABASE_URL")]
     if settings is not None:
         urls += [settings.redis_url, settings.database_url]
-    return sorted({secret for url in urls for secret in url_secrets(url)}, key=len, reverse=True)
+    found: set[str] = set()
+    for value in urls:
+        if value:
+            found.update(secret for _, url in _shards_or_whole(value) for secret in url_secrets(url))
+    return sorted(found, key=len, reverse=True)
+
+
+def _shards_or_whole(value: str) -> list[tuple[str, str]]:
+    """``split_shards``, or the whole value as one URL when it does not split (its secrets still hidden)."""
+    try:
+        return split_shards(value)
+    except ConfigError:
+        return [(DEFAULT_SHARD, value)]

@@ -10,7 +10,7 @@ import click
 
 from ..errors import CrawlerError
 from ..settings import load_settings, scrub, secrets_of
-from . import control, crawl, dev, inspect, redis_servers, serve
+from . import control, crawl, dev, inspect, redis_servers, serve, shards
 from .context import Context, CrawlerGroup
 from .types import FINITE_FLOAT
 
@@ -18,7 +18,10 @@ from .types import FINITE_FLOAT
 @click.group(cls=CrawlerGroup)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config file.")
 @click.option("--sites", "sites_dir", type=click.Path(file_okay=False), help="Directory of spider modules [./sites].")
-@click.option("--redis-url", help="Redis URL ('embedded' for a private server) [env REDIS_URL].")
+@click.option(
+    "--redis-url",
+    help="Redis URL ('embedded' for a private server; NAME=URL,NAME=URL for shards) [env REDIS_URL].",
+)
 @click.option("--database-url", help="SQLAlchemy database URL [env DATABASE_URL, sqlite:///crawler.db].")
 @click.option(
     "--gate-margin",
@@ -60,7 +63,7 @@ def cli(
     ctx.call_on_close(context.close)
 
 
-for _module in (control, crawl, dev, inspect, redis_servers, serve):
+for _module in (control, crawl, dev, inspect, redis_servers, serve, shards):
     for _command in _module.COMMANDS:
         cli.add_command(_command)
 

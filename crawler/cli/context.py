@@ -25,6 +25,7 @@ import redis
 from redis import Redis
 
 from ..coord.connection import LOCALHOST_URL, EmbeddedRedis, RedisChoice, connect, resolve_redis
+from ..coord.shards import ShardSet, shards_of
 from ..errors import ConfigError, CrawlerError
 from ..settings import Settings, scrub, secrets_of
 from ..spiders.loading import SpiderSet, load_spiders
@@ -45,6 +46,7 @@ class Context:
     #: Set by commands that only read: they never start a Redis server (status, metrics).
     read_only: bool = False
     _redis_url: str | None = field(default=None, repr=False)
+    _runtimes: dict[str, Runtime] = field(default_factory=dict, repr=False)
 
     @cached_property
     def spider_set(self) -> SpiderSet:
@@ -84,12 +86,33 @@ class Context:
         return self._redis_url
 
     @cached_property
-    def redis(self) -> Redis:
-        return connect(self.redis_url)
+    def shards(self) -> ShardSet:
+        """The crawl's shards (one unless ``REDIS_URL`` names several), each connected when first used."""
+        return ShardSet(shards_of(self.redis_url), self.settings, connect)
 
-    @cached_property
+    @property
+    def redis(self) -> Redis:
+        """The client of the first shard (the only one, unless ``REDIS_URL`` names several)."""
+        return self.shards.client(self.shards.names[0])
+
+    def redis_for(self, site: str) -> Redis:
+        """The client of the shard holding ``site``."""
+        return self.shards.client_for(site)
+
+    @property
     def runtime(self) -> Runtime:
-        return Runtime(self.redis, self.settings, self.spider_set)
+        """The runtime of the first shard (``runtime_of``)."""
+        return self.runtime_of(self.shards.names[0])
+
+    def runtime_of(self, shard: str) -> Runtime:
+        """A runtime on shard ``shard``'s Redis, made once."""
+        if shard not in self._runtimes:
+            self._runtimes[shard] = Runtime(self.shards.client(shard), self.settings, self.spider_set)
+        return self._runtimes[shard]
+
+    def runtime_for(self, site: str) -> Runtime:
+        """The runtime on the shard holding ``site``."""
+        return self.runtime_of(self.shards.where(site))
 
     def site(self, name: str) -> str:
         """``name`` if it is a known site; ConfigError otherwise."""
@@ -97,8 +120,10 @@ class Context:
         return name
 
     def close(self) -> None:
-        if "runtime" in self.__dict__:
-            self.runtime.close()
+        for runtime in self._runtimes.values():
+            runtime.close()
+        if "shards" in self.__dict__:
+            self.shards.close()
         if self.stop_embedded and self.started_embedded and self.embedded is not None:
             self.embedded.stop()
 

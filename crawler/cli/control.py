@@ -32,7 +32,7 @@ def reset(obj: Context, site: str, yes: bool) -> None:
     """Forget SITE's queued URLs, seen set and counters, to crawl it again from the start."""
     obj.site(site)
     if not yes:
-        _, seen = stored(obj.redis, site)
+        _, seen = stored(obj.redis_for(site), site)
         try:
             click.confirm(
                 f"Forget {site}'s queued URLs, its {seen} seen URLs and its counters? "
@@ -42,7 +42,7 @@ def reset(obj: Context, site: str, yes: bool) -> None:
             )
         except click.Abort:
             raise ConfigError(f"{site} not reset (give --yes to skip the question)") from None
-    report_reset(site, reset_site(obj.redis, site))
+    report_reset(site, reset_site(obj.redis_for(site), site))
 
 
 @click.command("migrate-keys")
@@ -50,10 +50,13 @@ def reset(obj: Context, site: str, yes: bool) -> None:
 @pass_context
 def migrate_keys_(obj: Context, force: bool) -> None:
     """Move a crawl kept by an earlier version to today's key names (stop every worker first)."""
-    busy = running_workers(obj.redis)
+    clients = obj.shards.clients()
+    busy = sum(running_workers(client) for _, client in clients)
     if busy and not force:
         raise ConfigError(f"{busy} workers are running on this Redis: stop every worker first (or give --force)")
-    click.echo(migrate_keys(obj.redis).summary())
+    for name, client in clients:
+        summary = migrate_keys(client).summary()
+        click.echo(f"{name}: {summary}" if obj.shards.several else summary)
 
 
 @click.command("set")
@@ -66,11 +69,12 @@ def set_(obj: Context, site: str, interval: float | None, concurrency: int | Non
     """Change SITE's politeness for every running worker, without a restart."""
     if reset and (interval is not None or concurrency is not None):
         raise ConfigError("--reset drops live values: give it alone")
+    runtime = obj.runtime_for(obj.site(site))
     if reset:
-        reset_live(obj.redis, obj.site(site))
+        reset_live(runtime.connection, site)
     else:
-        set_live(obj.redis, obj.site(site), interval=interval, concurrency=concurrency)
-    obj.runtime.publish(site, force=True)
+        set_live(runtime.connection, site, interval=interval, concurrency=concurrency)
+    runtime.publish(site, force=True)
     click.echo(f"{site}: {'live settings dropped' if reset else 'updated'}")
 
 
@@ -78,9 +82,10 @@ def _pause(obj: Context, site: str | None, all_sites: bool, paused: bool) -> Non
     if not site and not all_sites:
         raise ConfigError("name a SITE or give --all")
     names = sorted(obj.spider_set.spiders) if all_sites else [obj.site(str(site))]
-    for name in names:
-        set_live(obj.redis, name, paused=paused)
-        obj.runtime.publish(name, force=True)
+    for name, shard in obj.shards.locate(names).items():
+        runtime = obj.runtime_of(shard)
+        set_live(runtime.connection, name, paused=paused)
+        runtime.publish(name, force=True)
     click.echo(f"{', '.join(names)}: {'paused' if paused else 'resumed'}")
 
 
@@ -114,8 +119,9 @@ def retry(obj: Context, site: str, urls: tuple[str, ...], all_pages: bool) -> No
         raise ConfigError("name the failed URLs to retry, or give --all")
     if urls and all_pages:
         raise ConfigError("give failed URLs or --all, not both")
-    obj.runtime.publish(site)  # before its work: the politeness the scheduler hands it out by
-    pages = retry_pages(obj.runtime.store, obj.runtime.frontier(site), None if all_pages else urls)
+    runtime = obj.runtime_for(site)
+    runtime.publish(site)  # before its work: the politeness the scheduler hands it out by
+    pages = retry_pages(runtime.store, runtime.frontier(site), None if all_pages else urls)
     click.echo(f"{site}: {len(pages)} failed page{'' if len(pages) == 1 else 's'} requeued")
 
 

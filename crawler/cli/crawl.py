@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import click
-from redis import Redis
 
 from ..coord import counters, keys
 from ..coord.frontier import SEED_PRIORITY, Frontier
@@ -26,8 +23,8 @@ from ..coord.task import PRIORITY_RANGE
 from ..errors import ConfigError
 from ..ops.rekey import old_sites
 from ..ops.reset import reset_site
-from ..ops.status import SiteStatus, parse_backlog, site_status, this_run
-from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url
+from ..ops.status import SiteStatus, site_status, this_run
+from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url, split_shards
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from ..work.drain import crawl_drained
@@ -40,14 +37,14 @@ from ..work.launcher import (
     start_workers,
     stop_workers,
 )
+from ..work.runtime import Runtime
 from .context import Context, _export, check_output, pass_context, replace
 from .control import report_reset
 from .serve import serve_metrics
+from .watch import progress
 
 if TYPE_CHECKING:
-    from rich.table import Table
-
-    from ..ops.progress import Snapshot
+    pass
 
 
 @click.command()
@@ -60,7 +57,10 @@ def sites(obj: Context) -> None:
     from ..ops.tables import print_table
 
     rows = []
-    for name, spider in sorted(obj.spider_set.spiders.items()):
+    spiders = sorted(obj.spider_set.spiders.items())
+    # Where each site's keys are: only with several shards (one needs no Redis at all).
+    located = obj.shards.locate(name for name, _ in spiders) if _several_shards(obj) else {}
+    for name, spider in spiders:
         policy = resolve_policy(spider, obj.settings, {})
         rows.append(  # Text: a value is never read as markup
             [
@@ -70,9 +70,16 @@ def sites(obj: Context) -> None:
                 "yes" if policy.obey_robots else "no",
                 Text(", ".join(spider().domains()) or "-"),
                 str(len(spider.start_urls)),
+                *([Text(located[name])] if located else []),
             ]
         )
-    print_table(Console(), ("site", "interval (s)", "from", "robots", "allowed domains", "start URLs"), rows)
+    header = ("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
+    print_table(Console(), header + (("shard",) if located else ()), rows)
+
+
+def _several_shards(obj: Context) -> bool:
+    """Whether ``REDIS_URL`` names several shards (read from the settings: no Redis is needed to tell)."""
+    return len(split_shards(obj.settings.redis_url)) > 1
 
 
 @click.command()
@@ -123,20 +130,13 @@ def seed(
         if urls or from_file is not None or callback is not None or spider_args:
             raise ConfigError("URLs, --from, --callback and -a apply to one site: name one")
         for start in range(0, len(sites), SEED_SITES):  # a few round trips a chunk of sites, a line a site
-            chunk = sites[start : start + SEED_SITES]
-            obj.runtime.sites.read_sites_due(chunk)  # their spider arguments and live settings, in one
-            done = seed_sites(chunk, obj.runtime.spider, lambda site: _seeding_frontier(obj, site), force, priority)
-            for site, result in done.results:
-                if result is None:
-                    click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
-                else:
-                    click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
-            if done.failure is not None:
-                raise done.failure
+            for shard, chunk in obj.shards.by_shard(sites[start : start + SEED_SITES]).items():
+                _seed_chunk(obj.runtime_of(shard), chunk, force, priority)
         return
     (site,) = sites
-    _set_spider_args(obj, site, spider_args)
-    spider = obj.runtime.spider(site)
+    runtime = obj.runtime_for(site)
+    _set_spider_args(obj, runtime, site, spider_args)
+    spider = runtime.spider(site)
     if callback is not None:
         try:
             spider.callback(callback)
@@ -145,41 +145,54 @@ def seed(
     if from_file is not None:
         if urls:
             raise ConfigError("give URLs or --from FILE, not both")
-        _seed_from(obj, site, from_file, force, priority, callback or "parse")
-        _first_jobs(obj, site)
+        _seed_from(runtime, site, from_file, force, priority, callback or "parse")
+        _first_jobs(runtime, site)
         return
     if callback is not None and not urls:
         raise ConfigError("--callback applies to the URLs given (or --from FILE), not to start_urls")
     if urls:
         result = seed_urls(
-            _seeding_frontier(obj, site), urls, force=force, priority=priority, callback=callback or "parse"
+            _seeding_frontier(runtime, site), urls, force=force, priority=priority, callback=callback or "parse"
         )
     else:  # the spider's own start requests, sitemaps included, each with its callback
-        result = seed_start(_seeding_frontier(obj, site), spider, force=force, priority=priority)
-    _first_jobs(obj, site)
+        result = seed_start(_seeding_frontier(runtime, site), spider, force=force, priority=priority)
+    _first_jobs(runtime, site)
     click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
 
 
-def _seeding_frontier(obj: Context, site: str) -> Frontier:
+def _seed_chunk(runtime: Runtime, chunk: list[str], force: bool, priority: int) -> None:
+    """Seed each site of ``chunk`` (all on ``runtime``'s shard) with its spider's start requests, a line a site."""
+    runtime.sites.read_sites_due(chunk)  # their spider arguments and live settings, in one
+    done = seed_sites(chunk, runtime.spider, lambda site: _seeding_frontier(runtime, site), force, priority)
+    for site, result in done.results:
+        if result is None:
+            click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
+        else:
+            click.echo(f"{site}: {len(result.enqueued)} enqueued, {result.duplicates} already seen")
+    if done.failure is not None:
+        raise done.failure
+
+
+def _seeding_frontier(runtime: Runtime, site: str) -> Frontier:
     """``site``'s frontier, for work to be added: the site's politeness is published first
     (``Runtime.publish``), so the scheduler hands its first jobs out by it."""
-    obj.runtime.publish(site)
-    return obj.runtime.frontier(site)
+    runtime.publish(site)
+    return runtime.frontier(site)
 
 
-def _first_jobs(obj: Context, site: str) -> None:
+def _first_jobs(runtime: Runtime, site: str) -> None:
     """Make the site's first download jobs of what was seeded (``Frontier.refill``, as a worker would),
     so a worker's first look finds a job queued, not a dry queue to refill. Safe with workers
     running: a refill's move is made only if what it read is unchanged."""
-    _seeding_frontier(obj, site).refill(JOBS_AHEAD)
+    _seeding_frontier(runtime, site).refill(JOBS_AHEAD)
 
 
-def _set_spider_args(obj: Context, site: str, pairs: tuple[str, ...]) -> None:
+def _set_spider_args(obj: Context, runtime: Runtime, site: str, pairs: tuple[str, ...]) -> None:
     """Store ``-a`` pairs as ``site``'s spider arguments (none given: those stored are kept, and named)."""
     if pairs:
-        store_args(obj.redis, site, parse_args(pairs, obj.spider_set.get(site)))
+        store_args(runtime.connection, site, parse_args(pairs, obj.spider_set.get(site)))
         return
-    kept = read_args(obj.redis, site)
+    kept = read_args(runtime.connection, site)
     if kept:
         shown = " ".join(f"{name}={value[:40]}" for name, value in sorted(kept.items()))
         click.echo(f"{site}: spider arguments kept from before: {shown} (`crawler reset` clears them)", err=True)
@@ -208,7 +221,7 @@ def _split_seed_targets(obj: Context, targets: tuple[str, ...], all_sites: bool)
 
 def _refuse_old_keys(obj: Context) -> None:
     """ConfigError while Redis holds a crawl under the key names of an earlier version (see ``rekey``)."""
-    found = old_sites(obj.redis)
+    found = [site for _, client in obj.shards.clients() for site in old_sites(client)]
     if found:
         named = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
         raise ConfigError(
@@ -217,9 +230,9 @@ def _refuse_old_keys(obj: Context) -> None:
         )
 
 
-def _seed_from(obj: Context, site: str, path: str, force: bool, priority: int, callback: str) -> None:
+def _seed_from(runtime: Runtime, site: str, path: str, force: bool, priority: int, callback: str) -> None:
     """``seed --from``: stream the file's URLs in; bad lines are warnings, none good is the error."""
-    frontier = _seeding_frontier(obj, site)
+    frontier = _seeding_frontier(runtime, site)
     shown = [time.monotonic()]
 
     def progress(report: SeedReport) -> None:  # on a terminal only: a pipe gets the summary alone
@@ -262,6 +275,7 @@ def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
     "[as the sites need, up to 1024]. Parse: threads [1].",
 )
 @click.option("--burst", is_flag=True, help="Exit when the crawl is drained.")
+@click.option("--shards", "shard_list", metavar="NAMES", help="Comma-separated Redis shards to serve [all].")
 @click.option("-v", "--verbose", is_flag=True, help="Log every job (one line each).")
 @click.option(
     "--log-format",
@@ -288,17 +302,22 @@ def worker(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    shard_list: str | None = None,
 ) -> None:
     """Run N download or parse worker processes."""
     served = _sites_option(site_list, obj)
+    shards = tuple(obj.shards.shard(name.strip()).name for name in (shard_list or "").split(",") if name.strip())
     Store(obj.settings.database_url).close()  # fail now, in one line, if the database is unreachable
     _refuse_old_keys(obj)
     level = "INFO" if verbose or log_format == "json" else "WARNING"
-    spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format)
+    spec = WorkerSpec(kind, served, threads, burst, level, log_format=log_format, shards=shards)
     server = serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
     processes = processes or (default_processes() if kind == "download" else 1)
     each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
-    click.echo(f"{processes} {kind} worker process(es), {each} each, on {obj.redis_choice.describe()}", err=True)
+    where = obj.redis_choice.describe()
+    if obj.shards.several:
+        where = "shards " + ", ".join(obj.shards.shard(name).describe() for name in shards or obj.shards.names)
+    click.echo(f"{processes} {kind} worker process(es), {each} each, on {where}", err=True)
     try:
         code = run_here(spec, obj.settings, obj.redis_url, processes)
     finally:
@@ -357,7 +376,7 @@ def crawl(
     check_output(output)  # now, not after an hour of crawling
     _refuse_old_keys(obj)
     if fresh:
-        report_reset(site, reset_site(obj.redis, site))
+        report_reset(site, reset_site(obj.redis_for(site), site))
     ctx = click.get_current_context()
     ctx.invoke(
         seed,
@@ -399,13 +418,17 @@ def run_crawl(
     the summary and the result count only this run's downloads, parses and items.
     """
     Store(obj.settings.database_url).close()
-    specs = [WorkerSpec("download", tuple(sites_), threads, True)] * (processes or default_processes())
-    specs += [WorkerSpec("parse", tuple(sites_), 1, True)] * parsers
-    before = {status.site: status for status in site_status(obj.redis, sites_)}
+    (shard, connection), *others = [(name, obj.shards.client(name)) for name in obj.shards.by_shard(sites_)]
+    if others:
+        raise ConfigError(f"the sites of one crawl must be on one shard; {', '.join(sites_)} are on several")
+    one = (shard,) if obj.shards.several else ()
+    specs = [WorkerSpec("download", tuple(sites_), threads, True, shards=one)] * (processes or default_processes())
+    specs += [WorkerSpec("parse", tuple(sites_), 1, True, shards=one)] * parsers
+    before = {status.site: status for status in site_status(connection, sites_)}
     started = time.monotonic()
     workers = start_workers(specs, obj.settings, obj.redis_url)
     try:
-        with _progress(obj.redis, sites_, obj.settings.database_url) as refresh:
+        with progress(connection, sites_, obj.settings.database_url) as refresh:
             while any(p.is_alive() for p in workers):
                 refresh()
                 time.sleep(0.25)
@@ -414,7 +437,7 @@ def run_crawl(
         stop_workers(workers)
         raise click.ClickException("interrupted: work left in the queues resumes with `crawler worker`") from None
     elapsed = time.monotonic() - started
-    final = [this_run(status, before.get(status.site)) for status in site_status(obj.redis, sites_)]
+    final = [this_run(status, before.get(status.site)) for status in site_status(connection, sites_)]
     for status in final:
         click.echo(
             f"{status.site}: {status.fetched} fetched, {status.parsed} parsed, {status.items} items, "
@@ -423,125 +446,9 @@ def run_crawl(
             + (f"; {status.cache_hits} from the development cache" if status.cache_hits else ""),
             file=out,
         )
-    if not crawl_drained(obj.redis, sites_):
+    if not crawl_drained(connection, sites_):
         raise click.ClickException("workers stopped before the crawl was drained (see the log above)")
     return final
-
-
-@contextmanager
-def _progress(connection: Redis, sites_: list[str], database_url: str | None = None) -> Iterator[Callable[[], None]]:
-    """A live table on a terminal; a log line per site every 5 s otherwise (logs, CI, pipes).
-
-    Both stages count: the parse backlog, downloads and parses per second, and an ETA
-    over what is left to download and to parse. With ``database_url``, the first
-    callback error of each kind is printed once, as it is recorded.
-    """
-    from rich.console import Console
-    from rich.live import Live
-
-    watch = _Watch(connection, sites_, database_url)
-    console = Console(stderr=True)
-
-    def plain(line: str) -> None:
-        console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-    if console.is_terminal:
-        with Live(watch.table(), console=console, refresh_per_second=4) as live:
-
-            def above(line: str) -> None:
-                live.console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-            def refresh() -> None:
-                watch.report_errors(above)
-                live.update(watch.table())
-
-            yield refresh
-    else:
-        yield lambda: watch.log_lines(plain)
-    watch.close(plain)
-
-
-class _Watch:
-    """What ``_progress`` shows of a running crawl: each site's progress (a table, or log lines)
-    and the callback errors recorded meanwhile."""
-
-    def __init__(self, connection: Redis, sites_: list[str], database_url: str | None):
-        from ..ops.progress import ErrorWatch, Progress
-
-        self.connection = connection
-        self.sites = sites_
-        self.progress = Progress()
-        self.errors = ErrorWatch(database_url, sites_) if database_url else None
-        self.last_poll = 0.0
-        self.last_line = 0.0
-
-    def snapshot(self) -> list[Snapshot]:
-        return self.progress.update(site_status(self.connection, self.sites), parse_backlog(self.connection))
-
-    def report_errors(self, print_line: Callable[[str], None]) -> None:
-        """Print the callback errors recorded since the last look, at most once every ERRORS_POLL_EVERY."""
-        if self.errors is not None and time.monotonic() - self.last_poll >= ERRORS_POLL_EVERY:
-            self.last_poll = time.monotonic()
-            for line in self.errors.poll():
-                print_line(line)
-
-    def table(self) -> Table:
-        """The live table: a row a site."""
-        from rich.table import Table
-        from rich.text import Text
-
-        columns = ("site", "done", "queued", "in flight", "retrying", "failed", "to parse", "parsed", "items")
-        grid = Table(*columns, "pages/s", "parsed/s", "ETA")
-        for p in self.snapshot():
-            s = p.status
-            grid.add_row(
-                Text(s.site),
-                *map(str, (s.done, s.queued, s.in_flight, s.scheduled, s.failed, p.to_parse, s.parsed, s.items)),
-                f"{p.download_rate:.1f}",
-                f"{p.parse_rate:.1f}",
-                format_eta(p.eta),
-            )
-        return grid
-
-    def log_lines(self, plain: Callable[[str], None]) -> None:
-        """Off a terminal: new callback errors, and a line a site every PROGRESS_LOG_EVERY seconds."""
-        self.report_errors(plain)
-        if time.monotonic() - self.last_line >= PROGRESS_LOG_EVERY:
-            self.last_line = time.monotonic()
-            for p in self.snapshot():
-                s = p.status
-                plain(
-                    f"{time.strftime('%H:%M:%S')} {s.site}: done {s.done}, queued {s.queued}, "
-                    f"in flight {s.in_flight}, retrying {s.scheduled}, failed {s.failed}, "
-                    f"to parse {p.to_parse}, parsed {s.parsed}, items {s.items}, "
-                    f"{p.download_rate:.1f} pages/s, {p.parse_rate:.1f} parsed/s, ETA {format_eta(p.eta)}"
-                )
-
-    def close(self, plain: Callable[[str], None]) -> None:
-        """The errors recorded since the last look, and the closing lines of the error watch."""
-        if self.errors is not None:
-            for line in [*self.errors.poll(), *self.errors.closing_lines()]:
-                plain(line)
-
-
-#: Seconds between two looks for new callback errors during ``crawl``.
-ERRORS_POLL_EVERY = 1.0
-
-
-#: Seconds between progress lines when the output is not a terminal.
-PROGRESS_LOG_EVERY = 5.0
-
-
-def format_eta(seconds: float | None) -> str:
-    """``1h02m``, ``3m05s``, ``12s``; ``-`` while unknown (no rate yet)."""
-    if seconds is None:
-        return "-"
-    seconds = round(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
 
 
 @click.command()
@@ -568,11 +475,12 @@ def demo(obj: Context, products: int, processes: int) -> None:
             f"database {redact_url(obj.settings.database_url)}",
             err=True,
         )
-        with obj.redis.pipeline(transaction=True) as pipe:
+        runtime = obj.runtime_for("demo")
+        with runtime.connection.pipeline(transaction=True) as pipe:
             pipe.delete(keys.seen("demo"))
             counters.forget(pipe, "demo")
             pipe.execute()
-        seed_urls(_seeding_frontier(obj, "demo"), [shop.url + "/"], force=True)
+        seed_urls(_seeding_frontier(runtime, "demo"), [shop.url + "/"], force=True)
         run_crawl(obj, ["demo"], processes, None, 1)
         store = Store(obj.settings.database_url)
         got = {item["sku"]: item for item in store.items("demo")}
@@ -583,7 +491,7 @@ def demo(obj: Context, products: int, processes: int) -> None:
     click.echo(
         f"items: {len(got)} stored, {len(expected)} expected, {wrong} missing or wrong; "
         f"requests: {len(shop.requests)}, closest two {gap * 1000 if gap else 0:.1f} ms apart "
-        f"(interval {obj.runtime.policy('demo').interval * 1000:g} ms)"
+        f"(interval {runtime.policy('demo').interval * 1000:g} ms)"
     )
     click.echo(f"export them with: crawler --database-url {obj.settings.database_url} export demo")
     if wrong:

@@ -36,7 +36,7 @@ def fetch_(
 ) -> None:
     """Download URL as a worker would (robots.txt, the site's gate, the caps): status, headers, body."""
     site = site_for(obj.spider_set, url, site_name)
-    response = fetch_as_worker(obj.runtime, site, url, render_meta(render, render_wait))
+    response = fetch_as_worker(obj.runtime_for(site), site, url, render_meta(render, render_wait))
     head = _head(response, site, obj.spider_set.get(site))
     if headers_only:
         click.echo(head)
@@ -90,7 +90,8 @@ def parse_(
         with open(body_file, "rb") as f:
             page = Page(url, f.read(), meta=meta)
     else:
-        page = page_of(fetch_as_worker(obj.runtime, site, url), meta, spider.content_types, spider.follow_meta_refresh)
+        response = fetch_as_worker(obj.runtime_for(site), site, url)
+        page = page_of(response, meta, spider.content_types, spider.follow_meta_refresh)
     try:
         outputs = run_callback(spider, page, callback)
     except Exception as exc:
@@ -99,7 +100,7 @@ def parse_(
         if isinstance(exc, ItemError):  # process_item or a pipeline: the step and the message
             raise ConfigError(f"{exc} (on {url})") from None
         raise ConfigError(f"{callback} raised {type(exc).__name__} on {url}") from None
-    routed = route(outputs.requests, spider.domains(), seen_in(obj.redis, site))
+    routed = route(outputs.requests, spider.domains(), seen_in(obj.redis_for(site), site))
     if as_json:
         click.echo(
             json.dumps(
@@ -126,7 +127,7 @@ def shell_(obj: Context, site: str, url: str | None, plain: bool, render: bool, 
     from ..ops.shell import Shell
 
     obj.site(site)
-    shell = Shell(obj.runtime, site, echo=click.echo)
+    shell = Shell(obj.runtime_for(site), site, echo=click.echo)
     if url is not None:
         shell.fetch(url, render_meta(render, render_wait))
     if not sys.stdin.isatty() and not plain:

@@ -11,7 +11,16 @@ import redis
 from ..coord import keys, quarantine
 from ..errors import ConfigError, CrawlerError
 from ..ops.failures import FailedPage, failed_pages
-from ..ops.status import known_sites, parse_backlog, read_politeness, site_status, status_json, workers_by_host
+from ..ops.status import (
+    ParseBacklog,
+    SiteStatus,
+    known_sites,
+    parse_backlog,
+    read_politeness,
+    site_status,
+    status_json,
+    workers_by_host,
+)
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from .context import Context, _export, pass_context
@@ -24,24 +33,15 @@ from .context import Context, _export, pass_context
 def status(obj: Context, site: str | None, as_json: bool) -> None:
     """Per site: queued, in flight, done, failed."""
     obj.read_only = True
-    names = [obj.site(site)] if site else sorted(set(known_sites(obj.redis)) | set(obj.spider_set.spiders))
-    statuses = site_status(obj.redis, names)
+    if site:
+        names = [obj.site(site)]
+    else:
+        seeded = {name for _, client in obj.shards.clients() for name in known_sites(client)}
+        names = sorted(seeded | set(obj.spider_set.spiders))
+    statuses, hosts, parsing, suspended = _status_of(obj, names)
     rates = _observed_rates(obj, names)
-    named = obj.spider_set.named()
-    spiders = {s.site: obj.spider_set.get(s.site) for s in statuses if s.site in named}
-    found = read_politeness(obj.redis, spiders, obj.settings)  # a few round trips a chunk of sites, none a site
     for s in statuses:
         s.rate = rates.get(s.site)
-        if s.site in found:
-            policy, now = found[s.site]
-            s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
-            s.interval, s.interval_why = now.interval, now.why
-            s.closed_for, s.closed_why = now.closed_for, now.closed_why
-    hosts = workers_by_host(obj.redis)
-    parsing = parse_backlog(obj.redis)
-    from rq.suspension import is_suspended
-
-    suspended = bool(is_suspended(obj.redis))  # `rq suspend`: no worker takes a job, whatever a site's state
     if as_json:
         click.echo(status_json(statuses, parsing, hosts, suspended))
         return
@@ -50,6 +50,39 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     from ..ops.screens import print_status
 
     print_status(Console(), statuses, parsing, hosts, suspended)
+
+
+def _status_of(
+    obj: Context, names: list[str]
+) -> tuple[list[SiteStatus], dict[str, dict[str, int]], ParseBacklog, bool]:
+    """The sites' statuses, in the order of ``names``, the workers per host, the parse backlog and whether RQ's
+    workers are suspended, over every shard (a few round trips a shard). With several shards a host's
+    workers are counted per shard, ``HOST (SHARD)``."""
+    from rq.suspension import is_suspended
+
+    found: dict[str, SiteStatus] = {}
+    hosts: dict[str, dict[str, int]] = {}
+    parsing = ParseBacklog(0, 0)
+    suspended = False
+    named = obj.spider_set.named()
+    located = obj.shards.by_shard(names)
+    for shard, client in obj.shards.clients():  # every shard: its workers and pages count, with sites there or not
+        statuses = site_status(client, located.get(shard, []))
+        spiders = {s.site: obj.spider_set.get(s.site) for s in statuses if s.site in named}
+        politeness = read_politeness(client, spiders, obj.settings)  # a few round trips a chunk of sites
+        for s in statuses:
+            if s.site in politeness:
+                policy, now = politeness[s.site]
+                s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
+                s.interval, s.interval_why = now.interval, now.why
+                s.closed_for, s.closed_why = now.closed_for, now.closed_why
+            found[s.site] = s
+        for host, states in workers_by_host(client).items():
+            hosts[f"{host} ({shard})" if obj.shards.several else host] = states
+        backlog = parse_backlog(client)
+        parsing = ParseBacklog(parsing.queued + backlog.queued, parsing.in_flight + backlog.in_flight)
+        suspended = suspended or bool(is_suspended(client))  # `rq suspend`: no worker takes a job
+    return [found[name] for name in names if name in found], hosts, parsing, suspended
 
 
 def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
@@ -140,7 +173,7 @@ def failed(
     if limit is not None and len(pages) == limit:
         click.echo(f"showing the first {limit} failed pages; raise --limit for more", err=True)
     try:
-        refused = quarantine.count(obj.redis)
+        refused = sum(quarantine.count(client) for _, client in obj.shards.clients())
     except (ConfigError, redis.RedisError):  # the failed pages are in the database; Redis is optional here
         refused = 0
     if refused:
@@ -153,7 +186,8 @@ def failed(
 
 def _print_quarantined(obj: Context, site: str | None, as_json: bool, limit: int | None) -> None:
     """The quarantined jobs and frontier entries (of SITE's queue and frontier when given), newest first."""
-    found = quarantine.entries(obj.redis)
+    found = [q for _, client in obj.shards.clients() for q in quarantine.entries(client)]
+    found.sort(key=lambda q: q.when, reverse=True)  # newest first, whatever the shard
     if site is not None:
         found = [
             q
@@ -254,7 +288,7 @@ def _cache_counts(obj: Context, site: str) -> dict[str, int]:
     """The site's development-cache hits and misses from Redis (zeros when no Redis is running)."""
     obj.read_only = True
     try:
-        raw = obj.redis.hmget(keys.stats(site), "cache_hits", "cache_misses")
+        raw = obj.redis_for(site).hmget(keys.stats(site), "cache_hits", "cache_misses")
     except CrawlerError:
         return {"hits": 0, "misses": 0}
     return {"hits": int(raw[0] or 0), "misses": int(raw[1] or 0)}
@@ -264,7 +298,7 @@ def _item_counts(obj: Context, site: str) -> dict[str, int]:
     """The site's items stored (each time a page yields one) and dropped, from Redis (zeros when none is running)."""
     obj.read_only = True
     try:
-        raw = obj.redis.hmget(keys.stats(site), "items", "dropped")
+        raw = obj.redis_for(site).hmget(keys.stats(site), "items", "dropped")
     except CrawlerError:
         return {"stored": 0, "dropped": 0}
     return {"stored": int(raw[0] or 0), "dropped": int(raw[1] or 0)}

@@ -9,17 +9,19 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from ..settings import redact_url
+from ..settings import redact_shards
 from .context import Context, pass_context
 
 
 def serve_metrics(obj: Context, host: str, port: int) -> Any:
     """Serve the fleet's metrics from a daemon thread of this process; one line on stderr says where."""
-    from ..ops.metrics import MetricsCollector, address, serve
+    from ..ops.metrics import MetricsCollector, ShardedMetrics, address, serve
 
-    server = serve(MetricsCollector(obj.redis, obj.spider_set.named(), obj.settings), host, port)
+    spiders = obj.spider_set.named()
+    collectors = [(name, MetricsCollector(client, spiders, obj.settings)) for name, client in obj.shards.clients()]
+    server = serve(ShardedMetrics(collectors) if obj.shards.several else collectors[0][1], host, port)
     click.echo(
-        f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_url(obj.redis_url)}",
+        f"metrics at http://{address(host, server.server_port)}/metrics from Redis {redact_shards(obj.redis_url)}",
         err=True,
     )
     return server
@@ -46,9 +48,11 @@ def dashboard_(
     if not _loopback(host) and not (username and password):
         raise ConfigError(f"crawler dashboard on {host} (not loopback) needs --username and --password")
     obj.read_only = True
-    obj.redis.ping()
-    app = make_app(obj.redis_url, username=username, password=password, allowed_hosts=allowed_hosts)
-    click.echo(f"dashboard at http://{host}:{port}/ for Redis {redact_url(obj.redis_url)}", err=True)
+    for _, client in obj.shards.clients():
+        client.ping()
+    urls = [shard.url for shard in obj.shards.shards]  # rq-dashboard's instance list: a shard each
+    app = make_app(urls, username=username, password=password, allowed_hosts=allowed_hosts)
+    click.echo(f"dashboard at http://{host}:{port}/ for Redis {redact_shards(obj.redis_url)}", err=True)
     app.run(host=host, port=port)
 
 
@@ -73,7 +77,8 @@ def _loopback(host: str) -> bool:
 def metrics_(obj: Context, port: int, host: str) -> None:
     """Serve the fleet's Prometheus metrics, read from Redis on every scrape, until Ctrl-C."""
     obj.read_only = True
-    obj.redis.ping()
+    for _, client in obj.shards.clients():
+        client.ping()
     server = serve_metrics(obj, host, port)
     try:
         while True:

@@ -89,6 +89,8 @@ def resolve_policy(spider: type[Spider], settings: Settings, live: dict[str, str
     }
     sources = {name: "spider" for name in values}
     for name, value in settings.sites.get(spider.name, {}).items():
+        if name == "shard":  # where the site's keys live, not how it is crawled
+            continue
         values[name] = value
         sources[name] = "config"
     live_values, _ = check_live(live)  # a value written by hand that does not hold is left out

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,13 +55,14 @@ LOCAL_NAMES = frozenset({"localhost"})
 
 
 def make_app(
-    redis_url: str,
+    redis_url: str | Sequence[str],
     *,
     username: str | None = None,
     password: str | None = None,
     allowed_hosts: Iterable[str] = (),
 ) -> Any:
-    """A read-only Flask app serving rq-dashboard for ``redis_url``; ConfigError when rq-dashboard is not installed.
+    """A read-only Flask app serving rq-dashboard for ``redis_url`` (several: one instance each, as shards);
+    ConfigError when rq-dashboard is not installed.
 
     With ``username``, every request needs HTTP basic credentials ``username``:``password``.
     ``allowed_hosts`` are the host names (besides IP addresses and ``localhost``) it answers to.
@@ -78,13 +79,15 @@ def make_app(
     web.escape_format_instance_list = _redacted_urls
     app = Flask("crawler.ops.dashboard")
     app.config.from_object(default_settings)
-    app.config["RQ_DASHBOARD_REDIS_URL"] = [redis_url]
+    urls = [redis_url] if isinstance(redis_url, str) else list(redis_url)
+    app.config["RQ_DASHBOARD_REDIS_URL"] = urls
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True  # hides the delete and empty buttons
     app.register_blueprint(web.blueprint)
     web.setup_rq_connection(app)
     hosts = LOCAL_NAMES | {host.lower() for host in allowed_hosts}
     app.before_request(functools.partial(_guard, hosts, username, password))
-    app.after_request(functools.partial(_scrub, url_secrets(redis_url)))
+    secrets = sorted({secret for url in urls for secret in url_secrets(url)}, key=len, reverse=True)
+    app.after_request(functools.partial(_scrub, secrets))
     if WORKERS_ENDPOINT in app.view_functions:  # another rq-dashboard: its own view stays
         app.view_functions[WORKERS_ENDPOINT] = web.jsonify(functools.partial(_list_workers, web))
     return app

@@ -300,6 +300,33 @@ class MetricsCollector(Collector):
         yield from (queued, in_flight, retries, items, interval, paused)
 
 
+class ShardedMetrics(Collector):
+    """The metrics of several shards in one scrape: each family once, each sample labelled ``shard``.
+
+    ``collectors``: each shard's name and ``MetricsCollector``. A site lives on one shard, so
+    its samples come once; the fleet-wide ones (``crawler_redis_up``, the parse backlog, the
+    workers) come once a shard.
+    """
+
+    def __init__(self, collectors: list[tuple[str, MetricsCollector]]):
+        self.collectors = collectors
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for shard, collector in self.collectors:
+            for family in collector.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                into.samples += [sample._replace(labels={**sample.labels, "shard": shard}) for sample in family.samples]
+        yield from merged.values()
+
+    def close(self) -> None:
+        for _, collector in self.collectors:
+            collector.close()
+
+
 def serve(collector: Collector, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> Any:
     """Serve ``collector`` at ``http://host:port/metrics`` from a daemon thread; returns the server.
 

@@ -23,12 +23,13 @@ import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis
 
 from ..coord.connection import connect
+from ..coord.shards import shards_of
 from ..settings import Settings, scrub, secrets_of, url_secrets
 from . import idle
 from .download_worker import DownloadWorker
@@ -53,6 +54,8 @@ class WorkerSpec:
     log_level: str = "WARNING"
     #: "text", or "json" for one JSON object per log line (see ``events``).
     log_format: str = "text"
+    #: The Redis shards served, by name (``coord.shards``); empty: every one ``REDIS_URL`` names.
+    shards: tuple[str, ...] = ()
 
 
 class ScrubSecrets(logging.Filter):
@@ -96,23 +99,31 @@ def run_worker_process(
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     ``told_to_stop``: a ``multiprocessing.Event`` the launcher sets to stop them after their jobs.
     """
-    configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + url_secrets(redis_url))
+    secrets = [secret for shard in shards_of(redis_url) for secret in url_secrets(shard.url)]
+    configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + secrets)
     libc = _glibc()
     if libc is not None:
         libc.mallopt(_M_ARENA_MAX, MALLOC_ARENAS)
         threading.Thread(target=_give_back_free_memory, args=(libc,), name="malloc-trim", daemon=True).start()
     most = spec.threads or (MOST_DOWNLOAD_THREADS if spec.kind == "download" else 1)
-    connection = worker_connection(redis_url, most)
-    rt = Runtime(connection, settings)
+    served = [shard for shard in shards_of(redis_url) if not spec.shards or shard.name in spec.shards]
+    runtimes: list[Runtime] = []
     stop = threading.Event()
     if launcher_pid is not None:
         threading.Thread(
             target=_stop_when_orphaned, args=(launcher_pid, stop, told_to_stop), name="orphan-watch", daemon=True
         ).start()
     try:
-        WorkerThreads(spec, connection, rt, stop, most).run()
+        for shard in served:
+            spiders = runtimes[0].spider_set if runtimes else None  # loaded once, whatever the shards
+            runtimes.append(Runtime(worker_connection(shard.url, most), settings, spiders))
+        if len(runtimes) == 1:
+            WorkerThreads(spec, runtimes[0].connection, runtimes[0], stop, most).run()
+        else:
+            ShardThreads(spec, runtimes, stop, most).run()
     finally:
-        rt.close()
+        for rt in runtimes:
+            rt.close()
 
 
 def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1) -> int:
@@ -269,6 +280,103 @@ class WorkerThreads:
         """The threads started besides the first (those that ended included, until the next ``grow``)."""
         with self._lock:
             return list(self._threads)
+
+
+class ShardThreads:
+    """A worker process serving several shards: each shard's workers (``WorkerThreads``) in a thread of
+    their own, sharing nothing but the process; the main thread takes the signals.
+
+    Each shard's workers stop on their own event, set once ``stop`` is (the orphan watch) or at
+    the first SIGTERM or SIGINT; a second one exits at once (a job cut short is handed back by
+    the reaper). In burst mode a shard's workers that found it drained start again after
+    REST_BETWEEN_BURSTS (a site may move to it: ``crawler move``); the process ends once every
+    shard was seen drained, then drained again by a run started after that.
+    """
+
+    def __init__(self, spec: WorkerSpec, runtimes: Sequence[Runtime], stop: threading.Event, most: int):
+        self.spec = spec
+        self.stop = stop
+        self.groups = [_ShardGroup(rt) for rt in runtimes]
+        self.most = most
+        self._signals = 0
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._serve, args=(group,), name=f"shard-{i}", daemon=True)
+            for i, group in enumerate(self.groups)
+        ]
+        previous = self._take_signals()
+        seen_drained: list[int] | None = None  # each group's runs when all were last seen drained
+        try:
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):
+                if self.stop.wait(REST_BETWEEN_BURSTS / 2):
+                    self._stop_all()
+                elif self.spec.burst and all(group.drained for group in self.groups):
+                    runs = [group.runs for group in self.groups]
+                    if seen_drained is not None and all(n > m for n, m in zip(runs, seen_drained, strict=True)):
+                        self._stop_all()
+                    seen_drained = seen_drained or runs
+                else:
+                    seen_drained = None
+                for thread in threads:
+                    thread.join(0.01)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _serve(self, group: _ShardGroup) -> None:
+        while not group.stop.is_set():
+            group.current = threading.Event()  # set by ``_stop_all`` too: this run's workers stop on it
+            if group.stop.is_set():
+                return
+            try:
+                WorkerThreads(self.spec, group.rt.connection, group.rt, group.current, self.most).run()
+            except Exception:
+                log.exception("the %s workers of a shard crashed: stopping the process's others", self.spec.kind)
+                self.stop.set()
+                return
+            if not self.spec.burst:
+                return
+            group.runs += 1
+            group.drained = True
+            group.stop.wait(REST_BETWEEN_BURSTS)
+            group.drained = False
+
+    def _take_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {signum: signal.signal(signum, self._signalled) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def _signalled(self, signum: Any, frame: Any) -> None:
+        if self._signals:
+            log.warning("stopping now (a job cut short is handed back by the reaper)")
+            raise SystemExit(1)
+        self._signals += 1
+        log.warning("stopping after the current jobs")
+        self.stop.set()
+
+    def _stop_all(self) -> None:
+        for group in self.groups:
+            group.stop.set()
+            group.current.set()
+
+
+#: Seconds a shard's burst workers that found it drained wait before they look again (``ShardThreads``).
+REST_BETWEEN_BURSTS = 1.0
+
+
+@dataclass
+class _ShardGroup:
+    """One shard's workers in a process of several: their runtime, their stop, their burst runs ended drained."""
+
+    rt: Runtime
+    stop: threading.Event = field(default_factory=threading.Event)
+    #: The stop of the run under way (each burst run's workers end by setting theirs).
+    current: threading.Event = field(default_factory=threading.Event)
+    runs: int = 0
+    drained: bool = False
 
 
 #: Redis connections a worker thread may hold at once: its own calls (RQ's command channel and

@@ -24,7 +24,7 @@ from redis import Redis
 from rq import Queue
 
 from crawler.cli.app import cli
-from crawler.cli.crawl import format_eta
+from crawler.cli.watch import format_eta
 from crawler.coord import keys
 from crawler.coord.frontier import SEED_PRIORITY, Frontier
 from crawler.coord.frontier import seed as seed_urls
@@ -576,11 +576,11 @@ def test_status_shows_pending_refreshes_and_the_observed_rate(
 def test_progress_off_a_terminal_is_log_lines_with_rate_and_eta(
     redis_conn: Redis, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crawler.cli import crawl as cli_module
+    from crawler.cli import watch as cli_module
 
     seed_urls(Frontier(redis_conn, "demo", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a", "http://127.0.0.1:9/b"])
     monkeypatch.setattr(cli_module, "PROGRESS_LOG_EVERY", 0.0)
-    with cli_module._progress(redis_conn, ["demo"]) as refresh:
+    with cli_module.progress(redis_conn, ["demo"]) as refresh:
         refresh()
         redis_conn.hincrby(keys.stats("demo"), "fetched", 3)
         time.sleep(0.6)  # the rate meter needs half a second between snapshots
