@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from redis import Redis
 
 from ..coord import keys, redisclock
@@ -63,21 +64,33 @@ def move_site(
 
     ``publish(connection)``: make the site's live settings (its pause, or its end) known to the
     workers of that shard (the CLI publishes the site's policy there). ConfigError, the site resumed where
-    it was, if it does not quiet down within ``quiet_wait`` seconds.
+    it was, if it does not quiet down within ``quiet_wait`` seconds or the other shard refuses the copy
+    (then nothing of it is left there).
     """
     started = time.monotonic()
     was_paused = read_live(source, site).get("paused") == "1"
     set_live(source, site, paused=True)
     publish(source)
-    if not _wait_quiet(source, site, quiet_wait):
+
+    def give_up(why: str) -> ConfigError:
         if not was_paused:
             set_live(source, site, paused=False)
             publish(source)
-        raise ConfigError(f"{site}: still busy after {quiet_wait:g}s (downloads or pages in flight): not moved")
+        return ConfigError(f"{site}: {why}: not moved")
+
+    if not _wait_quiet(source, site, quiet_wait):
+        raise give_up(f"still busy after {quiet_wait:g}s (downloads or pages in flight)")
     time.sleep(settle)
     names = list(_site_keys(source, site))
     jobs = _job_keys(source, names)
-    _copy(source, target, site, names + jobs)
+    try:
+        _copy(source, target, site, names + jobs)
+    except redis.RedisError as exc:  # a RESTORE refused (another Redis version's DUMP, a key in the way)
+        try:
+            _forget(target, site, names + jobs)  # what the transaction did write there
+        except redis.RedisError:
+            pass  # the shard refuses writes (out of memory): it wrote none of the copy either
+        raise give_up(f"the other shard refused the copy ({str(exc).splitlines()[0] if str(exc) else exc})") from None
     _forget(source, site, names + jobs)
     if not was_paused:
         set_live(target, site, paused=False)
