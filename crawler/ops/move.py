@@ -25,6 +25,9 @@ from typing import Any
 
 import redis
 from redis import Redis
+from rq.defaults import RQ_KEY_PREFIX
+from rq.job import Job
+from rq.queue import Queue
 
 from ..coord import keys, redisclock
 from ..coord.changes import announce
@@ -134,10 +137,10 @@ def _site_keys(connection: Redis, site: str) -> Iterator[str]:
 
 
 def _job_keys(connection: Redis, names: list[str]) -> list[str]:
-    """The RQ job hashes the site's queue and registries name (``rq:job:ID``), those that exist."""
+    """The RQ job hashes the site's queue and registries name (``rq:job:ID``, RQ's names), those that exist."""
     ids: set[str] = set()
     with connection.pipeline(transaction=False) as pipe:
-        kinds = [(name, pipe.type(name)) for name in names if name.startswith("rq:")]
+        kinds = [(name, pipe.type(name)) for name in names if name.startswith(RQ_KEY_PREFIX + ":")]
         found = pipe.execute()
     with connection.pipeline(transaction=False) as pipe:
         for (name, _), kind in zip(kinds, found, strict=True):
@@ -147,7 +150,7 @@ def _job_keys(connection: Redis, names: list[str]) -> list[str]:
                 pipe.zrange(name, 0, -1)
         for members in pipe.execute():
             ids.update(text(member) for member in members)
-    candidates = sorted(f"rq:job:{job_id}" for job_id in ids)
+    candidates = sorted(Job.key_for(job_id) for job_id in ids)
     with connection.pipeline(transaction=False) as pipe:
         for name in candidates:
             pipe.exists(name)
@@ -171,7 +174,7 @@ def _copy(source: Redis, target: Redis, site: str, names: list[str]) -> None:
             if scored:
                 pipe.zadd(getattr(keys, kind)(), {member: score + shift for member, score in scored})
         pipe.sadd(keys.sites(), site)
-        pipe.sadd("rq:queues", f"rq:queue:{keys.download_queue(site)}")
+        pipe.sadd(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + keys.download_queue(site))
         pipe.delete(keys.drained())  # a drain verdict of before: the site's work is now here
         pipe.publish(keys.wake(), site)
         pipe.execute()
@@ -206,7 +209,7 @@ def _forget(connection: Redis, site: str, names: list[str]) -> None:
             if scored:
                 pipe.zrem(getattr(keys, kind)(), *(member for member, _ in scored))
         pipe.srem(keys.sites(), site)
-        pipe.srem("rq:queues", f"rq:queue:{keys.download_queue(site)}")
+        pipe.srem(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + keys.download_queue(site))
         pipe.execute()
 
 
