@@ -232,3 +232,25 @@ def test_metrics_of_three_shards_come_in_one_scrape_each_sample_labelled_with_it
         depth = [line for line in text.splitlines() if line.startswith("crawler_queue_depth{")]
         queued = [line for line in depth if f'site="{site}"' in line]
         assert len(queued) == 1 and f'shard="{rendezvous(site, NAMES)}"' in queued[0], queued
+
+
+def test_status_with_a_shard_down_shows_the_others_sites_and_says_which_is_down_while_writes_refuse(
+    project: dict[str, str], shard_servers: dict[str, Redis]
+) -> None:
+    import redis
+
+    names = [f"shop{i}" for i in range(9)]
+    write_spiders(project, names)
+    invoke(project, "seed", "--all")
+    down = rendezvous("shop0", NAMES)
+    try:
+        shard_servers[down].shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it exits
+    status = CliRunner().invoke(cli, ["status", "--json"], env=project)
+    assert status.exit_code == 0, status.output
+    assert f"warning: shard {down} (" in status.stderr and "is down" in status.stderr
+    shown = {s["site"] for s in json.loads(status.stdout)["sites"]}
+    assert shown == {name for name in names if rendezvous(name, NAMES) != down}
+    seeding = CliRunner().invoke(cli, ["seed", "shop0"], env=project)  # a write must not guess where shop0 is
+    assert seeding.exit_code == 1 and "cannot reach Redis" in seeding.stderr
