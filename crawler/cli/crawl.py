@@ -256,6 +256,13 @@ def _seed_from(runtime: Runtime, site: str, path: str, force: bool, priority: in
     click.echo(report.summary(site))
 
 
+def _where(obj: Context, shards: tuple[str, ...] = ()) -> str:
+    """The Redis a command's workers use, and why; with several shards, those served (credentials hidden)."""
+    if not obj.shards.several:
+        return obj.redis_choice.describe()
+    return "shards " + ", ".join(obj.shards.shard(name).describe() for name in shards or obj.shards.names)
+
+
 def _sites_option(value: str | None, obj: Context) -> tuple[str, ...]:
     if not value:  # the bundled demo too: its queue is empty unless `crawler demo` or `seed demo` filled it
         return tuple(sorted(obj.spider_set.named()))
@@ -314,10 +321,7 @@ def worker(
     server = serve_metrics(obj, metrics_host, metrics_port) if metrics_port is not None else None
     processes = processes or (default_processes() if kind == "download" else 1)
     each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
-    where = obj.redis_choice.describe()
-    if obj.shards.several:
-        where = "shards " + ", ".join(obj.shards.shard(name).describe() for name in shards or obj.shards.names)
-    click.echo(f"{processes} {kind} worker process(es), {each} each, on {where}", err=True)
+    click.echo(f"{processes} {kind} worker process(es), {each} each, on {_where(obj, shards)}", err=True)
     try:
         code = run_here(spec, obj.settings, obj.redis_url, processes)
     finally:
@@ -386,7 +390,7 @@ def crawl(
         from_file=from_file,
         spider_args=spider_args,
     )
-    click.echo(f"Redis: {obj.redis_choice.describe()}", err=True)
+    click.echo(f"Redis: {_where(obj)}", err=True)
     (run,) = run_crawl(obj, [site], processes, threads, parsers, out=sys.stderr if output == "-" else None)
     if not run.done and not run.parsed:
         click.echo(

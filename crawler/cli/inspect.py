@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import click
 import redis
+from redis import Redis
 
 from ..coord import keys, quarantine
 from ..errors import ConfigError, CrawlerError
@@ -33,12 +34,13 @@ from .context import Context, _export, pass_context
 def status(obj: Context, site: str | None, as_json: bool) -> None:
     """Per site: queued, in flight, done, failed."""
     obj.read_only = True
+    up = _answering(obj)
     if site:
         names = [obj.site(site)]
     else:
-        seeded = {name for _, client in obj.shards.clients() for name in known_sites(client)}
+        seeded = {name for _, client in up for name in known_sites(client)}
         names = sorted(seeded | set(obj.spider_set.spiders))
-    statuses, hosts, parsing, suspended = _status_of(obj, names)
+    statuses, hosts, parsing, suspended = _status_of(obj, up, names)
     rates = _observed_rates(obj, names)
     for s in statuses:
         s.rate = rates.get(s.site)
@@ -52,12 +54,24 @@ def status(obj: Context, site: str | None, as_json: bool) -> None:
     print_status(Console(), statuses, parsing, hosts, suspended)
 
 
+def _answering(obj: Context) -> list[tuple[str, Redis]]:
+    """The shards that answer; a warning line for each that does not (one Redis: its error, as before)."""
+    if not obj.shards.several:
+        return obj.shards.clients()
+    up, down = obj.shards.answering()
+    for name, why in down.items():
+        click.echo(f"warning: shard {obj.shards.shard(name).describe()} is down ({why}): its sites left out", err=True)
+    if not up:
+        raise ConfigError("no shard answers")
+    return up
+
+
 def _status_of(
-    obj: Context, names: list[str]
+    obj: Context, up: list[tuple[str, Redis]], names: list[str]
 ) -> tuple[list[SiteStatus], dict[str, dict[str, int]], ParseBacklog, bool]:
     """The sites' statuses, in the order of ``names``, the workers per host, the parse backlog and whether RQ's
-    workers are suspended, over every shard (a few round trips a shard). With several shards a host's
-    workers are counted per shard, ``HOST (SHARD)``."""
+    workers are suspended, over the shards ``up`` (a few round trips a shard). With several shards a
+    host's workers are counted per shard, ``HOST (SHARD)``."""
     from rq.suspension import is_suspended
 
     found: dict[str, SiteStatus] = {}
@@ -65,8 +79,8 @@ def _status_of(
     parsing = ParseBacklog(0, 0)
     suspended = False
     named = obj.spider_set.named()
-    located = obj.shards.by_shard(names)
-    for shard, client in obj.shards.clients():  # every shard: its workers and pages count, with sites there or not
+    located = obj.shards.by_shard(names, among=[name for name, _ in up])
+    for shard, client in up:  # every shard: its workers and pages count, with sites there or not
         statuses = site_status(client, located.get(shard, []))
         spiders = {s.site: obj.spider_set.get(s.site) for s in statuses if s.site in named}
         politeness = read_politeness(client, spiders, obj.settings)  # a few round trips a chunk of sites

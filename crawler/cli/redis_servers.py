@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from ..coord.connection import LOCALHOST_URL, EmbeddedRedis, answers
-from ..settings import REDIS_EMBEDDED, redact_url
+from ..settings import REDIS_EMBEDDED, redact_url, split_shards
 from .context import Context, pass_context
 
 
@@ -37,7 +37,10 @@ def list_(obj: Context) -> None:
     configured = obj.settings.redis_url
     rows = []
     if configured and configured != REDIS_EMBEDDED:
-        rows.append(("configured", configured, "answers" if answers(configured) else "does not answer"))
+        shards = split_shards(configured)
+        for name, url in shards:  # each shard of several on a line of its own
+            kind = "configured" if len(shards) == 1 else f"shard {name}"
+            rows.append((kind, url, "answers" if answers(url) else "does not answer"))
     server = _embedded(obj)
     if server.running():
         state = f"running, pid {server.pid() or '?'}"
@@ -52,7 +55,8 @@ def list_(obj: Context) -> None:
     for kind, url, state in rows:
         mark = "*" if url == chosen.url else " "
         click.echo(f"{mark} {kind:<10}  {redact_url(url)}  {state}")
-    click.echo(f"commands here use {chosen.describe()}", err=True)
+    used = f"the shards above ({len(split_shards(configured))})" if len(split_shards(configured)) > 1 else None
+    click.echo(f"commands here use {used or chosen.describe()}", err=True)
 
 
 @redis_group.command("start")

@@ -16,6 +16,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import redis
 from redis import Redis
 
 from ..errors import ConfigError
@@ -89,22 +90,40 @@ class ShardSet:
         """Every shard's name and client, in the order ``REDIS_URL`` names them."""
         return [(name, self.client(name)) for name in self.names]
 
+    def answering(self) -> tuple[list[tuple[str, Redis]], dict[str, str]]:
+        """The shards that answer, with their clients, and why each of the others does not: for the
+        commands that only read, which show what they can of a crawl one of whose shards is down."""
+        up, down = [], {}
+        for name in self.names:
+            try:
+                client = self.client(name)
+                client.ping()
+            except (ConfigError, redis.RedisError) as exc:
+                down[name] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                continue
+            up.append((name, client))
+        return up, down
+
     def home(self, site: str) -> str:
         """The shard a site not yet on any goes to: the config file's ``sites.SITE.shard``, else ``rendezvous``."""
         named = self.settings.sites.get(site, {}).get("shard")
         return str(named) if named else rendezvous(site, self.names)
 
-    def locate(self, sites: Iterable[str]) -> dict[str, str]:
+    def locate(self, sites: Iterable[str], among: Sequence[str] | None = None) -> dict[str, str]:
         """Each site's shard: the one that holds it, else its ``home``. One round trip a shard.
 
         A site on several (a ``crawler move`` cut short) is taken where its ``home`` is among
-        them, else on the first named; ``crawler move`` run again finishes the move.
+        them, else on the first named; ``crawler move`` run again finishes the move. ``among``:
+        only those shards are asked (the others are down), and a site found on none whose home
+        is another is left out.
         """
         wanted = list(dict.fromkeys(sites))
         if not self.several:
             return dict.fromkeys(wanted, self.names[0])
+        asked = self.names if among is None else [name for name in self.names if name in among]
         held: dict[str, list[str]] = {site: [] for site in wanted}
-        for name, client in self.clients():
+        for name in asked:
+            client = self.client(name)
             with client.pipeline(transaction=False) as pipe:
                 for site in wanted:
                     pipe.sismember(keys.sites(), site)
@@ -114,7 +133,8 @@ class ShardSet:
         found = {}
         for site, where in held.items():
             home = self.home(site)
-            found[site] = home if not where or home in where else where[0]
+            if where or home in asked:
+                found[site] = home if not where or home in where else where[0]
         return found
 
     def where(self, site: str) -> str:
@@ -125,9 +145,9 @@ class ShardSet:
         """The client of the shard holding ``site`` (``locate``)."""
         return self.client(self.where(site))
 
-    def by_shard(self, sites: Iterable[str]) -> dict[str, list[str]]:
+    def by_shard(self, sites: Iterable[str], among: Sequence[str] | None = None) -> dict[str, list[str]]:
         """``sites`` grouped by their shard (``locate``), in the order of ``names``; shards without one left out."""
-        located = self.locate(sites)
+        located = self.locate(sites, among)
         return {
             name: [site for site, there in located.items() if there == name]
             for name in self.names

@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from redis import Redis
+from rq.defaults import RQ_KEY_PREFIX
+from rq.job import Job
+from rq.queue import Queue
 
 from ..coord import keys, redisclock
 from ..coord.changes import announce
@@ -63,21 +67,33 @@ def move_site(
 
     ``publish(connection)``: make the site's live settings (its pause, or its end) known to the
     workers of that shard (the CLI publishes the site's policy there). ConfigError, the site resumed where
-    it was, if it does not quiet down within ``quiet_wait`` seconds.
+    it was, if it does not quiet down within ``quiet_wait`` seconds or the other shard refuses the copy
+    (then nothing of it is left there).
     """
     started = time.monotonic()
     was_paused = read_live(source, site).get("paused") == "1"
     set_live(source, site, paused=True)
     publish(source)
-    if not _wait_quiet(source, site, quiet_wait):
+
+    def give_up(why: str) -> ConfigError:
         if not was_paused:
             set_live(source, site, paused=False)
             publish(source)
-        raise ConfigError(f"{site}: still busy after {quiet_wait:g}s (downloads or pages in flight): not moved")
+        return ConfigError(f"{site}: {why}: not moved")
+
+    if not _wait_quiet(source, site, quiet_wait):
+        raise give_up(f"still busy after {quiet_wait:g}s (downloads or pages in flight)")
     time.sleep(settle)
     names = list(_site_keys(source, site))
     jobs = _job_keys(source, names)
-    _copy(source, target, site, names + jobs)
+    try:
+        _copy(source, target, site, names + jobs)
+    except redis.RedisError as exc:  # a RESTORE refused (another Redis version's DUMP, a key in the way)
+        try:
+            _forget(target, site, names + jobs)  # what the transaction did write there
+        except redis.RedisError:
+            pass  # the shard refuses writes (out of memory): it wrote none of the copy either
+        raise give_up(f"the other shard refused the copy ({str(exc).splitlines()[0] if str(exc) else exc})") from None
     _forget(source, site, names + jobs)
     if not was_paused:
         set_live(target, site, paused=False)
@@ -121,10 +137,10 @@ def _site_keys(connection: Redis, site: str) -> Iterator[str]:
 
 
 def _job_keys(connection: Redis, names: list[str]) -> list[str]:
-    """The RQ job hashes the site's queue and registries name (``rq:job:ID``), those that exist."""
+    """The RQ job hashes the site's queue and registries name (``rq:job:ID``, RQ's names), those that exist."""
     ids: set[str] = set()
     with connection.pipeline(transaction=False) as pipe:
-        kinds = [(name, pipe.type(name)) for name in names if name.startswith("rq:")]
+        kinds = [(name, pipe.type(name)) for name in names if name.startswith(RQ_KEY_PREFIX + ":")]
         found = pipe.execute()
     with connection.pipeline(transaction=False) as pipe:
         for (name, _), kind in zip(kinds, found, strict=True):
@@ -134,7 +150,7 @@ def _job_keys(connection: Redis, names: list[str]) -> list[str]:
                 pipe.zrange(name, 0, -1)
         for members in pipe.execute():
             ids.update(text(member) for member in members)
-    candidates = sorted(f"rq:job:{job_id}" for job_id in ids)
+    candidates = sorted(Job.key_for(job_id) for job_id in ids)
     with connection.pipeline(transaction=False) as pipe:
         for name in candidates:
             pipe.exists(name)
@@ -158,7 +174,7 @@ def _copy(source: Redis, target: Redis, site: str, names: list[str]) -> None:
             if scored:
                 pipe.zadd(getattr(keys, kind)(), {member: score + shift for member, score in scored})
         pipe.sadd(keys.sites(), site)
-        pipe.sadd("rq:queues", f"rq:queue:{keys.download_queue(site)}")
+        pipe.sadd(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + keys.download_queue(site))
         pipe.delete(keys.drained())  # a drain verdict of before: the site's work is now here
         pipe.publish(keys.wake(), site)
         pipe.execute()
@@ -193,7 +209,7 @@ def _forget(connection: Redis, site: str, names: list[str]) -> None:
             if scored:
                 pipe.zrem(getattr(keys, kind)(), *(member for member, _ in scored))
         pipe.srem(keys.sites(), site)
-        pipe.srem("rq:queues", f"rq:queue:{keys.download_queue(site)}")
+        pipe.srem(Queue.redis_queues_keys, Queue.redis_queue_namespace_prefix + keys.download_queue(site))
         pipe.execute()
 
 

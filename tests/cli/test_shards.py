@@ -75,12 +75,18 @@ def invoke(env: dict[str, str], *args: str) -> Result:
     return result
 
 
-def write_spiders(env: dict[str, str], shops: dict[str, ShopSite]) -> None:
-    for name, shop in shops.items():
+def write_spiders(env: dict[str, str], shops: dict[str, ShopSite] | list[str]) -> None:
+    """A spider per shop (or per name, its start URL a closed port's: nothing is fetched)."""
+    urls = (
+        {name: shop.url for name, shop in shops.items()}
+        if isinstance(shops, dict)
+        else dict.fromkeys(shops, "http://127.0.0.1:9")
+    )
+    for name, url in urls.items():
         (Path(env["CRAWLER_SITES_DIR"]) / f"{name}.py").write_text(
             "from crawler.demo.spider import DemoShop\n\n"
             f"class Shop(DemoShop):\n    name = {name!r}\n    interval = {INTERVAL}\n"
-            f"    start_urls = [{shop.url + '/'!r}]\n"
+            f"    start_urls = [{url + '/'!r}]\n"
         )
 
 
@@ -185,3 +191,66 @@ def test_a_site_moved_three_times_mid_crawl_loses_no_page_fetches_none_twice_and
     finally:
         for shop in shops.values():
             shop.stop()
+
+
+def test_commands_name_a_wrong_shard_in_one_line_and_each_shard_is_listed(
+    project: dict[str, str], shard_servers: dict[str, Redis]
+) -> None:
+    write_spiders(project, ["shop"])
+    bad = CliRunner().invoke(cli, ["worker", "download", "--shards", "a,z"], env=project)
+    assert bad.exit_code == 1 and bad.stderr.strip() == "Error: no shard 'z'; the shards are: a, b, c"
+    home = rendezvous("shop", NAMES)
+    same = CliRunner().invoke(cli, ["move", "shop", "--to", home], env=project)
+    assert same.exit_code == 1 and f"shop is on shard {home} already" in same.stderr
+    listed = invoke(project, "redis", "list").stdout.splitlines()
+    assert [line.split()[:2] for line in listed[:3]] == [["shard", name] for name in NAMES]
+    assert all("answers" in line for line in listed[:3])
+
+
+def test_metrics_of_three_shards_come_in_one_scrape_each_sample_labelled_with_its_shard(
+    project: dict[str, str], shard_servers: dict[str, Redis]
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from crawler.ops.metrics import MetricsCollector, ShardedMetrics
+
+    write_spiders(project, [f"shop{i}" for i in range(6)])
+    invoke(project, "seed", "--all")
+    registry = CollectorRegistry(auto_describe=False)
+    collectors = [(name, MetricsCollector(client)) for name, client in shard_servers.items()]
+    registry.register(ShardedMetrics(collectors))
+    try:
+        text = generate_latest(registry).decode()
+    finally:
+        for _, collector in collectors:
+            collector.close()
+    for name in NAMES:
+        assert f'crawler_redis_up{{shard="{name}"}} 1.0' in text
+    assert text.count("# TYPE crawler_redis_up ") == 1  # one family, a sample a shard
+    for i in range(6):
+        site = f"shop{i}"
+        depth = [line for line in text.splitlines() if line.startswith("crawler_queue_depth{")]
+        queued = [line for line in depth if f'site="{site}"' in line]
+        assert len(queued) == 1 and f'shard="{rendezvous(site, NAMES)}"' in queued[0], queued
+
+
+def test_status_with_a_shard_down_shows_the_others_sites_and_says_which_is_down_while_writes_refuse(
+    project: dict[str, str], shard_servers: dict[str, Redis]
+) -> None:
+    import redis
+
+    names = [f"shop{i}" for i in range(9)]
+    write_spiders(project, names)
+    invoke(project, "seed", "--all")
+    down = rendezvous("shop0", NAMES)
+    try:
+        shard_servers[down].shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # the server closes the connection as it exits
+    status = CliRunner().invoke(cli, ["status", "--json"], env=project)
+    assert status.exit_code == 0, status.output
+    assert f"warning: shard {down} (" in status.stderr and "is down" in status.stderr
+    shown = {s["site"] for s in json.loads(status.stdout)["sites"]}
+    assert shown == {name for name in names if rendezvous(name, NAMES) != down}
+    seeding = CliRunner().invoke(cli, ["seed", "shop0"], env=project)  # a write must not guess where shop0 is
+    assert seeding.exit_code == 1 and "cannot reach Redis" in seeding.stderr

@@ -1,0 +1,99 @@
+"""``move_site``: a site's keys, RQ jobs and shared-set members carried from one Redis to another, or none."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from crawler.coord import keys
+from crawler.coord.connection import EmbeddedRedis, connect
+from crawler.coord.frontier import seed
+from crawler.coord.policy import read_live, set_live
+from crawler.errors import ConfigError
+from crawler.ops.move import move_site
+from crawler.work.runtime import Runtime
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def other(tmp_path: Path) -> Iterator[Redis]:
+    """A second private Redis: the shard a site moves to."""
+    server = EmbeddedRedis(tmp_path / "other")
+    server.start()
+    client = connect(server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+        server.stop()
+
+
+def site_keys(client: Redis, site: str) -> dict[str, bytes]:
+    return {name.decode(): client.dump(name) for name in client.scan_iter(match=f"*{{{site}}}*")}
+
+
+def test_a_site_moves_whole_with_its_jobs_retries_and_turn_and_nothing_of_it_is_left_behind(
+    runtime: Runtime, redis_conn: Redis, other: Redis
+) -> None:
+    frontier = runtime.frontier("demo")
+    seed(frontier, [f"http://127.0.0.1:9/{n}" for n in range(30)])
+    frontier.refill(4)
+    redis_conn.zadd(keys.delayed(), {"demo\tretry-1": 1e15, "other\tretry-2": 1e15})
+    redis_conn.set(keys.gate("demo"), "token", px=60_000)
+    before = site_keys(redis_conn, "demo")
+    queued_jobs = redis_conn.lrange(f"rq:queue:{keys.download_queue('demo')}", 0, -1)
+    assert before and queued_jobs
+    published: list[Redis] = []
+
+    moved = move_site(redis_conn, other, "demo", published.append, quiet_wait=5, settle=0)
+
+    live = keys.live_settings("demo")  # the move's pause writes it
+    assert site_keys(other, "demo").keys() == before.keys() | {live}
+    assert site_keys(redis_conn, "demo") == {}
+    assert moved.keys == len(before) + 1 and moved.jobs == len(queued_jobs)
+    for job in queued_jobs:
+        assert other.exists(f"rq:job:{job.decode()}") and not redis_conn.exists(f"rq:job:{job.decode()}")
+    assert 55_000 < other.pttl(keys.gate("demo")) <= 60_000  # the gate keeps its time left
+    assert other.sismember(keys.sites(), "demo") and not redis_conn.sismember(keys.sites(), "demo")
+    assert other.zscore(keys.ready(), "demo") is not None and redis_conn.zscore(keys.ready(), "demo") is None
+    assert other.zrange(keys.delayed(), 0, -1) == [b"demo\tretry-1"]
+    assert redis_conn.zrange(keys.delayed(), 0, -1) == [b"other\tretry-2"]  # another site's stays
+    assert read_live(other, "demo").get("paused") == "0"  # resumed there
+    assert published == [redis_conn, other]
+
+
+def test_a_site_paused_before_its_move_stays_paused_after_it(runtime: Runtime, redis_conn: Redis, other: Redis) -> None:
+    seed(runtime.frontier("demo"), ["http://127.0.0.1:9/a"])
+    set_live(redis_conn, "demo", paused=True)
+    move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=5, settle=0)
+    assert read_live(other, "demo").get("paused") == "1"
+
+
+def test_a_copy_the_other_shard_refuses_leaves_the_site_where_it_was_running_and_nothing_there(
+    runtime: Runtime, redis_conn: Redis, other: Redis
+) -> None:
+    seed(runtime.frontier("demo"), [f"http://127.0.0.1:9/{n}" for n in range(10)])
+    before = site_keys(redis_conn, "demo")
+    other.config_set("maxmemory", 1)  # every write that may grow memory is refused (OOM)
+    try:
+        with pytest.raises(ConfigError, match="demo: the other shard refused the copy .*: not moved"):
+            move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=5, settle=0)
+    finally:
+        other.config_set("maxmemory", 0)
+    assert site_keys(other, "demo") == {} and not other.sismember(keys.sites(), "demo")
+    after = site_keys(redis_conn, "demo")
+    assert after.keys() == before.keys() | {keys.live_settings("demo")}
+    assert read_live(redis_conn, "demo").get("paused") == "0"  # resumed where it was
+
+
+def test_a_site_still_busy_is_not_moved_and_is_resumed(runtime: Runtime, redis_conn: Redis, other: Redis) -> None:
+    seed(runtime.frontier("demo"), ["http://127.0.0.1:9/a"])
+    redis_conn.zadd(f"rq:wip:{keys.download_queue('demo')}", {"a-job": 1e12})  # a download in flight
+    with pytest.raises(ConfigError, match="demo: still busy after 0.3s"):
+        move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=0.3, settle=0)
+    assert read_live(redis_conn, "demo").get("paused") == "0"
+    assert site_keys(other, "demo") == {}
