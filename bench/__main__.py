@@ -6,8 +6,8 @@ smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
 ``--config quick|200|1000|2000|10000`` picks ``fleet``'s scenario. Each
 benchmark runs on its own private Redis (``crawler.coord.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``); ``shards`` (three shards against one
-Redis, a site moved live, a primary killed behind Sentinel) starts the servers it needs itself. Scrapy, for the throughput
-comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
+Redis, a site moved live, a primary killed behind Sentinel) starts the servers it needs itself.
+Scrapy, for the throughput comparison, is looked for in ``BENCH_SCRAPY_PYTHON``, this Python, or
 /tmp/benchvenv (install with ``pip install -r bench/requirements.txt``).
 """
 
