@@ -39,6 +39,10 @@ the single Redis, Debian's ``redis-server`` and ``redis-sentinel`` for the failo
    request after the kill at any site, and each site's gap across the kill. Needs a crawler
    with Sentinel URLs (``crawler.coord.connection.SentinelURL``) and Debian's binaries; without
    either the scenario is reported as not run.
+
+``BENCH_SHARDS_ORDER=single-first`` crawls the single Redis before the shards (on a shared
+machine the first crawl may meet another load than the second); ``BENCH_SHARDS_KEEP=1`` keeps
+the working directory (the workers' logs, each crawl's wire log as ``server-log.json``).
 """
 
 from __future__ import annotations
@@ -119,6 +123,10 @@ FAILOVER_TIMEOUT_MS = 5000
 KILL_AT = 1 / 3
 #: Debian's binaries (``apt-get install redis-server redis-sentinel``).
 SENTINEL_BINARIES = ("/usr/bin/redis-server", "/usr/bin/redis-sentinel")
+#: ``single-first``: the spread crawls the single Redis first, then the shards (by default the shards first).
+ORDER_ENV = "BENCH_SHARDS_ORDER"
+#: Set: the working directory (config, logs, wire logs, databases) is kept, and named at the end.
+KEEP_ENV = "BENCH_SHARDS_KEEP"
 #: Seconds between two samples of each shard's CPU and commands; the crawl's figures end this long
 #: after its last request (its last pages parsed and stored).
 SAMPLE_EVERY = 0.5
@@ -526,16 +534,14 @@ def wait_for_items(database_url: str, names: list[str], at_least: int, timeout: 
 
 def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
     names = site_names("spread", config.sites)
-    with private_redises(tmp / "shards", SHARD_NAMES) as servers:
-        clients = {name: coord_connection.connect(server.url) for name, server in servers.items()}
-        sharded = crawl(config, names, shard_url(servers), clients, tmp / "sharded")
-        for client in clients.values():
-            client.close()
-    with private_redises(tmp / "single", ("default",)) as servers:
-        client = coord_connection.connect(servers["default"].url)
-        single = crawl(config, names, servers["default"].url, {"default": client}, tmp / "single")
-        client.close()
+    single_first = os.environ.get(ORDER_ENV) == "single-first"
+    if single_first:
+        single = spread_on(config, names, tmp, ("default",))
+    sharded = spread_on(config, names, tmp, SHARD_NAMES)
+    if not single_first:
+        single = spread_on(config, names, tmp, ("default",))
     runs = [("3 shards", sharded), ("1 Redis", single)]
+    result.notes.append(f"spread: {'the single Redis' if single_first else 'the 3 shards'} crawled first ({ORDER_ENV})")
     result.table(
         f"1. {config.label}: {config.products} products a site, {config.requests_per_site} requests, "
         f"interval {config.interval:g} s",
@@ -626,6 +632,11 @@ def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
             ]
         ],
     )
+    result.table(
+        "1. the commands a page that differ most, 3 shards (summed) against 1 Redis",
+        ["command", "3 shards /page", "1 Redis /page", "difference"],
+        command_difference(sharded, single),
+    )
     _tails(result, "spread, 3 shards", sharded)
     _tails(result, "spread, 1 Redis", single)
     low, high = (1 - SHARE_TOLERANCE) / len(SHARD_NAMES), (1 + SHARE_TOLERANCE) / len(SHARD_NAMES)
@@ -676,6 +687,32 @@ def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
             None,
         ),
     ]
+
+
+def spread_on(config: FleetConfig, names: list[str], tmp: Path, shards: tuple[str, ...]) -> Crawl:
+    """The spread crawl on private Redis servers, one a name of ``shards`` (one: a plain URL, no shards)."""
+    with private_redises(tmp / "-".join(shards), shards) as servers:
+        clients = {name: coord_connection.connect(server.url) for name, server in servers.items()}
+        url = shard_url(servers) if len(shards) > 1 else servers[shards[0]].url
+        try:
+            return crawl(config, names, url, clients, tmp / f"crawl-{'-'.join(shards)}")
+        finally:
+            for client in clients.values():
+                client.close()
+
+
+def command_difference(sharded: Crawl, single: Crawl, top: int = 12) -> list[list[Any]]:
+    """The commands a page that differ most between the shards (summed) and the single Redis."""
+    pages_sharded, pages_single = max(1, len(sharded.log)), max(1, len(single.log))
+    summed: Counter[str] = Counter()
+    for delta in sharded.commands.values():
+        summed.update(delta)
+    alone: Counter[str] = Counter()
+    for delta in single.commands.values():
+        alone.update(delta)
+    rows = [[name, summed[name] / pages_sharded, alone[name] / pages_single] for name in set(summed) | set(alone)]
+    rows.sort(key=lambda row: -abs(row[1] - row[2]))
+    return [[name, a, b, a - b] for name, a, b in rows[:top]]
 
 
 def shard_shares(run: Crawl, names: list[str]) -> dict[str, dict[str, float]]:
@@ -1071,5 +1108,7 @@ def _workdir() -> Iterator[Path]:
     try:
         yield tmp
     finally:
-        if not os.environ.get("BENCH_SHARDS_KEEP"):
+        if os.environ.get(KEEP_ENV):
+            print(f"  shards: working directory kept: {tmp}", flush=True)
+        else:
             shutil.rmtree(tmp, ignore_errors=True)
