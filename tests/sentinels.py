@@ -95,7 +95,8 @@ class SentinelSet:
         data = self.directory / name
         data.mkdir(exist_ok=True)
         args = [self.server, "--port", str(self.ports[name]), "--bind", "127.0.0.1", "--dir", str(data)]
-        self._start(name, [*args, "--save", "", "--appendonly", "no", *extra])
+        # No diskless-sync delay: the replica is in sync at once, not 5 s later (Redis 7's default).
+        self._start(name, [*args, "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", *extra])
         wait_until(lambda: _answers(self.ports[name]), 10, f"the {name} to answer")
 
     def _start(self, name: str, args: list[str]) -> None:
@@ -138,4 +139,3 @@ class SentinelSet:
             if process.poll() is None:
                 process.kill()
             process.wait()
-

@@ -90,7 +90,8 @@ class ServerWatch:
             return self._commit(run_id, time.monotonic() - (now_ms - since) / 1000 if since else None)
         detected_at = time.monotonic()
         closed = self._hold_known(connection)
-        _ask(connection, ("SET", keys.server(), f"{run_id} {now_ms}"))
+        if marked is None or marked[0] != run_id:  # the first to find it says since when: the earliest
+            _ask(connection, ("SET", keys.server(), f"{run_id} {now_ms}"))
         log.warning(
             "%s: a new server (run_id %s, was %s): every site's gate held closed for its interval",
             self.label,
