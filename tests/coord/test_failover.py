@@ -21,7 +21,7 @@ from redis import Redis
 from redis.exceptions import ResponseError
 from sentinels import SentinelSet, wait_until
 
-from crawler.coord import failover, keys, redisclock
+from crawler.coord import failover, keys, pages, redisclock
 from crawler.coord.connection import SentinelURL, answers, connect, redis_server_binary
 from crawler.coord.frontier import seed
 from crawler.coord.gate import SEND_GRACE, site_gate
@@ -274,6 +274,9 @@ def test_connect_through_a_sentinel_reaches_the_primary_it_names(sentinel_set: S
     primary = Redis(port=sentinel_set.ports["primary"])
     assert primary.get("crawler:probe") == b"1" and primary.info("replication")["role"] == "master"
     assert answers(sentinel_set.url)
+    named = pages.named_client(connection, "crawler-test")  # a pool made from the client's, as parse workers do
+    assert named.ping() and failover.watch_of(named) is failover.watch_of(connection)
+    assert "crawler-test" in {client["name"] for client in primary.client_list()}
     unknown = sentinel_set.url.replace("/crawl/", "/nosuch/")
     assert not answers(unknown)
     with pytest.raises(ConfigError, match=r"no Sentinel at 127\.0\.0\.1:\d+ named a primary for 'nosuch'"):
