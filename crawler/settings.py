@@ -289,7 +289,10 @@ def split_shards(value: str | None) -> list[tuple[str, str]]:
     pieces = value.split(",")
     if not _NAMED_PIECE.fullmatch(pieces[0].strip()):
         if any(_NAMED_PIECE.fullmatch(piece.strip()) and "://" not in piece.split("=", 1)[0] for piece in pieces[1:]):
-            raise ConfigError("config: redis_url: name every shard (NAME=URL,NAME=URL), not only some")
+            raise ConfigError(
+                "config: redis_url: name every shard (NAME=URL,NAME=URL), not only some "
+                "(a comma in a password: percent-encode it, %2C)"
+            )
         return [(DEFAULT_SHARD, value)]
     shards: list[tuple[str, str]] = []
     for piece in pieces:

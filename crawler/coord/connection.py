@@ -1,7 +1,8 @@
 """Connecting to Redis: ``REDIS_URL``, else this directory's embedded server, else localhost.
 
 Which Redis a command uses (``resolve_redis``), in order: a configured URL (flag,
-``REDIS_URL``, config file; ``embedded`` asks for the private server); with none, the
+``REDIS_URL``, config file; ``embedded`` asks for the private server; ``redis+sentinel://``
+a primary that Sentinels name, ``SentinelURL``); with none, the
 embedded server of this state directory if it is running, else a server answering on
 127.0.0.1:6379, else the embedded server, started. Commands that start workers say
 which one they use and why; read-only commands never start a server.
@@ -11,6 +12,9 @@ wheel, started on a unix socket under the state directory, keeping its data ther
 an append-only file (fsync every second), so a reboot or ``crawler redis stop`` loses
 no crawl. Commands reuse a server that already answers on that socket, so ``seed`` in
 one terminal and ``worker`` in another share one.
+
+Every client ``connect`` makes watches which server its connections reach (``failover``): a
+primary promoted by Sentinel, or a restarted server, holds every site's gate closed a while.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import redis
 from redis import Redis
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from ..errors import ConfigError
 from ..settings import REDIS_EMBEDDED, redact_url, url_error
+from .failover import ServerWatch
 
 #: Where a local Redis is looked for when no URL is configured.
 LOCALHOST_URL = "redis://127.0.0.1:6379/0"
@@ -42,6 +50,121 @@ START_TIMEOUT = 10.0
 
 #: Longest wait, in seconds, for a free connection of a worker process's pool (``connect``).
 POOL_WAIT = 30.0
+
+#: The scheme of a Redis URL that names Sentinels and a service instead of a server (``SentinelURL``).
+SENTINEL_SCHEME = "redis+sentinel://"
+
+#: A Sentinel's port when its URL gives none.
+SENTINEL_PORT = 26379
+
+#: Seconds a Sentinel has to answer (which primary serves the service).
+SENTINEL_TIMEOUT = 5.0
+
+#: Query options a Sentinel URL takes: the Sentinels' own credentials (the URL's are the primary's).
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """``redis+sentinel://[[USER]:PASSWORD@]HOST[:PORT][,HOST[:PORT]…]/SERVICE[/DB][?sentinel_password=…]``.
+
+    The user and password are the primary's (and its replicas'); ``sentinel_username`` and
+    ``sentinel_password`` the Sentinels' own, when they ask for one. ``parse`` raises ValueError,
+    quoting none of the URL's secrets, for a URL of another shape.
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> SentinelURL:
+        if not is_sentinel_url(url):
+            raise ValueError(f"a Sentinel URL starts with {SENTINEL_SCHEME}")
+        rest, _, query = url[len(SENTINEL_SCHEME) :].partition("?")
+        authority, _, path = rest.partition("/")
+        userinfo, at, hosts = authority.rpartition("@")
+        user, colon, password = userinfo.partition(":")
+        service, _, db = path.partition("/")
+        options = dict(parse_qsl(query, keep_blank_values=True))
+        unknown = sorted(set(options) - set(SENTINEL_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option {unknown[0]!r} (a Sentinel URL takes {', '.join(SENTINEL_OPTIONS)})")
+        if not unquote(service):
+            raise ValueError("no service name: redis+sentinel://HOST:PORT[,HOST:PORT…]/SERVICE[/DB]")
+        if db.endswith("/"):
+            db = db[:-1]
+        if db and not db.isdigit():
+            raise ValueError("the database after the service must be a number (…/SERVICE/DB)")
+        return cls(
+            _sentinel_hosts(hosts),
+            unquote(service),
+            int(db or 0),
+            unquote(user) or None if at else None,
+            unquote(password) if at and colon else None,
+            options.get("sentinel_username") or None,
+            options.get("sentinel_password") or None,
+        )
+
+
+def is_sentinel_url(url: str) -> bool:
+    """Whether ``url`` names a Sentinel-managed primary (``SentinelURL``)."""
+    return url[: len(SENTINEL_SCHEME)].lower() == SENTINEL_SCHEME
+
+
+def _sentinel_hosts(hosts: str) -> tuple[tuple[str, int], ...]:
+    found = []
+    for number, spelled in enumerate(hosts.split(","), 1):
+        if spelled.startswith("["):  # [v6]:port
+            host, _, port = spelled[1:].partition("]")
+            port = port.removeprefix(":")
+        else:
+            host, _, port = spelled.rpartition(":") if ":" in spelled else (spelled, "", "")
+        if not host:
+            raise ValueError(f"Sentinel {number} has no host (HOST:PORT[,HOST:PORT…])")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"Sentinel {number} ({unquote(host)}) has a port that is not a number from 1 to 65535")
+        found.append((unquote(host), int(port or SENTINEL_PORT)))
+    return tuple(found)
+
+
+class BlockingSentinelConnectionPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """redis-py's Sentinel pool that, as ``BlockingConnectionPool``, waits for a free connection when
+    all ``max_connections`` are in use instead of raising."""
+
+
+def client_for(
+    url: str, max_connections: int | None = None, *, watch: ServerWatch | None = None, **options: Any
+) -> Redis:
+    """A client for ``url`` (a Redis URL or a ``SentinelURL``), not yet connected; ValueError for a bad URL.
+
+    ``max_connections``: a ``BlockingConnectionPool`` of that many (waiting up to POOL_WAIT s); ``watch``:
+    told of each connection as it connects (``failover``); ``options``: the connections' (redis-py's).
+    """
+    if watch is not None:
+        options["redis_connect_func"] = watch
+    blocking = {} if max_connections is None else {"max_connections": max_connections, "timeout": POOL_WAIT}
+    if is_sentinel_url(url):
+        parsed = SentinelURL.parse(url)
+        sentinel = Sentinel(
+            parsed.sentinels,
+            sentinel_kwargs={
+                "socket_connect_timeout": options.get("socket_connect_timeout", SENTINEL_TIMEOUT),
+                "socket_timeout": options.get("socket_timeout") or SENTINEL_TIMEOUT,
+                "username": parsed.sentinel_username,
+                "password": parsed.sentinel_password,
+            },
+        )
+        pool_class = SentinelConnectionPool if max_connections is None else BlockingSentinelConnectionPool
+        credentials = {"db": parsed.db, "username": parsed.username, "password": parsed.password}
+        return Redis(connection_pool=pool_class(parsed.service, sentinel, **credentials, **blocking, **options))
+    if max_connections is None:
+        return Redis.from_url(url, **options)
+    return Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **blocking, **options))
 
 
 def redis_server_binary() -> str:
@@ -61,40 +184,46 @@ def connect(url: str, max_connections: int | None = None) -> Redis:
 
     ``max_connections``: a pool of that many connections where a thread that finds them all
     in use waits for one (up to POOL_WAIT seconds) instead of failing; without it, redis-py's
-    pool, which raises ``MaxConnectionsError`` past its default of 100.
+    pool, which raises ``MaxConnectionsError`` past its default of 100. ``url`` may name
+    Sentinels (``SentinelURL``): the client follows the primary they name through failovers.
+    The client's pool has a ``failover.ServerWatch``.
     """
     try:
-        if max_connections is None:
-            client = Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
-        else:
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=max_connections,
-                timeout=POOL_WAIT,
-                socket_connect_timeout=5,
-                health_check_interval=30,
-            )
-            client = Redis(connection_pool=pool)
+        watch = ServerWatch(redact_url(url))
+        client = client_for(url, max_connections, watch=watch, socket_connect_timeout=5, health_check_interval=30)
         client.ping()
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL {redact_url(url)}: {url_error(url, exc)}") from None
     except redis.AuthenticationError:
         raise ConfigError(f"Redis at {redact_url(url)} refused the credentials") from None
+    except MasterNotFoundError:
+        where = SentinelURL.parse(url)
+        hosts = ",".join(f"{host}:{port}" for host, port in where.sentinels)
+        raise ConfigError(
+            f"cannot reach Redis at {redact_url(url)}: no Sentinel at {hosts} named a primary for {where.service!r}"
+        ) from None
     except redis.RedisError as exc:
         raise ConfigError(f"cannot reach Redis at {redact_url(url)}: {_reason(exc)}") from None
     return client
 
 
 def answers(url: str) -> bool:
-    """Whether a Redis server answers PING at ``url`` within the probe timeout."""
+    """Whether a Redis server answers PING at ``url`` (for a ``SentinelURL``, the primary) within the probe timeout."""
     try:
-        client = Redis.from_url(url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT)
+        client = client_for(url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT)
         try:
             return bool(client.ping())
         finally:
             client.close()
+            _close_sentinels(client)
     except (redis.RedisError, OSError, ValueError):
         return False
+
+
+def _close_sentinels(client: Redis) -> None:
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    if isinstance(manager, Sentinel):
+        manager.close()
 
 
 class EmbeddedRedis:

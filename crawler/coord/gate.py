@@ -24,7 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 from redis import Redis
 from redis.exceptions import NoScriptError
 
-from . import keys, lua
+from . import failover, keys, lua
 
 log = logging.getLogger("crawler.gate")
 
@@ -102,6 +102,10 @@ class Gate:
     rearm_expire``). A site's adaptive interval is kept there (see ``pacing``).
 
     The lock's key is ``keys.gate(name)``, or ``key`` when given (a short lock: ``keys.lock``).
+
+    ``hold_on_failover`` (a site's gate: ``site_gate``): once the connection's Redis is found to be
+    a new server (``failover``), the gate is not taken until ``expire`` after that finding, and is
+    closed in Redis for as long, for every worker.
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Gate:
         pace_margin: float = 0.0,
         key: str | None = None,
         ready_member: str | None = None,
+        hold_on_failover: bool = False,
     ):
         if expire <= 0:
             raise ValueError(f"expire must be greater than 0, got {expire!r}")
@@ -148,6 +153,12 @@ class Gate:
         self.sent_at: float | None = None
         self._sent_turn: Turn | None = None
         self._sent_left_ms = 0
+        self._watch = failover.watch_of(connection) if hold_on_failover else None
+        if self._watch is not None:
+            self._held = failover.HeldGate(
+                max(1, int(round(expire * 1000))), pace_key, self._pace_extra_ms(take=True) if pace_key else 0
+            )
+            self._watch.know(self.key, self._held)
 
     def try_acquire(self, unless: Unless | None = None) -> float:
         """Take the gate if open. Returns 0.0 if taken, else seconds until it opens.
@@ -156,11 +167,14 @@ class Gate:
         says, from their replies, whether to give the take up: ``gave_up`` then tells so
         (``acquire`` lets the lock go: no request follows that take).
         """
+        self.gave_up = False
+        seen = 0 if self._watch is None else self._watch.generation
+        if seen and (held := self._failover_hold()):
+            return held
         token = secrets.token_hex(8)
         expire_ms = max(1, int(round(self.expire * 1000)))
         args: list[str | int] = [token, expire_ms, self._pace_extra_ms(take=True)]
         asked_at = time.monotonic()
-        self.gave_up = False
         if unless is None:
             wait_ms = int(self._acquire(keys=self._keys, args=args))
         else:
@@ -175,10 +189,26 @@ class Gate:
             if error is not None:
                 raise error
             self.gave_up = verdict(replies[:-1])
+        if self._watch is not None and self._watch.generation != seen and (held := self._failover_hold()):
+            # A new server was found as this take went out: the take counts for nothing (the lock,
+            # if taken, is left to expire: it closes the gate the longer).
+            return held
         if wait_ms == 0:
             self.token, self.acquired_at = token, asked_at
             return 0.0
         return wait_ms / 1000.0
+
+    def _failover_hold(self) -> float:
+        """Seconds this gate is still held after the last failover found (0.0: not held); the first
+        ask of a hold also closes the gate in Redis for what is left of it (``HOLD_GATES``)."""
+        assert self._watch is not None
+        left = self._watch.hold_left(self.expire)
+        if left <= 0 or not self._watch.first_hold(self.key):
+            return left
+        elapsed = self.expire - left
+        gate_keys, args = failover.hold_arguments([(self.key, self._held)], elapsed)
+        closed_ms = int(lua.script(self.connection, "hold_gates")(keys=gate_keys, args=args))
+        return max(left, closed_ms / 1000.0)
 
     def acquire(self, blocking: bool = True, timeout: float | None = None, unless: Unless | None = None) -> bool:
         """Take the gate; wait for it unless ``blocking`` is False.
@@ -457,4 +487,5 @@ def site_gate(
         pace_margin=margin,
         key=keys.gate(site),
         ready_member=ready_member,
+        hold_on_failover=True,
     )

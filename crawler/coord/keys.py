@@ -295,6 +295,12 @@ def outbox() -> str:
     return f"{PREFIX}outbox"
 
 
+def server() -> str:
+    """The Redis server the fleet last saw serve this data: its ``run_id`` and since when (ms, its clock;
+    0: from the start), so a process that connects after a failover knows of it (``failover``)."""
+    return f"{PREFIX}server"
+
+
 #: A stand-in site name that no key holds otherwise (``around_site``).
 _MARKER = "\x00site\x00"
 

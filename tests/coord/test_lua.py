@@ -19,7 +19,7 @@ from redis import Redis
 from redis.crc import key_slot
 from rq import Queue
 
-from crawler.coord import inflight, joblife, keys, lua, pages
+from crawler.coord import failover, inflight, joblife, keys, lua, pages
 from crawler.coord.frontier import Frontier
 from crawler.coord.gate import site_gate
 from crawler.coord.pacing import Auto, Pacer
@@ -388,6 +388,8 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
             keys.conf("shop"), gate.key, Auto(), elapsed=0.2, status=503, error=None, margin=0.0, since_send=0.1
         )  # PACE
         scheduler.close_gate("shop", 0.5, "Retry-After")  # CLOSE_GATE
+        held = [(keys.gate("shop"), failover.HeldGate(500, keys.conf("shop"), 250))]
+        lua.script(redis_conn, "hold_gates")(*failover.hold_arguments(held, 0.1))  # HOLD_GATES
         scheduler.batch_over("shop")  # BATCH_OVER
         lua.script(redis_conn, "newer_lastmod")(keys=[keys.lastmod("shop")], args=[b"\x00" * 8, 1700000000])
         (entry_id, _, _), *_ = pages.read(redis_conn, "c1", 10, 0)

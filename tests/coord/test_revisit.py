@@ -128,7 +128,8 @@ def test_buckets_are_named_from_the_redis_clock_even_when_this_process_misjudges
     an estimate off by more than its slack is read again, and the right bucket is used."""
     front = frontier(redis_conn, revisit_after=2.0)
     front.add([Request(f"{URL}/first")])  # the estimate, read once
-    redisclock._offsets[redis_conn] += off_ms  # as if the local clock stepped by off_ms
+    offset, generation = redisclock._offsets[redis_conn]
+    redisclock._offsets[redis_conn] = (offset + off_ms, generation)  # as if the local clock stepped by off_ms
     assert front.add([Request(f"{URL}/a"), Request(f"{URL}/first")]).enqueued == [f"{URL}/a"]
     seconds, micros = redis_conn.time()
     current = (int(seconds) * 1000 + int(micros) // 1000) // (2000 // SEEN_BUCKETS)
