@@ -254,6 +254,12 @@ def drained() -> str:
     return f"{PREFIX}drained"
 
 
+def moving() -> str:
+    """The sites moving to or from this shard (``crawler move``): a set, there while a move runs; burst
+    workers take it as work left (``work.drain.pending_work``), so none ends while a site is in transit."""
+    return f"{PREFIX}moving"
+
+
 def claims() -> str:
     """Sorted set of sites whose RQ queues the reaper watches (jobs handed out, leases, retries), scored
     by when (ms, Redis clock) it next looks at each (``joblife.reap``)."""

@@ -41,6 +41,8 @@ QUIET_WAIT = 120.0
 #: Seconds a move waits once the site is quiet, for the counts workers hold to be written
 #: (counters every second, metrics every few: ``coord.counters``).
 SETTLE = 5.0
+#: Seconds the note of a move in progress (``keys.moving``) outlasts the longest a move may take.
+TRANSIT_SLACK = 60.0
 #: The shards' sets and sorted sets that hold a site among others', with what a member of the site is.
 _SCORED = ("ready", "claims")
 _PREFIXED = ("delayed", "recrawls")
@@ -72,6 +74,11 @@ def move_site(
     """
     started = time.monotonic()
     was_paused = read_live(source, site).get("paused") == "1"
+    try:
+        _in_transit(source, target, site, quiet_wait + settle + TRANSIT_SLACK)
+    except redis.RedisError as exc:
+        _arrived(source, target, site, quiet=True)
+        raise ConfigError(f"{site}: the other shard refused the move ({_first_line(exc)}): not moved") from None
     set_live(source, site, paused=True)
     publish(source)
 
@@ -79,6 +86,7 @@ def move_site(
         if not was_paused:
             set_live(source, site, paused=False)
             publish(source)
+        _arrived(source, target, site, quiet=True)
         return ConfigError(f"{site}: {why}: not moved")
 
     if not _wait_quiet(source, site, quiet_wait):
@@ -93,13 +101,39 @@ def move_site(
             _forget(target, site, names + jobs)  # what the transaction did write there
         except redis.RedisError:
             pass  # the shard refuses writes (out of memory): it wrote none of the copy either
-        raise give_up(f"the other shard refused the copy ({str(exc).splitlines()[0] if str(exc) else exc})") from None
+        raise give_up(f"the other shard refused the copy ({_first_line(exc)})") from None
     _forget(source, site, names + jobs)
     if not was_paused:
         set_live(target, site, paused=False)
     publish(target)
     announce(target)
+    _arrived(source, target, site)
     return Moved(len(names), len(jobs), time.monotonic() - started)
+
+
+def _in_transit(source: Redis, target: Redis, site: str, seconds: float) -> None:
+    """Note ``site`` as moving on both shards (burst workers of neither end meanwhile: ``keys.moving``), and
+    drop a drain verdict of before on each (``keys.drained``), which would stand for a count that saw no move."""
+    for connection in (source, target):
+        with connection.pipeline(transaction=True) as pipe:
+            pipe.sadd(keys.moving(), site)
+            pipe.pexpire(keys.moving(), int(seconds * 1000))  # a move killed midway holds no burst for good
+            pipe.delete(keys.drained())
+            pipe.execute()
+
+
+def _arrived(source: Redis, target: Redis, site: str, quiet: bool = False) -> None:
+    """The move's note off both shards (``quiet``: a shard that refuses it is left to its note's expiry)."""
+    for connection in (target, source):
+        try:
+            connection.srem(keys.moving(), site)
+        except redis.RedisError:
+            if not quiet:
+                raise
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _wait_quiet(connection: Redis, site: str, wait: float) -> bool:

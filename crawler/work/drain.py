@@ -93,9 +93,9 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
     Exact when it is 0, a lower bound otherwise. The cheap looks come first: the processes
     with jobs in hand (``inflight``), then ``quick_work`` (a constant number of commands);
     only when both see nothing is every site counted (retries, RQ jobs, pages to parse,
-    records waiting, then the compact frontiers). ``looked``: the caller has just made both
-    cheap looks, which saw nothing. ``found``: given, the first site whose own work the count
-    found is appended to it.
+    records waiting, sites moving to or from the shard, then the compact frontiers).
+    ``looked``: the caller has just made both cheap looks, which saw nothing. ``found``: given,
+    the first site whose own work the count found is appended to it.
     """
     sites = list(sites)
     quick = 0 if looked else busy_processes(connection) or quick_work(connection, sites)
@@ -107,6 +107,7 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
         outbox.count_waiting(pipe)  # records waiting for the database
         pipe.xlen(keys.pages())  # pages unread or being parsed: deleted once done with
         _count_jobs(pipe, queues_for(connection, [keys.download_queue(site) for site in sites]))
+        pipe.scard(keys.moving())  # sites in transit to or from this shard (``crawler move``): work left
         replies = [int(n or 0) for n in pipe.execute()]
     waiting = sum(replies)
     if not waiting:

@@ -290,7 +290,9 @@ class ShardThreads:
     the first SIGTERM or SIGINT; a second one exits at once (a job cut short is handed back by
     the reaper). In burst mode a shard's workers that found it drained start again after
     REST_BETWEEN_BURSTS (a site may move to it: ``crawler move``); the process ends once every
-    shard was seen drained, then drained again by a run started after that.
+    shard's last run ended drained and all those runs fall within MOVE_LEAST seconds
+    (``_all_drained``): a move is noted on both its shards for longer than that
+    (``keys.moving``), so runs that close together cannot all miss a site in transit.
     """
 
     def __init__(self, spec: WorkerSpec, runtimes: Sequence[Runtime], stop: threading.Event, most: int):
@@ -306,31 +308,32 @@ class ShardThreads:
             for i, group in enumerate(self.groups)
         ]
         previous = self._take_signals()
-        seen_drained: list[int] | None = None  # each group's runs when all were last seen drained
         try:
             for thread in threads:
                 thread.start()
             while any(thread.is_alive() for thread in threads):
-                if self.stop.wait(REST_BETWEEN_BURSTS / 2):
+                if self.stop.wait(0.1) or (self.spec.burst and self._all_drained()):
                     self._stop_all()
-                elif self.spec.burst and all(group.drained for group in self.groups):
-                    runs = [group.runs for group in self.groups]
-                    if seen_drained is not None and all(n > m for n, m in zip(runs, seen_drained, strict=True)):
-                        self._stop_all()
-                    seen_drained = seen_drained or runs
-                else:
-                    seen_drained = None
                 for thread in threads:
                     thread.join(0.01)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
+    def _all_drained(self) -> bool:
+        """Whether every shard's latest burst run (each ends on a count that found its shard drained)
+        started and ended within MOVE_LEAST seconds of the others'."""
+        runs = [group.last_run for group in self.groups if group.last_run is not None]
+        if len(runs) < len(self.groups):
+            return False
+        return max(end for _, end in runs) - min(start for start, _ in runs) < MOVE_LEAST
+
     def _serve(self, group: _ShardGroup) -> None:
         while not group.stop.is_set():
             group.current = threading.Event()  # set by ``_stop_all`` too: this run's workers stop on it
             if group.stop.is_set():
                 return
+            started = time.monotonic()
             try:
                 WorkerThreads(self.spec, group.rt.connection, group.rt, group.current, self.most).run()
             except Exception:
@@ -339,10 +342,8 @@ class ShardThreads:
                 return
             if not self.spec.burst:
                 return
-            group.runs += 1
-            group.drained = True
+            group.last_run = (started, time.monotonic())
             group.stop.wait(REST_BETWEEN_BURSTS)
-            group.drained = False
 
     def _take_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
@@ -364,7 +365,10 @@ class ShardThreads:
 
 
 #: Seconds a shard's burst workers that found it drained wait before they look again (``ShardThreads``).
-REST_BETWEEN_BURSTS = 1.0
+REST_BETWEEN_BURSTS = 0.5
+#: Seconds within which the last burst runs of every shard must fall for a process of several to end:
+#: less than a move is noted for (at least ``ops.move.SETTLE``, 5 s).
+MOVE_LEAST = 3.0
 
 
 @dataclass
@@ -375,8 +379,8 @@ class _ShardGroup:
     stop: threading.Event = field(default_factory=threading.Event)
     #: The stop of the run under way (each burst run's workers end by setting theirs).
     current: threading.Event = field(default_factory=threading.Event)
-    runs: int = 0
-    drained: bool = False
+    #: When its last burst run started and ended (on a count that found the shard drained).
+    last_run: tuple[float, float] | None = None
 
 
 #: Redis connections a worker thread may hold at once: its own calls (RQ's command channel and

@@ -265,3 +265,22 @@ def test_an_idle_worker_process_does_not_trim(monkeypatch: pytest.MonkeyPatch) -
     threading.Thread(target=launcher._give_back_free_memory, args=(Libc(),), daemon=True).start()
     time.sleep(0.3)
     assert Libc.trims == 0
+
+
+@pytest.mark.unit
+def test_a_process_of_several_shards_ends_its_burst_only_when_every_shard_s_last_run_falls_close_together() -> None:
+    from typing import Any, cast
+
+    from crawler.work.launcher import MOVE_LEAST, ShardThreads, WorkerSpec
+
+    runtimes = cast(Any, [object(), object(), object()])
+    threads = ShardThreads(WorkerSpec("download", ("a",), burst=True), runtimes, threading.Event(), 1)
+    first, second, third = threads.groups
+    first.last_run, second.last_run = (10.0, 10.2), (10.4, 10.5)
+    assert not threads._all_drained()  # the third shard has not ended a run yet: it is busy
+    third.last_run = (1.0, 10.6)  # a long run, since the start: a site may have moved while it ran
+    assert not threads._all_drained()
+    third.last_run = (11.0, 11.1)
+    assert threads._all_drained()
+    first.last_run = (11.1 - MOVE_LEAST, 10.2)  # runs spread over more than a move is noted for
+    assert not threads._all_drained()
