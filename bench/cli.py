@@ -115,11 +115,15 @@ def run(redis: BenchRedis, quick: bool = False, sites: int | None = None) -> Ben
         )
         target = TARGETS[name]
         met = median["wall"] < target if count >= SITES else None
-        result.checks.append(Check(f"crawler {name} wall s ({count:,} sites)", f"{median['wall']:.2f}", f"< {target}", met))
+        result.checks.append(
+            Check(f"crawler {name} wall s ({count:,} sites)", f"{median['wall']:.2f}", f"< {target}", met)
+        )
     result.table(
         f"{count:,} sites, medians of {ROUNDS} rounds (seconds)",
         ["command", "wall", "import of the CLI", "own work", "walls"],
         rows,
     )
-    result.notes.append(f"Redis keys after the last round: {keys:,}; lines printed by sites: {runs['sites'][-1]['lines']:.0f}")
+    result.notes.append(
+        f"Redis keys after the last round: {keys:,}; lines printed by sites: {runs['sites'][-1]['lines']:.0f}"
+    )
     return result

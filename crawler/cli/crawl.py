@@ -125,7 +125,7 @@ def seed(
         for start in range(0, len(sites), SEED_SITES):  # a few round trips a chunk of sites, a line a site
             chunk = sites[start : start + SEED_SITES]
             obj.runtime.sites.read_sites_due(chunk)  # their spider arguments and live settings, in one
-            done = seed_sites(chunk, obj.runtime.spider, lambda site: _seeding_frontier(obj, site), force, priority)
+            done = seed_sites(chunk, obj.runtime, force, priority)
             for site, result in done.results:
                 if result is None:
                     click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)
