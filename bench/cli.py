@@ -5,8 +5,9 @@ subclasses, each on its own loopback host, ``interval = 2``; no server is starte
 is fetched), then ``ROUNDS`` rounds of: an empty Redis, ``crawler seed --all``,
 ``crawler status``, ``crawler sites``, each the real command in a subprocess. For each
 command: its wall time as the user sees it (interpreter start to exit), the import of the
-command line (``crawler.cli.app``), and the command's own work (``main()`` called to its
-return: settings, spiders loaded, Redis, output, and any import a command makes itself).
+command line (``crawler.cli.app``), the command's own work (``main()`` called to its
+return: settings, spiders loaded, Redis, output, and any import a command makes itself), and
+the CPU time of its process (user and system: less moved by a busy machine than the wall).
 The medians of the rounds are reported. Every module runs from bytecode, the crawler's
 (``compile_crawler``) and the sites' (as a user's first run writes it).
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import compileall
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,6 +73,7 @@ def timed_command(config: Path, args: list[str], cwd: Path) -> dict[str, float]:
     """Run ``crawler --config CONFIG ARGS...``; its wall, import and own seconds, and its output's lines."""
     import time
 
+    cpu0 = _children_cpu()
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", TIMED, "--config", str(config), *args],
@@ -80,12 +83,19 @@ def timed_command(config: Path, args: list[str], cwd: Path) -> dict[str, float]:
         timeout=600,
     )
     wall = time.perf_counter() - started
+    cpu = _children_cpu() - cpu0
     if done.returncode != 0:
         raise RuntimeError(f"crawler {' '.join(args)} failed: {done.stderr[-2000:]}")
     figures: dict[str, float] = json.loads(done.stderr.strip().splitlines()[-1])
     figures["wall"] = wall
+    figures["cpu"] = cpu
     figures["lines"] = len(done.stdout.splitlines())
     return figures
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run(redis: BenchRedis, quick: bool = False, sites: int | None = None) -> BenchResult:
@@ -103,13 +113,14 @@ def run(redis: BenchRedis, quick: bool = False, sites: int | None = None) -> Ben
         keys = redis.connection.dbsize()
     rows: list[list[Any]] = []
     for name, figures in runs.items():
-        median = {field: statistics.median(f[field] for f in figures) for field in ("wall", "import", "own")}
+        median = {field: statistics.median(f[field] for f in figures) for field in ("wall", "import", "own", "cpu")}
         rows.append(
             [
                 f"crawler {name}",
                 f"{median['wall']:.2f}",
                 f"{median['import']:.2f}",
                 f"{median['own']:.2f}",
+                f"{median['cpu']:.2f}",
                 " / ".join(f"{f['wall']:.2f}" for f in figures),
             ]
         )
@@ -120,7 +131,7 @@ def run(redis: BenchRedis, quick: bool = False, sites: int | None = None) -> Ben
         )
     result.table(
         f"{count:,} sites, medians of {ROUNDS} rounds (seconds)",
-        ["command", "wall", "import of the CLI", "own work", "walls"],
+        ["command", "wall", "import of the CLI", "own work", "CPU", "walls"],
         rows,
     )
     result.notes.append(

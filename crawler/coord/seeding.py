@@ -24,6 +24,7 @@ from redis import Redis
 
 from ..errors import ConfigError
 from ..spiders.spider import Request, Spider
+from .bulk import transact_many
 from .frontier import SEED_PRIORITY, AddResult, Candidate, Frontier
 from .scheduler import JOBS_AHEAD
 from .together import enqueue_together, refill_together
@@ -275,7 +276,7 @@ def seed_sites(
                 done.failure = exc
                 break
             order.append((site, len(seeds) - 1))
-        policies.execute()
+        transact_many(runtime.connection, [args for args, _ in policies.command_stack])
     results = seed_candidates(seeds)
     refill_together([frontier for frontier, _, _ in seeds], JOBS_AHEAD, also=(priority,))
     done.results = [(site, None if at is None else results[at]) for site, at in order]

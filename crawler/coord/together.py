@@ -18,7 +18,7 @@ from redis import Redis
 from redis.exceptions import NoScriptError
 
 from . import keys
-from .bulk import read_many
+from .bulk import read_many, transact_many
 from .frontier import PUSH_CHUNK, AddResult, Candidate, Frontier, RefillRead
 from .scheduler import JOBS_AHEAD, announce_work
 from .seen import mark_seen_together, seen_key
@@ -84,7 +84,7 @@ def push_together(pushes: Sequence[tuple[Frontier, dict[int, list[str]]]]) -> li
 
     A site's pieces but the last go as its own push sends them (``Frontier.push_all_but_last``:
     a big push only); the last pieces of the sites go together, in transactions of at most
-    ``PUSH_SITES`` sites and ``PUSH_CHUNK`` entries; then the sites new to the ready set are
+    ``PUSH_SITES`` sites and ``PUSH_CHUNK`` entries (``bulk.transact_many``); then the sites new to the ready set are
     announced in one round trip, and lower jobs handed back where a push outranks them.
     """
     lasts: list[_Last] = [
@@ -105,7 +105,7 @@ def push_together(pushes: Sequence[tuple[Frontier, dict[int, list[str]]]]) -> li
                 start = len(pipe)
                 frontier.queue_last_push(pipe, piece, top)
                 spans.append((start, len(pipe)))
-            replies = pipe.execute()
+            replies = transact_many(connection, [args for args, _ in pipe.command_stack])  # queued, sent raw
         for last, (start, end) in zip(group, spans, strict=True):
             new, outranked, queued = last[1].last_push_replies(replies[start:end])
             if new:
