@@ -233,12 +233,16 @@ def test_links_of_pages_of_several_sites_are_marked_seen_in_one_round_trip(
     monkeypatch.setattr(
         redis.client.Pipeline, "execute", lambda p, *a, **k: (trips.append(str(len(p))), execute(p, *a, **k))[1]
     )
+    sends = count_round_trips(monkeypatch)
     results = enqueue_together([*pages, (sites[0], [])])
     monkeypatch.undo()
     assert trips[0] == "3", "the seen-set calls were not sent together"
     if scripts_flushed:  # refused: the first call again on its own (which loads ADD_SEEN), the others together
         assert trips.pop(1) == "2"
-    assert trips[1:] == [str(3 * 7)]  # then the pushes of the three sites with a new link, together
+        assert len(sends) == 1 + 3 + 1 + 1  # the calls; the first again (refused, loaded, run); the others
+    else:
+        assert len(sends) == 1 + 1  # the calls, then the pushes of the three sites with a new link, together
+    assert trips[1:] == []  # the pushes' transaction goes raw (``bulk.transact_many``), not by a pipeline
     assert [[(r.enqueued, r.duplicates) for r in found] for found in results] == [
         *([([f"http://example.com/{frontier.site}"], 1)] for frontier in sites),
         [],
