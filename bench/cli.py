@@ -57,5 +57,11 @@ def run(redis: BenchRedis, quick: bool = False, sites: int | None = None) -> Ben
         ["command", "wall", "import of the CLI", "own work", "CPU", "walls"],
         rows,
     )
+    seeds = runs["seed --all"]
+    commands = statistics.median(r["redis commands"] for r in seeds)
+    result.notes.append(
+        f"seed --all: {commands:,.0f} Redis commands ({commands / count:.1f} a site, scripts' inner calls included), "
+        f"Redis CPU {statistics.median(r['redis cpu'] for r in seeds):.2f} s (medians)"
+    )
     result.notes.append("load average (1 min) before and after each round: " + ", ".join(f"{x:.1f}" for x in loads))
     return result

@@ -217,8 +217,9 @@ def start_candidates(frontier: Frontier, spider: Spider, force: bool = False, pr
 
 def seed_candidates(seeds: Sequence[tuple[Frontier, list[Candidate], list[tuple[str, str]]]]) -> list[AddResult]:
     """Queue each site's vetted requests (``start_candidates``) as ``Frontier.add`` queues them, all the
-    sites' seen-set calls in one round trip (``enqueue_together``); what was done, a result a site.
-    ``seed --all`` seeds SEED_SITES sites at a time so: one call a site was a round trip a site."""
+    sites' seen-set calls in one round trip and their pushes in a few (``enqueue_together``); what was
+    done, a result a site. ``seed --all`` seeds SEED_SITES sites at a time so: one call a site was a
+    round trip a site."""
     done = enqueue_together([(frontier, [(candidates, 0)]) for frontier, candidates, _ in seeds])
     results = [result for (result,) in done]
     for result, (_, _, refused) in zip(results, seeds, strict=True):
