@@ -3,7 +3,8 @@
 With no NAME every benchmark runs, in the order below; ``--quick`` runs each in a
 smaller, faster smoke mode; ``--json FILE`` also writes every figure to FILE;
 ``--page FILE.html [--url URL]`` (repeatable) adds a real page to ``parse``;
-``--config quick|200|1000|2000|10000`` picks ``fleet``'s scenario. Each
+``--config quick|200|1000|2000|10000`` picks ``fleet``'s scenario, ``--sites N`` ``cli``'s
+number of sites. Each
 benchmark runs on its own private Redis (``crawler.coord.connection.EmbeddedRedis``) unless
 ``BENCH_REDIS_URL`` names one (see ``bench/common.py``); ``shards`` (three shards against one
 Redis, a site moved live, a primary killed behind Sentinel) starts the servers it needs itself.
@@ -42,6 +43,7 @@ BENCHMARKS = (
     "models",
     "sending",
     "shards",
+    "cli",
 )
 
 
@@ -65,6 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("quick", "200", "1000", "2000", "10000"),
         help="fleet: the scenario [200; quick with --quick]",
     )
+    parser.add_argument("--sites", type=int, metavar="N", help="cli: the number of sites [10,000; 1,000 with --quick]")
     args = parser.parse_args(argv)
     unknown = [name for name in args.names if name not in BENCHMARKS]
     if unknown:
@@ -78,6 +81,8 @@ def options(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of one benchmark's ``run`` beyond ``quick`` (``parse``'s pages, ``fleet``'s scenario)."""
     if name == "parse":
         return {"pages": args.page, "urls": args.url}
+    if name == "cli":
+        return {"sites": args.sites}
     return {"config": args.config} if name == "fleet" else {}
 
 

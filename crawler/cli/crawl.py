@@ -163,7 +163,7 @@ def seed(
 def _seed_chunk(runtime: Runtime, chunk: list[str], force: bool, priority: int) -> None:
     """Seed each site of ``chunk`` (all on ``runtime``'s shard) with its spider's start requests, a line a site."""
     runtime.sites.read_sites_due(chunk)  # their spider arguments and live settings, in one
-    done = seed_sites(chunk, runtime.spider, lambda site: _seeding_frontier(runtime, site), force, priority)
+    done = seed_sites(chunk, runtime, force, priority)
     for site, result in done.results:
         if result is None:
             click.echo(f"warning: {site}: no start_urls or sitemap_urls, nothing seeded", err=True)

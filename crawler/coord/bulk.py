@@ -2,8 +2,10 @@
 
 A redis-py pipeline spends some 8 µs of Python on a command (queued, packed, its reply parsed
 and converted, one at a time). Here hiredis packs the commands, they go on one connection of the client's pool at once,
-and their replies are read as the parser gives them: some 1.5 µs a command. For reads only,
-whose replies the caller takes raw (``pairs`` for a hash); writes go through the client.
+and their replies are read as the parser gives them: some 1.5 µs a command. For reads,
+whose replies the caller takes raw (``pairs`` for a hash), and for a transaction's writes
+(``transact_many``: MULTI ... EXEC, retried whole as the client retries a transaction); other
+writes go through the client.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ def read_many(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]
     reply raises its ``ResponseError`` once every reply is read; a connection lost on the way
     is retried as the client's commands are (its ``retry``), everything sent again.
     """
+    replies = read_many_replies(connection, commands)
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
+def read_many_replies(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]:
+    """``read_many``'s replies, an error reply as its ``ResponseError`` in its place (not raised)."""
     commands = list(commands)
     if not commands:
         return []
@@ -36,16 +47,34 @@ def read_many(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]
     pool: Any = connection.connection_pool
     conn = _connection(pool)
     try:
-        replies = conn.retry.call_with_retry(lambda: _send_and_read(conn, packed, len(commands)), _dropped(conn))
+        return conn.retry.call_with_retry(lambda: _send_and_read(conn, packed, len(commands)), _dropped(conn))
     except BaseException:  # replies may be left unread on it: never handed out again as it is
         conn.disconnect()
         raise
     finally:
         pool.release(conn)
-    for reply in replies:
+
+
+def transact_many(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]:
+    """The replies of ``commands`` run as one transaction (MULTI, the commands, EXEC), raw, in order; sent
+    together as ``read_many`` sends its reads (a redis-py transaction's ``command_stack`` holds them so).
+
+    A command Redis refuses as it queues it fails the transaction (EXECABORT: nothing ran) and
+    raises; one that fails as it runs raises its ``ResponseError`` after the others ran, as a
+    client's transaction does (Redis does not roll back). A connection lost on the way is retried
+    as the client retries a transaction: everything sent again.
+    """
+    commands = list(commands)
+    if not commands:
+        return []
+    *queued, done = read_many_replies(connection, [("MULTI",), *commands, ("EXEC",)])
+    for reply in [*queued, done]:
         if isinstance(reply, ResponseError):
             raise reply
-    return replies
+    for reply in done:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return list(done)
 
 
 def _connection(pool: Any) -> AbstractConnection:

@@ -24,6 +24,7 @@ from ..settings import DEFAULT_MAX_REQUEST_BODY_BYTES, DEFAULT_MAX_URL_LENGTH
 from ..spiders.spider import Request
 from ..urls import QUOTED, BatchChecker, as_written, canonicalize, check_url, short_enough
 from . import joblife, keys, lua, packs, quarantine
+from .bulk import Arg, read_many
 from .gate import Gate
 from .priorities import entries_by_priority, push_to_front
 from .replies import text
@@ -60,16 +61,39 @@ class AddResult:
     queue_dry: bool = False
 
 
+@dataclass
+class Fresh:
+    """A site's pages as the seen set answered (``Frontier.fresh``): a result a page, and each candidate
+    as (canonical URL, request, depth, its page's result, whether it is taken: new, or ``dont_filter``)."""
+
+    results: list[AddResult]
+    flat: list[tuple[str, Request, int, AddResult, bool]]
+
+    @property
+    def taken(self) -> int:
+        """How many candidates are taken: the new pages ``max_pages`` counts."""
+        return sum(taken for *_, taken in self.flat)
+
+    def found_dry(self) -> None:
+        """Say in every page's result that the push found the site's RQ queue without a job."""
+        for result in self.results:
+            result.queue_dry = True
+
+
 def download_queue(connection: Redis, site: str) -> Queue:
     """The RQ queue of ``site``'s download jobs (JSON payloads only)."""
     return Queue(keys.download_queue(site), connection=connection, serializer=JSONSerializer, job_class=CrawlerJob)
 
 
 @dataclass
-class _RefillRead:
+class RefillRead:
     """What one try of ``Frontier.refill`` read, and would move."""
 
     levels: list[bytes]  # the levels set's members as read, highest first
+    wanted: int = 0  # jobs to make
+    priorities: list[int] = field(default_factory=list)  # those of ``levels`` that name a list, highest first
+    heads: dict[int, list[bytes]] = field(default_factory=dict)  # the head of each list read, by priority
+    unread: list[int] = field(default_factory=list)  # priorities whose list is still to read (a second look)
     taken: list[tuple[int, packs.Taken]] = field(default_factory=list)  # (priority, what it takes) per list read
     batches: list[list[DownloadTask]] = field(default_factory=list)  # each of one priority: a job each
     refused: list[tuple[str, Any, str]] = field(default_factory=list)  # (key, entry, reason): kept aside
@@ -137,7 +161,7 @@ class Frontier:
         self.scheduler = Scheduler(connection)
         self._add_seen = lua.script(connection, "add_seen")
         self._add_seen_buckets = lua.script(connection, "add_seen_for_a_while")
-        self._move = lua.script(connection, "move_to_queue")
+        self.move = lua.script(connection, "move_to_queue")
         self.seen = SeenSet(connection, site, revisit_after, self._add_seen, self._add_seen_buckets)
 
     def check(self, url: str) -> str:
@@ -188,22 +212,34 @@ class Frontier:
 
         One seen-set call and one push for all of them; a URL on two of the pages is new
         on the first one only, as with one ``add`` after the other. Per page, what was done.
+        (``together.enqueue_together``: several sites' pages, in a few round trips for them all.)
         """
-        return enqueue_together([(self, pages)], hops)[0]
+        flat = [seen_key(url, request) for page, _ in pages for url, request in page]
+        fresh = mark_seen_together([(self.seen, flat)])[0] if flat else []
+        found = self.fresh(pages, fresh)
+        room = self._admit(found.taken) if self.max_pages is not None else found.taken
+        by_priority = self.entries(found, room, hops)
+        if self._push_entries(by_priority):
+            found.found_dry()
+        return found.results
 
-    def _enqueue_fresh(
-        self, pages: Sequence[tuple[list[Candidate], int]], fresh: list[bool], hops: int
-    ) -> list[AddResult]:
-        """``enqueue``'s part after the seen-set call: ``fresh`` says, per candidate in order, whether it was new."""
+    def fresh(self, pages: Sequence[tuple[list[Candidate], int]], fresh: list[bool]) -> Fresh:
+        """``enqueue``'s step after the seen-set call: ``fresh`` says, per candidate in order, whether it was new."""
         results = [AddResult(enqueued=[]) for _ in pages]
-        flat = [(url, request, depth, result) for (page, depth), result in zip(pages, results) for url, request in page]
-        if not flat:
-            return results
-        taken = [is_new or request.dont_filter for (_, request, _, _), is_new in zip(flat, fresh, strict=True)]
-        room = self._admit(sum(taken)) if self.max_pages is not None else len(flat)
+        is_new = iter(fresh)
+        flat = [
+            (url, request, depth, result, next(is_new) or request.dont_filter)
+            for (page, depth), result in zip(pages, results, strict=True)
+            for url, request in page
+        ]
+        return Fresh(results, flat)
+
+    def entries(self, found: Fresh, room: int, hops: int) -> dict[int, list[str]]:
+        """The entries to push of what ``fresh`` found, by priority, the first ``room`` new ones admitted
+        (``max_pages``); each page's result says what became of its candidates."""
         by_priority: dict[int, list[str]] = {}
         encoders: dict[tuple[Any, ...], Callable[[str], str]] = {}
-        for (url, request, depth, result), take in zip(flat, taken, strict=True):
+        for url, request, depth, result, take in found.flat:
             if not take:
                 result.duplicates += 1
                 continue
@@ -231,10 +267,7 @@ class Frontier:
                 )
             by_priority.setdefault(request.priority, []).append(encode(url))
             result.enqueued.append(url)
-        if self._push_entries(by_priority):
-            for result in results:
-                result.queue_dry = True
-        return results
+        return by_priority
 
     def _admit(self, pages: int) -> int:
         """How many of ``pages`` new pages fit under ``max_pages``, counted fleet-wide (one atomic
@@ -242,7 +275,11 @@ class Frontier:
         assert self.max_pages is not None
         if not pages:
             return 0
-        total = int(self.connection.incrby(keys.admitted(self.site), pages))
+        return self.room(pages, int(self.connection.incrby(keys.admitted(self.site), pages)))
+
+    def room(self, pages: int, total: int) -> int:
+        """How many of ``pages`` fit under ``max_pages`` once the admitted counter, raised by them, is ``total``."""
+        assert self.max_pages is not None
         return max(0, min(pages, self.max_pages - (total - pages)))
 
     def pages_admitted(self) -> int:
@@ -278,9 +315,21 @@ class Frontier:
         """``push`` for entries already encoded, by priority; whether the site's RQ queue held no job then."""
         if not by_priority:
             return False
-        # A transaction runs as one block on the server: a big batch goes in pieces of
-        # PUSH_CHUNK entries, each a transaction of its own (entries, levels), so other
-        # clients are served in between. Each piece leaves the lists consistent.
+        last = self.push_all_but_last(by_priority)
+        with self.connection.pipeline(transaction=True) as pipe:
+            self.queue_last_push(pipe, last, max(by_priority))
+            added, outranked, queued = self.last_push_replies(pipe.execute())
+        if added:
+            announce_work(self.connection, [self.site])
+        return self.after_push(outranked, queued, max(by_priority))
+
+    def push_all_but_last(self, by_priority: dict[int, list[str]]) -> tuple[int, list[str]]:
+        """Push every piece of ``by_priority``'s entries but the last, each a transaction; the last (priority, entries).
+
+        A transaction runs as one block on the server: a big batch goes in pieces of
+        PUSH_CHUNK entries, each a transaction of its own (entries, levels), so other
+        clients are served in between. Each piece leaves the lists consistent.
+        """
         pieces = [
             (priority, entries[start : start + PUSH_CHUNK])
             for priority, entries in by_priority.items()
@@ -290,23 +339,35 @@ class Frontier:
             with self.connection.pipeline(transaction=True) as pipe:
                 self._push_piece(pipe, priority, entries)
                 pipe.execute()
-        with self.connection.pipeline(transaction=True) as pipe:
-            priority, entries = pieces[-1]
-            self._push_piece(pipe, priority, entries)
-            pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
-            pipe.sadd(keys.sites(), self.site)
-            pipe.zrangebyscore(keys.queued(self.site), "-inf", f"({max(by_priority)}", start=0, num=1)
-            # For a thread that follows the site (``DownloadWorker.follow``): the site is in the ready set
-            # already when its last job left it due at its gate, so ``added`` says nothing, and the
-            # links of its last page reached the thread only by way of the lookers' picks, 0.3 s late
-            # at 200 slow sites as they started.
-            pipe.publish(keys.more_work(), self.site)
-            pipe.llen(self.queue.key)
-            *_, added, _, outranked, _, queued = pipe.execute()
-        if added:
-            announce_work(self.connection, [self.site])
+        return pieces[-1]
+
+    def queue_last_push(self, pipe: Any, piece: tuple[int, list[str]], top: int) -> None:
+        """Queue in the transaction ``pipe`` a push's last piece and what follows it: the site marked ready,
+        and the reads ``last_push_replies`` takes (``top``: the highest priority of the push)."""
+        priority, entries = piece
+        self._push_piece(pipe, priority, entries)
+        pipe.zadd(keys.ready(), {self.site: 0}, nx=True)  # score 0: due now
+        pipe.sadd(keys.sites(), self.site)
+        pipe.zrangebyscore(keys.queued(self.site), "-inf", f"({top}", start=0, num=1)
+        # For a thread that follows the site (``DownloadWorker.follow``): the site is in the ready set
+        # already when its last job left it due at its gate, so ``added`` says nothing, and the
+        # links of its last page reached the thread only by way of the lookers' picks, 0.3 s late
+        # at 200 slow sites as they started.
+        pipe.publish(keys.more_work(), self.site)
+        pipe.llen(self.queue.key)
+
+    @staticmethod
+    def last_push_replies(replies: list[Any]) -> tuple[Any, Any, Any]:
+        """(added to the ready set, jobs queued below the push's top priority, jobs queued) from the replies
+        of ``queue_last_push``'s commands (those of its transaction that end with them)."""
+        *_, added, _, outranked, _, queued = replies
+        return added, outranked, queued
+
+    def after_push(self, outranked: Any, queued: Any, top: int) -> bool:
+        """A push's end, once its replies are in: jobs of lower priorities handed back (``preempt``);
+        whether the site's RQ queue held no job as the push was made."""
         if outranked:
-            self.preempt(max(by_priority))
+            self.preempt(top)
         return not queued
 
     def preempt(self, priority: int) -> int:
@@ -360,26 +421,32 @@ class Frontier:
             read = self._read_for_refill(jobs_ahead)
             if read is None:
                 return 0
-            if self._move_to_queue(read, due_now):
+            if self.move_to_queue(read, due_now):
                 return read.made
         return 0  # the lists kept changing; the next refill will do it
 
-    def _read_for_refill(self, jobs_ahead: int) -> _RefillRead | None:
+    def _read_for_refill(self, jobs_ahead: int) -> RefillRead | None:
         """What a refill would move now: None when ``jobs_ahead`` jobs are queued already.
 
         The list of priority 0 (most links) is read along with the queue's length and the
         priorities, as far as a refill could take from it; those above it, when any, in a
         second round trip.
         """
-        with self.connection.pipeline(transaction=False) as pipe:
-            self._queue_refill_read(pipe, jobs_ahead)
-            return self._refill_read(jobs_ahead, *pipe.execute())
+        read = self.refill_read(jobs_ahead, read_many(self.connection, self.refill_reads(jobs_ahead)))
+        if read is None or not read.unread:
+            return read
+        return self.refill_take(read, read_many(self.connection, self.second_reads(read)))
 
-    def _queue_refill_read(self, pipe: Any, jobs_ahead: int) -> None:
-        """Queue in ``pipe`` the first round trip of ``_read_for_refill`` (three replies)."""
-        pipe.llen(self.queue.key)
-        pipe.zrevrange(keys.levels(self.site), 0, -1)
-        pipe.lrange(keys.frontier(self.site, 0), 0, jobs_ahead * self.batch - 1)
+    def refill_reads(self, jobs_ahead: int, also: Sequence[int] = ()) -> list[tuple[Arg, ...]]:
+        """The reads of ``_read_for_refill``'s first round trip (``bulk.read_many``): the RQ queue's length,
+        the priorities waiting, and the head of the list of priority 0, as far as a refill could take
+        from it, and of each of ``also`` (those likely waiting, as a seed's: no second look for them)."""
+        last = jobs_ahead * self.batch - 1
+        return [
+            ("LLEN", self.queue.key),
+            ("ZREVRANGE", keys.levels(self.site), 0, -1),
+            *(("LRANGE", keys.frontier(self.site, priority), 0, last) for priority in dict.fromkeys((0, *also))),
+        ]
 
     def _push_piece(self, pipe: Any, priority: int, entries: list[str]) -> None:
         """Queue in ``pipe`` the push of ``entries`` at the end of the list of ``priority``, packed
@@ -390,31 +457,45 @@ class Frontier:
             pipe.hincrby(keys.frontier_extra(self.site), str(priority), extra)
         pipe.zadd(keys.levels(self.site), {str(priority): priority})
 
-    def _refill_read(
-        self, jobs_ahead: int, queued: Any, levels: list[bytes], default_head: list[bytes]
-    ) -> _RefillRead | None:
-        """``_read_for_refill`` from the replies of its first round trip (``_queue_refill_read``)."""
+    def refill_read(self, jobs_ahead: int, replies: list[Any], also: Sequence[int] = ()) -> RefillRead | None:
+        """``_read_for_refill`` from the replies of ``refill_reads(jobs_ahead, also)``: None when ``jobs_ahead``
+        jobs are queued already; else what a refill would move, once the lists of the priorities it
+        names in ``unread`` are read (``second_reads``, then ``refill_take``)."""
+        queued, levels, *lists = replies
         wanted = jobs_ahead - int(queued)
         if wanted <= 0:
             return None
-        read = _RefillRead(levels=list(levels))
-        priorities = []
+        read = RefillRead(levels=list(levels), wanted=wanted)
         for raw in levels:
             if not is_priority(raw):  # written by hand: names no list; kept aside, dropped from the set
                 read.refused.append((keys.levels(self.site), raw, "malformed priority in a levels set"))
                 continue
-            priorities.append(int(text(raw)))
-        heads = {0: default_head}
-        others = [p for p in priorities if p != 0]
-        if others and (max(others) > 0 or len(default_head) < wanted * self.batch):
-            with self.connection.pipeline(transaction=False) as pipe:
-                for priority in others:
-                    pipe.lrange(keys.frontier(self.site, priority), 0, wanted * self.batch - 1)
-                heads.update(zip(others, pipe.execute(), strict=True))
-        for priority in priorities:  # highest first
-            if priority not in heads:  # below 0, left unread: enough was read above it
+            read.priorities.append(int(text(raw)))
+        heads = dict(zip(dict.fromkeys((0, *also)), lists, strict=True))
+        read.heads = {0: heads[0]}
+        others = [p for p in read.priorities if p != 0]
+        if others and (max(others) > 0 or len(heads[0]) < wanted * self.batch):  # those above 0 are read too
+            read.heads.update((p, heads[p]) for p in others if p in heads)
+            read.unread = [p for p in others if p not in heads]
+            if read.unread:
+                return read
+        return self.refill_take(read, [])
+
+    def second_reads(self, read: RefillRead) -> list[tuple[Arg, ...]]:
+        """The reads of the lists ``read.unread`` names (``bulk.read_many``; a reply each, for ``refill_take``)."""
+        last = read.wanted * self.batch - 1
+        return [("LRANGE", keys.frontier(self.site, priority), 0, last) for priority in read.unread]
+
+    def refill_take(self, read: RefillRead, heads: list[Any]) -> RefillRead:
+        """What a refill moves, highest priority first: ``read`` once the heads of the lists it had left
+        unread are in (``heads``, in the order of ``read.unread``)."""
+        read.heads.update(zip(read.unread, heads, strict=True))
+        read.unread = []
+        wanted = read.wanted
+        for priority in read.priorities:  # highest first
+            if priority not in read.heads:  # below 0, left unread: enough was read above it
                 break
-            taken = packs.take(heads[priority], (wanted - len(read.batches)) * self.batch)
+            taken = packs.take(read.heads[priority], (wanted - len(read.batches)) * self.batch)
             read.taken.append((priority, taken))
             # Written by hand? kept aside with its reason, never retried.
             read.refused += [(keys.frontier(self.site, priority), bad, why) for bad, why in taken.refused]
@@ -429,12 +510,12 @@ class Frontier:
                 break
         return read
 
-    def _move_to_queue(self, read: _RefillRead, due_now: bool) -> bool:
+    def move_to_queue(self, read: RefillRead, due_now: bool) -> bool:
         """One try of ``refill``'s move (MOVE_TO_QUEUE); False, nothing written, if what it read changed."""
-        script_keys, args = self._move_call(read, due_now)
-        return bool(int(self._move(keys=script_keys, args=args)))
+        script_keys, args = self.move_call(read, due_now)
+        return bool(int(self.move(keys=script_keys, args=args)))
 
-    def _move_call(self, read: _RefillRead, due_now: bool) -> tuple[list[str], list[Any]]:
+    def move_call(self, read: RefillRead, due_now: bool) -> tuple[list[str], list[Any]]:
         """The keys and arguments of MOVE_TO_QUEUE for ``read``."""
         # The writes are queued in a pipeline never sent (RQ's own, as ``enqueue_many`` makes
         # them), then handed to the script with their keys, which runs them if nothing changed.
@@ -489,71 +570,6 @@ class Frontier:
         """Drop the request for ``url`` (a GET without a body by default) from the seen set (or sets),
         so it may be enqueued again."""
         self.seen.forget(request_fingerprint(canonicalize(url), method, body))
-
-
-def refill_together(frontiers: Sequence[Frontier], jobs_ahead: int = JOBS_AHEAD) -> int:
-    """``Frontier.refill`` for several sites at once: their reads in one round trip, their moves in
-    another. A site whose read needs a second look (priorities other than 0 waiting), or whose move
-    found its lists changed or its script not loaded, is refilled on its own. Returns the jobs made.
-
-    A parse worker refills the sites whose queue its links found dry (``AddResult.queue_dry``): a
-    slow site crawled by following its links runs dry after nearly every page as it starts
-    (home, listing, first products), and its next job was made only once a look found the site
-    due and dry and handed it to a thread to refill, some five round trips between the gate
-    opening and the send, each a wait for the interpreter on a loaded process: at 1,000 sites a
-    whole 5 s interval at the first product. The links come an interval, less the answer's
-    time, before the site's turn: the jobs are made then, off the path to the send.
-    """
-    if not frontiers:
-        return 0
-    connection = frontiers[0].connection
-    with connection.pipeline(transaction=False) as pipe:
-        for frontier in frontiers:
-            frontier._queue_refill_read(pipe, jobs_ahead)
-        replies = pipe.execute()
-    made = 0
-    alone: list[Frontier] = []
-    moves: list[tuple[Frontier, _RefillRead]] = []
-    for at, frontier in enumerate(frontiers):
-        queued, levels, default_head = replies[3 * at : 3 * at + 3]
-        if int(queued) >= jobs_ahead or not levels:  # enough jobs, or nothing to make them of
-            continue
-        if any(raw != b"0" for raw in levels):  # other priorities: the read may take a second look
-            alone.append(frontier)
-            continue
-        read = frontier._refill_read(jobs_ahead, queued, levels, default_head)
-        if read is not None:
-            moves.append((frontier, read))
-    if moves:
-        with connection.pipeline(transaction=False) as pipe:
-            for frontier, read in moves:
-                script_keys, args = frontier._move_call(read, due_now=False)
-                pipe.evalsha(frontier._move.sha, len(script_keys), *script_keys, *args)
-            outcomes = pipe.execute(raise_on_error=False)
-        for (frontier, read), outcome in zip(moves, outcomes, strict=True):
-            if isinstance(outcome, Exception) or not int(outcome):  # not loaded (NOSCRIPT), or changed
-                alone.append(frontier)
-            else:
-                made += read.made
-    return made + sum(frontier.refill(jobs_ahead) for frontier in alone)
-
-
-def enqueue_together(
-    frontiers: Sequence[tuple[Frontier, Sequence[tuple[list[Candidate], int]]]], hops: int = 0
-) -> list[list[AddResult]]:
-    """``Frontier.enqueue`` for several sites at once (one ``Frontier`` each, with its pages): their
-    seen-set calls in one round trip (``mark_seen_together``), then a push for each site with new
-    links. A parse worker's batch of pages comes from as many sites: a seen-set call of each was
-    a round trip for nearly every page at 200 slow sites."""
-    flats = [[seen_key(url, request) for page, _ in pages for url, request in page] for _, pages in frontiers]
-    fresh = mark_seen_together(
-        [(frontier.seen, flat) for (frontier, _), flat in zip(frontiers, flats, strict=True) if flat]
-    )
-    found = iter(fresh)
-    return [
-        frontier._enqueue_fresh(pages, next(found) if flat else [], hops)
-        for (frontier, pages), flat in zip(frontiers, flats, strict=True)
-    ]
 
 
 def seed(

@@ -388,6 +388,7 @@ def publish_conf(
     gate_key: str | None = None,
     gate_by_ip: bool = False,
     batch: int = 1,
+    pipe: Any = None,
 ) -> None:
     """Write the politeness NEXT_JOB obeys for ``site`` (interval incl. margin, margin, pause, cap).
 
@@ -397,6 +398,8 @@ def publish_conf(
     download workers write as they resolve it (left as it is here). ``batch``: URLs a job of
     the site carries that one thread fetches in turn, waiting on the gate between them (a slow
     site's paced batch): NEXT_JOB holds the site out of other picks for as many intervals.
+    ``pipe``: a transaction to queue the writes in, for its caller to send (many sites' in one
+    round trip); None: written now, in a transaction of their own.
     """
     mapping: dict[str, str | int] = {
         "interval_ms": max(1, round((interval + margin) * 1000)),
@@ -416,11 +419,18 @@ def publish_conf(
     elif not gate_by_ip:
         gone.append("gate")
     # One HSET and one HDEL: every process writes each site's conf every REPUBLISH_EVERY.
-    with connection.pipeline(transaction=True) as pipe:
-        pipe.hset(keys.conf(site), mapping=mapping)  # type: ignore[arg-type]
-        if gone:
-            pipe.hdel(keys.conf(site), *gone)
-        pipe.execute()
+    if pipe is not None:
+        _queue_conf(pipe, site, mapping, gone)
+        return
+    with connection.pipeline(transaction=True) as own:
+        _queue_conf(own, site, mapping, gone)
+        own.execute()
+
+
+def _queue_conf(pipe: Any, site: str, mapping: dict[str, str | int], gone: list[str]) -> None:
+    pipe.hset(keys.conf(site), mapping=mapping)
+    if gone:
+        pipe.hdel(keys.conf(site), *gone)
 
 
 def frontier_sizes(connection: Redis, sites: Sequence[str]) -> list[int]:

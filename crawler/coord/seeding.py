@@ -18,17 +18,22 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis import Redis
 
 from ..errors import ConfigError
 from ..spiders.spider import Request, Spider
-from .frontier import SEED_PRIORITY, AddResult, Candidate, Frontier, enqueue_together, refill_together
+from .bulk import transact_many
+from .frontier import SEED_PRIORITY, AddResult, Candidate, Frontier
 from .scheduler import JOBS_AHEAD
+from .together import enqueue_together, refill_together
 
 #: URLs handed to the frontier at a time: one ADD_SEEN call and one RPUSH each, so that a chunk
 #: holds Redis for about a millisecond (docs/BENCHMARKS.md, "Seeding a million URLs").
 SEED_CHUNK = 500
-#: Sites ``seed --all`` seeds together (``seed_candidates``, ``refill_together``): a few round trips for
-#: them all, and their lines printed as each such chunk is done.
+#: Sites ``seed --all`` seeds together (``seed_sites``: their policies, seen-set calls, pushes and first
+#: jobs): a few round trips for them all, and their lines printed as each such chunk is done.
 SEED_SITES = 500
 #: Bad lines kept (line number, text, reason) to show; the rest are only counted.
 BAD_EXAMPLES = 5
@@ -212,8 +217,9 @@ def start_candidates(frontier: Frontier, spider: Spider, force: bool = False, pr
 
 def seed_candidates(seeds: Sequence[tuple[Frontier, list[Candidate], list[tuple[str, str]]]]) -> list[AddResult]:
     """Queue each site's vetted requests (``start_candidates``) as ``Frontier.add`` queues them, all the
-    sites' seen-set calls in one round trip (``enqueue_together``); what was done, a result a site.
-    ``seed --all`` seeds SEED_SITES sites at a time so: one call a site was a round trip a site."""
+    sites' seen-set calls in one round trip and their pushes in a few (``enqueue_together``); what was
+    done, a result a site. ``seed --all`` seeds SEED_SITES sites at a time so: one call a site was a
+    round trip a site."""
     done = enqueue_together([(frontier, [(candidates, 0)]) for frontier, candidates, _ in seeds])
     results = [result for (result,) in done]
     for result, (_, _, refused) in zip(results, seeds, strict=True):
@@ -230,39 +236,50 @@ class SitesSeeded:
     failure: Exception | None = None
 
 
+class SeedingSites(Protocol):
+    """Where ``seed_sites`` finds a site's spider and frontier, and publishes its policy (``work.runtime.Runtime``)."""
+
+    connection: Redis
+
+    def spider(self, site: str) -> Spider: ...
+
+    def frontier(self, site: str) -> Frontier: ...
+
+    def publish(self, site: str, force: bool = False, pipe: Any = None) -> None: ...
+
+
 def seed_sites(
-    sites: Sequence[str],
-    spider_of: Callable[[str], Spider],
-    frontier_of: Callable[[str], Frontier],
-    force: bool = False,
-    priority: int = SEED_PRIORITY,
+    sites: Sequence[str], runtime: SeedingSites, force: bool = False, priority: int = SEED_PRIORITY
 ) -> SitesSeeded:
-    """``seed_start`` of each site's spider (``spider_of(site)``), then its first jobs, as a site at a time
-    would, together: the sites' seen-set calls in one round trip (``seed_candidates``), their first
-    jobs' reads in another (``refill_together``: a site with start requests of a priority above 0 is
-    then refilled alone, as ``Frontier.refill``). ``frontier_of(site)``: the site's frontier, asked
-    before its start requests are checked (``seed`` publishes the site's policy there). The first
-    site that cannot be seeded (RefusedURL, no start request at all:
+    """``seed_start`` of each site's spider (``runtime.spider(site)``), then its first jobs, as a site at a
+    time would, together: the sites' policies published (``runtime.publish``, as each site's frontier
+    is asked for, before its start requests are checked: written in one transaction before anything
+    is queued), their seen-set calls and pushes in a few round trips for them all
+    (``seed_candidates``), their first jobs' reads and moves in a few more (``refill_together``). The
+    first site that cannot be seeded (RefusedURL, no start request at all:
     ``start_candidates``; any error of its spider's) stops it: those before it are seeded, none after
     it is looked at, and the error is ``failure``, for the caller to raise once it has shown the others.
     """
     done = SitesSeeded()
     seeds: list[tuple[Frontier, list[Candidate], list[tuple[str, str]]]] = []
     order: list[tuple[str, int | None]] = []  # each site, and the index of its seed (None: it has nothing to seed)
-    for site in sites:
-        try:
-            spider = spider_of(site)
-            if not (spider.start_urls or spider.sitemap_urls):
-                order.append((site, None))
-                continue
-            frontier = frontier_of(site)
-            seeds.append((frontier, *start_candidates(frontier, spider, force=force, priority=priority)))
-        except Exception as exc:  # raised by the caller once those before it are seeded, as a site at a time was
-            done.failure = exc
-            break
-        order.append((site, len(seeds) - 1))
+    with runtime.connection.pipeline(transaction=True) as policies:
+        for site in sites:
+            try:
+                spider = runtime.spider(site)
+                if not (spider.start_urls or spider.sitemap_urls):
+                    order.append((site, None))
+                    continue
+                runtime.publish(site, pipe=policies)
+                frontier = runtime.frontier(site)
+                seeds.append((frontier, *start_candidates(frontier, spider, force=force, priority=priority)))
+            except Exception as exc:  # raised by the caller once those before it are seeded, as a site at a time was
+                done.failure = exc
+                break
+            order.append((site, len(seeds) - 1))
+        transact_many(runtime.connection, [args for args, _ in policies.command_stack])
     results = seed_candidates(seeds)
-    refill_together([frontier for frontier, _, _ in seeds], JOBS_AHEAD)
+    refill_together([frontier for frontier, _, _ in seeds], JOBS_AHEAD, also=(priority,))
     done.results = [(site, None if at is None else results[at]) for site, at in order]
     return done
 

@@ -4,7 +4,7 @@
 new requests through the frontier (a chunk at a time as the callback yields them: ``PageLinks``)
 → the page's record, with the worker's acknowledgement of the page in the same pipeline. A
 batch of pages is written together (``HeldParses``), and the sites whose links found no job
-queued are refilled together (``frontier.refill_together``).
+queued are refilled together (``together.refill_together``).
 """
 
 from __future__ import annotations
@@ -20,14 +20,9 @@ import redis
 from rq.timeouts import JobTimeoutException
 
 from ..coord import keys, pages
-from ..coord.frontier import (
-    AddResult,
-    Candidate,
-    Frontier,
-    enqueue_together,
-    refill_together,
-)
+from ..coord.frontier import AddResult, Candidate, Frontier
 from ..coord.task import fingerprint
+from ..coord.together import enqueue_together, refill_together
 from ..errors import (
     ConfigError,
     PermanentError,
@@ -143,7 +138,7 @@ class HeldParses:
     """Links, items and records of a parse worker's batch of pages, held back and written together.
 
     ``flush`` queues every page's new links (the seen-set calls of all its sites in one round
-    trip, then one push a site with new links: ``frontier.enqueue_together``),
+    trip, then their pushes together: ``together.enqueue_together``),
     upserts every page's items and writes the records in one database transaction, and
     sends their counters and the pages' acknowledgements in one Redis pipeline
     (``events.jobs_done``): where each page took two transactions and three round trips,

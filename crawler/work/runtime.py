@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from functools import cached_property
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis import Redis
@@ -290,13 +291,14 @@ class Runtime:
         if late_batch(steps, seconds, batching, self.memory.answer_times.get(site)):
             self.memory.unbatched_until[site] = time.monotonic() + UNBATCHED_FOR
 
-    def publish(self, site: str, force: bool = False) -> None:
+    def publish(self, site: str, force: bool = False, pipe: Any = None) -> None:
         """Write the site's policy in force where the scheduler reads it.
 
         Looked at once a second at most; written when it changed since this process last
         wrote it, or REPUBLISH_EVERY after (a conf hash lost with a Redis restart, or
         written by a process that resolves the policy differently, is put right), or when
-        ``force``d.
+        ``force``d. ``pipe``: a transaction the write is queued in (``publish_conf``), for the
+        caller to send with other sites' (``crawler seed --all``).
         """
         now = time.monotonic()
         if not force and now - self.memory.published.get(site, -LIVE_REFRESH) < LIVE_REFRESH:
@@ -323,6 +325,7 @@ class Runtime:
             gate_key=shared,
             gate_by_ip=policy.gate_by == "ip",
             batch=batch,
+            pipe=pipe,
         )
 
     def take_gate(self, site: str, url: str | None = None, policy: SitePolicy | None = None) -> Gate:

@@ -16,6 +16,7 @@ from typing import Any
 from redis import Redis
 
 from ..coord import keys
+from ..coord.bulk import Arg, pairs, read_many
 from ..coord.changes import ChangeWatch
 from ..coord.policy import LIVE_REFRESH, PolicyCache, SitePolicy
 from ..coord.replies import text_map
@@ -111,18 +112,19 @@ class SiteReads:
         return self._read_site_in(pipe, site)
 
     def read_sites_due(self, sites: Iterable[str]) -> None:
-        """``read_site_along`` for each of ``sites``, in one round trip (none if none is due): a parse
-        worker's batch of pages, read before its pages are parsed, each needing its site's spider."""
-        with self.connection.pipeline(transaction=False) as pipe:
-            kept: list[tuple[int, Callable[[list[Any]], None]]] = []
-            for site in dict.fromkeys(sites):
-                start = len(pipe)
-                keep = self.read_site_along(pipe, site)
-                if keep is not None:
-                    kept.append((start, keep))
-            if not kept:
-                return
-            replies = pipe.execute()
+        """``read_site_along`` for each of ``sites``, in one round trip (none if none is due; ``bulk.read_many``):
+        a parse worker's batch of pages, read before its pages are parsed, each needing its site's spider;
+        ``crawler seed --all``'s chunk of sites."""
+        reads = _HashReads()
+        kept: list[tuple[int, Callable[[list[Any]], None]]] = []
+        for site in dict.fromkeys(sites):
+            start = len(reads.commands)
+            keep = self.read_site_along(reads, site)
+            if keep is not None:
+                kept.append((start, keep))
+        if not kept:
+            return
+        replies = [pairs(reply) for reply in read_many(self.connection, reads.commands)]
         for start, keep in kept:
             keep(replies[start : start + 2])
 
@@ -178,3 +180,13 @@ class SiteReads:
     def policy(self, site: str) -> SitePolicy:
         """``site``'s politeness in force, read again when due (``policies``)."""
         return self.policies.get(site)
+
+
+class _HashReads:
+    """Stands for a pipeline where only ``HGETALL``s are queued (``_read_site_in``): the commands, for ``read_many``."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[Arg, ...]] = []
+
+    def hgetall(self, name: str) -> None:
+        self.commands.append(("HGETALL", name))

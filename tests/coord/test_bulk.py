@@ -7,7 +7,7 @@ from crawling import count_round_trips
 from redis import Redis
 from redis.exceptions import ResponseError
 
-from crawler.coord.bulk import pairs, read_many
+from crawler.coord.bulk import pairs, read_many, transact_many
 
 
 def fill(connection: Redis) -> None:
@@ -79,3 +79,23 @@ def test_pairs_reads_a_hash_over_resp2_and_resp3() -> None:
     assert pairs([b"a", b"1", b"b", b"2"]) == {b"a": b"1", b"b": b"2"}
     assert pairs({b"a": b"1"}) == {b"a": b"1"}
     assert pairs([]) == {}
+
+
+def test_a_transaction_sent_raw_runs_as_one_and_answers_as_the_clients_raw_replies(redis_conn: Redis) -> None:
+    """``transact_many``: MULTI, the commands, EXEC, in one send; a command refused as it runs raises
+    once the others ran (as a client's transaction does), one refused as it is queued runs nothing."""
+    with redis_conn.pipeline(transaction=True) as pipe:  # queued as the crawler queues them, never sent
+        pipe.rpush("l", "a", "b")
+        pipe.zadd("z", {"m": 1}, nx=True)
+        pipe.sadd("s", "x")
+        pipe.zrangebyscore("z", "-inf", "(5", start=0, num=1)
+        pipe.llen("l")
+        assert transact_many(redis_conn, [args for args, _ in pipe.command_stack]) == [2, 1, 1, [b"m"], 2]
+    assert transact_many(redis_conn, []) == []
+    redis_conn.set("str", "v")
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        transact_many(redis_conn, [("RPUSH", "l", "c"), ("LPUSH", "str", "x"), ("SADD", "s", "y")])
+    assert redis_conn.llen("l") == 3 and redis_conn.sismember("s", "y")  # the others ran
+    with pytest.raises(ResponseError):
+        transact_many(redis_conn, [("RPUSH", "l", "d"), ("NOSUCHCOMMAND",)])
+    assert redis_conn.llen("l") == 3  # nothing ran

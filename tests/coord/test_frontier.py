@@ -13,14 +13,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from crawling import count_round_trips
 from redis import Redis
 from rq import Queue
 from rq.job import Job
 from test_urls import random_urls
 
 from crawler.coord import keys
-from crawler.coord.frontier import DownloadTask, Frontier, refill_together, seed
+from crawler.coord.frontier import DownloadTask, Frontier, seed
 from crawler.coord.seen import fingerprints_of, stored
+from crawler.coord.together import refill_together
 from crawler.coord.vetting import DOWNLOAD_FUNC
 from crawler.errors import RefusedURL
 from crawler.settings import DEFAULT_MAX_URL_LENGTH
@@ -200,11 +202,11 @@ def test_links_of_pages_of_several_sites_are_marked_seen_in_one_round_trip(
     redis_conn: Redis, monkeypatch: pytest.MonkeyPatch, scripts_flushed: bool
 ) -> None:
     """A parse worker's batch holds pages of as many sites: a seen-set call of each site was a round
-    trip for nearly every page at 200 slow sites. One pipeline now marks them all; then one push a
-    site with new links. A site whose URLs are seen for a while only has calls of its own."""
+    trip for nearly every page at 200 slow sites. One pipeline now marks them all; then one transaction
+    pushes the new links of every site. A site whose URLs are seen for a while only has calls of its own."""
     import redis.client
 
-    from crawler.coord.frontier import enqueue_together
+    from crawler.coord.together import enqueue_together
 
     sites = [Frontier(redis_conn, f"s{n}", ["example.com"], FAILURE_TTL, JOB_TIMEOUT) for n in range(3)]
     timed = Frontier(redis_conn, "timed", ["example.com"], FAILURE_TTL, JOB_TIMEOUT, revisit_after=60.0)
@@ -231,12 +233,16 @@ def test_links_of_pages_of_several_sites_are_marked_seen_in_one_round_trip(
     monkeypatch.setattr(
         redis.client.Pipeline, "execute", lambda p, *a, **k: (trips.append(str(len(p))), execute(p, *a, **k))[1]
     )
+    sends = count_round_trips(monkeypatch)
     results = enqueue_together([*pages, (sites[0], [])])
     monkeypatch.undo()
     assert trips[0] == "3", "the seen-set calls were not sent together"
     if scripts_flushed:  # refused: the first call again on its own (which loads ADD_SEEN), the others together
         assert trips.pop(1) == "2"
-    assert len(trips) == 1 + 3  # then a push for each site with a new link
+        assert len(sends) == 1 + 3 + 1 + 1  # the calls; the first again (refused, loaded, run); the others
+    else:
+        assert len(sends) == 1 + 1  # the calls, then the pushes of the three sites with a new link, together
+    assert trips[1:] == []  # the pushes' transaction goes raw (``bulk.transact_many``), not by a pipeline
     assert [[(r.enqueued, r.duplicates) for r in found] for found in results] == [
         *([([f"http://example.com/{frontier.site}"], 1)] for frontier in sites),
         [],
@@ -311,28 +317,26 @@ def test_a_refill_is_two_round_trips_and_makes_the_site_due_when_asked(
     frontier.add([Request(f"http://example.com/{i}") for i in range(6)])
     assert frontier.refill(1) == 1  # the process's first: RQ asks the server's version, the script is loaded
     redis_conn.zadd(keys.ready(), {SITE: 12345})  # as NEXT_JOB left it while the queue was dry
-    trips: list[str] = []
-    single, batch = redis.client.Redis.execute_command, redis.client.Pipeline.execute
+    commands: list[str] = []
+    single = redis.client.Redis.execute_command
     monkeypatch.setattr(
-        redis.client.Redis, "execute_command", lambda s, *a, **k: (trips.append(str(a[0])), single(s, *a, **k))[1]
+        redis.client.Redis, "execute_command", lambda s, *a, **k: (commands.append(str(a[0])), single(s, *a, **k))[1]
     )
-    monkeypatch.setattr(
-        redis.client.Pipeline, "execute", lambda s, *a, **k: (trips.append("pipeline"), batch(s, *a, **k))[1]
-    )
+    trips = count_round_trips(monkeypatch)
     assert frontier.refill(4, due_now=True) == 3
     monkeypatch.undo()
-    assert trips == ["pipeline", "EVALSHA"]
+    assert len(trips) == 2 and commands == ["EVALSHA"]  # the reads together, then the move's script
     assert redis_conn.zscore(keys.ready(), SITE) == 0  # due at once: its jobs are made
     assert queued_urls(frontier) == [f"http://example.com/{i}" for i in (4, 5, 0, 1, 2, 3)]
 
 
-def test_refilling_sites_together_takes_two_round_trips_for_all_and_leaves_the_others_to_their_own(
+def test_refilling_sites_together_takes_three_round_trips_for_all_and_leaves_a_changed_one_to_its_own(
     redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``refill_together``: the reads of every site in one pipeline, the moves in another. A site with
-    jobs enough is left as it is; one with another priority waiting refills on its own (its read may
-    need a second look); one whose lists changed between the read and the move too."""
-    import redis.client
+    """``refill_together``: the reads of every site in one round trip, the second look of a site with another
+    priority waiting in another, the moves in a third. A site with jobs enough is left as it is; one
+    whose lists changed between the read and the move refills on its own."""
+    from crawler.coord import together
 
     def made(site: str, urls: int, priority: int = 0) -> Frontier:
         frontier = Frontier(redis_conn, site, ["example.com"], FAILURE_TTL, JOB_TIMEOUT)
@@ -345,25 +349,22 @@ def test_refilling_sites_together_takes_two_round_trips_for_all_and_leaves_the_o
     ranked = made("ranked", 2, priority=5)
     changed = made("changed", 2)
     made("warm", 1).refill(1)  # the process's first: RQ asks the server's version, the script is loaded
-    real_execute, trips = redis.client.Pipeline.execute, []
+    real_read, reads = together.read_many, []
 
-    def execute(pipe: Any, *args: Any, **kwargs: Any) -> Any:
-        trips.append(len(pipe.command_stack))
-        replies = real_execute(pipe, *args, **kwargs)
-        if len(trips) == 1:  # after the reads: a push to the head of one site's list (its own pipeline)
-            real_hand_back([DownloadTask("changed", "http://example.com/changed/back")])
+    def read(connection: Redis, commands: list[Any]) -> list[Any]:
+        reads.append(len(commands))
+        replies = real_read(connection, commands)
+        if len(reads) == 1:  # after the first reads: a push to the head of one site's list
+            changed.hand_back([DownloadTask("changed", "http://example.com/changed/back")])
         return replies
 
-    def real_hand_back(tasks: list[DownloadTask]) -> None:
-        monkeypatch.setattr(redis.client.Pipeline, "execute", real_execute)
-        changed.hand_back(tasks)
-        monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
-
-    monkeypatch.setattr(redis.client.Pipeline, "execute", execute)
+    monkeypatch.setattr(together, "read_many", read)
+    trips = count_round_trips(monkeypatch)
     assert refill_together([*dry, full, ranked, changed], jobs_ahead=4) == 3 * 3 + 2 + 3
+    assert reads == [3 * 6, 1]  # three reads a site at once; the second look at `ranked`'s priority 5
+    # then the moves together, and `changed` alone: read again, moved (and the hand-back's own transaction)
+    assert len(trips) == 3 + 2 + 1
     monkeypatch.undo()
-    assert trips[:2] == [3 * 6, 4]  # three reads a site at once; the moves of the three dry sites and `changed`
-    assert trips[2:] == [3, 1, 3]  # then `ranked` alone (two reads), `changed` alone (read again; moves are scripts)
     for frontier in dry:
         assert queued_urls(frontier) == [f"http://example.com/{frontier.site}/{i}" for i in range(3)]
         assert redis_conn.llen(keys.frontier(frontier.site)) == 0
@@ -381,7 +382,7 @@ def test_a_refill_whose_lists_change_before_its_move_reads_again_losing_and_doub
     """Between the read and the move, the rest of a batch is handed back to the list's head (or a
     retry promoted there): the move of what was read would trim the handed-back entries unread."""
     frontier.add([Request(f"http://example.com/{i}") for i in range(6)])
-    real_move, handed = Frontier._move_to_queue, []
+    real_move, handed = Frontier.move_to_queue, []
 
     def hand_back_once_read(self: Frontier, read: Any, due_now: bool) -> bool:
         if not handed:
@@ -389,7 +390,7 @@ def test_a_refill_whose_lists_change_before_its_move_reads_again_losing_and_doub
             frontier.hand_back([DownloadTask(SITE, "http://example.com/back")])
         return real_move(self, read, due_now)
 
-    monkeypatch.setattr(Frontier, "_move_to_queue", hand_back_once_read)
+    monkeypatch.setattr(Frontier, "move_to_queue", hand_back_once_read)
     assert frontier.refill(2) == 2
     assert handed
     assert [t.url for t in queued_tasks(frontier)][-2:] == ["http://example.com/back", "http://example.com/0"]

@@ -431,7 +431,7 @@ def test_a_frontier_has_no_lazy_attribute_whose_first_read_takes_a_lock_of_its_c
 
     assert [name for name, value in vars(Frontier).items() if isinstance(value, cached_property)] == []
     frontier = Frontier(redis_conn, "demo", [], 0, 0)
-    assert {"scheduler", "_add_seen", "_add_seen_buckets", "_move"} <= set(vars(frontier))
+    assert {"scheduler", "_add_seen", "_add_seen_buckets", "move"} <= set(vars(frontier))
 
 
 def test_the_fake_redis_fixture_refuses_lua_on_its_client_and_its_pipelines(fake_redis: Redis) -> None:

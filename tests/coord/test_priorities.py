@@ -176,7 +176,7 @@ def test_a_push_of_a_higher_priority_during_a_refill_is_next_not_behind_the_jobs
     its move: the move is not made, the refill reads again, and the seed still goes first."""
     frontier.add(requests([f"/low{i}" for i in range(6)], 0))
     other = Frontier(redis_conn, SITE, ["example.com"], failure_ttl=60, job_timeout=60)  # another worker's
-    real_move, pushed = Frontier._move_to_queue, []
+    real_move, pushed = Frontier.move_to_queue, []
 
     def push_once_read(self: Frontier, read: Any, due_now: bool) -> bool:
         if not pushed:  # between the refill's read and its move
@@ -184,7 +184,7 @@ def test_a_push_of_a_higher_priority_during_a_refill_is_next_not_behind_the_jobs
             other.add(requests(["/seed"], SEED_PRIORITY))
         return real_move(self, read, due_now)
 
-    monkeypatch.setattr(Frontier, "_move_to_queue", push_once_read)
+    monkeypatch.setattr(Frontier, "move_to_queue", push_once_read)
     assert frontier.refill(JOBS_AHEAD) == JOBS_AHEAD
     assert pushed
     assert queued_jobs(frontier) == [("/seed", SEED_PRIORITY)] + [(f"/low{i}", 0) for i in range(JOBS_AHEAD - 1)]

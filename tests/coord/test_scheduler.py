@@ -471,3 +471,21 @@ def test_a_sites_conf_is_written_in_one_transaction_of_two_commands_and_drops_wh
     redis_conn.hset(conf, "gate", "crawler:gate:{ip:10.0.0.1}")  # written by the download workers
     publish_conf(redis_conn, "pub", 1.0, 0.005, gate_by_ip=True)
     assert redis_conn.hget(conf, "gate") == b"crawler:gate:{ip:10.0.0.1}"
+
+
+def test_confs_queued_in_one_transaction_are_written_as_each_alone_writes_its_own(redis_conn: Redis) -> None:
+    """``publish_conf(pipe=)``: ``crawler seed --all`` writes a chunk of sites' confs in one round trip."""
+    for name in ("alone", "queued"):
+        redis_conn.hset(keys.conf(name), mapping={"pace_ms": 900, "concurrency": 3})
+    publish_conf(redis_conn, "alone", 2.0, 0.01, paused=True, batch=4)
+    with redis_conn.pipeline(transaction=True) as pipe:
+        publish_conf(redis_conn, "queued", 2.0, 0.01, paused=True, batch=4, pipe=pipe)
+        assert redis_conn.hget(keys.conf("queued"), "pace_ms") == b"900"  # queued, not written yet
+        pipe.execute()
+    assert redis_conn.hgetall(keys.conf("queued")) == redis_conn.hgetall(keys.conf("alone"))
+    assert redis_conn.hgetall(keys.conf("queued")) == {
+        b"interval_ms": b"2010",
+        b"margin_ms": b"10",
+        b"paused": b"1",
+        b"batch": b"4",
+    }

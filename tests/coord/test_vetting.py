@@ -186,28 +186,28 @@ def test_hostile_jobs_are_quarantined_and_real_workers_crawl_on(
 
 
 def test_a_refill_interleaved_with_a_retry_promotion_loses_and_doubles_nothing(
-    runtime: Runtime, redis_conn: Redis
+    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A due retry pushed onto a frontier list while a refill is reading it is neither trimmed nor fetched twice."""
+    from crawler.coord import frontier as frontier_module
+
     frontier = runtime.frontier(SITE)
     urls = [f"http://127.0.0.1:9/p{n}" for n in range(12)]
     frontier.push([DownloadTask(SITE, url) for url in urls])
     Scheduler(redis_conn).schedule(SITE, DownloadTask(SITE, "http://127.0.0.1:9/retried").to_entry(), 0)
 
     promoted = []
-    real_lrange = Redis.lrange  # pipelines inherit it: the patch catches whichever the refill reads with
+    real_read = frontier_module.read_many  # the refill's reads: the promotion lands between them and the trim
 
-    def lrange_then_promote(client: Any, *args: Any) -> Any:
-        result = real_lrange(client, *args)
-        if not promoted and args[0] == keys.frontier(SITE):  # the promotion lands between read and trim
+    def read_then_promote(connection: Redis, commands: list[tuple[Any, ...]]) -> list[Any]:
+        replies = real_read(connection, commands)
+        if not promoted and ("LRANGE", keys.frontier(SITE), 0, 3) in commands:
             promoted.append(runtime.scheduler.promote_due())
-        return result
+        return replies
 
-    Redis.lrange = lrange_then_promote  # type: ignore[method-assign]
-    try:
-        made = frontier.refill(4)
-    finally:
-        Redis.lrange = real_lrange  # type: ignore[method-assign]
+    monkeypatch.setattr(frontier_module, "read_many", read_then_promote)
+    made = frontier.refill(4)
+    monkeypatch.undo()
     assert promoted == [1]
     assert made == 4
 

@@ -45,7 +45,7 @@ def script(connection: Redis, name: str) -> Script:
     One ``Script`` per connection and name, made once: a gate or frontier object made per
     request asks for its scripts every time (registering hashes the source). Found, it is
     read without the lock: the hundreds of threads of a download process ask for scripts
-    all the time, and a lock they all share held them up in turn (``Frontier._move``).
+    all the time, and a lock they all share held them up in turn (``Frontier.move``).
     """
     found = _registered.get(connection, {}).get(name)  # a dict read is atomic: no lock once made
     if found is not None:
