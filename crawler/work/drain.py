@@ -87,6 +87,14 @@ def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
     return sum(1 for site in named if site in sites)
 
 
+def held_here(connection: Redis, sites: list[str]) -> list[str]:
+    """Those of ``sites`` ever given work on this Redis (``crawler:sites``): the others have none to count
+    here (a site that is on another shard, or a spider never seeded), in one command."""
+    if not sites:
+        return sites
+    return [site for site, held in zip(sites, connection.smismember(keys.sites(), sites), strict=True) if held]
+
+
 def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, found: list[str] | None = None) -> int:
     """Whether anything is left for ``sites``: how much, or 0.
 
@@ -101,6 +109,7 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
     quick = 0 if looked else busy_processes(connection) or quick_work(connection, sites)
     if quick:
         return quick
+    sites = held_here(connection, sites)
     with connection.pipeline(transaction=False) as pipe:
         for site in sites:
             pipe.hget(keys.stats(site), "delayed")

@@ -28,7 +28,7 @@ from rq.serializers import JSONSerializer
 
 from crawler.coord import keys, pages
 from crawler.coord.connection import EmbeddedRedis
-from crawler.coord.frontier import SEED_PRIORITY, seed
+from crawler.coord.frontier import SEED_PRIORITY, Frontier, seed
 from crawler.coord.policy import set_live
 from crawler.coord.scheduler import frontier_sizes
 from crawler.demo import ShopSite
@@ -732,6 +732,7 @@ def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_ow
 
     redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
     sites = [f"t{i}" for i in range(500)]
+    redis_conn.sadd(keys.sites(), *sites)  # given work here once: each is counted (``drain.held_here``)
     asked: list[bool] = []
 
     def commands(due: bool) -> int:
@@ -759,6 +760,7 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
 
     redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
     sites = [f"v{i}" for i in range(500)]
+    redis_conn.sadd(keys.sites(), *sites)  # given work here once: each is counted (``drain.held_here``)
     publish_conf(redis_conn, "v7", 0.0, 0.0)
 
     def commands() -> tuple[bool, int]:
@@ -786,6 +788,24 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
     assert redis_conn.get(keys.drained()) == b"work at v300"
     hinted, spent = commands()
     assert not hinted and spent <= 20 + 2 * QUICK_SITES, f"a look with a site named counted every site: {spent}"
+
+
+def test_an_exact_drain_count_reads_only_the_sites_this_redis_holds_not_those_of_other_shards(
+    redis_conn: Redis,
+) -> None:
+    """A worker of several shards serves every site on each; a shard's count of every site's work
+    (five commands a site) reads only its own, in one command more."""
+    from crawler.work.drain import pending_work
+
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox(), keys.sites())
+    sites = [f"w{i}" for i in range(300)]
+    redis_conn.sadd(keys.sites(), *sites[:10])
+    before = int(redis_conn.info("stats")["total_commands_processed"])
+    assert pending_work(redis_conn, sites, looked=True) == 0
+    counted = int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+    assert 10 * 5 <= counted < 300, counted  # the ten held here, not the 290 of elsewhere
+    seed(Frontier(redis_conn, "w3", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a"])
+    assert pending_work(redis_conn, sites, looked=True) == 1  # the work of one held here is found
 
 
 def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_at_its_usual_pace(
