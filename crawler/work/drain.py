@@ -88,11 +88,17 @@ def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
 
 
 def held_here(connection: Redis, sites: list[str]) -> list[str]:
-    """Those of ``sites`` ever given work on this Redis (``crawler:sites``): the others have none to count
-    here (a site that is on another shard, or a spider never seeded), in one command."""
+    """Those of ``sites`` ever given work on this Redis: pushed to (``crawler:sites``), or with an RQ queue
+    RQ registered (``rq:queues``: a job enqueued by another program too). The others have nothing to
+    count here (a site on another shard, a spider never seeded). One round trip."""
     if not sites:
         return sites
-    return [site for site, held in zip(sites, connection.smismember(keys.sites(), sites), strict=True) if held]
+    queues = [Queue.redis_queue_namespace_prefix + keys.download_queue(site) for site in sites]
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.smismember(keys.sites(), sites)
+        pipe.smismember(Queue.redis_queues_keys, queues)
+        pushed, queued = pipe.execute()
+    return [site for site, one, other in zip(sites, pushed, queued, strict=True) if one or other]
 
 
 def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, found: list[str] | None = None) -> int:
