@@ -137,22 +137,40 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _wait_quiet(connection: Redis, site: str, wait: float) -> bool:
-    """Whether ``site`` has no download in flight and no page in the pages stream, within ``wait`` seconds."""
+    """Whether ``site`` has no download in flight and no page in the pages stream, within ``wait`` seconds.
+
+    Once its downloads are done, its pages are at or before the stream's last entry then (``last``):
+    the stream is read only for what came after it (one entry's look for what came before), not
+    every page body of a parse backlog at each look.
+    """
     deadline = time.monotonic() + wait
+    last: str | None = None
     while True:
         (status,) = site_status(connection, [site])
-        if not status.in_flight and not _pages_of(connection, site):
-            return True
+        if status.in_flight:
+            last = None
+        else:
+            last = last or _last_entry(connection)
+            parsed_before = not last or not connection.xrange(keys.pages(), max=last, count=1)
+            if parsed_before and not _pages_of(connection, site, after=last):
+                return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.2)
 
 
-def _pages_of(connection: Redis, site: str) -> int:
-    """How many entries of the pages stream (read or not) are ``site``'s pages."""
-    count, after = 0, "-"
+def _last_entry(connection: Redis) -> str:
+    """The id of the pages stream's last entry ('' when it is empty)."""
+    newest: list[Any] = connection.xrevrange(keys.pages(), count=1) or []
+    return text(newest[0][0]) if newest else ""
+
+
+def _pages_of(connection: Redis, site: str, after: str = "") -> int:
+    """How many entries of the pages stream after ``after`` (read or not) are ``site``'s pages (a parse
+    worker that stops hands its entries back at the end of the stream)."""
+    count, start = 0, f"({after}" if after else "-"
     while True:
-        batch: list[Any] = connection.xrange(keys.pages(), min=after, count=200) or []
+        batch: list[Any] = connection.xrange(keys.pages(), min=start, count=200) or []
         for _, fields in batch:
             try:
                 count += json.loads((fields or {}).get(b"task", b"{}")).get("site") == site
@@ -160,7 +178,7 @@ def _pages_of(connection: Redis, site: str) -> int:
                 continue  # not a page: the parse workers quarantine it
         if len(batch) < 200:
             return count
-        after = "(" + text(batch[-1][0])
+        start = "(" + text(batch[-1][0])
 
 
 def _site_keys(connection: Redis, site: str) -> Iterator[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,3 +116,32 @@ def test_a_site_in_transit_is_work_left_on_both_shards_for_burst_workers(
     assert all(here > 0 and there > 0 for here, there in seen), seen  # the note counts on the empty side too
     assert not redis_conn.exists(keys.moving()) and not other.exists(keys.moving())
     assert pending_work(redis_conn, ["demo"], looked=True) == 0 and pending_work(other, ["demo"], looked=True) > 0
+
+
+def test_a_move_waits_for_the_pages_before_the_sites_last_download_then_reads_only_what_came_after(
+    runtime: Runtime, redis_conn: Redis, other: Redis
+) -> None:
+    import threading
+
+    from crawler.coord import pages
+
+    seed(runtime.frontier("demo"), ["http://127.0.0.1:9/a"])
+    pages.add(redis_conn, {"site": "demo", "url": "http://127.0.0.1:9/x"}, b"body")  # a page of it to parse
+    with pytest.raises(ConfigError, match="demo: still busy"):
+        move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=0.3, settle=0)
+    redis_conn.delete(keys.pages())
+    pages.add(redis_conn, {"site": "elsewhere", "url": "http://127.0.0.1:9/y"}, b"body")  # another site's, before
+    ((entry_id, _),) = redis_conn.xrange(keys.pages())
+
+    def parsed_later() -> None:
+        time.sleep(0.5)
+        pages.add(redis_conn, {"site": "third", "url": "http://127.0.0.1:9/z"}, b"body")  # after: not waited for
+        redis_conn.xdel(keys.pages(), entry_id)
+
+    parser = threading.Thread(target=parsed_later)
+    started = time.monotonic()
+    parser.start()
+    move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=5, settle=0)
+    parser.join()
+    assert time.monotonic() - started >= 0.5  # it waited for the page before, parsed at 0.5 s
+    assert other.sismember(keys.sites(), "demo") and redis_conn.xlen(keys.pages()) == 1
