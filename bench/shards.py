@@ -51,8 +51,6 @@ import os
 import re
 import resource
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -70,6 +68,7 @@ from crawler.coord import connection as coord_connection
 from crawler.coord import keys
 from crawler.coord.connection import EmbeddedRedis
 from crawler.coord.shards import rendezvous
+from crawler.demo.sentinel import DOWN_AFTER_MS, LocalSentinel, find_binaries
 from crawler.store.database import Store
 
 from .common import (
@@ -115,14 +114,9 @@ MOVE_COUNT = 3
 MOVE_GAP = 2.0
 MOVED_SLOWER = 2.0
 QUICK_MOVED_SLOWER = 4.0
-#: The failover: the Sentinel's service, milliseconds before it takes the primary for down,
-#: milliseconds a failover may take; the primary is killed once this fraction of the items is stored.
-SERVICE = "crawl"
-DOWN_AFTER_MS = 1000
-FAILOVER_TIMEOUT_MS = 5000
+#: The failover: the primary is killed once this fraction of the items is stored (the Sentinel's
+#: settings: ``crawler.demo.sentinel``).
 KILL_AT = 1 / 3
-#: Debian's binaries (``apt-get install redis-server redis-sentinel``).
-SENTINEL_BINARIES = ("/usr/bin/redis-server", "/usr/bin/redis-sentinel")
 #: ``single-first``: the spread crawls the single Redis first, then the shards (by default the shards first).
 ORDER_ENV = "BENCH_SHARDS_ORDER"
 #: Set: the working directory (config, logs, wire logs, databases) is kept, and named at the end.
@@ -193,106 +187,6 @@ class RedisSampler:
         first = self.samples[0][1]
         last = next((taken for at, taken in self.samples if at >= moment), self.samples[-1][1])
         return {name: (last[name][0] - first[name][0], last[name][1] - first[name][1]) for name in first}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _answers(port: int) -> bool:
-    try:
-        return bool(Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5).ping())
-    except Exception:
-        return False
-
-
-def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-class SentinelTrio:
-    """A primary, its replica and one Sentinel watching them (Debian's binaries), on free loopback ports."""
-
-    def __init__(self, directory: Path, server: str, sentinel: str):
-        self.directory, self.server, self.sentinel = directory, server, sentinel
-        self.ports = {role: _free_port() for role in ("primary", "replica", "sentinel")}
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    @property
-    def url(self) -> str:
-        return f"redis+sentinel://127.0.0.1:{self.ports['sentinel']}/{SERVICE}/0"
-
-    def start(self) -> SentinelTrio:
-        self._server("primary")
-        self._server("replica", "--replicaof", "127.0.0.1", str(self.ports["primary"]))
-        conf = self.directory / "sentinel.conf"
-        conf.write_text(
-            f"port {self.ports['sentinel']}\nbind 127.0.0.1\ndir {self.directory}\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {self.ports['primary']} 1\n"
-            f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-            f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
-            f"sentinel parallel-syncs {SERVICE} 1\n"
-        )
-        self._start("sentinel", [self.sentinel, str(conf)])
-        _until(lambda: _answers(self.ports["sentinel"]), 10, "the Sentinel to answer")
-        _until(self._replica_seen, 30, "the replica to sync and the Sentinel to see it")
-        return self
-
-    def _server(self, role: str, *extra: str) -> None:
-        data = self.directory / role
-        data.mkdir(exist_ok=True)
-        args = [self.server, "--port", str(self.ports[role]), "--bind", "127.0.0.1", "--dir", str(data)]
-        # No diskless-sync delay: the replica is in sync at once, not 5 s later (Redis 7's default).
-        self._start(role, [*args, "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", *extra])
-        _until(lambda: _answers(self.ports[role]), 10, f"the {role} to answer")
-
-    def _start(self, role: str, args: list[str]) -> None:
-        with (self.directory / f"{role}.log").open("wb") as log:
-            self.processes[role] = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
-            )
-
-    def _replica_seen(self) -> bool:
-        if Redis(port=self.ports["replica"], socket_timeout=1).info("replication").get("master_link_status") != "up":
-            return False
-        replicas = Redis(port=self.ports["sentinel"], socket_timeout=1).sentinel_slaves(SERVICE)
-        return any(not replica["is_sdown"] and not replica["is_disconnected"] for replica in replicas)
-
-    def primary_port(self) -> int | None:
-        """The port of the primary the Sentinel names now (None if it names none or does not answer)."""
-        try:
-            found = Redis(port=self.ports["sentinel"], socket_timeout=1).execute_command(
-                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE
-            )
-        except Exception:
-            return None
-        return int(found[1]) if found else None
-
-    def kill_primary(self) -> float:
-        """``kill -9`` the primary; the ``time.time()`` of the kill."""
-        process = self.processes["primary"]
-        process.send_signal(signal.SIGKILL)
-        killed_at = time.time()
-        process.wait()
-        return killed_at
-
-    def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-
-
-def sentinel_binaries() -> tuple[str, str] | None:
-    """Debian's ``redis-server`` and ``redis-sentinel``, or None if either is missing."""
-    found = [path for path in SENTINEL_BINARIES if os.access(path, os.X_OK)]
-    return (found[0], found[1]) if len(found) == 2 else None
 
 
 def sentinel_supported() -> bool:
@@ -920,7 +814,7 @@ def _longest_gap(arrivals: list[float], began: float, ended: float) -> float | N
 # -- 3. the primary killed behind Sentinel -------------------------------------------------------------
 
 
-def kill_when_busy(trio: SentinelTrio, expected: int) -> Callable[[Running], dict[str, Any]]:
+def kill_when_busy(trio: LocalSentinel, expected: int) -> Callable[[Running], dict[str, Any]]:
     """The ``during`` of the failover: once ``KILL_AT`` of the items are stored, ``kill -9`` the primary."""
 
     def run(running: Running) -> dict[str, Any]:
@@ -939,7 +833,7 @@ def kill_when_busy(trio: SentinelTrio, expected: int) -> Callable[[Running], dic
 
 
 def run_failover(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
-    binaries = sentinel_binaries()
+    binaries = find_binaries()
     why_not = (
         "this crawler takes no redis+sentinel:// URL (the failover work is not merged here)"
         if not sentinel_supported()
@@ -954,7 +848,7 @@ def run_failover(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
     names = site_names("failover", config.sites)
     directory = tmp / "sentinel"
     directory.mkdir()
-    trio = SentinelTrio(directory, *binaries).start()
+    trio = LocalSentinel(directory, *binaries).start()
     try:
         pids = [p.pid for p in trio.processes.values()]
         run = crawl(
@@ -1040,7 +934,7 @@ def run_failover(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
     ]
 
 
-def _found_new_server(trio: SentinelTrio) -> float | None:
+def _found_new_server(trio: LocalSentinel) -> float | None:
     """When the first process found the new primary (``crawler:server``'s since, ms), if the crawler keeps it."""
     name = getattr(keys, "server", None)
     if name is None:

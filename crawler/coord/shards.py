@@ -64,6 +64,8 @@ class ShardSet:
         self.settings = settings
         self._connect = connect
         self._clients: dict[str, Redis] = {}
+        #: Where each site was found by a ``locate`` over every shard: looked up once for this set's life.
+        self._found: dict[str, str] = {}
 
     @property
     def names(self) -> list[str]:
@@ -110,7 +112,8 @@ class ShardSet:
         return str(named) if named else rendezvous(site, self.names)
 
     def locate(self, sites: Iterable[str], among: Sequence[str] | None = None) -> dict[str, str]:
-        """Each site's shard: the one that holds it, else its ``home``. One round trip a shard.
+        """Each site's shard: the one that holds it, else its ``home``. One round trip a shard, the first
+        time a site is asked for (a set lives for one command, or one process's start).
 
         A site on several (a ``crawler move`` cut short) is taken where its ``home`` is among
         them, else on the first named; ``crawler move`` run again finishes the move. ``among``:
@@ -120,6 +123,8 @@ class ShardSet:
         wanted = list(dict.fromkeys(sites))
         if not self.several:
             return dict.fromkeys(wanted, self.names[0])
+        if among is None and all(site in self._found for site in wanted):
+            return {site: self._found[site] for site in wanted}
         asked = self.names if among is None else [name for name in self.names if name in among]
         held: dict[str, list[str]] = {site: [] for site in wanted}
         for name in asked:
@@ -135,6 +140,8 @@ class ShardSet:
             home = self.home(site)
             if where or home in asked:
                 found[site] = home if not where or home in where else where[0]
+        if among is None:
+            self._found.update(found)
         return found
 
     def where(self, site: str) -> str:

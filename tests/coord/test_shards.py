@@ -121,3 +121,17 @@ def test_an_unknown_shard_name_says_which_there_are() -> None:
     shard_set, _ = _shard_set(Settings(), ["a", "b"])
     with pytest.raises(ConfigError, match="no shard 'z'; the shards are: a, b"):
         shard_set.shard("z")
+
+
+def test_a_site_is_looked_up_once_for_the_life_of_the_set() -> None:
+    shard_set, clients = _shard_set(Settings(), ["a", "b"])
+    asked: list[str] = []
+    for name, client in clients.items():
+        original = client.pipeline
+        client.pipeline = lambda *args, name=name, original=original, **kwargs: (
+            asked.append(name) or original(*args, **kwargs)
+        )  # type: ignore[method-assign]
+    shard_set.where("shop")
+    shard_set.where("shop")
+    shard_set.client_for("shop")
+    assert asked == ["a", "b"]  # one look a shard, then the answer kept
