@@ -145,3 +145,24 @@ def test_a_move_waits_for_the_pages_before_the_sites_last_download_then_reads_on
     parser.join()
     assert time.monotonic() - started >= 0.5  # it waited for the page before, parsed at 0.5 s
     assert other.sismember(keys.sites(), "demo") and redis_conn.xlen(keys.pages()) == 1
+
+
+def test_a_restore_the_other_shard_refuses_midway_is_undone_there_and_the_site_stays_where_it_was(
+    runtime: Runtime, redis_conn: Redis, other: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.client import Pipeline
+
+    seed(runtime.frontier("demo"), [f"http://127.0.0.1:9/{n}" for n in range(10)])
+    before = site_keys(redis_conn, "demo")
+    restore = Pipeline.restore
+
+    def corrupted(self: Pipeline, name: str, ttl: int, value: bytes, *args: object, **kwargs: object) -> object:
+        return restore(self, name, ttl, b"not a dump", *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Pipeline, "restore", corrupted)  # RESTORE fails at EXEC; the rest of the transaction runs
+    with pytest.raises(ConfigError, match="demo: the other shard refused the copy .*: not moved"):
+        move_site(redis_conn, other, "demo", lambda connection: None, quiet_wait=5, settle=0)
+    assert not other.sismember(keys.sites(), "demo") and other.zscore(keys.ready(), "demo") is None  # undone
+    assert site_keys(other, "demo") == {}
+    assert site_keys(redis_conn, "demo").keys() - {keys.live_settings("demo")} == before.keys()
+    assert read_live(redis_conn, "demo").get("paused") == "0" and not other.smembers(keys.moving())
