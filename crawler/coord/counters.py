@@ -2,8 +2,9 @@
 
 The one writer of ``crawler:stats:SITE`` and ``crawler:metrics:SITE``: a job ``add``s its
 increments to its process's ``Counters``, which writes the sums in one transaction at most
-FLUSH_EVERY after the first unwritten count (longer with many sites' counts waiting), the
-metrics METRICS_PERIODS times less often, and everything at once on ``flush``/``flush_if_quiet``.
+FLUSH_EVERY after the first unwritten count (longer with many sites' counts waiting: those of
+every shard the process serves, ``FlushPace``), the metrics METRICS_PERIODS times less often, and
+everything at once on ``flush``/``flush_if_quiet``.
 Counts made before a site's reset are never written after it (``keys.resets``). Fields
 program logic reads exact (``IMMEDIATE``, ``crawler:errors:SITE``) are written where they
 are decided. The design and its price: docs/ARCHITECTURE.md ("Counters are summed in
@@ -16,6 +17,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,12 +54,34 @@ IMMEDIATE = frozenset({"delayed", "recrawls"})
 Number = int | float
 
 
+class FlushPace:
+    """The sites with counts waiting in every ``Counters`` of a process (one a shard it serves).
+
+    Each shard's counters time their writes by this sum, not by their own sites: a process's
+    counts spread over three shards are written as often as on one Redis, each write carrying
+    only its shard's sites, so a shard's writes a page are not three times one Redis's.
+    """
+
+    def __init__(self) -> None:
+        self._members: weakref.WeakSet[Counters] = weakref.WeakSet()
+
+    def join(self, counters: Counters) -> None:
+        self._members.add(counters)
+
+    def sites_waiting(self) -> int:
+        return sum(member.sites_waiting for member in list(self._members))
+
+
 class Counters:
     """The counts of one process not yet written to Redis (see the module docstring). Thread-safe."""
 
-    def __init__(self, connection: Redis, flush_every: float = FLUSH_EVERY):
+    def __init__(self, connection: Redis, flush_every: float = FLUSH_EVERY, pace: FlushPace | None = None):
         self.connection = connection
         self.flush_every = flush_every
+        #: Sites with counts not yet written (read by ``FlushPace`` without the lock: an int read is atomic).
+        self.sites_waiting = 0
+        self._pace = pace or FlushPace()
+        self._pace.join(self)
         self._cond = threading.Condition()  # guards every attribute below but _writing
         self._stats: dict[str, dict[str, int]] = {}
         self._metrics: dict[str, dict[str, Number]] = {}
@@ -84,6 +108,8 @@ class Counters:
         if stats and site not in self._resets:
             self._learn_resets(site)
         with self._cond:
+            if site not in self._stats and site not in self._metrics and (stats or metrics):
+                self.sites_waiting += 1
             if stats:
                 pending = self._stats.get(site)
                 if pending is None:
@@ -125,6 +151,7 @@ class Counters:
                     self._metrics_since = None
                 counted_at, self._counted_at = self._counted_at, {}
                 self._since = None
+                self.sites_waiting = len(self._metrics)
             if not stats and not metrics:
                 return True
             try:
@@ -214,6 +241,7 @@ class Counters:
                 into = self._metrics.setdefault(site, {})
                 for name, amount in amounts.items():
                     into[name] = into.get(name, 0) + amount
+            self.sites_waiting = len(self._stats.keys() | self._metrics.keys())
             self._since = time.monotonic()  # the next try in one interval
             if metrics:
                 self._metrics_since = self._since
@@ -221,8 +249,8 @@ class Counters:
 
     def _period(self) -> float:
         """Seconds between two writes now: ``flush_every``, longer with counts of many sites waiting
-        (called holding the lock; see SITES_PER_PERIOD)."""
-        sites = len(self._stats.keys() | self._metrics.keys())
+        in the process (called holding the lock; see SITES_PER_PERIOD and ``FlushPace``)."""
+        sites = self._pace.sites_waiting()
         return self.flush_every * min(MOST_PERIODS, max(1.0, sites / SITES_PER_PERIOD))
 
     def _start(self) -> None:

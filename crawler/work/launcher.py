@@ -29,6 +29,7 @@ from typing import Any
 from redis import Redis
 
 from ..coord.connection import connect
+from ..coord.counters import FlushPace
 from ..coord.shards import shards_of
 from ..settings import Settings, scrub, secrets_of, url_secrets
 from . import idle
@@ -113,10 +114,11 @@ def run_worker_process(
         threading.Thread(
             target=_stop_when_orphaned, args=(launcher_pid, stop, told_to_stop), name="orphan-watch", daemon=True
         ).start()
+    pace = FlushPace()  # every shard's counts written as often as one Redis's
     try:
         for shard in served:
             spiders = runtimes[0].spider_set if runtimes else None  # loaded once, whatever the shards
-            runtimes.append(Runtime(worker_connection(shard.url, most), settings, spiders))
+            runtimes.append(Runtime(worker_connection(shard.url, most), settings, spiders, pace))
         if len(runtimes) == 1:
             WorkerThreads(spec, runtimes[0].connection, runtimes[0], stop, most).run()
         else:

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from redis import Redis
 
 from ..coord import keys
-from ..coord.counters import Counters
+from ..coord.counters import Counters, FlushPace
 from ..coord.frontier import Frontier
 from ..coord.gate import Gate, Unless, site_gate
 from ..coord.pacing import Pace, Pacer
@@ -56,7 +56,9 @@ BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
 class Runtime:
     """Shared state of one crawler process."""
 
-    def __init__(self, connection: Redis, settings: Settings, spider_set: SpiderSet | None = None):
+    def __init__(
+        self, connection: Redis, settings: Settings, spider_set: SpiderSet | None = None, pace: FlushPace | None = None
+    ):
         self.connection = connection
         self.settings = settings
         self.spider_set = spider_set or load_spiders(settings.sites_dir, extra=BUNDLED_SPIDERS)
@@ -67,8 +69,9 @@ class Runtime:
         self._frontiers: dict[str, Frontier] = {}
         #: What this process remembers of each site between its jobs: turns, answer times.
         self.memory = SiteMemory()
-        #: The process's stats and metrics not yet written to Redis (``counters``).
-        self.counters = Counters(connection)
+        #: The process's stats and metrics not yet written to Redis (``counters``), written at the
+        #: ``pace`` of every shard's counts in the process.
+        self.counters = Counters(connection, pace=pace)
         self._pipelines: dict[str, Pipelines] = {}
         self._retired_pipelines: list[Pipelines] = []
         self._pipelines_lock = threading.Lock()  # guards the two collections above and ``_opening``

@@ -284,3 +284,31 @@ def test_counts_of_many_sites_are_written_less_often_so_a_page_costs_fewer_comma
         few.close()
         many.close()
     assert redis_conn.hget(keys.stats("many999"), "fetched") == b"1"
+
+
+def test_counters_of_one_process_s_shards_are_written_at_the_pace_of_all_their_sites(redis_conn: Redis) -> None:
+    """A process serving three shards has one ``Counters`` a shard: with a ``FlushPace`` shared, a
+    shard whose own sites are few still waits as long as the process's sites together make it (what
+    one Redis's counters would wait), so its writes a page are not those of a small crawl."""
+    pace = counters.FlushPace()
+    alone = Counters(redis_conn, flush_every=0.2)
+    shared = [Counters(redis_conn, flush_every=0.2, pace=pace) for _ in range(3)]
+    try:
+        started = time.monotonic()
+        for n, each in enumerate([alone, *shared]):
+            for i in range(100):  # 100 sites each: alone, one period; together, 300 sites, longer
+                each.add(f"s{n}-{i}", {"fetched": 1})
+        assert pace.sites_waiting() == 300
+        while alone.pending() and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        alone_took = time.monotonic() - started
+        while any(each.pending() for each in shared) and time.monotonic() - started < 5:
+            time.sleep(0.01)
+        shared_took = time.monotonic() - started
+        assert alone_took < 0.2 * 100 / counters.SITES_PER_PERIOD + 0.3
+        assert shared_took >= 0.2 * counters.MOST_PERIODS - 0.1, "each shard waited for its own 100 sites only"
+        assert pace.sites_waiting() == 0
+    finally:
+        for each in [alone, *shared]:
+            each.close()
+    assert redis_conn.hget(keys.stats("s3-99"), "fetched") == b"1"
