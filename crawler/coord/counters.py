@@ -59,7 +59,8 @@ class FlushPace:
 
     Each shard's counters time their writes by this sum, not by their own sites: a process's
     counts spread over three shards are written as often as on one Redis, each write carrying
-    only its shard's sites, so a shard's writes a page are not three times one Redis's.
+    only its shard's sites, so a shard's writes a page are not three times one Redis's. Likewise a
+    shard's counters are quiet (``flush_if_quiet``) only once the whole process is.
     """
 
     def __init__(self) -> None:
@@ -70,6 +71,10 @@ class FlushPace:
 
     def sites_waiting(self) -> int:
         return sum(member.sites_waiting for member in list(self._members))
+
+    def last_count(self) -> float:
+        """When the process's latest count was made, on any shard (monotonic)."""
+        return max((member.last_count for member in list(self._members)), default=0.0)
 
 
 class Counters:
@@ -89,7 +94,8 @@ class Counters:
         self._resets: dict[str, int] = {}  # site -> the reset count last seen in Redis
         self._since: float | None = None  # when the oldest stats count not yet written was made (monotonic)
         self._metrics_since: float | None = None  # the same, of the metrics
-        self._last = 0.0  # when the latest count was made (monotonic)
+        #: When the latest count was made (monotonic; read by ``FlushPace`` without the lock).
+        self.last_count = 0.0
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failing = False
@@ -121,12 +127,12 @@ class Counters:
                 into = self._metrics.setdefault(site, {})
                 for name, amount in metrics.items():
                     into[name] = into.get(name, 0) + amount
-            self._last = time.monotonic()
+            self.last_count = time.monotonic()
             started = self._since is not None or self._metrics_since is not None
             if stats and self._since is None:
-                self._since = self._last
+                self._since = self.last_count
             if metrics and self._metrics_since is None:
-                self._metrics_since = self._last
+                self._metrics_since = self.last_count
             if not started:
                 self._start()
 
@@ -176,8 +182,10 @@ class Counters:
         return True
 
     def flush_if_quiet(self, quiet: float = QUIET) -> None:
-        """``flush`` if counts wait and none was made in the last ``quiet`` seconds (a worker with no work calls it)."""
-        if (self._since is not None or self._metrics_since is not None) and time.monotonic() - self._last >= quiet:
+        """``flush`` if counts wait and none was made in the process (on any shard) in the last ``quiet``
+        seconds (a worker with no work calls it)."""
+        waiting = self._since is not None or self._metrics_since is not None
+        if waiting and time.monotonic() - self._pace.last_count() >= quiet:
             self.flush()
 
     def close(self) -> None:

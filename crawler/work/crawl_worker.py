@@ -29,7 +29,7 @@ from ..coord import inflight, joblife, keys
 from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
-from . import idle, listener, runtime
+from . import drain, idle, listener, runtime
 from .drain import crawl_drained
 from .leases import LeaseKeeper
 from .watchdog import WatchdogDeathPenalty
@@ -40,6 +40,10 @@ IDLE_SLEEP = 1.0
 #: Least seconds between two drain looks of a burst process (``drain.crawl_drained``): a look
 #: while anything runs or is queued costs a few commands, so a burst ends soon after its last page.
 DRAIN_LOOK_EVERY = 0.05
+#: Least seconds between two drain looks of a burst process whose last look found sites' work waiting
+#: for their turn and no process with a job in hand (a crawl's tail of slow sites): the crawl cannot
+#: end before a job is handed out, and the process that takes it looks again once it is done.
+DRAIN_WAITING_EVERY = 0.25
 #: Least seconds between two drain looks of a process that count every site's work (five commands
 #: a site): made once nothing runs and the few commands found nothing (at the end, or while the
 #: crawl's only retries wait behind other crawls' on the same Redis).
@@ -351,8 +355,11 @@ class CrawlWorker(SimpleWorker):
 
     def _drain_wait(self) -> float:
         """Longest a burst's look waits for the next: DRAIN_LOOK_EVERY once no thread of the process
-        holds a job (the crawl may be over), DRAIN_EVERY while one does (it cannot be)."""
-        return DRAIN_EVERY if self._leases.holding else DRAIN_LOOK_EVERY
+        holds a job (the crawl may be over), DRAIN_EVERY while one does (it cannot be), and
+        DRAIN_WAITING_EVERY while the last drain look found only sites' work waiting for its turn."""
+        if self._leases.holding:
+            return DRAIN_EVERY
+        return DRAIN_WAITING_EVERY if self._idle.drain_saw == drain.SITES else DRAIN_LOOK_EVERY
 
     def _handed_off(self) -> bool:
         """Whether the look handed this thread a site to take a job of outside the lookers' room."""
@@ -364,12 +371,16 @@ class CrawlWorker(SimpleWorker):
         burst, or while a thread of the process holds a job (the crawl is not drained)."""
         if not self._burst:
             return False
-        room, every = self._idle.room, self._idle.every
-        return room.drained or (
-            not self._leases.holding  # a job of this process in hand: not drained, nothing to ask
-            and every.due("drain", DRAIN_LOOK_EVERY)
-            and crawl_drained(self.connection, self.sites, lambda: every.due("drain-all", DRAIN_EVERY))
-        )
+        room, every, shared = self._idle.room, self._idle.every, self._idle
+        if room.drained:
+            return True
+        period = DRAIN_WAITING_EVERY if shared.drain_saw == drain.SITES else DRAIN_LOOK_EVERY
+        if self._leases.holding or not every.due("drain", period):  # a job in hand: not drained, nothing to ask
+            return False
+        seen: list[str] = []
+        drained = crawl_drained(self.connection, self.sites, lambda: every.due("drain-all", DRAIN_EVERY), seen)
+        shared.drain_saw = seen[0] if seen else ""
+        return drained
 
     def _redis_down(self, exc: Exception) -> float:
         """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""

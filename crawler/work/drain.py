@@ -46,7 +46,12 @@ def pending_jobs(connection: Redis, queue_names: Iterable[str]) -> int:
 QUICK_SITES = 3
 
 
-def quick_work(connection: Redis, sites: Sequence[str]) -> int:
+#: What a look that found work saw first (``crawl_drained``'s ``seen``): processes with jobs in hand,
+#: pages to parse or records to write, or work of sites (queued, or retries) waiting for their turn.
+BUSY, PAGES, SITES = "busy", "pages", "sites"
+
+
+def quick_work(connection: Redis, sites: Sequence[str], seen: list[str] | None = None) -> int:
     """Work found by a look of a constant number of commands, whatever the number of sites; 0: none seen.
 
     Pages to parse, records waiting for the database, the QUICK_SITES retries due soonest
@@ -54,7 +59,7 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
     ZMSCORE) whose RQ queue or compact frontier holds entries. A count found here is real
     work; 0 proves nothing (running jobs, the retries of ``sites`` behind other sites'
     and sites missing from the ready set are not looked at): ``pending_work`` then reads
-    every site.
+    every site. ``seen``: given, PAGES or SITES is appended to it when work is found.
     """
     with connection.pipeline(transaction=False) as pipe:
         if sites:
@@ -67,10 +72,10 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
         replies = pipe.execute()
     found = int(replies[-1] or 0) + int(replies[-2] or 0)
     if found or not sites:
-        return found
+        return _saw(seen, PAGES, found)
     found = _retries_of(replies[1], sites)
     if found:
-        return found
+        return _saw(seen, SITES, found)
     listed = [site for site, score in zip(sites, replies[0], strict=True) if score is not None][:QUICK_SITES]
     if not listed:
         return 0
@@ -78,7 +83,13 @@ def quick_work(connection: Redis, sites: Sequence[str]) -> int:
         for site in listed:
             pipe.llen(Queue(keys.download_queue(site), connection=connection).key)
             pipe.zcard(keys.levels(site))
-        return sum(int(n or 0) for n in pipe.execute())
+        return _saw(seen, SITES, sum(int(n or 0) for n in pipe.execute()))
+
+
+def _saw(seen: list[str] | None, what: str, found: int) -> int:
+    if found and seen is not None:
+        seen.append(what)
+    return found
 
 
 def _retries_of(members: list[Any], sites: Sequence[str]) -> int:
@@ -137,7 +148,8 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
 
 
 #: Seconds for which an exact count's "drained" stands for the other burst processes of the fleet
-#: (``keys.drained``): each would otherwise count every site twice itself as the crawl ends.
+#: (``keys.drained``), from its last use: each would otherwise count every site twice itself as the
+#: crawl ends.
 DRAINED_WORD_FOR = 2.0
 #: What the word holds when a count found work: this, then the first site it found with some.
 WORK_AT = "work at "
@@ -145,7 +157,12 @@ WORK_AT = "work at "
 COUNTING = "counting"
 
 
-def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[], bool] | None = None) -> bool:
+def crawl_drained(
+    connection: Redis,
+    sites: Iterable[str],
+    count_all: Callable[[], bool] | None = None,
+    seen: list[str] | None = None,
+) -> bool:
     """Whether nothing is left to do for ``sites``: downloads, retries, every page to parse.
 
     Checked twice a moment apart, so work passing between two lists is not missed; a burst's
@@ -153,17 +170,25 @@ def crawl_drained(connection: Redis, sites: Iterable[str], count_all: Callable[[
     seconds instead, once its cheap looks see nothing.
     ``count_all``: asked before a look reads every site (once the cheap looks saw nothing);
     False: not drained, as far as this look says, so a burst may look often while its
-    every-site counts are made at the pace ``count_all`` sets.
+    every-site counts are made at the pace ``count_all`` sets. ``seen``: given, what a cheap look
+    that found work saw first is appended to it (BUSY, PAGES or SITES).
     """
     sites = list(sites)
-    if count_all is not None and (busy_processes(connection) or quick_work(connection, sites) or not count_all()):
-        return False
+    if count_all is not None:
+        if busy_processes(connection):
+            _saw(seen, BUSY, 1)
+            return False
+        if quick_work(connection, sites, seen) or not count_all():
+            return False
     # Another process's exact count found it drained a moment ago, no job was handed out since (NEXT_JOB
     # deletes the word), and the cheap looks see nothing: no process holds a job or has a page to parse.
     # Or it found work at a site: while that site has work, no count of every site is needed.
     group, word_ms = keys.group(sites), int(DRAINED_WORD_FOR * 1000)
     word = text(connection.get(keys.drained()) or b"") if count_all is not None else ""
     if word == group:
+        # Still true, as far as the word's voiding goes: it stands longer, so the burst runs of a
+        # process's drained shard, begun again while other shards finish, do not count it again.
+        connection.pexpire(keys.drained(), word_ms)
         return True
     if word == COUNTING:  # another process is counting every site: its word comes within a moment
         return False

@@ -333,6 +333,8 @@ class Shared:
     def __init__(self) -> None:
         self.room = IdleRoom()
         self.every = Every()
+        #: What the process's last drain look that found work saw first (``drain.crawl_drained``'s ``seen``).
+        self.drain_saw = ""
         self._made: dict[str, Any] = {}
         self._lock = threading.Lock()
 

@@ -312,3 +312,23 @@ def test_counters_of_one_process_s_shards_are_written_at_the_pace_of_all_their_s
         for each in [alone, *shared]:
             each.close()
     assert redis_conn.hget(keys.stats("s3-99"), "fetched") == b"1"
+
+
+def test_a_shard_s_counters_are_quiet_only_once_the_whole_process_has_stopped_counting(redis_conn: Redis) -> None:
+    """A worker of one shard with nothing to do writes its counts at once if its process is at rest; while
+    the process counts on another shard it is not, so those writes wait for the period."""
+    pace = counters.FlushPace()
+    idle, busy = (Counters(redis_conn, flush_every=NEVER, pace=pace) for _ in range(2))
+    try:
+        idle.add("quiet-shard", {"fetched": 1})
+        busy.add("busy-shard", {"fetched": 1})
+        time.sleep(counters.QUIET)
+        busy.add("busy-shard", {"fetched": 1})  # the process still counts, on the other shard
+        idle.flush_if_quiet()
+        assert idle.pending() == 1, "written while the process was counting"
+        time.sleep(counters.QUIET)
+        idle.flush_if_quiet()
+        assert idle.pending() == 0 and stats(redis_conn, "quiet-shard") == {"fetched": 1}
+    finally:
+        idle.close()
+        busy.close()

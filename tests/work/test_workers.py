@@ -660,6 +660,33 @@ def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_
     assert max(costs.values()) <= 5 + 2 * QUICK_SITES, f"commands a look: {costs}"
 
 
+def test_a_drain_look_says_what_work_it_saw_first_jobs_in_hand_pages_or_sites_waiting(redis_conn: Redis) -> None:
+    """What a burst process paces its next look by: sites' work waiting for its turn (the look may wait),
+    against jobs in hand or pages to parse (the crawl's end may come any moment)."""
+    from crawler.coord import inflight
+    from crawler.work.drain import BUSY, PAGES, SITES, crawl_drained
+
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox(), keys.delayed())
+    sites = ["w0", "w1"]
+
+    def saw() -> list[str]:
+        seen: list[str] = []
+        assert not crawl_drained(redis_conn, sites, lambda: True, seen)
+        return seen
+
+    redis_conn.rpush(f"rq:queue:{keys.download_queue('w1')}", "job-w1")
+    redis_conn.zadd(keys.ready(), {"w1": 0})
+    assert saw() == [SITES]
+    redis_conn.xadd(keys.pages(), {"p": "1"})
+    assert saw() == [PAGES]
+    inflight.note_busy(redis_conn, "host:1:a", job_lease=10)
+    assert saw() == [BUSY]
+    inflight.note_idle(redis_conn, "host:1:a")
+    redis_conn.delete(keys.ready(), keys.pages(), f"rq:queue:{keys.download_queue('w1')}")
+    seen: list[str] = []
+    assert crawl_drained(redis_conn, sites, lambda: True, seen) and seen == []
+
+
 def test_a_drain_look_while_downloads_run_and_nothing_is_queued_costs_the_same_at_20_or_2000_sites(
     redis_conn: Redis,
 ) -> None:
@@ -771,7 +798,7 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
     first, counted = commands()
     assert first and counted >= 2 * 5 * len(sites)  # the first process counts every site, twice
     second, spent = commands()
-    assert second and spent <= 6 + 2 * QUICK_SITES, f"another process's look counted again: {spent} commands"
+    assert second and spent <= 7 + 2 * QUICK_SITES, f"another process's look counted again: {spent} commands"
     redis_conn.rpush(f"rq:queue:{keys.download_queue('v7')}", "job")  # a site seeded again
     redis_conn.zadd(keys.ready(), {"v7": 0})
     assert not crawl_drained(redis_conn, sites, lambda: True)
@@ -788,6 +815,39 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
     assert redis_conn.get(keys.drained()) == b"work at v300"
     hinted, spent = commands()
     assert not hinted and spent <= 20 + 2 * QUICK_SITES, f"a look with a site named counted every site: {spent}"
+
+
+def test_a_drained_word_taken_again_and_again_stands_until_work_voids_it_not_its_first_life(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process of several shards begins a drained shard's burst run again every half second while the
+    other shards finish: each run taking the word let it lapse all the same, and each lapse cost two
+    counts of every site of the shard. Taken, it stands DRAINED_WORD_FOR more; a job handed out still
+    voids it."""
+    from crawler.coord.scheduler import Scheduler
+    from crawler.work import drain
+    from crawler.work.drain import crawl_drained
+
+    monkeypatch.setattr(drain, "DRAINED_WORD_FOR", 0.3)
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox(), keys.drained())
+    sites = [f"x{i}" for i in range(100)]
+    redis_conn.sadd(keys.sites(), *sites)
+    counts: list[int] = []
+    count = drain.pending_work
+    monkeypatch.setattr(drain, "pending_work", lambda *a, **k: counts.append(1) or count(*a, **k))
+    assert crawl_drained(redis_conn, sites, lambda: True) and len(counts) == 2
+    for _ in range(6):  # 1.2 s: four of the word's lives
+        time.sleep(0.2)
+        assert crawl_drained(redis_conn, sites, lambda: True)
+    assert len(counts) == 2, "the word lapsed though taken within its life"
+    redis_conn.rpush(f"rq:queue:{keys.download_queue('x7')}", "job")
+    redis_conn.zadd(keys.ready(), {"x7": 0})
+    assert Scheduler(redis_conn, ["x7"]).next().job_id == "job" and not redis_conn.exists(keys.drained())
+    time.sleep(0.5)  # and once no look takes it, it lapses
+    redis_conn.delete(f"rq:queue:{keys.download_queue('x7')}:intermediate", keys.ready())
+    assert crawl_drained(redis_conn, sites, lambda: True) and len(counts) == 4
+    time.sleep(0.4)
+    assert not redis_conn.exists(keys.drained())
 
 
 def test_an_exact_drain_count_reads_only_the_sites_this_redis_holds_not_those_of_other_shards(
@@ -830,6 +890,42 @@ def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_
         worker._leases.close()
     assert not worker._drained() and looks == [True]
     assert worker._drain_wait() == DRAIN_LOOK_EVERY
+
+
+def test_a_burst_process_whose_drain_look_saw_sites_waiting_for_their_turn_looks_again_less_often(
+    redis_conn: Redis, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tail of a crawl of slow sites: no process holds a job, each site's work waits for its gate.
+    Looks every 50 ms, each with a drain look of some ten commands, were a fixed cost of every Redis
+    (of every shard) whatever its pages; the crawl cannot end before a job is handed out. Pages to
+    parse (the crawl's very end) bring back the 50 ms looks."""
+    from crawler.work import crawl_worker, drain
+    from crawler.work.crawl_worker import DRAIN_LOOK_EVERY, DRAIN_WAITING_EVERY
+
+    saw: list[str] = [drain.SITES]
+    looks: list[float] = []
+
+    def look(connection: Redis, sites: object, count_all: object, seen: list[str]) -> bool:
+        looks.append(time.monotonic())
+        seen.append(saw[0])
+        return False
+
+    monkeypatch.setattr(crawl_worker, "crawl_drained", look)
+    worker = DownloadWorker(redis_conn, ["quiet"], rt=runtime)
+    worker._burst = True
+    try:
+        assert not worker._drained() and len(looks) == 1
+        assert worker._drain_wait() == DRAIN_WAITING_EVERY
+        time.sleep(DRAIN_LOOK_EVERY * 1.5)
+        assert not worker._drained() and len(looks) == 1, "looked again 50 ms on while sites wait"
+        time.sleep(DRAIN_WAITING_EVERY)
+        saw[0] = drain.PAGES
+        assert not worker._drained() and len(looks) == 2
+        assert worker._drain_wait() == DRAIN_LOOK_EVERY
+        time.sleep(DRAIN_LOOK_EVERY * 1.5)
+        assert not worker._drained() and len(looks) == 3
+    finally:
+        worker._leases.close()
 
 
 def test_burst_workers_end_once_the_crawl_drains_not_when_the_sites_next_turn_comes(
