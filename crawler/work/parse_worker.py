@@ -35,7 +35,7 @@ from ..coord.joblife import HEARTBEAT_EVERY
 from ..coord.vetting import RefusedEntry, page_entry
 from ..errors import ConfigError, RefusedRecord
 from ..store import outbox
-from . import parse_job, runtime
+from . import drain, parse_job, runtime
 from .drain import crawl_drained
 from .idle import Every
 from .watchdog import WatchdogDeathPenalty
@@ -49,6 +49,9 @@ READ_BLOCK = 1.0
 #: Longest wait for a new entry of a burst worker (its drain look follows each wait that found
 #: none): a burst ends up to about this long after its last page.
 BURST_READ_BLOCK = 0.05
+#: The same while its last drain look saw only sites' work waiting for its turn (the tail of a crawl
+#: of slow sites): the crawl cannot end before a job of theirs is handed out, whose page wakes it.
+BURST_WAITING_BLOCK = 0.25
 #: Least seconds between two drain looks of a burst worker that count every site's work (five
 #: commands a site): the look after each empty wait costs a few commands until then.
 DRAIN_COUNT_EVERY = 0.25
@@ -165,6 +168,7 @@ class ParseWorker:
         self._warned: set[str] = set()
         self._last_reclaim = self._last_flush = self._last_forget = self._last_suspension_check = 0.0
         self._every = Every()
+        self._drain_saw = ""  # what the last drain look that found work saw first (``drain.crawl_drained``)
         #: The waits while Redis, or the database, does not answer (``_redis_down``, ``_db_down``).
         self._redis_waits = outage_waits()
         self._db_waits = outage_waits()
@@ -243,8 +247,10 @@ class ParseWorker:
             self._last_reclaim = now
             entries = pages.reclaim(self._client, self.name, self.runtime.settings.job_lease * 1000, READ_COUNT)
         if not entries:
-            block = BURST_READ_BLOCK if burst else READ_BLOCK
-            entries = pages.read(self._client, self.name, READ_COUNT, int(block * 1000))
+            block = (
+                READ_BLOCK if not burst else BURST_WAITING_BLOCK if self._drain_saw == drain.SITES else BURST_READ_BLOCK
+            )
+            entries = pages.read(self._client, self.name, READ_COUNT, int((block if burst else READ_BLOCK) * 1000))
         if entries:
             if not self._run_batch(entries):  # only pages of sites with no spider here: let others take them
                 self.stop_event.wait(HAND_BACK_WAIT)
@@ -252,8 +258,12 @@ class ParseWorker:
                 self.stop_event.wait(READ_PAUSE)
             return True
         self.runtime.counters.flush_if_quiet()  # nothing to parse: at rest, the counts exact at once
-        count_all = partial(self._every.due, "drain-all", DRAIN_COUNT_EVERY)
-        return not (burst and crawl_drained(self.connection, self.sites, count_all))
+        if not burst:
+            return True
+        count_all, seen = partial(self._every.due, "drain-all", DRAIN_COUNT_EVERY), list[str]()
+        drained = crawl_drained(self.connection, self.sites, count_all, seen)
+        self._drain_saw = seen[0] if seen else ""
+        return not drained
 
     def _periodic(self) -> None:
         """Fetch records waiting for the database (every 2 s); long-gone consumers out of the group."""

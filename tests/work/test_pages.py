@@ -151,6 +151,38 @@ def test_a_burst_parse_worker_ends_soon_after_its_last_page(echo: Runtime, redis
     assert took < (BURST_READ_BLOCK + READ_BLOCK) / 2 + 0.2, f"the burst ended {took:.2f} s after its last page"
 
 
+def test_a_burst_parse_worker_reads_longer_while_the_crawl_s_sites_wait_for_their_turn(
+    echo: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each empty 50 ms read was followed by a drain look of some ten commands on every shard, also
+    while no process held a job and the sites' work waited for their gates (a crawl's tail of slow
+    sites): then it blocks BURST_WAITING_BLOCK, and a page still wakes it at once."""
+    from crawler.work import drain, parse_worker
+    from crawler.work.parse_worker import BURST_READ_BLOCK, BURST_WAITING_BLOCK
+
+    saw = [drain.SITES]
+    blocks: list[int] = []
+    read = pages.read
+
+    def look(connection: Redis, sites: object, count_all: object, seen: list[str]) -> bool:
+        seen.append(saw[0])
+        return False
+
+    def reading(client: Redis, name: str, count: int, block_ms: int) -> list[pages.Entry]:
+        blocks.append(block_ms)
+        return read(client, name, count, block_ms)
+
+    monkeypatch.setattr(parse_worker, "crawl_drained", look)
+    monkeypatch.setattr(pages, "read", reading)
+    pages.ensure_group(redis_conn)
+    worker = ParseWorker(redis_conn, (SITE,), stop_event=threading.Event(), rt=echo)
+    assert worker._step(burst=True) and worker._step(burst=True)
+    assert blocks == [BURST_READ_BLOCK * 1000, BURST_WAITING_BLOCK * 1000]
+    saw[0] = drain.BUSY
+    assert worker._step(burst=True) and worker._step(burst=True)
+    assert blocks[2:] == [BURST_WAITING_BLOCK * 1000, BURST_READ_BLOCK * 1000]
+
+
 def test_a_stopped_worker_finishes_its_page_and_puts_the_rest_of_its_batch_back(
     echo: Runtime, redis_conn: Redis
 ) -> None:
