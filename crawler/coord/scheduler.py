@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,11 @@ PREPARE_AHEAD = 0.015
 #: site's alone, so its round trips (job, refill, claim, settings) are taken off the interval. The
 #: gate still decides when the request goes. At most half ``work.batching.PACED_MIN_INTERVAL``.
 FOLLOW_AHEAD = 0.25
+#: Longest seconds a process's looks for due retries and refreshes (``Scheduler.may_have_due``) trust the
+#: last one's word that none is due yet: those another process schedules meanwhile come due at most this
+#: late (its own are looked for when they come due). Five looks a second, on every shard, were a fixed
+#: cost of each Redis whatever its pages.
+PROMOTE_LOOKS_MOST = 1.0
 
 
 def encode_entry(
@@ -167,6 +173,8 @@ class Scheduler:
         self._lease_ms = int(lease * 1000)
         #: The gate each site's conf was last seen to name (a shared one), per site.
         self._gates: dict[str, str | bytes] = {}
+        #: Until when (monotonic) no retry or refresh is due, as far as this process knows (``may_have_due``).
+        self._none_due_until = 0.0
 
     def next(self) -> Next:
         """One job id of the next due site whose gate is open: PICK_SITE, then NEXT_JOB.
@@ -249,7 +257,9 @@ class Scheduler:
         redis-py asks whether the scripts are loaded before every pipeline that runs one.
         """
         sets = ((keys.delayed(), "delayed", "delayed"), (keys.recrawls(), "recrawl", "recrawls"))
-        found = self._due(keys=[key for key, _, _ in sets], args=[limit])
+        *found, soonest_ms = self._due(keys=[key for key, _, _ in sets], args=[limit])
+        wait = PROMOTE_LOOKS_MOST if int(soonest_ms) < 0 else min(PROMOTE_LOOKS_MOST, int(soonest_ms) / 1000)
+        self._none_due_until = time.monotonic() + wait
         moved = 0
         for (key, what, counter), members in zip(sets, found, strict=True):
             if not members:
@@ -265,14 +275,25 @@ class Scheduler:
             moved += int(self._promote(keys=promote_keys, args=args))
         return moved
 
+    def may_have_due(self) -> bool:
+        """Whether a ``promote_due`` now may find something: not before the first retry or refresh the last
+        one saw waiting is due, nor any of this scheduler's since, and at least every PROMOTE_LOOKS_MOST s
+        (those another process scheduled meanwhile)."""
+        return time.monotonic() >= self._none_due_until
+
+    def _due_in(self, delay: float) -> None:
+        self._none_due_until = min(self._none_due_until, time.monotonic() + delay)
+
     def schedule(self, site: str, entry: str, delay: float, priority: int = 0) -> None:
         """Put ``entry`` back in ``site``'s frontier (at ``priority``) after ``delay`` seconds."""
+        self._due_in(delay)
         member = f"{site}\t{priority}\t{secrets.token_hex(4)}\t{entry}"
         self._schedule(keys=[keys.delayed(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "delayed"])
 
     def schedule_refresh(self, site: str, entry: str, delay: float, priority: int) -> None:
         """Fetch ``entry``'s page again in ``delay`` seconds, whatever the seen set says; one page has one
         refresh pending: scheduling the same entry again moves it in time."""
+        self._due_in(delay)
         member = f"{site}\t{priority}\t-\t{entry}"
         self._schedule(keys=[keys.recrawls(), keys.stats(site)], args=[member, max(0, int(delay * 1000)), "recrawls"])
 

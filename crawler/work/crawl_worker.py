@@ -501,7 +501,7 @@ class CrawlWorker(SimpleWorker):
         otherwise, so an idle fleet costs Redis little whatever its number of sites.
         """
         every = self._idle.every
-        if every.due("promote", PROMOTE_EVERY):
+        if self.runtime.scheduler.may_have_due() and every.due("promote", PROMOTE_EVERY):
             self.runtime.scheduler.promote_due()
         if every.due("reap", REAP_EVERY) and (
             self._burst or inflight.busy_processes(self.connection) or every.due("idle-reap", IDLE_REAP_EVERY)

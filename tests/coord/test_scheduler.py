@@ -191,6 +191,29 @@ def test_dequeue_cost_does_not_grow_with_the_number_of_sites(redis_conn: Redis) 
     assert calls < 50 * 45  # 40.3 a handout measured (37.3 when one script did both)
 
 
+def test_a_process_looks_for_due_retries_when_one_may_be_due_not_five_times_a_second(redis_conn: Redis) -> None:
+    """Each download process of each shard looked for due retries every 0.2 s (four commands), idle or
+    not: a look now says when the first waiting one is due, and this process's own come due on time;
+    another process's are looked for at least every PROMOTE_LOOKS_MOST seconds."""
+    from crawler.coord.scheduler import PROMOTE_LOOKS_MOST
+
+    redis_conn.delete(keys.delayed(), keys.recrawls())
+    mine, other = Scheduler(redis_conn), Scheduler(redis_conn)
+    assert mine.may_have_due() and mine.promote_due() == 0
+    assert not mine.may_have_due(), "nothing waits: no look is needed before PROMOTE_LOOKS_MOST"
+    mine.schedule("a", DownloadTask("a", "http://example.com/0").to_entry(), 0)
+    assert mine.may_have_due() and mine.promote_due() == 1  # its own retry: looked for at once
+    other.schedule("a", DownloadTask("a", "http://example.com/1").to_entry(), 0.2)
+    assert mine.promote_due() == 0 and not mine.may_have_due()
+    time.sleep(0.25)
+    assert mine.may_have_due(), "the look saw the retry due in 0.2 s and said nothing is due till later"
+    assert mine.promote_due() == 1
+    other.schedule("a", DownloadTask("a", "http://example.com/2").to_entry(), 0)  # another process's, now
+    assert not mine.may_have_due()
+    time.sleep(PROMOTE_LOOKS_MOST + 0.05)
+    assert mine.may_have_due() and mine.promote_due() == 1
+
+
 def test_due_retries_come_back_to_the_front_with_ms_precision(redis_conn: Redis) -> None:
     front = fill(redis_conn, "a", 1)
     scheduler = Scheduler(redis_conn)
