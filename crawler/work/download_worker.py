@@ -19,7 +19,7 @@ from ..coord.scheduler import FOLLOW_AHEAD, JOBS_AHEAD, Next, Scheduler, mark_re
 from . import idle, runtime
 from .batching import PACED_MAX_INTERVAL
 from .crawl_worker import CrawlWorker
-from .drain import queues_for
+from .drain import held_here, queues_for
 
 log = logging.getLogger("crawler.workers")
 
@@ -190,7 +190,8 @@ class DownloadWorker(CrawlWorker):
         Jobs put straight into an RQ queue, or a ready set lost with a Redis restart,
         would otherwise never be seen. Costs a round trip per idle second, never while busy:
         REPAIR_SITES sites a look, in turn, so every site is read once in sites /
-        REPAIR_SITES seconds of idle time (the first look after a start reads them all).
+        REPAIR_SITES seconds of idle time (the first look after a start reads them all), of those given
+        work on this Redis (``drain.held_here``: on one of several shards, not the fleet's).
         The process's counts are written too once it has stopped counting, so a crawl at
         rest shows exact totals (``counters.Counters.flush_if_quiet``).
         """
@@ -203,6 +204,11 @@ class DownloadWorker(CrawlWorker):
         if turn and len(sites) > REPAIR_SITES:
             start = (turn - 1) * REPAIR_SITES % len(sites)
             looked = (sites + sites)[start : start + REPAIR_SITES]
+        # Only sites ever given work on this Redis can have any here: on one of several shards, the
+        # first look read every site of the fleet (two commands each) for a third of them.
+        looked = held_here(self.connection, looked)
+        if not looked:
+            return
         with self.connection.pipeline(transaction=False) as pipe:
             for site in looked:
                 pipe.llen(self._by_site[site].key)

@@ -868,6 +868,26 @@ def test_an_exact_drain_count_reads_only_the_sites_this_redis_holds_not_those_of
     assert pending_work(redis_conn, sites, looked=True) == 1  # the work of one held here is found
 
 
+def test_an_idle_look_for_work_missing_from_the_ready_set_reads_only_the_sites_this_redis_holds(
+    redis_conn: Redis, runtime: Runtime
+) -> None:
+    """A job put straight into a site's RQ queue is found by an idle process's repair look; on one of
+    several shards the first such look read every site of the fleet, two commands each."""
+    from rq import Queue
+
+    sites = [f"rep{i}" for i in range(300)]
+    queue = Queue(keys.download_queue("rep7"), connection=redis_conn, serializer=JSONSerializer)
+    redis_conn.delete(keys.ready(), keys.sites())
+    redis_conn.rpush(queue.key, "job-put-straight")
+    redis_conn.sadd(Queue.redis_queues_keys, queue.key)  # what RQ's enqueue registers
+    worker = DownloadWorker(redis_conn, sites, rt=runtime)
+    before = int(redis_conn.info("stats")["total_commands_processed"])
+    worker.when_idle()
+    spent = int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+    assert redis_conn.zscore(keys.ready(), "rep7") is not None, "the job's site was not marked ready"
+    assert spent < 20, f"{spent} commands: the look read sites never given work here"
+
+
 def test_a_burst_process_with_a_job_in_hand_asks_nothing_of_the_drain_and_looks_at_its_usual_pace(
     redis_conn: Redis, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
