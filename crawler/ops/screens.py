@@ -10,13 +10,16 @@ per site or page under a header row, every value on one line, so ``cut``, ``awk`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .failures import FailedPage
 from .status import ParseBacklog, SiteStatus, state
+
+if TYPE_CHECKING:  # not imported for ``crawler status``: the failures bring the store and HTTP
+    from .failures import FailedPage
 
 #: Columns of the plain (tab-separated) status rows, in order.
 STATUS_COLUMNS = (
