@@ -12,7 +12,6 @@ writes go through the client.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -99,8 +98,6 @@ def _send_and_read(conn: AbstractConnection, packed: bytes, count: int) -> list[
             replies.append(parser.read_response())  # an error reply comes as its ResponseError, not raised
     except OSError as exc:  # as the connection's read_response says it: retried as the client retries
         raise ConnectionError(f"Error while reading from socket: {exc.args}") from exc
-    if conn.health_check_interval:  # as a reply read by the connection would
-        conn.next_health_check = time.monotonic() + conn.health_check_interval
     return replies
 
 
