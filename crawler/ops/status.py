@@ -142,10 +142,11 @@ def read_politeness(
             commands += [("HGETALL", keys.live_settings(site)), ("HMGET", keys.conf(site), *_CONF_FIELDS)]
         *replies, now = read_many(connection, [*commands, ("TIME",)])
         confs = {site: _conf_fields(replies[2 * i + 1]) for i, site in enumerate(chunk)}
-        closing = [site for site in chunk if _closed_left(confs[site], site, now) > 0]
+        closing = [site for site in chunk if "closed_until" in confs[site] and _closed_left(confs[site], site, now) > 0]
         gate_ttls, later = _gate_ttls(connection, closing, confs) if closing else ({}, now)
         for i, site in enumerate(chunk):
-            policy = resolve_policy(spiders[site], settings, text_map(pairs(replies[2 * i])))
+            live = replies[2 * i]  # most sites have no live setting: no dict to make of it
+            policy = resolve_policy(spiders[site], settings, text_map(pairs(live)) if live else {})
             fields = confs[site]
             left = _closed_left(fields, site, later) if site in gate_ttls else 0
             found[site] = (policy, _politeness_of(site, policy, fields, left, gate_ttls.get(site, 0)))
@@ -168,6 +169,8 @@ _CONF_FIELDS = ("gate", "robots_delay_ms", "pace_ms", "pace_why", "closed_until"
 
 def _conf_fields(reply: list[Any]) -> dict[str, str]:
     """The ``_CONF_FIELDS`` a site's conf holds, as text, of its HMGET's reply."""
+    if reply.count(None) == len(_CONF_FIELDS):  # a site no worker has served yet: most, at 10,000 sites
+        return {}
     return {name: text(value) for name, value in zip(_CONF_FIELDS, reply, strict=True) if value is not None}
 
 
@@ -224,7 +227,8 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
     result = []
     for i, site in enumerate(sites):
         queued, moving, started, _, stats = replies[5 * i : 5 * i + 5]
-        delayed, fetched, parsed, failed, refused, items, recrawls, hits, misses = (int(n or 0) for n in stats)
+        counts = _NO_STATS if stats.count(None) == len(_STATS) else [int(n or 0) for n in stats]
+        delayed, fetched, parsed, failed, refused, items, recrawls, hits, misses = counts
         result.append(
             SiteStatus(
                 site=site,
@@ -246,6 +250,8 @@ def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
 
 #: The fields of a site's stats (``keys.stats``) a ``SiteStatus`` shows, in the order ``site_status`` reads them.
 _STATS = ("delayed", "fetched", "parsed", "failed", "refused", "items", "recrawls", "cache_hits", "cache_misses")
+#: The counts of a site with no stats yet (seeded, not crawled).
+_NO_STATS = (0,) * len(_STATS)
 
 
 @dataclass
