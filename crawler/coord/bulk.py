@@ -12,7 +12,8 @@ writes go through the client.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import hiredis
@@ -32,11 +33,7 @@ def read_many(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]
     reply raises its ``ResponseError`` once every reply is read; a connection lost on the way
     is retried as the client's commands are (its ``retry``), everything sent again.
     """
-    replies = read_many_replies(connection, commands)
-    for reply in replies:
-        if isinstance(reply, ResponseError):
-            raise reply
-    return replies
+    return _raised(read_many_replies(connection, commands))
 
 
 def read_many_replies(connection: Redis, commands: Iterable[Sequence[Arg]]) -> list[Any]:
@@ -44,8 +41,7 @@ def read_many_replies(connection: Redis, commands: Iterable[Sequence[Arg]]) -> l
     commands = list(commands)
     if not commands:
         return []
-    # hiredis's stub takes a tuple of one argument for a tuple of any number of them
-    packed = b"".join(hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
+    packed = _packed(commands)
     pool: Any = connection.connection_pool
     conn = _connection(pool)
     try:
@@ -87,8 +83,94 @@ def _connection(pool: Any) -> AbstractConnection:
         return pool.get_connection("PIPELINE")
 
 
+def read_chunks(connection: Redis, chunks: Iterable[Iterable[Sequence[Arg]]]) -> Iterator[list[Any]]:
+    """``read_many`` of each chunk of ``chunks``, in order, on one connection; a chunk is sent before the
+    replies of the one before it are read, so that Redis runs it meanwhile (on another core) while the
+    caller reads and uses those: two chunks in flight at most, their replies no more than two chunks'.
+
+    At 10,000 sites ``crawler status`` sends 14 chunks of 5,000 commands: Redis spends some 0.1 s on
+    them, which the command waited for, a chunk at a time. A connection lost on the way is retried as
+    ``read_many`` retries it: the chunks in flight sent again. A generator left before its end closes
+    its connection (replies may be left unread on it).
+    """
+    pool: Any = connection.connection_pool
+    flight = _Flight(_connection(pool))
+    finished = False
+    try:
+        for chunk in chunks:
+            flight.send(list(chunk))
+            if len(flight.pending) > 1:
+                yield _raised(flight.read())
+        while flight.pending:
+            yield _raised(flight.read())
+        finished = True
+    finally:
+        if not finished:
+            flight.conn.disconnect()
+        pool.release(flight.conn)
+
+
+class _Flight:
+    """The chunks sent on a connection whose replies are not read yet (``read_chunks``), sent again when the
+    connection is lost."""
+
+    def __init__(self, conn: AbstractConnection):
+        self.conn = conn
+        self.pending: deque[tuple[bytes, int]] = deque()  # each chunk packed, and its number of commands
+        self.lost = False  # the connection was closed: what ``pending`` holds is to be sent again
+
+    def send(self, commands: list[Sequence[Arg]]) -> None:
+        self.pending.append((_packed(commands), len(commands)))
+        self.conn.retry.call_with_retry(lambda: self._send(self.pending[-1]), self._dropped)
+
+    def read(self) -> list[Any]:
+        """The replies of the first chunk in flight."""
+        replies = self.conn.retry.call_with_retry(self._read, self._dropped)
+        self.pending.popleft()
+        return replies
+
+    def _send(self, chunk: tuple[bytes, int]) -> None:
+        if self.lost:
+            self._send_again()
+        elif chunk[1]:
+            self.conn.send_packed_command([chunk[0]])
+
+    def _read(self) -> list[Any]:
+        if self.lost:
+            self._send_again()
+        return _replies(self.conn, self.pending[0][1])
+
+    def _send_again(self) -> None:
+        self.lost = False
+        for packed, count in self.pending:
+            if count:
+                self.conn.send_packed_command([packed])
+
+    def _dropped(self, error: Exception) -> None:
+        self.conn.disconnect()
+        self.lost = True
+
+
+def _packed(commands: Sequence[Sequence[Arg]]) -> bytes:
+    # hiredis's stub takes a tuple of one argument for a tuple of any number of them
+    return b"".join(hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
+
+
+def _raised(replies: list[Any]) -> list[Any]:
+    """``replies``; the first error reply among them raised."""
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            raise reply
+    return replies
+
+
 def _send_and_read(conn: AbstractConnection, packed: bytes, count: int) -> list[Any]:
     conn.send_packed_command([packed])
+    return _replies(conn, count)
+
+
+def _replies(conn: AbstractConnection, count: int) -> list[Any]:
+    """The next ``count`` replies of ``conn``, an error reply as its ``ResponseError`` (not raised)."""
     parser = getattr(conn, "_parser", None)
     if type(conn).read_response is not AbstractConnection.read_response or parser is None:  # fakeredis's, say
         return [_reply(conn) for _ in range(count)]
