@@ -12,6 +12,7 @@ writes go through the client.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -93,11 +94,15 @@ def read_chunks(connection: Redis, chunks: Iterable[Iterable[Sequence[Arg]]]) ->
     ``read_many`` retries it: the chunks in flight sent again. A generator left before its end closes
     its connection (replies may be left unread on it).
     """
+    chunks = iter(chunks)
+    first = next(chunks, None)
+    if first is None:  # nothing to read: no connection taken
+        return
     pool: Any = connection.connection_pool
     flight = _Flight(_connection(pool))
     finished = False
     try:
-        for chunk in chunks:
+        for chunk in itertools.chain([first], chunks):
             flight.send(list(chunk))
             if len(flight.pending) > 1:
                 yield _raised(flight.read())
