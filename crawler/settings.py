@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 from .errors import ConfigError
 
 DEFAULT_DATABASE_URL = "sqlite:///crawler.db"
@@ -453,6 +451,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         text = Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    import yaml  # only a command given a config file pays for it (some 15 ms)
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -27,7 +27,10 @@ def reference() -> str:
 def commands(group: click.Group = cli, path: str = "crawler") -> list[tuple[str, click.Command]]:
     """Every command of the CLI, the root group included, with its full name."""
     found: list[tuple[str, click.Command]] = [(path, group)]
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):  # a lazily loaded command's module is imported here
+        command = group.get_command(ctx, name)
+        assert command is not None, f"`{path}` lists `{name}` but has no such command"
         if isinstance(command, click.Group):
             found += commands(command, f"{path} {name}")
         else:

@@ -1,4 +1,4 @@
-"""``crawler sites``, ``seed``, ``worker``, ``crawl``, ``demo``: seeding and running the workers.
+"""``crawler seed``, ``worker``, ``crawl``, ``demo``: seeding and running the workers.
 
 ``crawl`` runs a whole crawl from one command, its progress on stderr.
 """
@@ -15,7 +15,6 @@ import click
 from ..coord import counters, keys
 from ..coord.frontier import SEED_PRIORITY, Frontier
 from ..coord.frontier import seed as seed_urls
-from ..coord.policy import resolve_policy
 from ..coord.scheduler import JOBS_AHEAD
 from ..coord.seeding import SEED_SITES, SeedReport, open_lines, seed_lines, seed_sites, seed_start
 from ..coord.spiderargs import parse_args, read_args, store_args
@@ -24,7 +23,7 @@ from ..errors import ConfigError
 from ..ops.rekey import old_sites
 from ..ops.reset import reset_site
 from ..ops.status import SiteStatus, site_status, this_run
-from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url, split_shards
+from ..settings import DEFAULT_DATABASE_URL, REDIS_EMBEDDED, redact_url
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
 from ..work.drain import crawl_drained
@@ -38,48 +37,14 @@ from ..work.launcher import (
     stop_workers,
 )
 from ..work.runtime import Runtime
-from .context import Context, _export, check_output, pass_context, replace
+from .context import Context, pass_context, replace
 from .control import report_reset
+from .output import _export, check_output
 from .serve import serve_metrics
 from .watch import progress
 
 if TYPE_CHECKING:
     pass
-
-
-@click.command()
-@pass_context
-def sites(obj: Context) -> None:
-    """List the spiders found, with their politeness settings."""
-    from rich.console import Console
-    from rich.text import Text
-
-    from ..ops.tables import print_table
-
-    rows = []
-    spiders = sorted(obj.spider_set.spiders.items())
-    # Where each site's keys are: only with several shards (one needs no Redis at all).
-    located = obj.shards.locate(name for name, _ in spiders) if _several_shards(obj) else {}
-    for name, spider in spiders:
-        policy = resolve_policy(spider, obj.settings, {})
-        rows.append(  # Text: a value is never read as markup
-            [
-                Text(name),
-                Text(policy.interval_text),
-                Text(policy.sources["interval"]),
-                "yes" if policy.obey_robots else "no",
-                Text(", ".join(spider().domains()) or "-"),
-                str(len(spider.start_urls)),
-                *([Text(located[name])] if located else []),
-            ]
-        )
-    header = ("site", "interval (s)", "from", "robots", "allowed domains", "start URLs")
-    print_table(Console(), header + (("shard",) if located else ()), rows)
-
-
-def _several_shards(obj: Context) -> bool:
-    """Whether ``REDIS_URL`` names several shards (read from the settings: no Redis is needed to tell)."""
-    return len(split_shards(obj.settings.redis_url)) > 1
 
 
 @click.command()
@@ -503,4 +468,4 @@ def demo(obj: Context, products: int, processes: int) -> None:
 
 
 #: The commands this module adds to ``crawler`` (``app`` registers them).
-COMMANDS = [sites, seed, worker, crawl, demo]
+COMMANDS = [seed, worker, crawl, demo]

@@ -1,4 +1,4 @@
-"""``crawler status``, ``failed``, ``stats``, ``export``: what a crawl did and holds, read only."""
+"""``crawler failed``, ``stats``, ``export``: what a crawl did and holds, read only."""
 
 from __future__ import annotations
 
@@ -7,111 +7,14 @@ from datetime import UTC, datetime
 
 import click
 import redis
-from redis import Redis
 
 from ..coord import keys, quarantine
 from ..errors import ConfigError, CrawlerError
 from ..ops.failures import FailedPage, failed_pages
-from ..ops.status import (
-    ParseBacklog,
-    SiteStatus,
-    known_sites,
-    parse_backlog,
-    read_politeness,
-    site_status,
-    status_json,
-    workers_by_host,
-)
 from ..store.database import Store
 from ..store.export import FORMATS, format_for
-from .context import Context, _export, pass_context
-
-
-@click.command()
-@click.argument("site", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@pass_context
-def status(obj: Context, site: str | None, as_json: bool) -> None:
-    """Per site: queued, in flight, done, failed."""
-    obj.read_only = True
-    up = _answering(obj)
-    if site:
-        names = [obj.site(site)]
-    else:
-        seeded = {name for _, client in up for name in known_sites(client)}
-        names = sorted(seeded | set(obj.spider_set.spiders))
-    statuses, hosts, parsing, suspended = _status_of(obj, up, names)
-    rates = _observed_rates(obj, names)
-    for s in statuses:
-        s.rate = rates.get(s.site)
-    if as_json:
-        click.echo(status_json(statuses, parsing, hosts, suspended))
-        return
-    from rich.console import Console
-
-    from ..ops.screens import print_status
-
-    print_status(Console(), statuses, parsing, hosts, suspended)
-
-
-def _answering(obj: Context) -> list[tuple[str, Redis]]:
-    """The shards that answer; a warning line for each that does not (one Redis: its error, as before)."""
-    if not obj.shards.several:
-        return obj.shards.clients()
-    up, down = obj.shards.answering()
-    for name, why in down.items():
-        click.echo(f"warning: shard {obj.shards.shard(name).describe()} is down ({why}): its sites left out", err=True)
-    if not up:
-        raise ConfigError("no shard answers")
-    return up
-
-
-def _status_of(
-    obj: Context, up: list[tuple[str, Redis]], names: list[str]
-) -> tuple[list[SiteStatus], dict[str, dict[str, int]], ParseBacklog, bool]:
-    """The sites' statuses, in the order of ``names``, the workers per host, the parse backlog and whether RQ's
-    workers are suspended, over the shards ``up`` (a few round trips a shard). With several shards a
-    host's workers are counted per shard, ``HOST (SHARD)``."""
-    from rq.suspension import is_suspended
-
-    found: dict[str, SiteStatus] = {}
-    hosts: dict[str, dict[str, int]] = {}
-    parsing = ParseBacklog(0, 0)
-    suspended = False
-    named = obj.spider_set.named()
-    located = obj.shards.by_shard(names, among=[name for name, _ in up])
-    for shard, client in up:  # every shard: its workers and pages count, with sites there or not
-        statuses = site_status(client, located.get(shard, []))
-        spiders = {s.site: obj.spider_set.get(s.site) for s in statuses if s.site in named}
-        politeness = read_politeness(client, spiders, obj.settings)  # a few round trips a chunk of sites
-        for s in statuses:
-            if s.site in politeness:
-                policy, now = politeness[s.site]
-                s.paused, s.interval_source = policy.paused, policy.sources.get("interval")
-                s.interval, s.interval_why = now.interval, now.why
-                s.closed_for, s.closed_why = now.closed_for, now.closed_why
-            found[s.site] = s
-        for host, states in workers_by_host(client).items():
-            hosts[f"{host} ({shard})" if obj.shards.several else host] = states
-        backlog = parse_backlog(client)
-        parsing = ParseBacklog(parsing.queued + backlog.queued, parsing.in_flight + backlog.in_flight)
-        suspended = suspended or bool(is_suspended(client))  # `rq suspend`: no worker takes a job
-    return [found[name] for name in names if name in found], hosts, parsing, suspended
-
-
-def _observed_rates(obj: Context, sites_: list[str]) -> dict[str, float]:
-    """Downloads per second over the last minute by site, from the fetches table ({} if unreachable)."""
-    from ..ops.stats import recent_rates
-
-    try:
-        store = Store(obj.settings.database_url)
-    except ConfigError as exc:
-        click.echo(f"warning: no observed rates: {exc}", err=True)
-        return {}
-    try:
-        return recent_rates(store, sites_)
-    finally:
-        store.close()
+from .context import Context, pass_context
+from .output import _export
 
 
 @click.command()
@@ -344,4 +247,4 @@ def _plot_stats(obj: Context, spec: str, path: str, as_json: bool) -> None:
 
 
 #: The commands this module adds to ``crawler`` (``app`` registers them).
-COMMANDS = [status, export, failed, stats]
+COMMANDS = [export, failed, stats]

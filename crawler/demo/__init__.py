@@ -5,7 +5,11 @@ the tests and benchmarks use the same pair, checking results against
 ``ShopSite.expected_items()`` and the site's request log.
 """
 
+from ..spiders.spider import Spider
 from .shop import RequestLogEntry, ShopSite
 from .spider import DemoShop
 
-__all__ = ["DemoShop", "RequestLogEntry", "ShopSite"]
+#: Spiders that ship with the package and are always available (found by name: ``load_spiders``'s ``extra``).
+BUNDLED_SPIDERS: tuple[type[Spider], ...] = (DemoShop,)
+
+__all__ = ["BUNDLED_SPIDERS", "DemoShop", "RequestLogEntry", "ShopSite"]

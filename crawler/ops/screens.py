@@ -9,14 +9,18 @@ per site or page under a header row, every value on one line, so ``cut``, ``awk`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .failures import FailedPage
 from .status import ParseBacklog, SiteStatus, state
+
+if TYPE_CHECKING:  # not imported for ``crawler status``: the failures bring the store and HTTP
+    from .failures import FailedPage
 
 #: Columns of the plain (tab-separated) status rows, in order.
 STATUS_COLUMNS = (
@@ -69,13 +73,27 @@ def status_row(status: SiteStatus, suspended: bool = False) -> list[str]:
 
 
 def plain(values: Iterable[str]) -> str:
-    """Values as one tab-separated line (tabs and line breaks inside a value become spaces)."""
-    return "\t".join(" ".join(str(v).split()) if v else "-" for v in values)
+    """Values as one tab-separated line (tabs and line breaks inside a value become spaces, runs of
+    them one space; an empty value ``-``)."""
+    values = [str(v) if v else "-" for v in values]
+    line = "\t".join(values)
+    if line.count("\t") == len(values) - 1 and not _SPACE_BUT_TAB.search(line):
+        return line  # no value holds a space, tab or line break: most rows, joined once (some 40 ms at 10,000)
+    return "\t".join(" ".join(v.split()) if v != "-" else v for v in values)
+
+
+#: Whitespace but the tab (``str.split``'s: ``\s`` of a str pattern is ``str.isspace``).
+_SPACE_BUT_TAB = re.compile(r"[^\S\t]")
 
 
 def _write(console: Console, line: str) -> None:
     """``line`` as is: rich would expand its tabs to spaces."""
-    console.file.write(line + "\n")
+    _write_lines(console, [line])
+
+
+def _write_lines(console: Console, lines: Iterable[str]) -> None:
+    """``lines``, each as is (``_write``), written and flushed together."""
+    console.file.write("".join(line + "\n" for line in lines))
     console.file.flush()
 
 
@@ -88,10 +106,8 @@ def print_status(
 ) -> None:
     """``crawler status``: the sites, then the parse backlog and the workers per host."""
     if not console.is_terminal:
-        _write(console, plain(STATUS_COLUMNS))
-        for s in statuses:
-            _write(console, plain(status_row(s, suspended)))
-        _write(console, "")
+        rows = [plain(status_row(s, suspended)) for s in statuses]
+        _write_lines(console, [plain(STATUS_COLUMNS), *rows, ""])
     else:
         table = _status_table(statuses, suspended)
         if _natural_width(console, table) <= console.width:

@@ -165,17 +165,25 @@ def time_series(site: str, rows: Iterable[dict[str, Any]], size: int | None = No
 
 
 def recent_rates(store: Store, sites: Iterable[str], window: float = 60.0) -> dict[str, float]:
-    """Downloads per second of each site over the last ``window`` seconds (observed, not configured)."""
+    """Downloads per second of each site over the last ``window`` seconds (observed, not configured).
+
+    More than ``RATES_NAMED`` sites are not named to the database: every site's downloads of the
+    window are counted and the others' left out here (``crawler status`` of 10,000 sites: a query
+    of 10,000 bound parameters took 25-60 ms where the window's rows, none, took none).
+    """
     sites = list(sites)
     since = datetime.now(UTC) - timedelta(seconds=window)
-    query = (
-        select(fetches.c.site, func.count())
-        .where(fetches.c.kind == "download", fetches.c.site.in_(sites), fetches.c.started >= since)
-        .group_by(fetches.c.site)
-    )
+    conditions = [fetches.c.kind == "download", fetches.c.started >= since]
+    if len(sites) <= RATES_NAMED:
+        conditions.append(fetches.c.site.in_(sites))
+    query = select(fetches.c.site, func.count()).where(*conditions).group_by(fetches.c.site)
     with store.engine.connect() as conn:
         counts = {site: int(n) for site, n in conn.execute(query)}
     return {site: counts.get(site, 0) / window for site in sites}
+
+
+#: Most sites ``recent_rates`` names in its query (``site IN (...)``); more are counted all together.
+RATES_NAMED = 100
 
 
 def _utc(moment: datetime) -> datetime:

@@ -18,7 +18,7 @@ from rq.queue import Queue
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from ..coord import keys, pages
-from ..coord.bulk import pairs, read_many
+from ..coord.bulk import pairs, read_chunks, read_many
 from ..coord.pacing import conf_ms, read_pace
 from ..coord.policy import SitePolicy, effective_interval, resolve_policy
 from ..coord.replies import text, text_map
@@ -27,8 +27,8 @@ from ..settings import Settings
 from ..spiders.spider import Spider
 
 #: Sites one pipeline of the every-site reads takes (``site_status``, ``read_politeness``): a call
-#: costs a few round trips a chunk of sites, however many there are, and no reply piles up past a
-#: chunk's in Redis or here.
+#: costs a few round trips a chunk of sites, however many there are, and no replies pile up past two
+#: chunks' in Redis or here (``read_chunks``: one chunk in flight while the one before is read).
 STATUS_CHUNK = 1000
 
 
@@ -128,28 +128,39 @@ def read_politeness(
     """For each site of ``spiders`` (site -> its spider): its policy in force (``resolve_policy``: spider
     < config < live settings) and ``politeness``, as ``politeness`` reads it.
 
-    A round trip a STATUS_CHUNK of sites reads their live settings and confs, and the Redis clock;
-    only the sites whose gate a closure may still hold shut (``closed_until`` to come) cost a
-    second one, for their gates' PTTLs (and the clock again): a fixed number of round trips a
-    chunk, none a site.
+    A round trip a STATUS_CHUNK of sites reads their live settings and confs, and the Redis clock
+    (``read_chunks``: a chunk's policies made while Redis reads the next); only the sites whose gate a
+    closure may still hold shut (``closed_until`` to come) cost one more, all together, for their gates'
+    PTTLs (and the clock again): a fixed number of round trips, none a site.
     """
     sites = list(spiders)
-    found: dict[str, tuple[SitePolicy, Politeness]] = {}
-    for start in range(0, len(sites), STATUS_CHUNK):
-        chunk = sites[start : start + STATUS_CHUNK]
-        commands: list[tuple[str, ...]] = []
-        for site in chunk:
-            commands += [("HGETALL", keys.live_settings(site)), ("HMGET", keys.conf(site), *_CONF_FIELDS)]
-        *replies, now = read_many(connection, [*commands, ("TIME",)])
-        confs = {site: _conf_fields(replies[2 * i + 1]) for i, site in enumerate(chunk)}
-        closing = [site for site in chunk if _closed_left(confs[site], site, now) > 0]
-        gate_ttls, later = _gate_ttls(connection, closing, confs) if closing else ({}, now)
+    chunks = [sites[start : start + STATUS_CHUNK] for start in range(0, len(sites), STATUS_CHUNK)]
+    policies: dict[str, SitePolicy] = {}
+    confs: dict[str, dict[str, str]] = {}
+    closing: list[str] = []
+    for chunk, (*replies, now) in zip(chunks, read_chunks(connection, map(_politeness_reads, chunks)), strict=True):
         for i, site in enumerate(chunk):
-            policy = resolve_policy(spiders[site], settings, text_map(pairs(replies[2 * i])))
-            fields = confs[site]
-            left = _closed_left(fields, site, later) if site in gate_ttls else 0
-            found[site] = (policy, _politeness_of(site, policy, fields, left, gate_ttls.get(site, 0)))
+            live = replies[2 * i]  # most sites have no live setting: no dict to make of it
+            policies[site] = resolve_policy(spiders[site], settings, text_map(pairs(live)) if live else {})
+            fields = confs[site] = _conf_fields(replies[2 * i + 1])
+            if "closed_until" in fields and _closed_left(fields, site, now) > 0:
+                closing.append(site)
+    gate_ttls, later = _gate_ttls(connection, closing, confs) if closing else ({}, None)
+    found: dict[str, tuple[SitePolicy, Politeness]] = {}
+    for site in sites:
+        policy, fields = policies[site], confs[site]
+        left = _closed_left(fields, site, later) if site in gate_ttls else 0
+        found[site] = (policy, _politeness_of(site, policy, fields, left, gate_ttls.get(site, 0)))
     return found
+
+
+def _politeness_reads(sites: Sequence[str]) -> list[tuple[str, ...]]:
+    """The reads of ``read_politeness`` for ``sites``: their live settings and confs, two a site, then the clock."""
+    commands: list[tuple[str, ...]] = []
+    for site in sites:
+        commands += [("HGETALL", keys.live_settings(site)), ("HMGET", keys.conf(site), *_CONF_FIELDS)]
+    commands.append(("TIME",))
+    return commands
 
 
 def _gate_ttls(
@@ -168,6 +179,8 @@ _CONF_FIELDS = ("gate", "robots_delay_ms", "pace_ms", "pace_why", "closed_until"
 
 def _conf_fields(reply: list[Any]) -> dict[str, str]:
     """The ``_CONF_FIELDS`` a site's conf holds, as text, of its HMGET's reply."""
+    if reply.count(None) == len(_CONF_FIELDS):  # a site no worker has served yet: most, at 10,000 sites
+        return {}
     return {name: text(value) for name, value in zip(_CONF_FIELDS, reply, strict=True) if value is not None}
 
 
@@ -207,45 +220,60 @@ def queue_keys(site: str) -> tuple[str, str, str, str]:
 
 
 def site_status(connection: Redis, sites: Iterable[str]) -> list[SiteStatus]:
-    """Status of each site: a round trip a STATUS_CHUNK of sites for their counts (``read_many``), then
-    the sizes of the frontiers that hold a priority, all at once (``frontier_sizes``: some four round
-    trips; a frontier with no priority holds no entry); none a site."""
+    """Status of each site: a round trip a STATUS_CHUNK of sites for their counts (``read_chunks``: a chunk's
+    statuses made while Redis reads the next), then the sizes of the frontiers that hold a priority, all at
+    once (``frontier_sizes``: some four round trips; a frontier with no priority holds no entry); none a site."""
     sites = list(sites)
-    replies: list[Any] = []
-    for start in range(0, len(sites), STATUS_CHUNK):
-        commands: list[tuple[str, ...]] = []
-        for site in sites[start : start + STATUS_CHUNK]:
-            queue, moving, started, _ = queue_keys(site)
-            commands += [("LLEN", queue), ("LLEN", moving), ("ZCARD", started), ("ZCARD", keys.levels(site))]
-            commands.append(("HMGET", keys.stats(site), *_STATS))
-        replies += read_many(connection, commands)
-    waiting = [site for i, site in enumerate(sites) if int(replies[5 * i + 3])]
-    compacts = dict(zip(waiting, frontier_sizes(connection, waiting), strict=True)) if waiting else {}
-    result = []
-    for i, site in enumerate(sites):
-        queued, moving, started, _, stats = replies[5 * i : 5 * i + 5]
-        delayed, fetched, parsed, failed, refused, items, recrawls, hits, misses = (int(n or 0) for n in stats)
-        result.append(
-            SiteStatus(
-                site=site,
-                queued=compacts.get(site, 0) + int(queued),
-                in_flight=int(moving) + int(started),
-                scheduled=delayed,
-                fetched=fetched,
-                parsed=parsed,
-                failed=failed,
-                refused=refused,
-                items=items,
-                refreshes=recrawls,
-                cache_hits=hits,
-                cache_misses=misses,
-            )
-        )
+    chunks = [sites[start : start + STATUS_CHUNK] for start in range(0, len(sites), STATUS_CHUNK)]
+    result: list[SiteStatus] = []
+    waiting: list[SiteStatus] = []
+    for chunk, replies in zip(chunks, read_chunks(connection, map(_status_reads, chunks)), strict=True):
+        for i, site in enumerate(chunk):
+            queued, moving, started, levels, stats = replies[5 * i : 5 * i + 5]
+            status = _counted(site, int(queued), int(moving) + int(started), stats)
+            result.append(status)
+            if int(levels):
+                waiting.append(status)
+    if waiting:  # their frontiers' entries are queued too
+        for status, size in zip(waiting, frontier_sizes(connection, [s.site for s in waiting]), strict=True):
+            status.queued += size
     return result
+
+
+def _status_reads(sites: Sequence[str]) -> list[tuple[str, ...]]:
+    """The reads of ``site_status`` for ``sites``: five a site, in the order ``site_status`` takes their replies."""
+    commands: list[tuple[str, ...]] = []
+    for site in sites:
+        queue, moving, started, _ = queue_keys(site)
+        commands += [("LLEN", queue), ("LLEN", moving), ("ZCARD", started), ("ZCARD", keys.levels(site))]
+        commands.append(("HMGET", keys.stats(site), *_STATS))
+    return commands
+
+
+def _counted(site: str, queued: int, in_flight: int, stats: list[Any]) -> SiteStatus:
+    """A site's status of its queue's counts and its stats' HMGET (``_STATS``)."""
+    counts = _NO_STATS if stats.count(None) == len(_STATS) else [int(n or 0) for n in stats]
+    delayed, fetched, parsed, failed, refused, items, recrawls, hits, misses = counts
+    return SiteStatus(
+        site=site,
+        queued=queued,
+        in_flight=in_flight,
+        scheduled=delayed,
+        fetched=fetched,
+        parsed=parsed,
+        failed=failed,
+        refused=refused,
+        items=items,
+        refreshes=recrawls,
+        cache_hits=hits,
+        cache_misses=misses,
+    )
 
 
 #: The fields of a site's stats (``keys.stats``) a ``SiteStatus`` shows, in the order ``site_status`` reads them.
 _STATS = ("delayed", "fetched", "parsed", "failed", "refused", "items", "recrawls", "cache_hits", "cache_misses")
+#: The counts of a site with no stats yet (seeded, not crawled).
+_NO_STATS = (0,) * len(_STATS)
 
 
 @dataclass

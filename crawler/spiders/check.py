@@ -10,6 +10,7 @@ module into ``FILE, line N: Exception: message``.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -93,11 +94,12 @@ def _first_problem(cls: type, verdicts: Verdicts | None) -> tuple[str, str] | No
     inherited: dict[int, str] = {}
     indices: Iterable[int] = range(len(CHECKS))
     if verdicts is not None and len(cls.__bases__) == 1 and type(cls) is type:
-        own = cls.__dict__.keys() & VALUE_ONLY  # the rest of VALUE_ONLY is the base's: its verdicts hold
+        own = frozenset(cls.__dict__.keys() & VALUE_ONLY)  # the rest of VALUE_ONLY is the base's: its verdicts hold
         problems = _base_problems(cls.__bases__[0], verdicts)
-        inherited = {index: problem for index, problem in problems.items() if CHECKS[index][0] not in own}
-        indices = sorted([*_CLASS_CHECKS, *(_INDEX[name] for name in own)])
-    first = min(inherited, default=len(CHECKS))
+        if problems:
+            inherited = {index: problem for index, problem in problems.items() if CHECKS[index][0] not in own}
+        indices = _checks_of(own)
+    first = min(inherited) if inherited else len(CHECKS)
     for index in indices:
         if index > first:
             break
@@ -106,6 +108,13 @@ def _first_problem(cls: type, verdicts: Verdicts | None) -> tuple[str, str] | No
         if problem:
             return attribute, problem
     return (CHECKS[first][0], inherited[first]) if inherited else None
+
+
+@functools.cache
+def _checks_of(own: frozenset[str]) -> tuple[int, ...]:
+    """The indices in ``CHECKS``, in order, of a class's checks when it sets ``own`` of ``VALUE_ONLY`` itself: the
+    checks that look at the class, and those of ``own`` (10,000 spiders of one base: a few sets of them)."""
+    return tuple(sorted([*_CLASS_CHECKS, *(_INDEX[name] for name in own)]))
 
 
 def _base_problems(base: type, verdicts: Verdicts) -> dict[int, str]:
@@ -181,13 +190,17 @@ def _url_list(cls: type, value: Any) -> str | None:
 _PLAIN_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]*)?(?:[/?#]|\Z)", re.IGNORECASE)
 
 
+#: A port (or a bare colon) ending a host name.
+_PORT_AT_END = re.compile(r":\d*$")
+
+
 def _domains(cls: type, value: Any) -> str | None:
     if isinstance(value, str) or not isinstance(value, list | tuple):
         return f"must be a list of host names, got {type(value).__name__} {value!r:.80}"
     for domain in value:
         if not isinstance(domain, str) or not domain.strip():
             return f"must hold host names, got {domain!r}"
-        if "/" in domain or re.search(r":\d*$", domain):
+        if "/" in domain or _PORT_AT_END.search(domain):
             return f"must hold host names without scheme, port or path, got {domain!r}"
     return None
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from crawling import count_round_trips
 from redis import Redis
-from redis.exceptions import ResponseError
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError, ResponseError
+from redis.retry import Retry
 
-from crawler.coord.bulk import pairs, read_many, transact_many
+from crawler.coord.bulk import pairs, read_chunks, read_many, transact_many
 
 
 def fill(connection: Redis) -> None:
@@ -99,3 +101,70 @@ def test_a_transaction_sent_raw_runs_as_one_and_answers_as_the_clients_raw_repli
     with pytest.raises(ResponseError):
         transact_many(redis_conn, [("RPUSH", "l", "d"), ("NOSUCHCOMMAND",)])
     assert redis_conn.llen("l") == 3  # nothing ran
+
+
+def test_chunks_are_read_in_order_with_the_next_one_sent_before_the_replies_are_read(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fill(redis_conn)
+    sends = count_round_trips(monkeypatch)
+    chunks = [COMMANDS[:3], COMMANDS[3:], [], COMMANDS[:1] * 500]
+    reads = read_chunks(redis_conn, iter(chunks))
+    first = next(reads)
+    assert len(sends) == 2  # the first chunk, and the next one sent before the first's replies were read
+    got = [first, *reads]
+    assert len(sends) == 3 and redis_conn.connection_pool._created_connections == 1  # type: ignore[attr-defined]
+    assert got == [read_many(redis_conn, chunk) for chunk in chunks]
+    before = len(sends)
+    assert list(read_chunks(redis_conn, [])) == [] and len(sends) == before  # nothing to read: nothing sent
+
+
+def test_chunks_error_reply_raises_with_its_chunk_and_the_connection_is_dropped(redis_conn: Redis) -> None:
+    fill(redis_conn)
+    reads = read_chunks(redis_conn, [[("LLEN", "list")], [("LLEN", "hash")], [("ZCARD", "zset")]])
+    assert next(reads) == [3]
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        next(reads)
+    assert read_many(redis_conn, [("ZCARD", "zset")]) == [2]  # no reply of the unread chunk is read later
+
+
+def test_chunks_in_flight_are_sent_again_on_a_connection_lost(redis_conn: Redis, redis_url: str) -> None:
+    fill(redis_conn)
+    client = Redis.from_url(redis_url, retry=Retry(NoBackoff(), 1))  # one retry (the crawler's clients: none)
+    own = client.client_id()  # the pool's one connection, which read_chunks takes next
+    # The second chunk waits in Redis (a pop of an empty list, 0.2 s at most) while the connection is cut.
+    reads = read_chunks(client, [[("LLEN", "list")], [("BLPOP", "empty", 0.2)], [("GET", "string")]])
+    assert next(reads) == [3]
+    other = Redis.from_url(redis_url)
+    try:
+        other.client_kill_filter(_id=own)
+    finally:
+        other.close()
+    try:
+        assert list(reads) == [[None], [b"text"]]  # the second and third chunks sent again, on a new connection
+        assert client.client_id() != own
+    finally:
+        client.close()
+
+
+def test_chunks_raise_a_connection_lost_when_the_client_does_not_retry(redis_conn: Redis, redis_url: str) -> None:
+    fill(redis_conn)
+    own = redis_conn.client_id()
+    reads = read_chunks(redis_conn, [[("LLEN", "list")], [("BLPOP", "empty", 0.2)], [("GET", "string")]])
+    assert next(reads) == [3]
+    other = Redis.from_url(redis_url)
+    try:
+        other.client_kill_filter(_id=own)
+    finally:
+        other.close()
+    with pytest.raises(ConnectionError):
+        list(reads)
+    assert read_many(redis_conn, [("LLEN", "list")]) == [3]
+
+
+def test_chunks_left_before_their_end_close_their_connection(redis_conn: Redis) -> None:
+    fill(redis_conn)
+    reads = read_chunks(redis_conn, [[("LLEN", "list")], [("ZCARD", "zset")]])
+    assert next(reads) == [3]
+    reads.close()  # the second chunk's replies are unread
+    assert read_many(redis_conn, [("GET", "string")]) == [b"text"]

@@ -11,7 +11,15 @@ import pytest
 from click.testing import CliRunner
 
 from crawler.cli.app import cli
-from crawler.ops.stats import bucket_seconds, percentile, site_stats, sites_with_downloads, time_series
+from crawler.ops import stats as stats_module
+from crawler.ops.stats import (
+    bucket_seconds,
+    percentile,
+    recent_rates,
+    site_stats,
+    sites_with_downloads,
+    time_series,
+)
 from crawler.store.database import FAILED, OK, REDIRECT, REFUSED, RETRY, SKIPPED, FetchRecord, Store
 
 START = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
@@ -181,3 +189,25 @@ def test_sites_with_downloads_leaves_out_sites_with_parses_only(sqlite_url: str)
     )
     assert sites_with_downloads(store) == ["alpha", "demo"]
     store.close()
+
+
+@pytest.mark.parametrize("named", [100, 1], ids=["sites named to the database", "every site counted, some kept"])
+def test_recent_rates_count_the_last_minutes_downloads_of_the_sites_asked_for_only(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, named: int
+) -> None:
+    monkeypatch.setattr(stats_module, "RATES_NAMED", named)
+    now = datetime.now(UTC)
+    rows = [
+        FetchRecord(site=site, url=f"http://{site}/{i}", outcome=OK, started=at, finished=at, kind=kind)
+        for i, (site, at, kind) in enumerate(
+            [("a", now, "download")] * 3
+            + [("a", now - timedelta(minutes=5), "download"), ("a", now, "parse"), ("b", now, "download")]
+            + [("c", now, "download")] * 6
+        )
+    ]
+    store = Store(sqlite_url)
+    store.record_fetches(rows)
+    try:
+        assert recent_rates(store, ["a", "b", "d"]) == {"a": 3 / 60, "b": 1 / 60, "d": 0.0}
+    finally:
+        store.close()
