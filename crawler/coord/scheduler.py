@@ -55,8 +55,7 @@ PREPARE_AHEAD = 0.015
 FOLLOW_AHEAD = 0.25
 #: Longest seconds a process's looks for due retries and refreshes (``Scheduler.may_have_due``) trust the
 #: last one's word that none is due yet: those another process schedules meanwhile come due at most this
-#: late (its own are looked for when they come due). Five looks a second, on every shard, were a fixed
-#: cost of each Redis whatever its pages.
+#: late (its own are looked for when they come due).
 PROMOTE_LOOKS_MOST = 1.0
 
 

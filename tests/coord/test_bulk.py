@@ -56,11 +56,7 @@ def test_an_error_reply_raises_after_every_reply_is_read_and_the_connection_read
 def test_a_connection_lost_is_retried_as_the_client_retries(redis_conn: Redis, redis_url: str) -> None:
     fill(redis_conn)
     own = redis_conn.client_id()  # the pool's one connection, which read_many takes next
-    other = Redis.from_url(redis_url)
-    try:
-        other.client_kill_filter(_id=own)
-    finally:
-        other.close()
+    cut(redis_url, own)
     assert read_many(redis_conn, [("LLEN", "list")]) == [3]
 
 
@@ -128,6 +124,15 @@ def test_chunks_error_reply_raises_with_its_chunk_and_the_connection_is_dropped(
     assert read_many(redis_conn, [("ZCARD", "zset")]) == [2]  # no reply of the unread chunk is read later
 
 
+def cut(redis_url: str, client_id: int) -> None:
+    """Kill the connection ``client_id`` from another client, as a network cut or a restart would."""
+    other = Redis.from_url(redis_url)
+    try:
+        other.client_kill_filter(_id=client_id)
+    finally:
+        other.close()
+
+
 def test_chunks_in_flight_are_sent_again_on_a_connection_lost(redis_conn: Redis, redis_url: str) -> None:
     fill(redis_conn)
     client = Redis.from_url(redis_url, retry=Retry(NoBackoff(), 1))  # one retry (the crawler's clients: none)
@@ -135,11 +140,7 @@ def test_chunks_in_flight_are_sent_again_on_a_connection_lost(redis_conn: Redis,
     # The second chunk waits in Redis (a pop of an empty list, 0.2 s at most) while the connection is cut.
     reads = read_chunks(client, [[("LLEN", "list")], [("BLPOP", "empty", 0.2)], [("GET", "string")]])
     assert next(reads) == [3]
-    other = Redis.from_url(redis_url)
-    try:
-        other.client_kill_filter(_id=own)
-    finally:
-        other.close()
+    cut(redis_url, own)
     try:
         assert list(reads) == [[None], [b"text"]]  # the second and third chunks sent again, on a new connection
         assert client.client_id() != own
@@ -152,11 +153,7 @@ def test_chunks_raise_a_connection_lost_when_the_client_does_not_retry(redis_con
     own = redis_conn.client_id()
     reads = read_chunks(redis_conn, [[("LLEN", "list")], [("BLPOP", "empty", 0.2)], [("GET", "string")]])
     assert next(reads) == [3]
-    other = Redis.from_url(redis_url)
-    try:
-        other.client_kill_filter(_id=own)
-    finally:
-        other.close()
+    cut(redis_url, own)
     with pytest.raises(ConnectionError):
         list(reads)
     assert read_many(redis_conn, [("LLEN", "list")]) == [3]
