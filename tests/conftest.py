@@ -225,9 +225,18 @@ def postgres_url() -> Iterator[str]:
             .render_as_string(hide_password=False)
         )
     finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+        try:
+            with admin.begin() as conn:  # a session left in a transaction would block this forever
+                conn.execute(text("SET LOCAL lock_timeout = '60s'"))
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        except Exception as exc:
+            with admin.connect() as conn:
+                holders = conn.execute(
+                    text("SELECT pid, state, query FROM pg_stat_activity WHERE pid <> pg_backend_pid()")
+                ).all()
+            raise AssertionError(f"schema {schema} could not be dropped ({exc}); sessions: {holders}") from exc
+        finally:
+            admin.dispose()
 
 
 @pytest.fixture

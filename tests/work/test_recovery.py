@@ -384,12 +384,7 @@ class TcpProxy:
             self.listener.close()
             self.listener = None
         with self.lock:
-            for conn in self.connections:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                conn.close()
+            _cut(*self.connections)
             self.connections.clear()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -400,6 +395,9 @@ class TcpProxy:
                 return
             upstream = socket.create_connection(self.target)
             with self.lock:
+                if listener is not self.listener:  # switched off between accept and here: cut it too
+                    _cut(client, upstream)
+                    return
                 self.connections += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
@@ -412,11 +410,19 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for s in (source, sink):
-            try:
-                s.close()
-            except OSError:
-                pass
+        _cut(source, sink)
+
+
+def _cut(*sockets: socket.socket) -> None:
+    """Shut down, then close: a bare close() leaves the other direction's thread blocked in recv(),
+    which keeps the kernel's socket open, so the server never sees the end of its session (a
+    PostgreSQL backend left in a transaction then holds its locks, and DROP SCHEMA waits forever)."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
 
 
 def _free_port() -> int:
