@@ -132,6 +132,7 @@ from .common import (
     scrapy_python,
     write_config,
 )
+from .monitor import CommandTally, report
 from .throughput import SCRAPY_SPIDER
 
 #: Products per listing page.
@@ -207,6 +208,9 @@ class FleetConfig:
         """Seconds our crawl spacing every site's requests exactly one interval apart takes (last answer aside)."""
         return (self.requests_per_site - 1) * self.interval
 
+
+#: A file for a MONITOR tally of our crawl by command and key (``bench.monitor``); off when unset.
+MONITOR_ENV = "BENCH_FLEET_MONITOR"
 
 CONFIGS = {
     "quick": FleetConfig("quick", 20, 5, 0.5),
@@ -746,6 +750,9 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
         if seeded.returncode != 0:
             raise RuntimeError(f"crawler seed --all failed: {seeded.stderr[-2000:]}")
 
+        tally = CommandTally(redis.url, r"fleet\d{4}_" + redis.tag) if os.environ.get(MONITOR_ENV) else None
+        if tally is not None:
+            tally.start()
         stats, redis_cpu0, cpu0 = command_stats(redis.connection), _info_cpu(redis), _children_cpu()
         started_wall, started = time.time(), time.monotonic()
         # Their logs go to files: a pipe read only at the end would fill and block a worker that logs much.
@@ -777,6 +784,9 @@ def run_ours(redis: BenchRedis, config: FleetConfig, workdir: Path, timeout: flo
             for log_path in logs:
                 shutil.copy(log_path, kept / log_path.name)
         served = server.stop("crawler")
+        if tally is not None:
+            requests = len(served["log"])
+            print("\n".join(report(tally.stop(), requests, Path(os.environ[MONITOR_ENV]))), file=sys.stderr)
     except BaseException:
         server.process.kill()
         raise

@@ -40,6 +40,7 @@ the single Redis, Debian's ``redis-server`` and ``redis-sentinel`` for the failo
    with Sentinel URLs (``crawler.coord.connection.SentinelURL``) and Debian's binaries; without
    either the scenario is reported as not run.
 
+``BENCH_SHARDS_ONLY=spread`` (or ``moves``, ``failover``, comma-separated) runs those scenarios alone.
 ``BENCH_SHARDS_ORDER=single-first`` crawls the single Redis before the shards (on a shared
 machine the first crawl may meet another load than the second); ``BENCH_SHARDS_KEEP=1`` keeps
 the working directory (the workers' logs, each crawl's wire log as ``server-log.json``).
@@ -118,6 +119,8 @@ QUICK_MOVED_SLOWER = 4.0
 #: settings: ``crawler.demo.sentinel``).
 KILL_AT = 1 / 3
 #: ``single-first``: the spread crawls the single Redis first, then the shards (by default the shards first).
+#: The scenarios to run, comma-separated (``spread``, ``moves``, ``failover``); all when unset.
+ONLY_ENV = "BENCH_SHARDS_ONLY"
 ORDER_ENV = "BENCH_SHARDS_ORDER"
 #: Set: the working directory (config, logs, wire logs, databases) is kept, and named at the end.
 KEEP_ENV = "BENCH_SHARDS_KEEP"
@@ -145,6 +148,15 @@ def private_redises(directory: Path, names: tuple[str, ...]) -> Iterator[dict[st
     finally:
         for server in servers.values():
             server.stop()
+
+
+def read_calls(pid: int) -> int:
+    """The read system calls process ``pid`` made so far (``/proc/PID/io`` ``syscr``): for a Redis
+    server, about one a round trip of a client, the cost a command's own work is small against."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("syscr:"):
+            return int(line.split()[1])
+    return 0
 
 
 def redis_cpu(client: Redis) -> float:
@@ -214,6 +226,8 @@ class Crawl:
     sites_by_shard: dict[str, int] = field(default_factory=dict)
     commands: dict[str, dict[str, int]] = field(default_factory=dict)
     redis_cpu: dict[str, float] = field(default_factory=dict)
+    #: Each shard's read system calls over the crawl (``read_calls``): its round trips, about.
+    reads: dict[str, int] = field(default_factory=dict)
     #: Each shard's (Redis CPU s, commands) from the workers' start to ``SETTLED`` s after the last request.
     crawling: dict[str, tuple[float, int]] = field(default_factory=dict)
     workers_cpu: float = 0.0
@@ -332,6 +346,8 @@ def crawl(
         result.sites_by_shard = {name: int(client.scard(keys.sites())) for name, client in clients.items()}
         stats = {name: command_stats(client) for name, client in clients.items()}
         cpu0 = {name: redis_cpu(client) for name, client in clients.items()}
+        server_pids = {name: int(client.info("server")["process_id"]) for name, client in clients.items()}
+        reads0 = {name: read_calls(pid) for name, pid in server_pids.items()}
         shard_sampler = RedisSampler(clients)
         children0 = _children_cpu()
         result.started_wall, started = time.time(), time.monotonic()
@@ -343,7 +359,7 @@ def crawl(
                         args, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=log_file, start_new_session=True
                     )
                 )
-        pids = [int(client.info("server")["process_id"]) for client in clients.values()] + (extra_pids or [])
+        pids = [*server_pids.values(), *(extra_pids or [])]
         sampler = PssSampler([w.pid for w in workers], pids)
         action = _in_thread(during, Running(base, env, workdir, settings.database_url, names))
         result.finished = _wait_all(workers, timeout_of(config))
@@ -355,6 +371,7 @@ def crawl(
         result.workers_cpu = _children_cpu() - children0
         result.redis_cpu = {name: redis_cpu(client) - cpu0[name] for name, client in clients.items()}
         result.commands = {name: command_delta(stats[name], command_stats(client)) for name, client in clients.items()}
+        result.reads = {name: read_calls(pid) - reads0[name] for name, pid in server_pids.items()}
         shard_sampler.stop()
         result.during = action()
         result.stderr = [tail for tail in (_tail(path) for path in logs) if tail]
@@ -491,6 +508,7 @@ def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
             "share",
             "Redis CPU s",
             "Redis CPU ms/page",
+            "reads/page",
             "to the last request: commands/page",
             "Redis CPU ms/page",
         ],
@@ -505,6 +523,7 @@ def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
                 s["command_share"],
                 s["cpu"],
                 s["cpu_per_page"],
+                s["reads_per_page"],
                 s["crawling_commands"] / max(1, s["pages"]),
                 s["crawling_cpu_per_page"],
             ]
@@ -521,6 +540,7 @@ def run_spread(result: BenchResult, config: FleetConfig, tmp: Path) -> None:
                 1.0,
                 single.redis_cpu["default"],
                 single_per_page,
+                single.reads["default"] / max(1, len(single.log)),
                 single.crawling["default"][1] / max(1, len(single.log)),
                 single_crawling,
             ]
@@ -625,6 +645,7 @@ def shard_shares(run: Crawl, names: list[str]) -> dict[str, dict[str, float]]:
             "command_share": commands[name] / totals[2],
             "cpu": run.redis_cpu[name],
             "cpu_per_page": run.redis_cpu[name] * 1000 / max(1, pages[name]),
+            "reads_per_page": run.reads[name] / max(1, pages[name]),
             "crawling_commands": run.crawling[name][1],
             "crawling_cpu_per_page": run.crawling[name][0] * 1000 / max(1, pages[name]),
         }
@@ -985,7 +1006,9 @@ def run(redis: BenchRedis, quick: bool = False) -> BenchResult:
     )
     started = time.monotonic()
     with _workdir() as tmp:
-        for scenario, config in ((run_spread, spread), (run_moves, moves), (run_failover, failover)):
+        scenarios = {"spread": (run_spread, spread), "moves": (run_moves, moves), "failover": (run_failover, failover)}
+        only = [name for name in os.environ.get(ONLY_ENV, "").split(",") if name]
+        for scenario, config in [scenarios[name] for name in only or scenarios]:
             begun = time.monotonic()
             scenario(result, config, tmp)
             print(f"  shards: {config.label} done in {time.monotonic() - begun:.0f} s", flush=True)
