@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from protego import Protego
@@ -85,7 +86,12 @@ class Outage:
 
     @classmethod
     def load(cls, connection: Redis, site: str, origin: str) -> Outage | None:
-        fields = text_map(connection.hgetall(keys.robots_outage(site, origin)))
+        return cls.of(connection.hgetall(keys.robots_outage(site, origin)))
+
+    @classmethod
+    def of(cls, reply: Any) -> Outage | None:
+        """The outage an ``HGETALL`` of its record replied, None when there is none."""
+        fields = text_map(reply)
         if not fields:
             return None
         return cls(float(fields["since"]), int(fields["failures"]), float(fields["retry_at"]), fields["reason"])
@@ -216,20 +222,18 @@ class RobotsCache:
 
         Raises RobotsUnavailable while an outage's wait runs (see the module docstring).
         """
-        cached = self._cached(site, origin)
+        cached, outage = self._cached(site, origin)
         if cached is not None:
             return cached
-        outage = Outage.load(self.connection, site, origin)
         if outage is not None and outage.retry_at > time.time():
             return self._during(site, origin, outage)
         key = keys.robots_lock(site, origin)
         lock = Gate(self.connection, f"robots:{site}:{origin}", expire=60, auto_release=True, key=key)
         with lock:
             # Another worker may have read robots.txt, or failed to, while this one waited.
-            cached = self._cached(site, origin)
+            cached, outage = self._cached(site, origin)
             if cached is not None:
                 return cached
-            outage = Outage.load(self.connection, site, origin)
             if outage is not None and outage.retry_at > time.time():
                 return self._during(site, origin, outage)
             answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
@@ -241,13 +245,16 @@ class RobotsCache:
             outage.save(self.connection, site, origin)
         return self._during(site, origin, outage)
 
-    def _cached(self, site: str, origin: str) -> tuple[bytes, int] | None:
+    def _cached(self, site: str, origin: str) -> tuple[tuple[bytes, int] | None, Outage | None]:
+        """The robots.txt cached for ``origin`` and its seconds left (None when none is), and the
+        record of its outage (None when none is), in one round trip."""
         key = keys.robots(site, origin)
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.get(key)
             pipe.ttl(key)
-            text, ttl = pipe.execute()
-        return None if text is None else (text, int(ttl))
+            pipe.hgetall(keys.robots_outage(site, origin))
+            text, ttl, outage = pipe.execute()
+        return (None if text is None else (text, int(ttl))), Outage.of(outage)
 
     def _keep(self, site: str, origin: str, text: str) -> None:
         """Cache a readable robots.txt, keep it as the last copy, and end any outage."""

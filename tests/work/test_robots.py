@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crawling import installed_runtime, join_all, start_in_threads
+from crawling import count_round_trips, installed_runtime, join_all, start_in_threads
 from redis import Redis
 
 from crawler.coord import keys
@@ -170,6 +170,24 @@ def test_5xx_429_or_no_answer_disallows_the_origin_until_robots_txt_can_be_read(
     assert 2 * ROBOTS_RETRY_FIRST - 2 < second.value.retry_after <= 2 * ROBOTS_RETRY_FIRST
     again = Outage.load(connection, SITE, origin)
     assert again is not None and (again.failures, again.since) == (2, outage.since)
+
+
+def test_a_process_finds_robots_txt_in_redis_or_its_outage_running_in_one_round_trip(
+    runtime: Runtime, site: RobotsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site.answer("/robots.txt", 200, RULES)
+    assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")  # read, and cached in Redis
+    trips = count_round_trips(monkeypatch)
+    assert not allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/x")
+    assert len(trips) == 1, "the copy cached in Redis took more than one round trip"
+
+    runtime.connection.delete(keys.robots(SITE, site.origin))
+    Outage(time.time(), 1, time.time() + 60, "HTTP 503").save(runtime.connection, SITE, site.origin)
+    trips.clear()
+    with pytest.raises(RobotsUnavailable):
+        allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")
+    assert len(trips) == 1, "an outage whose wait runs took more than the round trip of the cached copy's read"
+    assert site.paths == ["/robots.txt"]
 
 
 def test_robots_txt_read_again_ends_the_outage_and_its_rules_apply(runtime: Runtime, site: RobotsServer) -> None:
