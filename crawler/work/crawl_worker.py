@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,6 +60,9 @@ IDLE_REAP_EVERY = 60.0
 #: per-queue view): each thread registers in each set as it starts and ends, so a worker of
 #: more is listed in RQ's set of all workers only.
 MOST_QUEUES_LISTED = 20
+#: The address RQ read for each connection's first worker (``CrawlWorker._set_ip_address``).
+_addresses: weakref.WeakKeyDictionary[Redis, str] = weakref.WeakKeyDictionary()
+_addresses_lock = threading.Lock()
 #: Seconds after a process starts before its first pass of RQ's registry maintenance (then one each
 #: ``maintenance_interval``, 10 min). RQ runs it at once, some ten round trips a site as the crawl
 #: starts, for nothing the reaper (``joblife.reap``) does not do from its first pass.
@@ -189,6 +193,17 @@ class CrawlWorker(SimpleWorker):
                 self.unsubscribe()  # its key expires on its own
         self.log.info("Worker %s: done (%d jobs)", self.name, worked)
         return bool(worked)
+
+    def _set_ip_address(self, connection: Redis) -> None:
+        """RQ's naming of the connection and reading of its address (two round trips), once a connection:
+        the process's workers share its pool and its address, and a process grows hundreds of them."""
+        with _addresses_lock:
+            known = _addresses.get(connection)
+            if known is None:
+                super()._set_ip_address(connection)
+                _addresses[connection] = self.ip_address
+            else:
+                self.ip_address = known
 
     def register_birth(self) -> None:
         """RQ's registration (``rq info`` lists the worker), in each queue's worker set only

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from crawling import installed_runtime, items_by_key, join_all, start_in_threads
+from crawling import count_round_trips, installed_runtime, items_by_key, join_all, start_in_threads
 from redis import Redis
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
@@ -633,6 +633,27 @@ def test_a_worker_of_many_sites_is_listed_by_rq_without_joining_each_queues_work
     listed = {w.name for w in Worker.all(connection=redis_conn, serializer=few.serializer)}
     assert not {few.name, many.name} & listed
     assert not redis_conn.exists(f"rq:workers:{keys.download_queue('f1')}")
+
+
+def test_a_processs_next_worker_threads_make_no_round_trip_to_learn_their_address(
+    redis_conn: Redis, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ names the connection and reads its address as each worker is made (two round trips): the
+    threads of a process share its connection, so the first worker's address serves the next ones,
+    which a busy process makes by the hundred. ``rq info`` still shows each one's address."""
+    from rq import Worker
+
+    first = DownloadWorker(redis_conn, ["f1"], rt=runtime)
+    trips = count_round_trips(monkeypatch)
+    later = [DownloadWorker(redis_conn, ["f1"], rt=runtime) for _ in range(3)]
+    assert not trips
+    assert first.ip_address not in ("", "unknown", None)
+    later[0].register_birth()
+    try:
+        listed = {w.name: w.ip_address for w in Worker.all(connection=redis_conn, serializer=first.serializer)}
+        assert listed[later[0].name] == first.ip_address
+    finally:
+        later[0].register_death()
 
 
 def test_a_drain_look_while_work_is_queued_costs_the_same_few_commands_at_20_or_2000_sites(
