@@ -391,10 +391,18 @@ def tasks_left(job: Job) -> list[dict[str, Any]]:
     return list(job.args[batch_done(job) :])
 
 
-def fetch(connection: Redis, job_id: str, queue: Queue) -> Job | None:
-    """The job handed out as ``job_id``, vetted; None (and out of the intermediate list) if it is gone or refused."""
+def fetch(connection: Redis, job_id: str, queue: Queue, fields: dict[bytes, bytes] | None = None) -> Job | None:
+    """The job handed out as ``job_id``, vetted; None (and out of the intermediate list) if it is gone or refused.
+
+    ``fields``: its hash as read already (NEXT_JOB reads it along the hand-out), else it is read here."""
     try:
-        return CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        if fields is None:
+            return CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+        if not fields:
+            raise NoSuchJobError(job_id)
+        job = CrawlerJob(job_id, connection=connection, serializer=JSONSerializer)
+        job.restore(fields)  # vetted as a fetch vets it: refused and quarantined if it is not ours
+        return job
     except NoSuchJobError:  # its hash expired or was deleted, or it was refused and quarantined
         connection.lrem(queue.intermediate_queue_key, 1, job_id)
         return None

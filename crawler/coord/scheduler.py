@@ -57,6 +57,8 @@ FOLLOW_AHEAD = 0.25
 #: last one's word that none is due yet: those another process schedules meanwhile come due at most this
 #: late (its own are looked for when they come due).
 PROMOTE_LOOKS_MOST = 1.0
+#: The prefix of RQ's job hashes: NEXT_JOB reads the hash of the job it hands out.
+JOB_PREFIX = Job.redis_job_namespace_prefix
 
 
 def encode_entry(
@@ -145,6 +147,8 @@ class Next:
     quiet_for: float | None = None
     #: With a job: seconds until its site is due again (NEXT_JOB's re-score).
     again: float | None = None
+    #: With a job: its RQ hash as NEXT_JOB read it (empty: gone), for ``joblife.fetch``.
+    job_hash: dict[bytes, bytes] | None = None
 
 
 class Scheduler:
@@ -217,10 +221,17 @@ class Scheduler:
             site_keys = self._site_keys.get(site) or self._keys_of(site)
             gate = self._gates.get(site)
             args: list[str | int] = [site, REFILL_BELOW, int(ahead * 1000), int(REFILL_HOLD * 1000), self._lease_ms]
-            reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=args)
+            reply = self._next(keys=[*site_keys, gate] if gate else site_keys, args=[*args, JOB_PREFIX])
             code = int(reply[0])
             if code == 1:
-                return Next(site=site, job_id=text(reply[1]), refill=bool(int(reply[2])), again=int(reply[3]) / 1000)
+                fields = reply[4]
+                return Next(
+                    site=site,
+                    job_id=text(reply[1]),
+                    refill=bool(int(reply[2])),
+                    again=int(reply[3]) / 1000,
+                    job_hash=dict(zip(fields[::2], fields[1::2], strict=True)),
+                )
             if code == 2:
                 return Next(site=site, refill=True)
             if code == 0:

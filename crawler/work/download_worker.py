@@ -152,7 +152,7 @@ class DownloadWorker(CrawlWorker):
         if step.site is None or step.job_id is None:
             return step if step.site is None else None
         queue = self._by_site[site]
-        job = joblife.fetch(self.connection, step.job_id, queue)
+        job = joblife.fetch(self.connection, step.job_id, queue, step.job_hash)
         if job is None:
             return None
         self._refill = site if step.refill else None
@@ -170,7 +170,7 @@ class DownloadWorker(CrawlWorker):
             if step.job_id is not None:
                 assert step.site is not None
                 queue = self._by_site[step.site]
-                job = joblife.fetch(self.connection, step.job_id, queue)
+                job = joblife.fetch(self.connection, step.job_id, queue, step.job_hash)
                 if job is None:
                     continue
                 self._refill = step.site if step.refill else None

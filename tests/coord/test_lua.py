@@ -1,7 +1,7 @@
 """The Lua scripts (``crawler/lua``): headed by their KEYS and ARGV, touching only keys passed
 in KEYS (none built inside, but for the sub-sets of seen tables: a script that says ``-- Built keys:``
-in its header may touch ``KEYS[i] .. ':' .. n``, named from a key it was passed, in its slot), and
-every key of one site in that site's slot."""
+in its header may touch ``KEYS[i] .. ':' .. n``, named from a key it was passed, in its slot, or
+read the RQ hash of a job it hands out, ``prefix .. job``), and every key of one site in that site's slot."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from redis import Redis
 from redis.crc import key_slot
 from rq import Queue
+from rq.job import Job
 
 from crawler.coord import failover, inflight, joblife, keys, lua, pages
 from crawler.coord.frontier import Frontier
@@ -54,6 +55,8 @@ def builds_keys(name: str) -> bool:
     return any(line.startswith("-- Built keys: ") for line in header(name))
 
 
+#: RQ's job hashes: a script that says it reads one (``-- Built keys: the RQ hash ...``) may.
+JOB_PREFIX = Job.redis_job_namespace_prefix.encode()
 #: A key named from a key passed in KEYS: that key, ``:`` and a number (a seen table's sub-set).
 BUILT = re.compile(rb"(.+):\d+")
 
@@ -63,7 +66,13 @@ def undeclared(name: str, declared: set[bytes], touched: set[bytes]) -> set[byte
     script that says ``-- Built keys:``) a key of its KEYS followed by ``:`` and a number."""
     left = touched - declared
     if builds_keys(name):
-        left = {key for key in left if not ((m := BUILT.fullmatch(key)) and m[1] in declared)}
+        job_hashes = any("RQ hash" in line for line in header(name))
+        left = {
+            key
+            for key in left
+            if not ((m := BUILT.fullmatch(key)) and m[1] in declared)
+            and not (job_hashes and key.startswith(JOB_PREFIX))
+        }
     return left
 
 

@@ -512,3 +512,47 @@ def test_confs_queued_in_one_transaction_are_written_as_each_alone_writes_its_ow
         b"paused": b"1",
         b"batch": b"4",
     }
+
+
+def test_a_job_handed_out_comes_with_its_hash_and_is_loaded_without_a_round_trip_of_its_own(
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crawling import count_round_trips
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import CrawlerJob
+
+    fill(redis_conn, "a", 3, interval=0.01)
+    step = take(Scheduler(redis_conn))
+    assert step.job_id is not None and step.job_hash
+    queue = Queue(keys.download_queue("a"), connection=redis_conn, serializer=JSONSerializer)
+    trips = count_round_trips(monkeypatch)
+    job = joblife.fetch(redis_conn, step.job_id, queue, step.job_hash)
+    assert not trips
+    fetched = CrawlerJob.fetch(step.job_id, connection=redis_conn, serializer=JSONSerializer)
+    assert job is not None and (job.id, job.func_name, job.args, job.kwargs, job.origin) == (
+        fetched.id,
+        fetched.func_name,
+        fetched.args,
+        fetched.kwargs,
+        fetched.origin,
+    )
+    # A job whose hash is gone by the hand-out is dropped from the intermediate list, as a fetch drops it.
+    redis_conn.delete(fetched.key)
+    assert joblife.fetch(redis_conn, step.job_id, queue, {}) is None
+    assert step.job_id.encode() not in redis_conn.lrange(queue.intermediate_queue_key, 0, -1)
+
+
+def test_a_handed_out_job_hash_that_is_not_the_crawlers_is_refused_and_quarantined(redis_conn: Redis) -> None:
+    from crawler.coord import joblife, quarantine
+
+    fill(redis_conn, "a", 3, interval=0.01)
+    step = take(Scheduler(redis_conn))
+    assert step.job_id is not None and step.job_hash is not None
+    queue = Queue(keys.download_queue("a"), connection=redis_conn, serializer=JSONSerializer)
+    forged = {**step.job_hash, b"data": b"\x80\x04\x95pickled"}
+    assert joblife.fetch(redis_conn, step.job_id, queue, forged) is None
+    assert step.job_id.encode() not in redis_conn.lrange(queue.intermediate_queue_key, 0, -1)
+    kept = quarantine.entries(redis_conn)
+    assert [entry.job_id for entry in kept] == [step.job_id]
+    assert not redis_conn.exists(f"rq:job:{step.job_id}")

@@ -17,8 +17,10 @@
 --   (scheduler.PREPARE_AHEAD): the worker prepares it meanwhile, the gate still decides,
 --   ARGV[4] = ms the site is held out of other workers' picks while one refills its queue
 --   (scheduler.REFILL_HOLD), ARGV[5] = ms after a hand-out that the reaper first looks at the site's
---   queue (the job's lease: its claim has lapsed by then if its worker died).
--- Returns {1, job_id, refill, again_ms} (again_ms: when the site is due again, ms from now) |
+--   queue (the job's lease: its claim has lapsed by then if its worker died), ARGV[6] = the prefix
+--   of RQ's job hashes (Job.redis_job_namespace_prefix): the job's is read along, a round trip less.
+-- Returns {1, job_id, refill, again_ms, job_hash} (again_ms: when the site is due again, ms from now;
+--   job_hash: HGETALL of the job's hash, empty if it is gone) |
 --   {2} (its RQ queue is empty: refill, then call again; the site is
 --   re-scored ARGV[4] ms ahead meanwhile, so other workers pick other sites, and the refill marks it
 --   due again once done) |
@@ -26,6 +28,7 @@
 --   {0, wait_ms} (no job: the site is not due, or was re-scored; it is due again in wait_ms) |
 --   {-1} (the site is not in the ready set, or has just left it: no work).
 --
+-- Built keys: the RQ hash of the job handed out, read only (prefix .. job, the prefix ARGV[6]).
 -- Cluster: cross-slot: the site's keys share its slot, but the ready set and the claims are
 -- global, and a shared gate is in a slot of its own. The re-scoring must be atomic with the hand-out (two workers
 -- would otherwise be handed the same turn) and with the removal of a site found without work
@@ -95,4 +98,5 @@ local again = math.max(gate_ttl, 0) + interval * span
 redis.call('ZADD', ready, now + again, site)
 local refill = 0
 if queued - 1 < REFILL_BELOW and compact > 0 then refill = 1 end
-return {1, job, refill, again - ahead}
+local prefix = ARGV[6]
+return {1, job, refill, again - ahead, redis.call('HGETALL', prefix .. job)}
