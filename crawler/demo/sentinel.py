@@ -50,10 +50,10 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
         time.sleep(0.05)
 
 
-def answers(port: int) -> bool:
+def answers(port: int, password: str | None = None) -> bool:
     """Whether a Redis (or Sentinel) on 127.0.0.1:``port`` answers PING."""
     try:
-        return bool(Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5).ping())
+        return bool(Redis(port=port, socket_timeout=0.5, socket_connect_timeout=0.5, password=password).ping())
     except Exception:
         return False
 
@@ -61,15 +61,18 @@ def answers(port: int) -> bool:
 class LocalSentinel:
     """A primary, its replica and a Sentinel watching them, each a process of its own, logging in ``directory``."""
 
-    def __init__(self, directory: Path, server: str, sentinel: str):
+    def __init__(self, directory: Path, server: str, sentinel: str, sentinel_password: str | None = None):
+        """``sentinel_password``: one the Sentinel asks its clients for (``requirepass``), none by default."""
         self.directory, self.server, self.sentinel = directory, server, sentinel
+        self.sentinel_password = sentinel_password
         self.ports = {role: free_port() for role in ("primary", "replica", "sentinel")}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def url(self) -> str:
         """The crawler's URL of the service: ``redis+sentinel://127.0.0.1:PORT/crawl/0``."""
-        return f"redis+sentinel://127.0.0.1:{self.ports['sentinel']}/{SERVICE}/0"
+        url = f"redis+sentinel://127.0.0.1:{self.ports['sentinel']}/{SERVICE}/0"
+        return url if self.sentinel_password is None else f"{url}?sentinel_password={self.sentinel_password}"
 
     def start(self) -> LocalSentinel:
         """Start the three, and wait until the replica is in sync and the Sentinel sees it."""
@@ -82,9 +85,10 @@ class LocalSentinel:
             f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
             f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
             f"sentinel parallel-syncs {SERVICE} 1\n"
+            + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
         )
         self._start("sentinel", [self.sentinel, str(conf)])
-        wait_until(lambda: answers(self.ports["sentinel"]), 10, "the Sentinel to answer")
+        wait_until(lambda: answers(self.ports["sentinel"], self.sentinel_password), 10, "the Sentinel to answer")
         wait_until(self._replica_seen, 30, "the replica to sync and the Sentinel to see it")
         return self
 
@@ -105,15 +109,16 @@ class LocalSentinel:
     def _replica_seen(self) -> bool:
         if Redis(port=self.ports["replica"], socket_timeout=1).info("replication").get("master_link_status") != "up":
             return False
-        replicas = Redis(port=self.ports["sentinel"], socket_timeout=1).sentinel_slaves(SERVICE)
+        sentinel = Redis(port=self.ports["sentinel"], socket_timeout=1, password=self.sentinel_password)
+        replicas = sentinel.sentinel_slaves(SERVICE)
         return any(not replica["is_sdown"] and not replica["is_disconnected"] for replica in replicas)
 
     def primary_port(self) -> int | None:
         """The port of the primary the Sentinel names now (None if it names none or does not answer)."""
         try:
-            found = Redis(port=self.ports["sentinel"], socket_timeout=1).execute_command(
-                "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE
-            )
+            found = Redis(
+                port=self.ports["sentinel"], socket_timeout=1, password=self.sentinel_password
+            ).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
         except Exception:
             return None
         return int(found[1]) if found else None

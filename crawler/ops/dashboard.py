@@ -18,7 +18,10 @@ loses its URLs, already marked seen. So the app ``make_app`` builds:
   (``allowed_hosts``), which stops DNS rebinding, and refuses a request whose ``Origin``
   is not its own or whose ``Sec-Fetch-Site`` is ``cross-site`` (cross-site requests);
 - asks for HTTP basic credentials when given a username;
-- shows the Redis URL without its password, user or secret parameters.
+- shows the Redis URL without its password, user or secret parameters;
+- opens Redis as the crawler does (``coord.connection.client_for``), one client a URL: rq-dashboard's
+  own parser of ``redis+sentinel://`` URLs drops the primary's user and the Sentinels' password
+  (``sentinel_password``), and it made a new client on every request.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from urllib.parse import urlsplit
 from rq import Worker
 from rq.serializers import JSONSerializer
 
+from ..coord.connection import client_for
 from ..errors import ConfigError
 from ..settings import redact_url, scrub, url_secrets
 
@@ -75,6 +79,7 @@ def make_app(
     if password and not username:
         raise ConfigError("crawler dashboard: a password needs a username")
     web.config.serializer = JSONSerializer
+    web.from_url = _clients()  # looked up on every request, as the one below
     # The pages show the instance list through this function (looked up on every request).
     web.escape_format_instance_list = _redacted_urls
     app = Flask("crawler.ops.dashboard")
@@ -91,6 +96,20 @@ def make_app(
     if WORKERS_ENDPOINT in app.view_functions:  # another rq-dashboard: its own view stays
         app.view_functions[WORKERS_ENDPOINT] = web.jsonify(functools.partial(_list_workers, web))
     return app
+
+
+def _clients() -> Any:
+    """rq-dashboard's ``from_url(url, sentinel_options, client_options)``: the crawler's client for
+    ``url`` (the options are rq-dashboard's settings of passwords, which the crawler's URLs carry), made once."""
+    made: dict[str, Any] = {}
+
+    def from_url(url: str, sentinel_options: Any = None, client_options: Any = None) -> tuple[None, Any]:
+        client = made.get(url)
+        if client is None:
+            client = made[url] = client_for(url)
+        return None, client
+
+    return from_url
 
 
 def _redacted_urls(urls: str | list[str] | tuple[str, ...]) -> list[str]:

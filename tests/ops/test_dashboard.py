@@ -189,3 +189,25 @@ def test_dashboard_on_a_public_address_without_credentials_is_refused(redis_url:
     assert result.stderr.strip().splitlines() == [
         "Error: crawler dashboard on 0.0.0.0 (not loopback) needs --username and --password"
     ]
+
+
+@pytest.mark.integration
+def test_dashboard_opens_a_sentinel_url_whose_sentinel_asks_for_a_password(tmp_path: Path) -> None:
+    """rq-dashboard's own parser of Sentinel URLs drops ``sentinel_password``: the Sentinel refused it."""
+    from sentinels import sentinel_binaries
+
+    from crawler.demo.sentinel import LocalSentinel
+
+    trio = LocalSentinel(tmp_path, *sentinel_binaries(), sentinel_password="pw-of-sentinel").start()
+    try:
+        primary = Redis(port=trio.primary_port() or 0)
+        Queue(keys.download_queue("demo"), connection=primary, serializer=JSONSerializer).enqueue_call(
+            "crawler.work.jobs.download", args=(), job_id="j1"
+        )
+        client = make_app(trio.url).test_client()
+        answer = client.get("/0/data/queues.json")
+        assert answer.status_code == 200, answer.data[:300]
+        assert keys.download_queue("demo") in [q["name"] for q in answer.get_json()["queues"]]
+        assert b"pw-of-sentinel" not in client.get("/0/view/queues").data
+    finally:
+        trio.stop()
