@@ -18,7 +18,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import redis
@@ -198,18 +198,6 @@ class Counters:
             thread.join()
         if not self.flush():
             log.warning("counters: %d fields of counts lost (Redis unreachable at exit)", self.pending())
-
-    def resets_unknown(self, sites: Iterable[str]) -> list[str]:
-        """Of ``sites``, those whose reset count this process has not read yet: a caller about to count
-        their stats may read it in a round trip it makes anyway (``know_resets``), which ``add`` saves."""
-        return [site for site in dict.fromkeys(sites) if site not in self._resets]
-
-    def know_resets(self, site: str, reply: Any) -> None:
-        """Keep ``site``'s reset count, as a ``GET`` of ``keys.resets(site)`` replied (an error: not kept)."""
-        if isinstance(reply, Exception):
-            return
-        with self._cond:
-            self._resets.setdefault(site, int(reply or 0))
 
     def _learn_resets(self, site: str) -> None:
         """Read the site's reset count once, before its first count (None, so counts go in anyway, if Redis fails)."""

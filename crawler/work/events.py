@@ -24,7 +24,7 @@ from typing import Any
 
 from redis import Redis
 
-from ..coord import keys, pages
+from ..coord import pages
 from ..coord.counters import Counters
 from ..store import outbox
 from ..store.database import FetchRecord, Store
@@ -136,11 +136,6 @@ def _write_groups(
             if d.also is not None:
                 d.also(pipe)
             spans.append((start, len(pipe)))
-        # The reset count of a site counted here for the first time rides along (``Counters.add`` would read it alone).
-        unknown = sink.counters.resets_unknown(d.record.site for d in flat if d.stats)
-        resets_from = len(pipe)
-        for site in unknown:
-            pipe.get(keys.resets(site))
         parked_from = len(pipe)
         for entry in parked:
             outbox.park(pipe, entry)
@@ -149,8 +144,6 @@ def _write_groups(
     for d, (start, end) in zip(flat, spans, strict=True):
         if d.check is not None:  # called even with no reply: a rider that had nothing to send rode too
             replies[start:end] = d.check(replies[start:end])
-    for site, reply in zip(unknown, replies[resets_from:parked_from], strict=True):
-        sink.counters.know_resets(site, reply)
     # A record parked but not in Redis, or an acknowledgement refused, is every group's: none is told it went.
     lost = next((reply for reply in replies[parked_from:] if isinstance(reply, Exception)), None)
     errors: list[BaseException | None] = []

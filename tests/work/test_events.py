@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crawling import count_round_trips, run_console_script
+from crawling import run_console_script
 from redis import Redis
 
 from crawler.coord import keys
@@ -18,7 +18,7 @@ from crawler.coord.frontier import Frontier, seed
 from crawler.demo import ShopSite
 from crawler.store import outbox
 from crawler.store.database import FAILED, OK, FetchRecord, utcnow
-from crawler.work.events import Done, JSONFormatter, RecordWriter, SoonRecords, fields, jobs_done, summary, write_now
+from crawler.work.events import Done, JSONFormatter, RecordWriter, SoonRecords, fields, summary, write_now
 from crawler.work.runtime import Runtime
 
 
@@ -232,16 +232,3 @@ def test_records_written_now_by_many_threads_share_the_writers_transactions(
     assert sizes == [1, 4], f"database writes of {sizes} records"
     assert redis_conn.get("handed") == b"5"
     assert len(runtime.store.fetch_rows("demo")) == 5
-
-
-def test_records_of_sites_new_to_the_process_read_their_reset_counts_in_the_writes_own_round_trip(
-    runtime: Runtime, redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    redis_conn.set(keys.resets("b"), 2)
-    trips = count_round_trips(monkeypatch)
-    done = [Done(record(site=site, url=f"http://127.0.0.1:9/{site}"), stats={"fetched": 1}) for site in "abc"]
-    jobs_done(runtime.sink, done)
-    assert len(trips) == 1, "a reset count was read in a round trip of its own"
-    redis_conn.incr(keys.resets("c"))  # c is reset after its page was counted: that count goes
-    runtime.counters.flush()
-    assert [redis_conn.hget(keys.stats(site), "fetched") for site in "abc"] == [b"1", b"1", None]
