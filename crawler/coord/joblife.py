@@ -5,9 +5,10 @@ RQ's public classes: **made** from frontier entries (``make_jobs``, one URL or a
 one site, whose meta counts the URLs done: ``tasks_left``), **read** as NEXT_JOB hands it
 out (``fetch``, vetted), **claimed** (``claim``) with a lease renewed while it runs
 (``renew_claims``), **finished** (``finish``) or failed through RQ with ``job_retry``,
-**handed back** (``give_back``), and **reclaimed** by the fleet-wide reaper (``reap``, one
-pass every ``REAP_EVERY``) once its worker died and its lease lapsed, so a killed worker's
-page runs again within ``job_lease`` + ``REAP_EVERY`` seconds. See docs/RELIABILITY.md.
+**handed back** (``give_back``; ``hand_back_cut`` once a Redis outage cut its run short), and
+**reclaimed** by the fleet-wide reaper (``reap``, one pass every ``REAP_EVERY``) once its worker
+died and its lease lapsed, so a killed worker's page runs again within ``job_lease`` +
+``REAP_EVERY`` seconds. See docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, WatchError
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.results import Result
 from rq.serializers import JSONSerializer
@@ -35,7 +36,7 @@ from ..settings import DEFAULT_JOB_LEASE
 from . import keys, lua, redisclock
 from .gate import Gate
 from .replies import text
-from .scheduler import mark_ready
+from .scheduler import batch_over, mark_ready
 from .vetting import DOWNLOAD_FUNC, CrawlerJob
 
 log = logging.getLogger("crawler.joblife")
@@ -498,3 +499,50 @@ def give_back(connection: Redis, site: str, job_id: str) -> None:
         pipe.lrem(queue.intermediate_queue_key, 1, job_id)
         pipe.lpush(queue.key, job_id)
         pipe.execute()
+
+
+#: Seconds of its lease a job cut short by a Redis outage must have left for its own process to hand it
+#: back (``hand_back_cut``): the reaper hands back only jobs whose lease ran out (on its host's clock),
+#: so the two never both retry one job.
+CUT_MARGIN = 2.0
+#: Transactions ``hand_back_cut`` tries while other jobs of the site change its registry meanwhile.
+CUT_TRIES = 3
+
+
+def hand_back_cut(connection: Redis, queue: Queue, execution: Execution) -> bool:
+    """Hand back at once a job of ``queue`` whose run a Redis outage cut short (its worker gave it up), as
+    the reaper would once its lease ran out: its execution ended and the job retried (``job_retry``: the
+    first retry at the front of its queue) in one transaction, then its site due again when its gate
+    opens (``scheduler.batch_over``: the job's batch is over).
+
+    Only while the job is still started under ``execution`` with CUT_MARGIN seconds of its lease left
+    (checked under WATCH, so a reaper's retry in between voids this one): otherwise False and nothing
+    done (it finished or failed meanwhile, its reply lost to the outage; it is out of retries; or it is
+    the reaper's to hand back).
+    """
+    registry = queue.started_job_registry
+    for _ in range(CUT_TRIES):
+        with connection.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(registry.key, Job.key_for(execution.job_id))
+                lease_ends = pipe.zscore(registry.key, execution.composite_key)
+                if lease_ends is None or lease_ends < current_timestamp() + CUT_MARGIN:
+                    return False
+                try:
+                    job = CrawlerJob.fetch(execution.job_id, connection=connection, serializer=JSONSerializer)
+                except NoSuchJobError:  # deleted as it finished, or refused (quarantined) as it was read
+                    return False
+                if job.get_status(refresh=False) != JobStatus.STARTED or not job.retries_left:
+                    return False
+                pipe.multi()
+                execution.delete(job=job, pipeline=pipe)
+                job.retry(queue, pipe)
+                pipe.execute()
+            except WatchError:  # the site's other jobs claimed or ended meanwhile: looked at again
+                continue
+        site = keys.site_of_queue(queue.name)
+        if site is not None:  # due again when its gate opens: NEXT_JOB held it for the cut batch's span
+            mark_ready(connection, {site: 0})
+            batch_over(connection, site)
+        return True
+    return False

@@ -336,9 +336,8 @@ class Scheduler:
             pipe.execute()
 
     def batch_over(self, site: str) -> None:
-        """A paced batch of ``site`` is over: the site is due again when its own gate opens, if that
-        is sooner than NEXT_JOB had it (held for the batch's whole span). Nothing if it left the ready set."""
-        self._batch_over(keys=[keys.ready(), keys.gate(site)], args=[site])
+        """A paced batch of ``site`` is over (``batch_over``)."""
+        batch_over(self.connection, site)
 
     def batch_over_in(self, pipe: Any, site: str) -> Callable[[], None]:
         """``batch_over`` queued in ``pipe`` (a transaction, or not); what runs it on its own instead, for a
@@ -354,6 +353,13 @@ def _quiet_for(again: float | None, after_ms: int) -> float | None:
     if again is None or after_ms == -2:
         return None
     return max(0.0, again if after_ms == -1 else min(again, after_ms / 1000))
+
+
+def batch_over(connection: Redis, site: str) -> None:
+    """A paced batch of ``site`` is over, or its job was handed back: the site is due again when its own
+    gate opens, if that is sooner than NEXT_JOB had it (held for the batch's whole span). Nothing if it
+    left the ready set."""
+    lua.script(connection, "batch_over")(keys=[keys.ready(), keys.gate(site)], args=[site])
 
 
 def mark_ready(connection: Redis, sites: Mapping[str, float]) -> None:

@@ -419,10 +419,14 @@ class CrawlWorker(SimpleWorker):
             self._leases.hold(self, job, execution)
             try:
                 self.perform_job(job, queue, execution)
+            except (redis.ConnectionError, redis.TimeoutError):
+                self._leases.cut(self, queue)  # handed back as soon as Redis answers, not once its lease ran out
+                raise
             finally:
                 self._leases.release(self)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # The job's claim expires and the reaper hands it back once Redis answers.
+            # A job cut before its claim is handed back by the reaper (``joblife.rescue_stranded``), one cut
+            # after it by the lease keeper (``LeaseKeeper.cut``).
             self._redis_down(exc)
 
     def _claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:

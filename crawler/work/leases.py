@@ -10,6 +10,7 @@ from typing import Any
 
 import redis
 from redis import Redis
+from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 
@@ -22,6 +23,8 @@ log = logging.getLogger("crawler.workers")
 BUSY_NOTE_EVERY = 1.0
 #: A claim due within this share of ``joblife.renew_every`` is renewed with one due now (``LeaseKeeper``).
 RENEW_TOGETHER = 0.25
+#: Seconds between two tries at handing back the jobs a Redis outage cut short (``LeaseKeeper.cut``).
+CUT_TRY_EVERY = 0.25
 
 
 class LeaseKeeper:
@@ -34,7 +37,8 @@ class LeaseKeeper:
     are renewed with it, in one round trip. One thread for the process, not one per worker:
     hundreds of workers cost one waiting thread. While it holds any job, it notes the process busy for the
     fleet's drain looks (``inflight``), once a second, and takes the note back once it
-    holds none.
+    holds none. A job a Redis outage cut short (``cut``) it hands back itself as soon as Redis answers
+    (``joblife.hand_back_cut``), trying every CUT_TRY_EVERY for as long as the job's lease may last.
     """
 
     def __init__(self, name: str, connection: Redis, job_lease: float):
@@ -49,13 +53,14 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         #: Per worker: its job, the job's execution, when the next renewal is due.
         self._held: dict[Any, tuple[Job, Execution, float]] = {}
+        #: Jobs cut short by a Redis outage, to hand back: queue, execution, when to give up (monotonic).
+        self._cut: list[tuple[Queue, Execution, float]] = []
+        self._cut_due = 0.0
         self._thread: threading.Thread | None = None
 
     def hold(self, worker: Any, job: Job, execution: Execution) -> None:
         with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"lease-{self._name}", daemon=True)
-                self._thread.start()
+            self._start()
             self._held[worker] = (job, execution, time.monotonic() + self._renew_every)
             if len(self._held) == 1:  # else the thread is waiting for an earlier renewal than this one
                 self._cond.notify()
@@ -68,6 +73,25 @@ class LeaseKeeper:
             if not self._held:
                 self._cond.notify_all()  # the process's busy note is taken back
 
+    def cut(self, worker: Any, queue: Queue) -> None:
+        """``release`` of a job of ``queue`` that a Redis outage cut short: its worker gave it up, and this
+        thread hands it back once Redis answers, not the reaper once its lease ran out (``job_lease``
+        later: until then no worker would run it)."""
+        with self._cond:
+            held = self._held.get(worker)
+            self.release(worker)
+            if held is None:
+                return
+            self._start()
+            self._cut.append((queue, held[1], time.monotonic() + self._job_lease))
+            self._cut_due = 0.0
+            self._cond.notify_all()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"lease-{self._name}", daemon=True)
+            self._thread.start()
+
     @property
     def holding(self) -> bool:
         """Whether a worker of the process holds a job now."""
@@ -79,6 +103,7 @@ class LeaseKeeper:
         with self._cond:
             thread, self._thread = self._thread, None
             self._held.clear()
+            self._cut.clear()  # the reaper's, once their leases run out
             self._cond.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -90,6 +115,10 @@ class LeaseKeeper:
         with self._cond:
             while self._thread is me:
                 now = time.monotonic()
+                if self._cut and now >= self._cut_due:
+                    self._cut_due = now + CUT_TRY_EVERY
+                    self._unlocked(self._hand_back)
+                    continue
                 if self._held and now >= self._note_due:
                     self._note_due = now + BUSY_NOTE_EVERY
                     self._unlocked(self._note, True)
@@ -99,11 +128,12 @@ class LeaseKeeper:
                     self._unlocked(self._note, False)
                     continue
                 if not self._held:
-                    self._cond.wait()
+                    self._cond.wait(self._cut_due - now if self._cut else None)
                     continue
                 first_due = min(due for _, _, due in self._held.values())
-                if min(first_due, self._note_due) > now:
-                    self._cond.wait(min(first_due, self._note_due) - now)
+                wake = min(first_due, self._note_due, self._cut_due if self._cut else first_due)
+                if wake > now:
+                    self._cond.wait(wake - now)
                     continue
                 if first_due > now:
                     continue
@@ -131,6 +161,24 @@ class LeaseKeeper:
             call(*args)
         finally:
             self._cond.acquire()
+
+    def _hand_back(self) -> None:
+        """Try to hand back each cut job (``joblife.hand_back_cut``); one kept while Redis is still out and
+        its lease may last, dropped otherwise (handed back, finished meanwhile, or the reaper's)."""
+        with self._cond:
+            cut = list(self._cut)
+        kept = []
+        for queue, execution, give_up_at in cut:
+            try:
+                if joblife.hand_back_cut(self._connection, queue, execution):
+                    log.info("job %s, cut short by a Redis outage, handed back", execution.job_id)
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() < give_up_at:
+                    kept.append((queue, execution, give_up_at))
+            except Exception:  # refused by Redis (a key written by hand), or a bug: the reaper's to hand back
+                log.exception("lease keeper: handing back job %s failed; left to the reaper", execution.job_id)
+        with self._cond:
+            self._cut = [entry for entry in self._cut if entry not in cut] + kept
 
     def _renew(self, claims: list[tuple[Any, Job, Execution]]) -> None:
         try:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import pytest
 from crawling import items_by_key
 from redis import Redis
 
-from crawler.coord import keys
+from crawler.coord import keys, redisclock
 from crawler.coord.connection import connect, redis_server_binary
 from crawler.coord.frontier import seed
 from crawler.coord.gate import SEND_GRACE
@@ -1021,3 +1021,139 @@ def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_nex
         keeper.release(worker)
         keeper.close()
         rt.close()
+
+
+def _claimed_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[Any, Any, Any, Any]:
+    """A download worker of ``site`` and a job of its queue handed out and claimed by it:
+    (worker, queue, job, execution)."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC, CrawlerJob
+    from crawler.work.download_worker import DownloadWorker
+
+    queue = Queue(keys.download_queue(site), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    worker = DownloadWorker(redis_conn, [site], rt=rt)
+    worker.register_birth()
+    job = queue.enqueue(DOWNLOAD_FUNC, {"site": site, "url": f"https://{site}.example/"}, retry=joblife.job_retry())
+    redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
+    execution = joblife.claim(worker, job, queue)
+    return worker, queue, job, execution
+
+
+def test_a_job_a_redis_outage_cut_short_is_handed_back_by_its_lease_keeper_not_when_its_lease_runs_out(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """A worker whose job's Redis calls failed gave the job up; the reaper handed it back only once its
+    lease ran out (10 s by default, every site of a failover waiting as long for its next request)."""
+    from crawler.coord import joblife
+    from crawler.work.leases import LeaseKeeper
+
+    lease = 60  # the reaper would not hand it back within this test
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=lease))
+    keeper = LeaseKeeper("cut", redis_conn, lease)
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt)
+        redis_conn.zrem(keys.ready(), "demo")
+        keeper.hold(worker, job, execution)
+        retries = job.retries_left
+        keeper.cut(worker, queue)
+        wait_until(lambda: queue.get_job_ids() == [job.id], 2, "the cut job back in its queue")
+        assert redis_conn.zscore(queue.started_job_registry.key, execution.composite_key) is None
+        assert not redis_conn.exists(execution.key)  # its execution ended, as if it had
+        job.refresh()
+        assert job.get_status() == "queued" and job.retries_left == retries - 1
+        assert redis_conn.zscore(keys.ready(), "demo") is not None  # the scheduler sees its site
+        assert not joblife.hand_back_cut(redis_conn, queue, execution)  # once only
+    finally:
+        keeper.close()
+        rt.close()
+
+
+def test_a_cut_job_that_finished_or_whose_lease_is_nearly_out_is_not_handed_back(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """A finish whose reply the outage lost went through: the job is not run again. A lease about to run
+    out is the reaper's: both handing it back would queue it twice."""
+    from crawler.coord import joblife
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt, "finished")
+        job.started_at = job.ended_at = datetime.now(UTC)
+        joblife.finish(worker, job, execution, [])
+        assert not joblife.hand_back_cut(redis_conn, queue, execution)
+        assert queue.get_job_ids() == []
+        worker, queue, job, execution = _claimed_job(redis_conn, rt, "lapsing")
+        lapsing = time.time() + joblife.CUT_MARGIN / 2
+        redis_conn.zadd(queue.started_job_registry.key, {execution.composite_key: lapsing})
+        assert not joblife.hand_back_cut(redis_conn, queue, execution)
+        assert queue.get_job_ids() == [] and job.get_status(refresh=True) == "started"
+    finally:
+        rt.close()
+
+
+def test_a_lease_keeper_tries_to_hand_a_cut_job_back_until_redis_answers(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis as redis_py
+
+    from crawler.coord import joblife
+    from crawler.work.leases import CUT_TRY_EVERY, LeaseKeeper
+
+    tries: list[float] = []
+    hand_back = joblife.hand_back_cut
+
+    def down_twice(conn: Redis, queue: Any, execution: Any) -> bool:
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            raise redis_py.ConnectionError("Redis is down")
+        return hand_back(conn, queue, execution)
+
+    monkeypatch.setattr(joblife, "hand_back_cut", down_twice)
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    keeper = LeaseKeeper("down", redis_conn, 60)
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt)
+        # Held out of the picks for its batch's span, as NEXT_JOB leaves a paced batch's site.
+        redis_conn.zadd(keys.ready(), {"demo": redisclock.now_ms(redis_conn) + 60_000})
+        keeper.hold(worker, job, execution)
+        keeper.cut(worker, queue)
+        wait_until(lambda: queue.get_job_ids() == [job.id], 3, "the cut job back once Redis answered")
+        assert redis_conn.zscore(keys.ready(), "demo") <= redisclock.now_ms(redis_conn)  # due: its gate is open
+        assert len(tries) == 3
+        assert min(b - a for a, b in zip(tries, tries[1:], strict=False)) >= CUT_TRY_EVERY * 0.9
+    finally:
+        keeper.close()
+        rt.close()
+
+
+@pytest.mark.timeout(240)
+def test_jobs_a_redis_restart_cut_short_run_again_long_before_their_lease_runs_out(
+    restartable_redis: tuple[str, Any], settings: Settings
+) -> None:
+    """Real worker processes, a 60 s lease: the jobs in hand when Redis went down come back as soon as it
+    is up again (a job cut before its claim waits for the reaper's ``STRANDED_AFTER``), so the crawl ends
+    within seconds of the restart, not once the leases ran out."""
+    url, restart = restartable_redis
+    lease = 60
+    settings = dataclasses.replace(crawl_settings(settings), job_lease=lease)
+    connection = connect(url)
+    with ShopSite(products=60, latency=0.02) as shop:
+        seed_shop(connection, settings, shop)
+        processes = start_workers(
+            [WorkerSpec("download", ("demo",), threads=2, burst=True), WorkerSpec("parse", ("demo",), burst=True)],
+            settings,
+            url,
+        )
+        started_registry = f"rq:wip:{keys.download_queue('demo')}"
+        wait_until(lambda: len(shop.requests) >= 15 and connection.zcard(started_registry) > 0, 60, "a job in hand")
+        restart(down_for=1.0)
+        restarted = time.monotonic()
+        assert wait_drained(processes, timeout=150) == 0
+        took = time.monotonic() - restarted
+        assert all(p.exitcode == 0 for p in processes), "a worker crashed instead of reconnecting"
+        assert items_by_sku(settings.database_url) == shop.expected_items()
+        assert_polite(shop)
+    assert took < lease / 2, f"the crawl ended {took:.0f} s after the restart: a cut job waited for its lease"
