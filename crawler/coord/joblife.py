@@ -516,17 +516,21 @@ def hand_back_cut(connection: Redis, queue: Queue, execution: Execution) -> bool
     opens (``scheduler.batch_over``: the job's batch is over).
 
     Only while the job is still started under ``execution`` with CUT_MARGIN seconds of its lease left
-    (checked under WATCH, so a reaper's retry in between voids this one): otherwise False and nothing
-    done (it finished or failed meanwhile, its reply lost to the outage; it is out of retries; or it is
-    the reaper's to hand back).
+    (checked under WATCH, so a reaper's retry in between voids this one): otherwise False, and nothing
+    done but the site's ``batch_over`` if the job's end was written after all (it finished, or failed and
+    was retried, its reply lost to the outage); nothing if it is out of retries or the reaper's to hand back.
     """
-    registry = queue.started_job_registry
+    registry, site = queue.started_job_registry, keys.site_of_queue(queue.name)
     for _ in range(CUT_TRIES):
         with connection.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(registry.key, Job.key_for(execution.job_id))
                 lease_ends = pipe.zscore(registry.key, execution.composite_key)
-                if lease_ends is None or lease_ends < current_timestamp() + CUT_MARGIN:
+                if lease_ends is None:  # its failure (a retry) or finish was written after all: the batch is over
+                    if site is not None:
+                        batch_over(connection, site)
+                    return False
+                if lease_ends < current_timestamp() + CUT_MARGIN:
                     return False
                 try:
                     job = CrawlerJob.fetch(execution.job_id, connection=connection, serializer=JSONSerializer)
@@ -540,7 +544,6 @@ def hand_back_cut(connection: Redis, queue: Queue, execution: Execution) -> bool
                 pipe.execute()
             except WatchError:  # the site's other jobs claimed or ended meanwhile: looked at again
                 continue
-        site = keys.site_of_queue(queue.name)
         if site is not None:  # due again when its gate opens: NEXT_JOB held it for the cut batch's span
             mark_ready(connection, {site: 0})
             batch_over(connection, site)

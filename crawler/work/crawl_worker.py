@@ -450,7 +450,8 @@ class CrawlWorker(SimpleWorker):
         deleted (``joblife.finish``); a rate-limited job goes through RQ's ``handle_job_success``.
         A failure goes through RQ's ``handle_exception`` and ``handle_job_failure``
         (retries, the failed registry). What the job leaves to its end (``finishing``: its site's
-        ``batch_over``) goes in the success's transaction, or after a failure, on its own.
+        ``batch_over``) goes in the success's transaction, or after a failure, on its own. A failure
+        a Redis outage caused is raised again once handled, for ``execute_job`` to hand the job back.
         """
         finishing: list[joblife.Finishing] = []
         try:
@@ -479,6 +480,9 @@ class CrawlWorker(SimpleWorker):
                 execution=execution,
             )
             joblife.run_finishing(self.connection, finishing)
+            error = exc_info[1]
+            if error is not None and _redis_outage(error):  # failure maybe unwritten: handed back once Redis is back
+                raise error from None
             return False
         if job.has_rate_limit:
             job.ended_at = now()
@@ -547,3 +551,14 @@ class CrawlWorker(SimpleWorker):
             job.redis_server_version = self.get_redis_server_version()
             self.log.debug("Worker %s: %s: %s", self.name, queue.name, job.id)
         return result
+
+
+def _redis_outage(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from or while handling, is a Redis outage."""
+    for _ in range(8):  # a chain of a few links, not a loop a cycle could hang
+        if exc is None:
+            return False
+        if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False

@@ -1074,8 +1074,8 @@ def test_a_job_a_redis_outage_cut_short_is_handed_back_by_its_lease_keeper_not_w
 def test_a_cut_job_that_finished_or_whose_lease_is_nearly_out_is_not_handed_back(
     redis_conn: Redis, settings: Settings
 ) -> None:
-    """A finish whose reply the outage lost went through: the job is not run again. A lease about to run
-    out is the reaper's: both handing it back would queue it twice."""
+    """A finish whose reply the outage lost went through: the job is not run again, its site due again. A
+    lease about to run out is the reaper's: both handing it back would queue it twice."""
     from crawler.coord import joblife
 
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
@@ -1083,14 +1083,59 @@ def test_a_cut_job_that_finished_or_whose_lease_is_nearly_out_is_not_handed_back
         worker, queue, job, execution = _claimed_job(redis_conn, rt, "finished")
         job.started_at = job.ended_at = datetime.now(UTC)
         joblife.finish(worker, job, execution, [])
+        held = redisclock.now_ms(redis_conn) + 60_000  # out of the picks for the batch's span, as NEXT_JOB left it
+        redis_conn.zadd(keys.ready(), {"finished": held})
         assert not joblife.hand_back_cut(redis_conn, queue, execution)
         assert queue.get_job_ids() == []
+        assert redis_conn.zscore(keys.ready(), "finished") < held  # but its batch is over: due when its gate opens
         worker, queue, job, execution = _claimed_job(redis_conn, rt, "lapsing")
         lapsing = time.time() + joblife.CUT_MARGIN / 2
         redis_conn.zadd(queue.started_job_registry.key, {execution.composite_key: lapsing})
         assert not joblife.hand_back_cut(redis_conn, queue, execution)
         assert queue.get_job_ids() == [] and job.get_status(refresh=True) == "started"
     finally:
+        rt.close()
+
+
+def test_a_job_whose_failure_a_redis_outage_kept_unwritten_is_handed_back_all_the_same(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RQ logs and swallows a failure it could not write (``handle_job_failure``): a batch whose records
+    failed mid-outage ended without an error, and its job waited for its lease (the failover's 10 s)."""
+    import redis as redis_py
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC, CrawlerJob
+    from crawler.work.download_worker import DownloadWorker
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+    try:
+        worker.register_birth()
+        job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"}, retry=joblife.job_retry())
+        retries = job.retries_left
+        redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
+
+        def cut_short() -> None:
+            try:
+                raise ConnectionResetError(104, "Connection reset by peer")
+            except ConnectionResetError as exc:  # as redis-py raises it, from the socket's error
+                raise redis_py.ConnectionError("Error while reading from 127.0.0.1:6379") from exc
+
+        unwritten: list[str] = []
+        monkeypatch.setattr(job, "perform", cut_short)
+        monkeypatch.setattr(worker, "handle_job_failure", lambda job, *a, **k: unwritten.append(job.id))
+        worker.execute_job(job, queue)
+        assert unwritten == [job.id]  # RQ's write of the failure was skipped, as when Redis refuses it
+        wait_until(lambda: queue.get_job_ids() == [job.id], 3, "the cut job back in its queue")
+        job.refresh()
+        assert job.get_status() == "queued" and job.retries_left == retries - 1
+        assert redis_conn.zcard(queue.started_job_registry.key) == 0
+    finally:
+        worker._leases.close()
         rt.close()
 
 
