@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, Retry
 from rq.exceptions import NoSuchJobError
 from rq.executions import Execution
@@ -415,7 +417,11 @@ Finishing = Callable[[Any], Callable[[], None]]
 
 
 def claim(
-    worker: BaseWorker, job: Job, queue: Queue, along: Callable[[Any], Callable[[list[Any]], None] | None] | None = None
+    worker: BaseWorker,
+    job: Job,
+    queue: Queue,
+    along: Callable[[Any], Callable[[list[Any]], None] | None] | None = None,
+    cut: Callable[[Execution], None] | None = None,
 ) -> Execution:
     """Claim ``job`` for ``worker`` in one transaction: what RQ writes before a job, in one round trip.
 
@@ -429,7 +435,8 @@ def claim(
     job: the lease keeper renews it while the job runs).
 
     ``along(pipe)`` may queue reads last in the transaction (``SiteReads.read_site_along``: the
-    site's live settings, due for a re-read) and give back what to call with their replies.
+    site's live settings, due for a re-read) and give back what to call with their replies. ``cut`` is
+    called with the execution when a Redis outage cuts the claim short (made or not: its reply is lost).
     """
     ttl = worker.get_heartbeat_ttl(job)
     beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
@@ -445,7 +452,13 @@ def claim(
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         start = len(pipe)
         keep = along(pipe) if along is not None else None
-        replies = pipe.execute()
+        try:
+            replies = pipe.execute()
+        except (RedisConnectionError, RedisTimeoutError):
+            worker.executions.pop(execution.id, None)
+            if cut is not None:
+                cut(execution)
+            raise
     if keep is not None:
         keep(replies[start:])
     return execution
@@ -509,7 +522,7 @@ CUT_MARGIN = 2.0
 CUT_TRIES = 3
 
 
-def hand_back_cut(connection: Redis, queue: Queue, execution: Execution) -> bool:
+def hand_back_cut(connection: Redis, queue: Queue, execution: Execution, unclaimed: int | None = None) -> bool:
     """Hand back at once a job of ``queue`` whose run a Redis outage cut short (its worker gave it up), as
     the reaper would once its lease ran out: its execution ended and the job retried (``job_retry``: the
     first retry at the front of its queue) in one transaction, then its site due again when its gate
@@ -519,33 +532,54 @@ def hand_back_cut(connection: Redis, queue: Queue, execution: Execution) -> bool
     (checked under WATCH, so a reaper's retry in between voids this one): otherwise False, and nothing
     done but the site's ``batch_over`` if the job's end was written after all (it finished, or failed and
     was retried, its reply lost to the outage); nothing if it is out of retries or the reaper's to hand back.
+    ``unclaimed``: the outage cut the job's claim, and the job had these retries left as it was handed
+    out; if the claim was not made, a job still handed out, queued and with as many retries left goes
+    back to the front of its queue (as the reaper's ``rescue_stranded`` would, STRANDED_AFTER later).
     """
-    registry, site = queue.started_job_registry, keys.site_of_queue(queue.name)
+    site = keys.site_of_queue(queue.name)
     for _ in range(CUT_TRIES):
         with connection.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(registry.key, Job.key_for(execution.job_id))
-                lease_ends = pipe.zscore(registry.key, execution.composite_key)
-                if lease_ends is None:  # its failure (a retry) or finish was written after all: the batch is over
-                    if site is not None:
-                        batch_over(connection, site)
-                    return False
-                if lease_ends < current_timestamp() + CUT_MARGIN:
-                    return False
-                try:
-                    job = CrawlerJob.fetch(execution.job_id, connection=connection, serializer=JSONSerializer)
-                except NoSuchJobError:  # deleted as it finished, or refused (quarantined) as it was read
-                    return False
-                if job.get_status(refresh=False) != JobStatus.STARTED or not job.retries_left:
-                    return False
-                pipe.multi()
-                execution.delete(job=job, pipeline=pipe)
-                job.retry(queue, pipe)
-                pipe.execute()
+                done = _hand_back(connection, pipe, queue, execution, unclaimed)
             except WatchError:  # the site's other jobs claimed or ended meanwhile: looked at again
                 continue
-        if site is not None:  # due again when its gate opens: NEXT_JOB held it for the cut batch's span
+        if done is None:  # its failure (a retry) or finish was written after all: the batch is over
+            if site is not None:
+                batch_over(connection, site)
+            return False
+        if done and site is not None:  # due again when its gate opens: NEXT_JOB held it for the batch's span
             mark_ready(connection, {site: 0})
             batch_over(connection, site)
-        return True
+        return done
     return False
+
+
+def _hand_back(connection: Redis, pipe: Any, queue: Queue, execution: Execution, unclaimed: int | None) -> bool | None:
+    """``hand_back_cut``'s transaction in ``pipe``: True once made, False if not the process's to make, None
+    if the job has no lease under ``execution`` (nor, for a cut claim, a hand-out to give back)."""
+    registry, job_id = queue.started_job_registry, execution.job_id
+    pipe.watch(registry.key, Job.key_for(job_id), queue.intermediate_queue_key)
+    lease_ends = pipe.zscore(registry.key, execution.composite_key)
+    if lease_ends is not None and lease_ends < current_timestamp() + CUT_MARGIN:
+        return False
+    try:
+        job = CrawlerJob.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:  # deleted as it finished, or refused (quarantined) as it was read
+        return False if lease_ends is not None else None
+    status = job.get_status(refresh=False)
+    if lease_ends is None:
+        handed_out = unclaimed is not None and status == JobStatus.QUEUED and job.retries_left == unclaimed
+        if not handed_out or pipe.lpos(queue.intermediate_queue_key, job_id) is None:
+            return None
+        pipe.multi()
+        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+        pipe.lpush(queue.key, job_id)
+        pipe.execute()
+        return True
+    if status != JobStatus.STARTED or not job.retries_left:
+        return False
+    pipe.multi()
+    execution.delete(job=job, pipeline=pipe)
+    job.retry(queue, pipe)
+    pipe.execute()
+    return True

@@ -410,12 +410,16 @@ class CrawlWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Claim the job, then run it in this thread while the lease keeper renews the claim."""
+        begun = time.monotonic()  # NEXT_JOB handed it out just before
         try:
             prune_dead_executions(self.connection, job)
             site = keys.site_of_queue(queue.name)
             # The site's live settings ride along when due for a re-read: the job reads them first thing.
             along = functools.partial(self._claim_reads, site=site) if site is not None else None
-            execution = joblife.claim(self, job, queue, along)
+            cut = functools.partial(
+                self._leases.cut_claim, queue, retries_left=job.retries_left or 0, handed_out_at=begun
+            )
+            execution = joblife.claim(self, job, queue, along, cut)
             self._leases.hold(self, job, execution)
             try:
                 self.perform_job(job, queue, execution)
@@ -425,8 +429,8 @@ class CrawlWorker(SimpleWorker):
             finally:
                 self._leases.release(self)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # A job cut before its claim is handed back by the reaper (``joblife.rescue_stranded``), one cut
-            # after it by the lease keeper (``LeaseKeeper.cut``).
+            # A job cut during or after its claim is handed back by the lease keeper (``LeaseKeeper.cut_claim``,
+            # ``cut``), one cut before it by the reaper (``joblife.rescue_stranded``).
             self._redis_down(exc)
 
     def _claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:

@@ -53,8 +53,9 @@ class LeaseKeeper:
         self._cond = threading.Condition()
         #: Per worker: its job, the job's execution, when the next renewal is due.
         self._held: dict[Any, tuple[Job, Execution, float]] = {}
-        #: Jobs cut short by a Redis outage, to hand back: queue, execution, when to give up (monotonic).
-        self._cut: list[tuple[Queue, Execution, float]] = []
+        #: Jobs cut short by a Redis outage, to hand back: queue, execution, ``unclaimed`` (the retries left of
+        #: a job whose claim was cut: ``joblife.hand_back_cut``), when to give up (monotonic).
+        self._cut: list[tuple[Queue, Execution, int | None, float]] = []
         self._cut_due = 0.0
         self._thread: threading.Thread | None = None
 
@@ -82,10 +83,21 @@ class LeaseKeeper:
             self.release(worker)
             if held is None:
                 return
-            self._start()
-            self._cut.append((queue, held[1], time.monotonic() + self._job_lease))
-            self._cut_due = 0.0
-            self._cond.notify_all()
+            self._add_cut(queue, held[1], None, time.monotonic() + self._job_lease)
+
+    def cut_claim(self, queue: Queue, execution: Execution, retries_left: int, handed_out_at: float) -> None:
+        """A job of ``queue`` whose claim (as ``execution``) a Redis outage cut: handed back once Redis answers,
+        whether the claim was made or not, until STRANDED_AFTER - CUT_MARGIN after its hand-out
+        (``handed_out_at``, monotonic), when the reaper may hand back a job left handed out itself."""
+        give_up_at = handed_out_at + min(self._job_lease, joblife.STRANDED_AFTER) - joblife.CUT_MARGIN
+        with self._cond:
+            self._add_cut(queue, execution, retries_left, give_up_at)
+
+    def _add_cut(self, queue: Queue, execution: Execution, unclaimed: int | None, give_up_at: float) -> None:
+        self._start()
+        self._cut.append((queue, execution, unclaimed, give_up_at))
+        self._cut_due = 0.0
+        self._cond.notify_all()
 
     def _start(self) -> None:
         if self._thread is None:
@@ -168,13 +180,14 @@ class LeaseKeeper:
         with self._cond:
             cut = list(self._cut)
         kept = []
-        for queue, execution, give_up_at in cut:
+        for queue, execution, unclaimed, give_up_at in cut:
+            if time.monotonic() >= give_up_at:
+                continue
             try:
-                if joblife.hand_back_cut(self._connection, queue, execution):
+                if joblife.hand_back_cut(self._connection, queue, execution, unclaimed):
                     log.info("job %s, cut short by a Redis outage, handed back", execution.job_id)
             except (redis.ConnectionError, redis.TimeoutError):
-                if time.monotonic() < give_up_at:
-                    kept.append((queue, execution, give_up_at))
+                kept.append((queue, execution, unclaimed, give_up_at))
             except Exception:  # refused by Redis (a key written by hand), or a bug: the reaper's to hand back
                 log.exception("lease keeper: handing back job %s failed; left to the reaper", execution.job_id)
         with self._cond:

@@ -1139,6 +1139,85 @@ def test_a_job_whose_failure_a_redis_outage_kept_unwritten_is_handed_back_all_th
         rt.close()
 
 
+@pytest.mark.parametrize("made", [False, True], ids=["claim-not-made", "claim-made-reply-lost"])
+def test_a_job_whose_claim_a_redis_outage_cut_is_handed_back_at_once_made_or_not(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch, made: bool
+) -> None:
+    """The claim's transaction failed: not made (the job left handed out, queued, for the reaper's
+    ``STRANDED_AFTER``), or made and its reply lost (started, for its lease). Either way it is back at
+    the front of its queue within moments, its site due, and it runs once more at most."""
+    import redis as redis_py
+    from redis.client import Pipeline
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC, CrawlerJob
+    from crawler.work.download_worker import DownloadWorker
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
+    worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+    try:
+        worker.register_birth()
+        job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"}, retry=joblife.job_retry())
+        payload = {"site": "demo", "url": "https://demo.example/b"}
+        other = queue.enqueue(DOWNLOAD_FUNC, payload, retry=joblife.job_retry())
+        retries = job.retries_left
+        redis_conn.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")  # as NEXT_JOB hands it out
+        redis_conn.zadd(keys.ready(), {"demo": redisclock.now_ms(redis_conn) + 60_000})  # held for the batch
+        execute = Pipeline.execute
+
+        def cut_off(pipe: Pipeline, raise_on_error: bool = True) -> Any:
+            if not any(args[0] == "PERSIST" for args, _ in pipe.command_stack):  # not the claim's transaction
+                return execute(pipe, raise_on_error)
+            if made:
+                execute(pipe, raise_on_error)
+            pipe.reset()
+            raise redis_py.ConnectionError("Connection reset by peer")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(Pipeline, "execute", cut_off)
+            worker.execute_job(job, queue)
+        wait_until(lambda: queue.get_job_ids()[:1] == [job.id], 3, "the cut job back at the front of its queue")
+        assert queue.get_job_ids() == [job.id, other.id]  # once, before the job queued behind it
+        assert redis_conn.llen(queue.intermediate_queue_key) == 0
+        assert redis_conn.zcard(queue.started_job_registry.key) == 0
+        job.refresh()
+        assert job.get_status() == "queued"
+        assert job.retries_left == (retries - 1 if made else retries)  # a claim made counts as a run
+        assert redis_conn.zscore(keys.ready(), "demo") <= redisclock.now_ms(redis_conn)
+    finally:
+        worker._leases.close()
+        rt.close()
+
+
+def test_a_cut_claim_is_left_to_the_reaper_once_its_hand_out_is_nearly_stranded(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """The reaper hands back a job left handed out once it has seen it there STRANDED_AFTER apart: the
+    process gives up its own hand-back CUT_MARGIN before, so the two never both push it."""
+    from crawler.coord import joblife
+    from crawler.work.leases import LeaseKeeper
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    keeper = LeaseKeeper("late", redis_conn, 60)
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt)
+        redis_conn.zrem(queue.started_job_registry.key, execution.composite_key)  # the claim was not made
+        redis_conn.lpush(queue.intermediate_queue_key, job.id)
+        job.set_status("queued")
+        handed_out = time.monotonic() - joblife.STRANDED_AFTER + joblife.CUT_MARGIN / 2
+        keeper.cut_claim(queue, execution, job.retries_left, handed_out)
+        time.sleep(0.5)
+        assert queue.get_job_ids() == [] and redis_conn.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
+        keeper.cut_claim(queue, execution, job.retries_left, time.monotonic())  # in time: handed back
+        wait_until(lambda: queue.get_job_ids() == [job.id], 3, "the cut claim's job back in its queue")
+    finally:
+        keeper.close()
+        rt.close()
+
+
 def test_a_lease_keeper_tries_to_hand_a_cut_job_back_until_redis_answers(
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1150,11 +1229,11 @@ def test_a_lease_keeper_tries_to_hand_a_cut_job_back_until_redis_answers(
     tries: list[float] = []
     hand_back = joblife.hand_back_cut
 
-    def down_twice(conn: Redis, queue: Any, execution: Any) -> bool:
+    def down_twice(conn: Redis, queue: Any, execution: Any, unclaimed: int | None) -> bool:
         tries.append(time.monotonic())
         if len(tries) <= 2:
             raise redis_py.ConnectionError("Redis is down")
-        return hand_back(conn, queue, execution)
+        return hand_back(conn, queue, execution, unclaimed)
 
     monkeypatch.setattr(joblife, "hand_back_cut", down_twice)
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
