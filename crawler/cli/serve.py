@@ -79,15 +79,17 @@ def metrics_(obj: Context, port: int, host: str) -> None:
     obj.read_only = True
     for _, client in obj.shards.clients():
         client.ping()
-    server = serve_metrics(obj, host, port)
-    try:
+    server = None
+    try:  # a Ctrl-C as the server starts stops it as well
+        server = serve_metrics(obj, host, port)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
-        server.shutdown()
-        server.server_close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
 #: The commands this module adds to ``crawler`` (``app`` registers them).

@@ -34,7 +34,6 @@ from rq.serializers import JSONSerializer
 from rq.utils import current_timestamp, now
 from rq.worker import BaseWorker, WorkerStatus
 
-from ..settings import DEFAULT_JOB_LEASE
 from . import keys, lua, redisclock
 from .gate import Gate
 from .replies import text
@@ -129,16 +128,17 @@ FULL_REAP_EVERY = 3600.0
 CLAIMS_A_PASS = 5000
 
 
-def reap(connection: Redis, lease: float = DEFAULT_JOB_LEASE) -> bool:
+def reap(connection: Redis) -> bool:
     """Run one reaper pass unless another worker ran one in the last REAP_EVERY seconds.
 
     Hands abandoned jobs back (or fails them once out of retries), moves RQ retries that
     are due into their queues, and hands back jobs stranded in an intermediate list
     (``rescue_stranded``). It surveys the queues of the sites the claims say are due
     (``keys.claims``: NEXT_JOB names a site there as it hands out a job, to be looked at
-    once the job's ``lease`` could have lapsed), acts on those with something to do, and
-    settles when it looks at each again (``SETTLE_CLAIMS``); once a FULL_REAP_EVERY, fleet-wide,
-    it surveys every queue instead. Returns whether this call did the pass.
+    once the job's lease could have lapsed), acts on those with something to do, and settles
+    when it looks at each again (``settle_claims``; a site with nothing to watch the survey forgets
+    itself); once a FULL_REAP_EVERY, fleet-wide, it surveys every queue instead. Returns whether this
+    call did the pass.
     """
     lock = Gate(connection, "reaper", expire=REAP_EVERY, key=keys.lock("reaper"))
     if not lock.acquire(blocking=False):
@@ -164,7 +164,7 @@ def reap(connection: Redis, lease: float = DEFAULT_JOB_LEASE) -> bool:
                 queued[site] = 0
     # A job handed back must be seen by the scheduler; a site already in the ready set is left as it is.
     mark_ready(connection, queued)
-    settle_claims(connection, looks, lease)
+    settle_claims(connection, looks)
     # A full pass forgets the ids no longer stranded (claimed, or handed back); every pass keeps the
     # others' first sighting (a sighting too old to be this stay's is taken again: ``rescue_stranded``).
     with connection.pipeline(transaction=True) as pipe:
@@ -182,21 +182,13 @@ def claims_due(connection: Redis) -> list[str]:
     return [text(site) for site in connection.zrangebyscore(keys.claims(), "-inf", now, start=0, num=CLAIMS_A_PASS)]
 
 
-def settle_claims(connection: Redis, looks: Mapping[str, float | None], lease: float) -> None:
-    """Record when the reaper next looks at each site surveyed (``looks``: seconds from now, None for
-    never: the site is forgotten unless a job was handed out meanwhile), in one SETTLE_CLAIMS call."""
-    if not looks:
-        return
-    later = [(site, wait) for site, wait in looks.items() if wait is not None]
-    forget = [site for site, wait in looks.items() if wait is None]
-    args: list[Any] = [len(later)]
-    for site, wait in later:
-        args += [site, int(wait * 1000)]
-    site_keys = [keys.claims()]
-    for site in forget:
-        queue = _queue(connection, keys.download_queue(site))
-        site_keys += [queue.intermediate_queue_key, queue.started_job_registry.key, queue.scheduled_job_registry.key]
-    lua.script(connection, "settle_claims")(keys=site_keys, args=[*args, *forget, int(lease * 1000)])
+def settle_claims(connection: Redis, looks: Mapping[str, float | None]) -> None:
+    """Record when the reaper next looks at each site surveyed (``looks``: seconds from now; None for a
+    site found with nothing to watch, whose claim the survey dropped), in one ZADD."""
+    now = redisclock.now_ms(connection)
+    later = {site: now + int(wait * 1000) for site, wait in looks.items() if wait is not None}
+    if later:
+        connection.zadd(keys.claims(), later)
 
 
 @dataclass(frozen=True)
@@ -229,27 +221,26 @@ class QueueSurvey:
 
 
 def survey(connection: Redis, names: Iterable[str]) -> Iterator[tuple[str, QueueSurvey]]:
-    """Each queue of ``names`` with what it holds (``QueueSurvey``), read SURVEY_CHUNK queues a round trip."""
+    """Each queue of ``names`` with what it holds (``QueueSurvey``), read SURVEY_CHUNK queues a round trip
+    (SURVEY_QUEUES: the claim of a site with nothing to watch dropped as it is read)."""
     names = list(names)
+    script = lua.script(connection, "survey_queues")
     for start in range(0, len(names), SURVEY_CHUNK):
         chunk = names[start : start + SURVEY_CHUNK]
         at = current_timestamp()
-        with connection.pipeline(transaction=False) as pipe:
-            for name in chunk:
-                queue = _queue(connection, name)
-                pipe.zrange(queue.started_job_registry.key, 0, 0, withscores=True)
-                pipe.zrange(queue.scheduled_job_registry.key, 0, 0, withscores=True)
-                pipe.llen(queue.intermediate_queue_key)
-                pipe.llen(queue.key)
-            replies = pipe.execute()
-        for i, name in enumerate(chunk):
-            started, scheduled, handed_out, queued = replies[4 * i : 4 * i + 4]
-            yield name, QueueSurvey(at, _first_score(started), _first_score(scheduled), int(handed_out), int(queued))
+        queue_keys = [keys.claims()]
+        for name in chunk:
+            queue = _queue(connection, name)
+            queue_keys += [queue.key, queue.intermediate_queue_key]
+            queue_keys += [queue.started_job_registry.key, queue.scheduled_job_registry.key]
+        sites = [keys.site_of_queue(name) or "" for name in chunk]
+        for name, (lease_ends, retry_due, handed_out, queued) in zip(chunk, script(queue_keys, sites), strict=True):
+            yield name, QueueSurvey(at, _score(lease_ends), _score(retry_due), int(handed_out), int(queued))
 
 
-def _first_score(reply: list[Any]) -> float | None:
-    """The score of a ZRANGE 0 0 WITHSCORES reply, None if the set was empty."""
-    return float(reply[0][1]) if reply else None
+def _score(reply: Any) -> float | None:
+    """A score SURVEY_QUEUES read, None if its set was empty."""
+    return float(reply) if reply is not None else None
 
 
 _queues: weakref.WeakKeyDictionary[Redis, dict[str, Queue]] = weakref.WeakKeyDictionary()

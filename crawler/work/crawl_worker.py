@@ -533,7 +533,7 @@ class CrawlWorker(SimpleWorker):
         if every.due("reap", REAP_EVERY) and (
             self._burst or inflight.busy_processes(self.connection) or every.due("idle-reap", IDLE_REAP_EVERY)
         ):
-            reap(self.connection, self.runtime.settings.job_lease)
+            reap(self.connection)
         if every.due("outbox", outbox.FLUSH_EVERY):
             outbox.flush(self.runtime.connection, self.runtime.store)
 

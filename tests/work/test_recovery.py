@@ -958,6 +958,28 @@ def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_ou
     assert redis_conn.zcard(keys.claims()) == 0
 
 
+def test_a_survey_forgets_in_the_same_step_the_claims_of_sites_with_nothing_to_watch(redis_conn: Redis) -> None:
+    """SURVEY_QUEUES reads each queue and drops the claim of a site with nothing handed out, leased or
+    scheduled at once: a job handed out after a separate read would be missed by a later removal."""
+    from rq import Queue
+    from rq.serializers import JSONSerializer
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+
+    names = {site: keys.download_queue(site) for site in ("busy", "idle", "queued")}
+    queues = {site: Queue(name, connection=redis_conn, serializer=JSONSerializer) for site, name in names.items()}
+    for site in ("busy", "queued"):
+        payload = {"site": site, "url": f"https://{site}.example/"}
+        queues[site].enqueue(DOWNLOAD_FUNC, payload, retry=joblife.job_retry())
+    redis_conn.lmove(queues["busy"].key, queues["busy"].intermediate_queue_key)  # as NEXT_JOB hands it out
+    redis_conn.zadd(keys.claims(), {site: 0 for site in names})
+    found = dict(joblife.survey(redis_conn, list(names.values())))
+    assert (found[names["busy"]].handed_out, found[names["queued"]].queued) == (1, 1)
+    assert found[names["busy"]].next_look() == joblife.STRANDED_AFTER
+    assert {m.decode() for m in redis_conn.zrange(keys.claims(), 0, -1)} == {"busy"}  # queued jobs need no watch
+
+
 def test_a_sighting_in_an_intermediate_list_too_old_to_be_this_stays_is_taken_again(redis_conn: Redis) -> None:
     """A job seen stranded long ago, then claimed, and handed out again later, is not handed back on its
     new stay's first sighting (its worker may be claiming it): the old sighting counts as none."""
