@@ -1045,9 +1045,9 @@ def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_nex
         rt.close()
 
 
-def _claimed_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[Any, Any, Any, Any]:
-    """A download worker of ``site`` and a job of its queue handed out and claimed by it:
-    (worker, queue, job, execution)."""
+def _handed_out_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[Any, Any, Any]:
+    """A download worker of ``site`` and a job of its queue handed out to it, not yet claimed:
+    (worker, queue, job)."""
     from rq import Queue
     from rq.serializers import JSONSerializer
 
@@ -1060,8 +1060,15 @@ def _claimed_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[An
     worker.register_birth()
     job = queue.enqueue(DOWNLOAD_FUNC, {"site": site, "url": f"https://{site}.example/"}, retry=joblife.job_retry())
     redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
-    execution = joblife.claim(worker, job, queue)
-    return worker, queue, job, execution
+    return worker, queue, job
+
+
+def _claimed_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[Any, Any, Any, Any]:
+    """``_handed_out_job``, claimed by its worker: (worker, queue, job, execution)."""
+    from crawler.coord import joblife
+
+    worker, queue, job = _handed_out_job(redis_conn, rt, site)
+    return worker, queue, job, joblife.claim(worker, job, queue)
 
 
 def test_a_job_a_redis_outage_cut_short_is_handed_back_by_its_lease_keeper_not_when_its_lease_runs_out(
@@ -1125,21 +1132,11 @@ def test_a_job_whose_failure_a_redis_outage_kept_unwritten_is_handed_back_all_th
     """RQ logs and swallows a failure it could not write (``handle_job_failure``): a batch whose records
     failed mid-outage ended without an error, and its job waited for its lease (the failover's 10 s)."""
     import redis as redis_py
-    from rq import Queue
-    from rq.serializers import JSONSerializer
-
-    from crawler.coord import joblife
-    from crawler.coord.vetting import DOWNLOAD_FUNC, CrawlerJob
-    from crawler.work.download_worker import DownloadWorker
 
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
-    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
-    worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+    worker, queue, job = _handed_out_job(redis_conn, rt)
     try:
-        worker.register_birth()
-        job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"}, retry=joblife.job_retry())
         retries = job.retries_left
-        redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
 
         def cut_short() -> None:
             try:
@@ -1170,23 +1167,16 @@ def test_a_job_whose_claim_a_redis_outage_cut_is_handed_back_at_once_made_or_not
     the front of its queue within moments, its site due, and it runs once more at most."""
     import redis as redis_py
     from redis.client import Pipeline
-    from rq import Queue
-    from rq.serializers import JSONSerializer
 
     from crawler.coord import joblife
-    from crawler.coord.vetting import DOWNLOAD_FUNC, CrawlerJob
-    from crawler.work.download_worker import DownloadWorker
+    from crawler.coord.vetting import DOWNLOAD_FUNC
 
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
-    queue = Queue(keys.download_queue("demo"), connection=redis_conn, serializer=JSONSerializer, job_class=CrawlerJob)
-    worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
+    worker, queue, job = _handed_out_job(redis_conn, rt)
     try:
-        worker.register_birth()
-        job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"}, retry=joblife.job_retry())
         payload = {"site": "demo", "url": "https://demo.example/b"}
-        other = queue.enqueue(DOWNLOAD_FUNC, payload, retry=joblife.job_retry())
+        other = queue.enqueue(DOWNLOAD_FUNC, payload, retry=joblife.job_retry())  # queued behind it
         retries = job.retries_left
-        redis_conn.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")  # as NEXT_JOB hands it out
         redis_conn.zadd(keys.ready(), {"demo": redisclock.now_ms(redis_conn) + 60_000})  # held for the batch
         execute = Pipeline.execute
 
