@@ -29,7 +29,7 @@ from typing import Any
 
 import redis
 from redis import Redis
-from redis.client import PubSub, PubSubWorkerThread
+from redis.client import PubSub
 from rq.worker.base import PUBSUB_CHANNEL_TEMPLATE
 
 from ..coord import keys
@@ -41,6 +41,8 @@ log = logging.getLogger("crawler.workers")
 RECONNECT_AFTER = 2.0
 #: Seconds it waits after another error before it listens again (an error that comes back is not a busy loop).
 ERROR_PAUSE = 0.1
+#: Longest read of the subscription, seconds: an idle process's listener wakes this seldom.
+LISTEN_WAIT = 60.0
 
 
 class Listener:
@@ -52,7 +54,7 @@ class Listener:
         self._workers: dict[str, Any] = {}
         self._rooms: weakref.WeakSet[IdleRoom] = weakref.WeakSet()
         self._pubsub: PubSub | None = None
-        self._thread: PubSubWorkerThread | None = None
+        self._thread: ListeningThread | None = None
         self._prefix = PUBSUB_CHANNEL_TEMPLATE % ""
         #: What was warned about already: "command", "wake", "more-work" (malformed messages), errors' types.
         self._warned: set[str] = set()
@@ -75,12 +77,12 @@ class Listener:
             thread, pubsub = self._thread, self._pubsub
             self._thread = self._pubsub = None
         assert pubsub is not None
-        try:  # the replies wake the thread from its wait for a message: it sees it was stopped
+        thread.running.clear()  # first: the replies below wake it from its read, and it must see it was stopped
+        try:
             pubsub.punsubscribe()
             pubsub.unsubscribe()
         except redis.RedisError:
             pass
-        thread.stop()
         if thread is not threading.current_thread():
             thread.join(timeout=1)
         pubsub.close()
@@ -95,7 +97,8 @@ class Listener:
             }
         )
         self._pubsub = pubsub
-        self._thread = pubsub.run_in_thread(sleep_time=60, daemon=True, exception_handler=self._on_error)
+        self._thread = ListeningThread(pubsub, self._on_error)
+        self._thread.start()
 
     def _guarded(self, kind: str, handle: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
         """``handle``, but a message it cannot take is ignored (``_ignore``) rather than ending the thread."""
@@ -132,7 +135,7 @@ class Listener:
             for room in list(self._rooms):
                 room.tell(site)
 
-    def _on_error(self, exc: BaseException, pubsub: PubSub, thread: PubSubWorkerThread) -> None:
+    def _on_error(self, exc: BaseException, thread: ListeningThread) -> None:
         # redis-py subscribes again once the connection is back; meanwhile the workers' own
         # looks (at least one a second when idle) still find work.
         if thread is not self._thread:
@@ -149,6 +152,30 @@ class Listener:
             level, "the subscription for commands and wake-ups met %s: %.200s; listening on", type(exc).__name__, exc
         )
         time.sleep(ERROR_PAUSE)
+
+
+class ListeningThread(threading.Thread):
+    """Hands the subscription's messages to their handlers until ``running`` is cleared, then closes it.
+
+    redis-py's ``run_in_thread`` without its ``stop``, which from redis-py 8.2 on joins the thread with no
+    timeout, and a thread stopped just after the subscription's end waits out a whole read (LISTEN_WAIT)
+    for a subscription that will not come: the process's exit would hang for a minute.
+    """
+
+    def __init__(self, pubsub: PubSub, on_error: Callable[[BaseException, ListeningThread], None]):
+        super().__init__(name="crawler-listener", daemon=True)
+        self.pubsub = pubsub
+        self.running = threading.Event()
+        self.running.set()
+        self._on_error = on_error
+
+    def run(self) -> None:
+        while self.running.is_set():
+            try:
+                self.pubsub.get_message(ignore_subscribe_messages=True, timeout=LISTEN_WAIT)
+            except BaseException as exc:
+                self._on_error(exc, self)
+        self.pubsub.close()
 
 
 def _text(value: Any) -> str:

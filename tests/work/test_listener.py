@@ -220,3 +220,21 @@ def test_an_error_reading_the_subscription_is_logged_and_the_listener_listens_on
     finally:
         hears.unregister(worker)
     assert "met ResponseError: a reply redis-py cannot read; listening on" in caplog.text
+
+
+def test_the_last_worker_out_ends_the_subscription_at_once_not_after_a_read(redis_conn: Redis) -> None:
+    """The listening thread reads for up to LISTEN_WAIT (60 s); the last ``unregister`` ends it at once,
+    each time: a process's exit waits for it (redis-py 8.2's ``PubSubWorkerThread.stop`` joined a thread that
+    had gone back to waiting a whole read for a subscription)."""
+    hears = listener.of(redis_conn)
+    for round_ in range(10):
+        worker = Heard(f"short-{round_}")
+        hears.register(worker)
+        _subscribed(redis_conn, keys.wake())
+        thread = hears._thread
+        assert thread is not None
+        started = time.monotonic()
+        hears.unregister(worker)
+        thread.join(5)
+        assert not thread.is_alive(), f"round {round_}: the listening thread outlived its last worker"
+        assert time.monotonic() - started < 5 < listener.LISTEN_WAIT
