@@ -33,6 +33,7 @@ from ..store import outbox
 from . import drain, idle, listener, runtime
 from .drain import crawl_drained
 from .leases import LeaseKeeper
+from .outage import Outage
 from .watchdog import WatchdogDeathPenalty
 
 #: Longest sleep between two looks of an idle process: new work is announced by Redis
@@ -133,10 +134,16 @@ class CrawlWorker(SimpleWorker):
         self._burst = False
         self._suspension: Suspension = self._idle.made("suspension", Suspension)
         self._stop_requests = 0
-        #: The waits while Redis does not answer (``_redis_down``), back to none when it does.
+        #: This thread's waits between its tries while Redis does not answer (``_redis_down``), back to none
+        #: when it does; the process's threads wait out an outage together (``outage``).
         self._redis_waits = outage_waits()
+        self._outage: Outage = self._idle.made("outage", lambda: Outage(self.log))
+        self._outage_seen = 0
         self._leases: LeaseKeeper = self._idle.made(
-            "leases", lambda: LeaseKeeper(type(self).__name__, connection, self.runtime.settings.job_lease)
+            "leases",
+            lambda: LeaseKeeper(
+                type(self).__name__, connection, self.runtime.settings.job_lease, on_back=self._outage.back
+            ),
         )
         self._listener = listener.of(connection)
         #: Whether this worker may end once it slept unwanted for ``idle.RETIRE_AFTER`` seconds
@@ -180,7 +187,7 @@ class CrawlWorker(SimpleWorker):
                 except StopRequested:
                     break
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
-                    self.stop_event.wait(self._redis_down(exc))
+                    self._sit_out(self._redis_down(exc))
         finally:
             if self._idle.room.leave():
                 self._leases.close()
@@ -309,7 +316,7 @@ class CrawlWorker(SimpleWorker):
             finally:
                 room.end_look()
             if wait is not None and wait < 0:
-                self.stop_event.wait(-wait)
+                self._sit_out(-wait)
                 continue
             self._redis_back()
             if found is not None:
@@ -398,14 +405,17 @@ class CrawlWorker(SimpleWorker):
         return drained
 
     def _redis_down(self, exc: Exception) -> float:
-        """Log the first failure in one line; the wait before the next try (backoff to 30 s)."""
-        if not self._redis_waits.failures:
-            self.log.error("Redis unreachable (%s): waiting and reconnecting", str(exc).splitlines()[0])
+        """Note the failure (the process's first of an outage is logged); this thread's wait before its next
+        try (backoff to 30 s), cut short by ``_sit_out`` once any thread of the process finds Redis back."""
+        self._outage_seen = self._outage.down(exc)
         return self._redis_waits.next()
 
+    def _sit_out(self, seconds: float) -> None:
+        self._outage.wait(seconds, self._outage_seen, self.stop_event)
+
     def _redis_back(self) -> None:
+        self._outage.back()
         if self._redis_waits.failures:
-            self.log.warning("Redis is back: resuming")
             self._redis_waits.reset()
 
     def execute_job(self, job: Job, queue: Queue) -> None:

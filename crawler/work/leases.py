@@ -38,11 +38,14 @@ class LeaseKeeper:
     hundreds of workers cost one waiting thread. While it holds any job, it notes the process busy for the
     fleet's drain looks (``inflight``), once a second, and takes the note back once it
     holds none. A job a Redis outage cut short (``cut``) it hands back itself as soon as Redis answers
-    (``joblife.hand_back_cut``), trying every CUT_TRY_EVERY for as long as the job's lease may last.
+    (``joblife.hand_back_cut``), trying every CUT_TRY_EVERY for as long as the job's lease may last, and
+    says so (``on_back``): its tries are the process's first to see Redis back.
     """
 
-    def __init__(self, name: str, connection: Redis, job_lease: float):
+    def __init__(self, name: str, connection: Redis, job_lease: float, on_back: Callable[[], None] = lambda: None):
         self._name = name
+        #: Called once a hand-back went through: Redis answers again (``outage.Outage.back``).
+        self._on_back = on_back
         self._connection = connection
         self._job_lease = job_lease
         self._renew_every = renew_every(job_lease)
@@ -186,6 +189,7 @@ class LeaseKeeper:
             try:
                 if joblife.hand_back_cut(self._connection, queue, execution, unclaimed):
                     log.info("job %s, cut short by a Redis outage, handed back", execution.job_id)
+                self._on_back()  # the process's threads waiting out the outage try again now, not after their backoff
             except (redis.ConnectionError, redis.TimeoutError):
                 kept.append((queue, execution, unclaimed, give_up_at))
             except Exception:  # refused by Redis (a key written by hand), or a bug: the reaper's to hand back

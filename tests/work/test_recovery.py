@@ -1249,7 +1249,8 @@ def test_a_lease_keeper_tries_to_hand_a_cut_job_back_until_redis_answers(
 
     monkeypatch.setattr(joblife, "hand_back_cut", down_twice)
     rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
-    keeper = LeaseKeeper("down", redis_conn, 60)
+    backs: list[float] = []
+    keeper = LeaseKeeper("down", redis_conn, 60, on_back=lambda: backs.append(time.monotonic()))
     try:
         worker, queue, job, execution = _claimed_job(redis_conn, rt)
         # Held out of the picks for its batch's span, as NEXT_JOB leaves a paced batch's site.
@@ -1259,6 +1260,7 @@ def test_a_lease_keeper_tries_to_hand_a_cut_job_back_until_redis_answers(
         wait_until(lambda: queue.get_job_ids() == [job.id], 3, "the cut job back once Redis answered")
         assert redis_conn.zscore(keys.ready(), "demo") <= redisclock.now_ms(redis_conn)  # due: its gate is open
         assert len(tries) == 3
+        assert len(backs) == 1 and backs[0] >= tries[2]  # the process's threads told once Redis answered
         assert min(b - a for a, b in zip(tries, tries[1:], strict=False)) >= CUT_TRY_EVERY * 0.9
     finally:
         keeper.close()
