@@ -763,12 +763,71 @@ def test_a_drain_look_while_only_retries_wait_costs_the_same_few_commands_at_20_
     assert pending_work(redis_conn, [f"r{i}" for i in range(2000)]) == 0
 
 
+def test_an_exact_count_of_every_sites_work_costs_the_same_few_commands_at_20_or_2000_sites(
+    redis_conn: Redis,
+) -> None:
+    """The count that makes a burst's "drained" exact read five to ten keys a site (some 24 commands a
+    site as a crawl of 2,000 sites ended, 6 of its 80 commands a request): now an EXISTS names
+    SITES_AT_ONCE sites' keys at once, and only the sites of a batch that named one are read alone.
+    Still exact, whichever key holds a site's work; the first site found is named."""
+    from rq import Queue
+
+    from crawler.coord.scheduler import Scheduler
+    from crawler.work.drain import pending_work
+
+    def queue_key(site: str, which: str) -> str:
+        queue = Queue(keys.download_queue(site), connection=redis_conn)
+        return {
+            "queued": queue.key,
+            "moving": queue.intermediate_queue_key,
+            "started": queue.started_job_registry.key,
+            "scheduled": queue.scheduled_job_registry.key,
+        }[which]
+
+    def counted(sites: list[str]) -> tuple[int, list[str], int]:
+        found: list[str] = []
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        work = pending_work(redis_conn, sites, looked=True, found=found)
+        return work, found, int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox(), keys.delayed(), keys.moving())
+    costs = {}
+    for count in (20, 2000):
+        sites = [f"ex{count}-{i}" for i in range(count)]
+        redis_conn.sadd(keys.sites(), *sites)
+        work, found, costs[count] = counted(sites)
+        assert (work, found) == (0, [])
+        site = sites[count // 2 + 1]
+        for which in ("queued", "moving", "scheduled"):
+            redis_conn.rpush(queue_key(site, which), "job") if which != "scheduled" else redis_conn.zadd(
+                queue_key(site, which), {"job": 1}
+            )
+            work, found, spent = counted(sites)
+            assert work >= 1 and found == [site], which
+            assert spent < 30 + 200, f"{which}: {spent} commands, more than one batch read alone"
+            redis_conn.delete(queue_key(site, which))
+        redis_conn.zadd(queue_key(site, "started"), {"job:exec": 1})
+        assert counted(sites)[:2] == (1, [site])
+        redis_conn.delete(queue_key(site, "started"))
+        seed(Frontier(redis_conn, site, ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a"])
+        assert counted(sites)[:2] == (1, [site])
+        redis_conn.delete(keys.levels(site), keys.frontier(site, 0), keys.frontier_extra(site))
+        Scheduler(redis_conn).schedule(site, "a-retry", delay=60)
+        assert counted(sites)[:2] == (1, [site])
+        redis_conn.delete(keys.delayed(), keys.stats(site))
+        Scheduler(redis_conn).schedule("another-crawl", "its-retry", delay=60)
+        assert counted(sites)[:2] == (0, [])  # another crawl's retry is not this one's work
+        redis_conn.delete(keys.delayed(), keys.stats("another-crawl"))
+        assert counted(sites)[:2] == (0, [])
+    assert costs[2000] <= costs[20] + 2000 // 200, f"commands a count of nothing left: {costs}"
+
+
 def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_own_pace(
     redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A burst ended up to 0.25 s after its last page in each worker kind (their drain looks came
     that far apart), 0.3-0.6 s of a 38 s crawl of 200 sites. Its looks now come every 50 ms; the
-    count of every site's work, five commands a site, only when ``count_all`` says it is due. The
+    count of every site's work (once five commands a site) only when ``count_all`` says it is due. The
     few commands that look first are not made again before that count: once, then once more a
     moment later (the second of the two passes that make a drained answer exact)."""
     from crawler.work import drain
@@ -791,19 +850,20 @@ def test_a_burst_looks_for_the_drain_often_and_counts_every_sites_work_at_its_ow
 
     assert commands(due=False) <= 5 + 2 * QUICK_SITES, "a look not due to count read every site"
     busy_asked.clear()
-    assert commands(due=True) >= 2 * 5 * len(sites), "a look due to count every site did not"
+    assert commands(due=True) > 5 + 2 * QUICK_SITES, "a look due to count every site did not"
     assert asked == [False, True]
     assert len(busy_asked) == 2, "the busy processes were asked again before the count"
 
 
 def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_not_their_cheap_looks(
-    redis_conn: Redis,
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As a crawl of many sites ended, each burst process counted every site's work twice itself (some
     ten counts of ten commands a site at 2,000 sites: a third of the crawl's Redis commands). The first
     exact "drained" stands for the others for DRAINED_WORD_FOR seconds; new work is still seen by
     their cheap looks, verdict or not."""
     from crawler.coord.scheduler import Scheduler, publish_conf
+    from crawler.work import drain
     from crawler.work.drain import QUICK_SITES, crawl_drained
 
     redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox())
@@ -816,10 +876,14 @@ def test_one_burst_process_s_exact_drained_count_spares_the_others_theirs_but_no
         drained = crawl_drained(redis_conn, sites, lambda: True)
         return drained, int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
 
+    counts: list[int] = []
+    count = drain.pending_work
+    monkeypatch.setattr(drain, "pending_work", lambda *a, **k: counts.append(1) or count(*a, **k))
     first, counted = commands()
-    assert first and counted >= 2 * 5 * len(sites)  # the first process counts every site, twice
+    assert first and len(counts) == 2  # the first process counts every site, twice
     second, spent = commands()
-    assert second and spent <= 7 + 2 * QUICK_SITES, f"another process's look counted again: {spent} commands"
+    assert second and len(counts) == 2, "another process's look counted again"
+    assert spent <= 7 + 2 * QUICK_SITES, f"another process's look: {spent} commands"
     redis_conn.rpush(f"rq:queue:{keys.download_queue('v7')}", "job")  # a site seeded again
     redis_conn.zadd(keys.ready(), {"v7": 0})
     assert not crawl_drained(redis_conn, sites, lambda: True)
@@ -872,19 +936,23 @@ def test_a_drained_word_taken_again_and_again_stands_until_work_voids_it_not_its
 
 
 def test_an_exact_drain_count_reads_only_the_sites_this_redis_holds_not_those_of_other_shards(
-    redis_conn: Redis,
+    redis_conn: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker of several shards serves every site on each; a shard's count of every site's work
-    (five commands a site) reads only its own, in one command more."""
+    reads only its own, in one command more."""
+    from crawler.work import drain
     from crawler.work.drain import pending_work
 
     redis_conn.delete(keys.ready(), keys.busy(), keys.pages(), keys.outbox(), keys.sites())
     sites = [f"w{i}" for i in range(300)]
     redis_conn.sadd(keys.sites(), *sites[:10])
-    before = int(redis_conn.info("stats")["total_commands_processed"])
+    counted: list[list[str]] = []
+    count = drain._count_every_site
+    monkeypatch.setattr(
+        drain, "_count_every_site", lambda conn, held, found: counted.append(held) or count(conn, held, found)
+    )
     assert pending_work(redis_conn, sites, looked=True) == 0
-    counted = int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
-    assert 10 * 5 <= counted < 300, counted  # the ten held here, not the 290 of elsewhere
+    assert counted == [sites[:10]]  # the ten held here, not the 290 of elsewhere
     seed(Frontier(redis_conn, "w3", ["127.0.0.1"], 60, 60), ["http://127.0.0.1:9/a"])
     assert pending_work(redis_conn, sites, looked=True) == 1  # the work of one held here is found
 
