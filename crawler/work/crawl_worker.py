@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -421,14 +422,16 @@ class CrawlWorker(SimpleWorker):
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Claim the job, then run it in this thread while the lease keeper renews the claim."""
         begun = time.monotonic()  # NEXT_JOB handed it out just before
+        cut = functools.partial(self._leases.cut_claim, queue, retries_left=job.retries_left or 0, handed_out_at=begun)
         try:
-            prune_dead_executions(self.connection, job)
+            try:
+                prune_dead_executions(self.connection, job)
+            except (redis.ConnectionError, redis.TimeoutError):
+                cut(Execution(uuid.uuid4().hex, job.id, self.connection))  # no claim sent: back to its queue's front
+                raise
             site = keys.site_of_queue(queue.name)
             # The site's live settings ride along when due for a re-read: the job reads them first thing.
             along = functools.partial(self._claim_reads, site=site) if site is not None else None
-            cut = functools.partial(
-                self._leases.cut_claim, queue, retries_left=job.retries_left or 0, handed_out_at=begun
-            )
             execution = joblife.claim(self, job, queue, along, cut)
             self._leases.hold(self, job, execution)
             try:
@@ -439,8 +442,9 @@ class CrawlWorker(SimpleWorker):
             finally:
                 self._leases.release(self)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            # A job cut during or after its claim is handed back by the lease keeper (``LeaseKeeper.cut_claim``,
-            # ``cut``), one cut before it by the reaper (``joblife.rescue_stranded``).
+            # A job cut before, during or after its claim is handed back by the lease keeper
+            # (``LeaseKeeper.cut_claim``, ``cut``); one whose hand-out's reply was lost by the reaper
+            # (``joblife.rescue_stranded``).
             self._redis_down(exc)
 
     def _claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:

@@ -1204,6 +1204,40 @@ def test_a_job_whose_claim_a_redis_outage_cut_is_handed_back_at_once_made_or_not
         rt.close()
 
 
+def test_a_job_cut_before_its_claim_is_handed_back_at_once_with_its_retries_untouched(
+    redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried job's first call after its hand-out (the prune of its dead executions) meets the outage:
+    no claim was sent, and it went back to its queue only with the reaper's ``STRANDED_AFTER`` (10 s)."""
+    import redis as redis_py
+
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+    from crawler.work import crawl_worker
+
+    rt = Runtime(redis_conn, dataclasses.replace(settings, job_lease=60))
+    worker, queue, job = _handed_out_job(redis_conn, rt)
+    try:
+        other = queue.enqueue(
+            DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/b"}, retry=joblife.job_retry()
+        )
+        retries = job.retries_left
+
+        def down(connection: Redis, job: Any) -> int:
+            raise redis_py.ConnectionError("Connection refused")
+
+        with monkeypatch.context() as patched:
+            patched.setattr(crawl_worker, "prune_dead_executions", down)
+            worker.execute_job(job, queue)
+        wait_until(lambda: queue.get_job_ids() == [job.id, other.id], 3, "the cut job back at the front of its queue")
+        assert redis_conn.llen(queue.intermediate_queue_key) == 0
+        job.refresh()
+        assert job.get_status() == "queued" and job.retries_left == retries
+    finally:
+        worker._leases.close()
+        rt.close()
+
+
 def test_a_cut_claim_is_left_to_the_reaper_once_its_hand_out_is_nearly_stranded(
     redis_conn: Redis, settings: Settings
 ) -> None:
