@@ -20,7 +20,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from ..coord import joblife, keys, pages, quarantine
+from ..coord import bulk, joblife, keys, pages, quarantine
 from ..coord.priorities import entries_by_priority, push_to_front
 from ..coord.replies import text
 from ..coord.scheduler import mark_ready
@@ -70,16 +70,15 @@ class MigrationReport:
 
 
 def old_sites(connection: Redis) -> list[str]:
-    """The seeded sites whose crawl Redis holds under the key names before hash tags (one round trip)."""
+    """The seeded sites whose crawl Redis holds under the key names before hash tags (a few commands,
+    ``bulk.any_exist``: every worker process's start asks, at 10,000 sites too)."""
     sites = sorted(text(site) for site in connection.smembers(keys.sites()))
     if not sites:
         return []
-    with connection.pipeline(transaction=False) as pipe:
-        for site in sites:
-            old = [f"{keys.PREFIX}{kind}:{site}" for kind in ("conf", "levels", "seen", "stats")]
-            pipe.exists(*old, Queue(f"{OLD_QUEUE}{site}", connection=connection).key)
-        found = pipe.execute()
-    return [site for site, count in zip(sites, found, strict=True) if count]
+    queue = Queue.redis_queue_namespace_prefix + OLD_QUEUE
+    kinds = ("conf", "levels", "seen", "stats")
+    old = [[*(f"{keys.PREFIX}{kind}:{site}" for kind in kinds), queue + site] for site in sites]
+    return [site for site, found in zip(sites, bulk.any_exist(connection, old), strict=True) if found]
 
 
 def running_workers(connection: Redis) -> int:

@@ -14,7 +14,7 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from ..coord import keys
+from ..coord import bulk, keys
 from ..coord.inflight import busy_processes
 from ..coord.replies import text
 from ..coord.scheduler import frontier_sizes
@@ -112,10 +112,6 @@ def held_here(connection: Redis, sites: list[str]) -> list[str]:
     return [site for site, one, other in zip(sites, pushed, queued, strict=True) if one or other]
 
 
-#: Sites whose work keys one EXISTS of the every-site count names (five keys a site).
-SITES_AT_ONCE = 200
-
-
 def _work_keys(queue: Queue) -> list[str]:
     """A site's RQ queue keys that hold its jobs: queued, being moved, started, scheduled."""
     return [
@@ -144,54 +140,42 @@ def pending_work(connection: Redis, sites: Iterable[str], looked: bool = False, 
 
 def _count_every_site(connection: Redis, sites: list[str], found: list[str] | None) -> int:
     """The work left of ``sites``, exact when 0: the fleet's records waiting, pages to parse and sites in
-    transit, the retries waiting, then the sites' own keys, SITES_AT_ONCE sites an EXISTS (an empty list or
-    set is no key: a site with none of its queue keys and no frontier priority has no job and no entry).
-    Only the sites of a batch that named a key are read one by one (``_work_of``). Some ten commands for
-    2,000 sites with nothing left, not ten a site."""
+    transit, the retries waiting, then the sites' own keys (``bulk.any_exist``: a site with none of its
+    RQ queue keys and no frontier priority has no job and no entry). Only the sites that name a key, or
+    every site while some retry waits, are read one by one (``_work_of``). Some ten commands for 2,000
+    sites with nothing left, not ten a site."""
     queues = queues_for(connection, [keys.download_queue(site) for site in sites])
-    batches = [range(start, min(start + SITES_AT_ONCE, len(sites))) for start in range(0, len(sites), SITES_AT_ONCE)]
     with connection.pipeline(transaction=False) as pipe:
         outbox.count_waiting(pipe)  # records waiting for the database
         pipe.xlen(keys.pages())  # pages unread or being parsed: deleted once done with
         pipe.scard(keys.moving())  # sites in transit to or from this shard (``crawler move``): work left
         pipe.zcard(keys.delayed())  # retries waiting, of any site
-        for batch in batches:
-            pipe.exists(*(key for i in batch for key in [*_work_keys(queues[i]), keys.levels(sites[i])]))
         replies = [int(n or 0) for n in pipe.execute()]
-    fleet, retries, named = sum(replies[:3]), replies[3], replies[4:]
-    if not retries and not any(named):
+    fleet, retries = sum(replies[:3]), replies[3] > 0
+    named = bulk.any_exist(connection, [[*_work_keys(q), keys.levels(s)] for s, q in zip(sites, queues, strict=True)])
+    busy = [i for i, name in enumerate(named) if name or retries]  # a retry may be another crawl's: each site asked
+    if not busy:
         return fleet
-    # Some site's key, or some retry: which of ours hold work, and the first that does.
-    busy = [i for batch, n in zip(batches, named, strict=True) if n for i in batch]
-    if retries:
-        busy = list(range(len(sites)))  # a retry of another crawl's site, perhaps: each site's own count
-    work = _work_of(connection, [sites[i] for i in busy], [queues[i] for i in busy], retries > 0)
+    work = _work_of(connection, [sites[i] for i in busy], [queues[i] for i in busy], retries, [named[i] for i in busy])
     if found is not None:
         found += [sites[i] for i, n in zip(busy, work, strict=True) if n][:1]
     return fleet + sum(work)
 
 
-def _work_of(connection: Redis, sites: list[str], queues: list[Queue], retries: bool) -> list[int]:
+def _work_of(connection: Redis, sites: list[str], queues: list[Queue], retries: bool, named: list[bool]) -> list[int]:
     """Each site's work left: its retries waiting (``retries``: some wait, of some site), its RQ jobs (a
-    lower bound: one a key), and the entries in its frontier, read only for a site that names a key of
-    either (a frontier's levels may name emptied lists for a while: counted, not taken for work)."""
+    lower bound: one a key), and for a site with neither that ``named`` a key the entries in its
+    frontier (its levels may name emptied lists for a while: counted, not taken for work)."""
     with connection.pipeline(transaction=False) as pipe:
         for site, queue in zip(sites, queues, strict=True):
             if retries:
                 pipe.hget(keys.stats(site), "delayed")
-            pipe.exists(*_work_keys(queue), keys.levels(site))
+            pipe.exists(*_work_keys(queue))
         replies = [int(n or 0) for n in pipe.execute()]
     step = 2 if retries else 1
-    work = [replies[i * step] if retries else 0 for i in range(len(sites))]
-    named = [i for i in range(len(sites)) if replies[i * step + step - 1]]
-    with connection.pipeline(transaction=False) as pipe:
-        for i in named:
-            pipe.exists(*_work_keys(queues[i]))
-        jobs = [int(n or 0) for n in pipe.execute()] if named else []
-    for i, n in zip(named, jobs, strict=True):
-        work[i] += n
-    unqueued = [i for i, n in zip(named, jobs, strict=True) if not n and not work[i]]
-    for i, size in zip(unqueued, frontier_sizes(connection, [sites[i] for i in unqueued]), strict=True):
+    work = [sum(replies[i * step : (i + 1) * step]) for i in range(len(sites))]
+    idle = [i for i, n in enumerate(work) if not n and named[i]]
+    for i, size in zip(idle, frontier_sizes(connection, [sites[i] for i in idle]), strict=True):
         work[i] = size
     return work
 

@@ -257,8 +257,9 @@ class RobotsCache:
         return (None if text is None else (text, int(ttl))), Outage.of(outage)
 
     def _keep(self, site: str, origin: str, text: str) -> None:
-        """Cache a readable robots.txt, keep it as the last copy, and end any outage."""
-        with self.connection.pipeline(transaction=True) as pipe:
+        """Cache a readable robots.txt, keep it as the last copy, and end any outage (one round trip; no
+        transaction: the caller holds the origin's lock, and a reader that sees the cache stops there)."""
+        with self.connection.pipeline(transaction=False) as pipe:
             pipe.set(keys.robots(site, origin), text, ex=ROBOTS_TTL)
             pipe.set(keys.robots_copy(site, origin), text, ex=ROBOTS_COPY_TTL)
             pipe.delete(keys.robots_outage(site, origin))

@@ -9,7 +9,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError, ResponseError
 from redis.retry import Retry
 
-from crawler.coord.bulk import pairs, read_chunks, read_many, transact_many
+from crawler.coord.bulk import KEYS_AT_ONCE, any_exist, pairs, read_chunks, read_many, transact_many
 
 
 def fill(connection: Redis) -> None:
@@ -165,3 +165,26 @@ def test_chunks_left_before_their_end_close_their_connection(redis_conn: Redis) 
     assert next(reads) == [3]
     reads.close()  # the second chunk's replies are unread
     assert read_many(redis_conn, [("GET", "string")]) == [b"text"]
+
+
+def test_any_exist_says_which_groups_name_a_key_in_a_few_commands_whatever_their_number(redis_conn: Redis) -> None:
+    """Five keys a group, 2,000 groups: one EXISTS a batch of KEYS_AT_ONCE keys, then one a group of a batch
+    that named a key only; an emptied list is no key; a group of no keys exists not."""
+    groups = [[f"g{i}:{kind}" for kind in "abcde"] for i in range(2000)]
+    redis_conn.delete(*(key for group in groups[:50] for key in group))
+
+    def counted() -> tuple[list[bool], int]:
+        before = int(redis_conn.info("stats")["total_commands_processed"])
+        found = any_exist(redis_conn, [*groups, []])
+        return found, int(redis_conn.info("stats")["total_commands_processed"]) - before - 1
+
+    found, spent = counted()
+    assert found == [False] * 2001 and spent == 2000 * 5 // KEYS_AT_ONCE
+    redis_conn.rpush("g7:c", "x")
+    redis_conn.zadd("g1999:e", {"m": 1})
+    redis_conn.rpush("g8:a", "y")
+    redis_conn.lpop("g8:a")  # emptied: no key
+    found, spent = counted()
+    assert [i for i, one in enumerate(found) if one] == [7, 1999]
+    assert spent == 2000 * 5 // KEYS_AT_ONCE + 2 * KEYS_AT_ONCE // 5  # the two batches that named one, a group each
+    redis_conn.delete("g7:c", "g1999:e")
