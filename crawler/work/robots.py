@@ -238,7 +238,7 @@ class RobotsCache:
                 return self._during(site, origin, outage)
             answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
             if answer.text is not None:
-                self._keep(site, origin, answer.text)
+                self._keep(site, origin, answer.text, outage is not None)
                 return answer.text.encode(), ROBOTS_TTL
             now = time.time()
             outage = (outage or Outage(now, 0, now, "")).next(answer.reason, now, answer.retry_after)
@@ -256,13 +256,15 @@ class RobotsCache:
             text, ttl, outage = pipe.execute()
         return (None if text is None else (text, int(ttl))), Outage.of(outage)
 
-    def _keep(self, site: str, origin: str, text: str) -> None:
-        """Cache a readable robots.txt, keep it as the last copy, and end any outage (one round trip; no
-        transaction: the caller holds the origin's lock, and a reader that sees the cache stops there)."""
+    def _keep(self, site: str, origin: str, text: str, ended: bool) -> None:
+        """Cache a readable robots.txt, keep it as the last copy, and end its outage (``ended``: the caller
+        read one) in one round trip; no transaction: the caller holds the origin's lock (no outage is
+        recorded meanwhile), and a reader that sees the cache stops there."""
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.set(keys.robots(site, origin), text, ex=ROBOTS_TTL)
             pipe.set(keys.robots_copy(site, origin), text, ex=ROBOTS_COPY_TTL)
-            pipe.delete(keys.robots_outage(site, origin))
+            if ended:
+                pipe.delete(keys.robots_outage(site, origin))
             pipe.execute()
 
     def _during(self, site: str, origin: str, outage: Outage) -> tuple[bytes, int]:
