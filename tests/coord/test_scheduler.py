@@ -256,9 +256,14 @@ def test_a_group_worker_walks_past_other_sites_to_its_own(redis_conn: Redis) -> 
     redis_conn.zadd(keys.ready(), {"mine": 2})
     scheduler = Scheduler(redis_conn, ["mine"])
     assert redis_conn.smembers(keys.group(["mine"])) == {b"mine"}
+    scheduler = Scheduler(redis_conn, ["mine", "mine-idle"])  # two sites: picked (one would be asked alone)
+    redis_conn.config_resetstat()
     step = take(scheduler)
     assert step.site == "mine" and step.job_id is not None
     assert redis_conn.zscore(keys.ready(), "other0") == 1  # others' sites untouched
+    # The walk asks the group about each chunk of 64 sites at once: 4 calls for 201 sites, not 201.
+    calls = {name: int(stats["calls"]) for name, stats in redis_conn.info("commandstats").items()}
+    assert calls.get("cmdstat_sismember", 0) == 0 and calls.get("cmdstat_smismember") == 4, calls
 
 
 def test_a_job_is_handed_out_just_before_its_gate_opens_never_long_before(redis_conn: Redis) -> None:

@@ -28,13 +28,17 @@ else
     local scanned_all = false
     for offset = 0, SCAN_LIMIT - 1, 64 do
         local chunk = redis.call('ZRANGE', ready, offset, offset + 63, 'WITHSCORES')
-        for i = 1, #chunk, 2 do
-            if redis.call('SISMEMBER', group, chunk[i]) == 1 then
+        local members = {}
+        for i = 1, #chunk, 2 do members[#members + 1] = chunk[i] end
+        -- One SMISMEMBER a chunk, not a SISMEMBER a site: a look costs the same whoever is in the group.
+        local inside = #members > 0 and redis.call('SMISMEMBER', group, unpack(members)) or {}
+        for j = 1, #members do
+            if inside[j] == 1 then
                 if site then
-                    after = tonumber(chunk[i + 1])
+                    after = tonumber(chunk[2 * j])
                     break
                 end
-                site, due = chunk[i], tonumber(chunk[i + 1])
+                site, due = members[j], tonumber(chunk[2 * j])
             end
         end
         if after or #chunk < 128 then
