@@ -48,6 +48,10 @@ METRICS_PERIODS = 4.0
 #: the timer, so that a crawl starved for a moment does not write twice as often.
 QUIET = 0.25
 
+#: Sites one ``ADD_COUNTS`` call carries (a write of more is a transaction of such calls): a call holds
+#: Redis for its sites' fields, some ten commands a site.
+SITES_A_CALL = 100
+
 #: Fields of the stats hash written where they are decided, never through ``Counters``.
 IMMEDIATE = frozenset({"delayed", "recrawls"})
 
@@ -214,22 +218,34 @@ class Counters:
         metrics: dict[str, dict[str, Number]],
         counted_at: dict[str, int | None],
     ) -> dict[str, int]:
-        """One transaction with every count, one ``ADD_COUNTS`` a site; the reset count of each site
-        whose stats it carried."""
+        """Every count in one ``ADD_COUNTS`` call (atomic), or in a transaction of one a SITES_A_CALL sites;
+        the reset count of each site whose stats it carried."""
         sites = [site for site in dict.fromkeys([*stats, *metrics]) if _any(stats.get(site)) or _any(metrics.get(site))]
-        with self.connection.pipeline(transaction=True) as pipe:
-            for site in sites:
+        calls: list[tuple[list[str], list[Any]]] = []
+        for start in range(0, len(sites), SITES_A_CALL):
+            script_keys: list[str] = []
+            args: list[Any] = []
+            for site in sites[start : start + SITES_A_CALL]:
                 at = counted_at.get(site)
                 counts = [(name, n) for name, n in (stats.get(site) or {}).items() if n]
                 amounts = metrics.get(site) or {}
                 whole = [(name, n) for name, n in amounts.items() if not isinstance(n, float) and n]
                 fractional = [(name, repr(n)) for name, n in amounts.items() if isinstance(n, float)]
-                args: list[Any] = ["" if at is None else at, len(counts), len(whole)]
+                script_keys += [keys.stats(site), keys.resets(site), keys.metrics(site)]
+                args += ["" if at is None else at, len(counts), len(whole), len(fractional)]
                 for pairs in (counts, whole, fractional):
                     for name, n in pairs:
                         args += [name, n]
-                self._add_counts(keys=[keys.stats(site), keys.resets(site), keys.metrics(site)], args=args, client=pipe)
-            replies = pipe.execute()
+            calls.append((script_keys, args))
+        if not calls:
+            return {}
+        if len(calls) == 1:
+            replies = list(self._add_counts(keys=calls[0][0], args=calls[0][1]))
+        else:
+            with self.connection.pipeline(transaction=True) as pipe:
+                for script_keys, args in calls:
+                    self._add_counts(keys=script_keys, args=args, client=pipe)
+                replies = [n for reply in pipe.execute() for n in reply]
         return {site: int(reply) for site, reply in zip(sites, replies, strict=True) if _any(stats.get(site))}
 
     def _put_back(

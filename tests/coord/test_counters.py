@@ -67,7 +67,7 @@ def test_counts_from_many_threads_are_written_once_each_whatever_the_writes_in_b
     assert tally.pending() == 0
 
 
-def test_a_write_is_one_script_call_a_site_whatever_its_fields(redis_conn: Redis) -> None:
+def test_a_write_is_one_script_call_whatever_its_sites_and_fields(redis_conn: Redis) -> None:
     tally = Counters(redis_conn, flush_every=NEVER)
     tally.add(SITE, {"fetched": 1}, {"req:download:ok:200": 1, "bytes:download": 300, "dur:download:0.5": 1})
     tally.add(SITE, {"fetched": 1, "items": 0}, {"dur:download:sum": 0.25, "gate:sum": 0.0})
@@ -76,7 +76,8 @@ def test_a_write_is_one_script_call_a_site_whatever_its_fields(redis_conn: Redis
     assert tally.flush()
     after = redis_conn.info("commandstats")
     sent = {name: after[name]["calls"] - before.get(name, {}).get("calls", 0) for name in after}
-    assert sent.get("cmdstat_evalsha", 0) + sent.get("cmdstat_eval", 0) == 2  # one a site
+    assert sent.get("cmdstat_evalsha", 0) + sent.get("cmdstat_eval", 0) == 1  # for both sites
+    assert sent.get("cmdstat_multi", 0) == 0  # one call is atomic by itself
     assert stats(redis_conn) == {"fetched": 2}
     assert metrics(redis_conn) == {
         "req:download:ok:200": 1,
@@ -86,6 +87,25 @@ def test_a_write_is_one_script_call_a_site_whatever_its_fields(redis_conn: Redis
         "gate:sum": 0.0,
     }
     assert metrics(redis_conn, "other") == {"req:parse:ok:200": 2}
+
+
+def test_a_write_of_many_sites_is_one_transaction_of_a_call_a_hundred_sites(redis_conn: Redis) -> None:
+    """More sites than SITES_A_CALL: a call each SITES_A_CALL sites, in one transaction (a write that fails
+    is kept whole for the next, never half written); a site reset since its counts keeps its metrics only."""
+    sites = [f"many{i}" for i in range(counters.SITES_A_CALL * 2 + 50)]
+    tally = Counters(redis_conn, flush_every=NEVER)
+    for site in sites:
+        tally.add(site, {"fetched": 1}, {"req:download:ok:200": 1, "dur:download:sum": 0.5})
+    reset_site(redis_conn, sites[150])  # after its counts were made: they would undo the reset
+    before = redis_conn.info("commandstats")
+    assert tally.flush()
+    after = redis_conn.info("commandstats")
+    sent = {name: after[name]["calls"] - before.get(name, {}).get("calls", 0) for name in after}
+    assert sent.get("cmdstat_evalsha", 0) + sent.get("cmdstat_eval", 0) == 3
+    assert sent.get("cmdstat_multi") == 1 and sent.get("cmdstat_exec") == 1
+    expected = [{} if site == sites[150] else {"fetched": 1} for site in sites]
+    assert [stats(redis_conn, site) for site in sites] == expected
+    assert all(metrics(redis_conn, site) == {"req:download:ok:200": 1, "dur:download:sum": 0.5} for site in sites)
 
 
 def test_counts_wait_in_memory_then_the_writing_thread_writes_them_within_the_interval(redis_conn: Redis) -> None:

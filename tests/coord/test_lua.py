@@ -407,7 +407,7 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         pages.forget(redis_conn, 0, "c1")  # FORGET_CONSUMERS
         lua.script(redis_conn, "add_counts")(
             keys=[keys.stats("shop"), keys.resets("shop"), keys.metrics("shop")],
-            args=["", 1, 1, "x", 1, "y", 2, "z", "0.5"],
+            args=["", 1, 1, 1, "x", 1, "y", 2, "z", "0.5"],
         )
         inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
         assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY

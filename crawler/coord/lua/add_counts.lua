@@ -1,29 +1,38 @@
--- ADD_COUNTS: adds a process's pending counts of one site (crawler.coord.counters.Counters): its stats,
--- unless the site was reset since they were counted (they would undo the reset), and its metrics,
--- which are never reset. One call a site, where a command a field was some five a request.
+-- ADD_COUNTS: adds a process's pending counts of some sites (crawler.coord.counters.Counters): each
+-- site's stats, unless the site was reset since they were counted (they would undo the reset), and its
+-- metrics, which are never reset. One call for a write's sites, its fields a command each (one call a
+-- site was a command more a site; a command a field from the client some five a request).
 --
--- KEYS[1] = the site's stats hash (keys.stats), KEYS[2] = its reset count (keys.resets),
--- KEYS[3] = its metrics hash (keys.metrics).
--- ARGV[1] = the reset count the stats were counted at ('' = unknown: add them),
--- ARGV[2] = S, the number of stats fields; ARGV[3] = I, the number of whole metrics fields;
--- then S stats pairs (field, increment), I whole metrics pairs (HINCRBY), and the rest
--- metrics pairs whose increments are fractional (HINCRBYFLOAT).
--- Returns the reset count now.
+-- KEYS[1] = the first site's stats hash (keys.stats), KEYS[2] = its reset count (keys.resets),
+--   KEYS[3] = its metrics hash (keys.metrics); and so on, three keys a site.
+-- ARGV: for each site, in the order of KEYS: the reset count its stats were counted at ('' = unknown:
+--   add them), S, I and F (its numbers of stats fields, whole metrics fields and fractional ones), then
+--   S stats pairs (field, increment), I whole metrics pairs (HINCRBY) and F fractional ones (HINCRBYFLOAT).
+-- Returns each site's reset count now, in the order of KEYS.
 --
--- Cluster: one slot (every key carries the site's hash tag).
-local resets = redis.call('GET', KEYS[2]) or '0'
-local stats, whole = tonumber(ARGV[2]), tonumber(ARGV[3])
-local at = 4
-if ARGV[1] == '' or ARGV[1] == resets then
-    for i = at, at + 2 * stats - 1, 2 do
-        redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+-- Cluster: cross-slot: each site's three keys share its slot, and a write carries many sites.
+local now = {}
+local at = 1
+for s = 1, #KEYS, 3 do
+    local stats_key, resets_key, metrics_key = KEYS[s], KEYS[s + 1], KEYS[s + 2]
+    local resets = redis.call('GET', resets_key) or '0'
+    local counted = ARGV[at]
+    local stats, whole, fractional = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+    at = at + 4
+    if counted == '' or counted == resets then
+        for i = at, at + 2 * stats - 1, 2 do
+            redis.call('HINCRBY', stats_key, ARGV[i], ARGV[i + 1])
+        end
     end
+    at = at + 2 * stats
+    for i = at, at + 2 * whole - 1, 2 do
+        redis.call('HINCRBY', metrics_key, ARGV[i], ARGV[i + 1])
+    end
+    at = at + 2 * whole
+    for i = at, at + 2 * fractional - 1, 2 do
+        redis.call('HINCRBYFLOAT', metrics_key, ARGV[i], ARGV[i + 1])
+    end
+    at = at + 2 * fractional
+    now[#now + 1] = tonumber(resets) or 0
 end
-at = at + 2 * stats
-for i = at, at + 2 * whole - 1, 2 do
-    redis.call('HINCRBY', KEYS[3], ARGV[i], ARGV[i + 1])
-end
-for i = at + 2 * whole, #ARGV, 2 do
-    redis.call('HINCRBYFLOAT', KEYS[3], ARGV[i], ARGV[i + 1])
-end
-return tonumber(resets)
+return now
