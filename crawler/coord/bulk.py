@@ -218,8 +218,8 @@ def any_exist(connection: Redis, groups: Sequence[Sequence[str]]) -> list[bool]:
     """For each group of keys, whether any of them exists (an empty list, set or hash is no key).
 
     One EXISTS names the keys of as many groups as KEYS_AT_ONCE allows; only the groups of a batch that
-    named a key are asked again, an EXISTS a group: some ten commands for 2,000 groups of five keys when
-    none exists, not one a group. A group of no keys exists not. Two round trips at most.
+    named a key are asked again, an EXISTS a group: ten commands for 2,000 groups of five keys when none
+    exists. A group of no keys exists not. Two round trips at most.
     """
     batches: list[list[int]] = [[]]
     size = 0

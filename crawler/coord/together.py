@@ -199,9 +199,9 @@ def _moves(connection: Redis, moves: list[tuple[Frontier, RefillRead]]) -> list[
 
 
 def _move_all(connection: Redis, moves: list[tuple[Frontier, RefillRead]]) -> list[Any]:
-    """The MOVE_TO_QUEUE calls sent together, raw (``bulk``: a redis-py pipeline's work a command was a
-    fifth of a 10,000-site seed); each reply or its error in its place. A call sent again after a lost
-    connection finds its frontier changed (0), as one of a pipeline would."""
+    """The MOVE_TO_QUEUE calls sent together, raw (``bulk.read_many_replies``, without a pipeline's work a
+    command); each reply or its error in its place. A call sent again after a lost connection finds its
+    frontier changed (0)."""
     calls = []
     for frontier, read in moves:
         script_keys, args = frontier.move_call(read, due_now=False)

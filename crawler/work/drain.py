@@ -142,8 +142,8 @@ def _count_every_site(connection: Redis, sites: list[str], found: list[str] | No
     """The work left of ``sites``, exact when 0: the fleet's records waiting, pages to parse and sites in
     transit, the retries waiting, then the sites' own keys (``bulk.any_exist``: a site with none of its
     RQ queue keys and no frontier priority has no job and no entry). Only the sites that name a key, or
-    every site while some retry waits, are read one by one (``_work_of``). Some ten commands for 2,000
-    sites with nothing left, not ten a site."""
+    every site while some retry waits, are read one by one (``_work_of``): some ten commands for 2,000
+    sites with nothing left."""
     queues = queues_for(connection, [keys.download_queue(site) for site in sites])
     with connection.pipeline(transaction=False) as pipe:
         outbox.count_waiting(pipe)  # records waiting for the database

@@ -157,9 +157,9 @@ class Listener:
 class ListeningThread(threading.Thread):
     """Hands the subscription's messages to their handlers until ``running`` is cleared, then closes it.
 
-    redis-py's ``run_in_thread`` without its ``stop``, which from redis-py 8.2 on joins the thread with no
-    timeout, and a thread stopped just after the subscription's end waits out a whole read (LISTEN_WAIT)
-    for a subscription that will not come: the process's exit would hang for a minute.
+    redis-py's ``run_in_thread`` loop with a stop that does not wait: ``PubSubWorkerThread.stop`` (redis-py
+    8.2) joins its thread, which, stopped just as the subscription ends, waits a whole read (LISTEN_WAIT)
+    for a subscription that will not come, and the process's exit with it.
     """
 
     def __init__(self, pubsub: PubSub, on_error: Callable[[BaseException, ListeningThread], None]):

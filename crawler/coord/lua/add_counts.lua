@@ -1,7 +1,6 @@
 -- ADD_COUNTS: adds a process's pending counts of some sites (crawler.coord.counters.Counters): each
 -- site's stats, unless the site was reset since they were counted (they would undo the reset), and its
--- metrics, which are never reset. One call for a write's sites, its fields a command each (one call a
--- site was a command more a site; a command a field from the client some five a request).
+-- metrics, which are never reset. One call for a write's sites, each field one command inside it.
 --
 -- KEYS[1] = the first site's stats hash (keys.stats), KEYS[2] = its reset count (keys.resets),
 --   KEYS[3] = its metrics hash (keys.metrics); and so on, three keys a site.
