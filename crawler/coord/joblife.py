@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from uuid import uuid4
 
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -59,9 +60,10 @@ WORKER_BEAT_EVERY = 30.0
 
 
 def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]) -> None:
-    """Renew the claims of running jobs (worker, job, execution), all in one transaction: for each,
-    what RQ's ``maintain_heartbeats`` writes, the worker's own key beaten only if it was not in
-    the last WORKER_BEAT_EVERY seconds: one round trip for every claim due at once (``LeaseKeeper``).
+    """Renew the claims of running jobs (worker, job, execution), all in one transaction: what RQ's
+    ``maintain_heartbeats`` writes but the job's index of its executions (``claim``), the worker's own
+    key beaten only if it was not in the last WORKER_BEAT_EVERY seconds: one round trip for every claim
+    due at once (``LeaseKeeper``).
     """
     if not claims:
         return
@@ -73,11 +75,11 @@ def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]
                 beaten_workers.append((len(pipe), worker))
                 worker.heartbeat(worker.job_monitoring_interval + 60, pipeline=pipe)
             ttl = int(worker.get_heartbeat_ttl(job))
-            execution.heartbeat(job.started_job_registry, ttl, pipeline=pipe)
+            _beat(pipe, job, execution, ttl)
             job_beats.append((len(pipe), job))
             job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
         results = pipe.execute()
-        # As ``maintain_heartbeats``: a job deleted as it ended (its beat made a new hash) is deleted
+        # As RQ's ``maintain_heartbeats``: a job deleted as it ended (its beat made a new hash) is deleted
         # again; a worker's hash that had expired (its beat made a new one) is written whole again.
         for index, job in job_beats:
             if results[index] == 1:
@@ -87,6 +89,33 @@ def renew_claims(connection: Redis, claims: Sequence[tuple[Any, Job, Execution]]
                 pipe.hset(worker.key, mapping=worker.serialize())
                 pipe.expire(worker.key, worker.job_monitoring_interval + 60)
         pipe.execute()  # no round trip when empty
+
+
+def _beat(pipe: Any, job: Job, execution: Execution, ttl: int) -> None:
+    """Queue ``Execution.heartbeat``'s writes but the job's index of its executions (``claim``)."""
+    execution.last_heartbeat = now()
+    pipe.hset(execution.key, "last_heartbeat", execution.last_heartbeat.timestamp())
+    pipe.expire(execution.key, ttl)
+    job.started_job_registry.add_execution(execution, pipeline=pipe, ttl=ttl, xx=True)
+
+
+def _start_execution(pipe: Any, job: Job, queue: Queue, worker_name: str, ttl: int) -> Execution:
+    """Queue ``Execution.create``'s writes but the job's index of its executions: the execution's hash
+    and its lease in the started registry, and its entry in the worker's index (a dashboard's list of
+    the worker's current jobs reads both)."""
+    execution = Execution(uuid4().hex, job.id, job.connection, worker_name=worker_name)
+    execution.save(ttl=ttl, pipeline=pipe)
+    queue.started_job_registry.add_execution(execution, pipeline=pipe, ttl=ttl)
+    pipe.sadd(execution.worker_executions_key, execution.composite_key)
+    pipe.expire(execution.worker_executions_key, ttl + 60)
+    return execution
+
+
+def _end_execution(pipe: Any, registry: StartedJobRegistry, execution: Execution) -> None:
+    """Queue ``Execution.delete``'s writes but the job's index of its executions (``claim``), the hash's
+    ``DEL`` left to the caller (who deletes the job's keys in the same command)."""
+    registry.remove_execution(execution, pipeline=pipe)
+    pipe.srem(execution.worker_executions_key, execution.composite_key)
 
 
 #: Seconds between two reaper passes, fleet-wide.
@@ -414,16 +443,18 @@ def claim(
     along: Callable[[Any], Callable[[list[Any]], None] | None] | None = None,
     cut: Callable[[Execution], None] | None = None,
 ) -> Execution:
-    """Claim ``job`` for ``worker`` in one transaction: what RQ writes before a job, in one round trip.
+    """Claim ``job`` for ``worker`` in one transaction: what RQ writes before a job that the crawl reads.
 
-    The same writes as RQ's ``prepare_execution`` and ``prepare_job_execution``, made
-    with RQ's public methods: the execution and its lease in the started registry,
-    the worker busy and its heartbeat, the job started (status, worker, times) and out
-    of the queue's intermediate list; atomic, so a job is never out of the
-    intermediate list without a lease. The worker's state and heartbeat are written
-    only when they change or are due: a worker that goes from job to job is already
-    ``busy``, and its key was renewed less than WORKER_BEAT_EVERY ago (it outlives the
-    job: the lease keeper renews it while the job runs).
+    Made with RQ's public methods: the execution, its lease in the started registry (what the
+    reaper and RQ's cleanup read) and its entry in the worker's index, the worker busy and its
+    heartbeat, the job started (status, worker, times) and out of the queue's intermediate list;
+    atomic, so a job is never out of the intermediate list without a lease. The job's own index
+    of its executions (``rq:executions:JOB`` and its TTL, three commands a job with the finish's)
+    is not written: RQ reads it for rate limits, which crawler jobs have none of, and to drop a
+    running job's leases as it is deleted (those then lapse, and the reaper drops them). The
+    worker's state and heartbeat are written only when they change or are due: a worker that
+    goes from job to job is already ``busy``, and its key was renewed less than
+    WORKER_BEAT_EVERY ago (it outlives the job: the lease keeper renews it while the job runs).
 
     ``along(pipe)`` may queue reads last in the transaction (``SiteReads.read_site_along``: the
     site's live settings, due for a re-read) and give back what to call with their replies. ``cut`` is
@@ -432,7 +463,7 @@ def claim(
     ttl = worker.get_heartbeat_ttl(job)
     beat_due = worker.last_heartbeat is None or (now() - worker.last_heartbeat).total_seconds() >= WORKER_BEAT_EVERY
     with worker.connection.pipeline() as pipe:
-        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
+        execution = _start_execution(pipe, job, queue, worker.name, int(ttl))
         worker.executions[execution.id] = execution
         if worker.get_state() != WorkerStatus.BUSY:
             worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -459,18 +490,24 @@ def finish(worker: BaseWorker, job: Job, execution: Execution, finishing: Sequen
     """RQ's success handling of a plain job, in one transaction instead of four round trips.
 
     The same end state (the worker stays ``busy`` until its next look for work finds
-    none): the worker's counters, the job's execution and its lease gone, the job
-    deleted (``result_ttl`` 0) with its result, dependency and execution keys. Crawler
-    jobs have no dependents (``vetting``), so RQ's watch of the dependents set is left
-    out. ``finishing``: what the job left to be done in the same transaction (``Finishing``).
+    none): the worker's counters, the job's execution and its lease gone, the job deleted
+    (``result_ttl`` 0) with its result, dependency and execution keys in one ``DEL``. Crawler
+    jobs have no dependents (``vetting``), so RQ's watch of the dependents set is left out.
+    ``finishing``: what the job left to be done in the same transaction (``Finishing``).
     """
     assert job.started_at is not None and job.ended_at is not None
     with worker.connection.pipeline() as pipe:
         worker.increment_successful_job_count(pipeline=pipe)
         worker.increment_total_working_time(job.ended_at - job.started_at, pipe)
-        worker.cleanup_execution(job, pipeline=pipe, execution=execution)
+        worker.executions.pop(execution.id, None)
+        _end_execution(pipe, job.started_job_registry, execution)
         pipe.delete(
-            job.key, job.dependents_key, job.dependencies_key, Result.get_key(job.id), job.execution_registry.key
+            job.key,
+            job.dependents_key,
+            job.dependencies_key,
+            Result.get_key(job.id),
+            job.execution_registry.key,
+            execution.key,
         )
         _execute_finishing(pipe, finishing)
 
@@ -570,7 +607,8 @@ def _hand_back(connection: Redis, pipe: Any, queue: Queue, execution: Execution,
     if status != JobStatus.STARTED or not job.retries_left:
         return False
     pipe.multi()
-    execution.delete(job=job, pipeline=pipe)
+    _end_execution(pipe, registry, execution)
+    pipe.delete(execution.key)
     job.retry(queue, pipe)
     pipe.execute()
     return True

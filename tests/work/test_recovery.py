@@ -807,7 +807,6 @@ def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lea
     redis_conn: Redis, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rq import Queue
-    from rq.executions import prepare_execution
     from rq.serializers import JSONSerializer
 
     from crawler.coord import joblife
@@ -828,14 +827,14 @@ def test_claims_due_together_are_renewed_in_one_round_trip_and_outlive_their_lea
             worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
             worker.register_birth()
             job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": f"https://demo.example/{n}"})
-            execution = prepare_execution(worker, job)
+            redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
+            execution = joblife.claim(worker, job, queue)
             keeper.hold(worker, job, execution)
             held.append((worker, job, execution))
         time.sleep(lease * 1.5)  # each claim would have lapsed by now, unrenewed
         for _, job, execution in held:
-            assert redis_conn.ttl(execution.key) > 0  # renewed: it still holds
+            assert _lease_left(redis_conn, queue, execution) > 0  # renewed: it still holds
             assert redis_conn.hexists(job.key, "last_heartbeat")
-            assert redis_conn.zscore(job.started_job_registry.key, execution.composite_key) is not None
         assert len(renewed) >= 2 and all(n == 3 for n in renewed)  # all three at once, each time
     finally:
         for worker, _, _ in held:
@@ -1007,7 +1006,6 @@ def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_nex
     """Only Redis outages were caught: anything else (a reply refused, a bug) ended the keeper's thread,
     and every claim of its process lapsed, each job handed back by the reaper and run twice."""
     from rq import Queue
-    from rq.executions import prepare_execution
     from rq.serializers import JSONSerializer
 
     from crawler.coord import joblife
@@ -1032,16 +1030,65 @@ def test_a_lease_keeper_whose_renewal_fails_unexpectedly_lives_on_and_renews_nex
     worker = DownloadWorker(redis_conn, ["demo"], rt=rt)
     worker.register_birth()
     job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/"})
-    execution = prepare_execution(worker, job)
+    redis_conn.lmove(queue.key, queue.intermediate_queue_key)  # as NEXT_JOB hands it out
+    execution = joblife.claim(worker, job, queue)
     try:
         keeper.hold(worker, job, execution)
         time.sleep(lease * 1.5)  # the first renewal raised; the next ones went
         assert len(calls) >= 2, calls
-        assert redis_conn.ttl(execution.key) > 0  # still claimed
+        assert _lease_left(redis_conn, queue, execution) > 0  # still claimed
         assert "renewing 1 claims failed" in caplog.text
     finally:
         keeper.release(worker)
         keeper.close()
+        rt.close()
+
+
+def _lease_left(redis_conn: Redis, queue: Any, execution: Any) -> float:
+    """Seconds the claim of ``execution`` has left (its score in the started registry, RQ's clock), -1 if none."""
+    from rq.utils import current_timestamp
+
+    lease_ends = redis_conn.zscore(queue.started_job_registry.key, execution.composite_key)
+    return -1 if lease_ends is None else lease_ends - current_timestamp()
+
+
+def test_a_claim_writes_what_is_read_and_a_finish_leaves_nothing_of_the_job(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """The claim wrote the job's index of its executions too (two commands a job, a third to finish), which
+    nothing a crawler job does reads; the lease is what the reaper reads, the execution what a dashboard lists."""
+    from rq.job import JobStatus
+    from rq.utils import current_timestamp
+
+    from crawler.coord import joblife
+
+    rt = Runtime(redis_conn, settings)
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt)
+        assert 0 < _lease_left(redis_conn, queue, execution) <= settings.job_lease
+        assert redis_conn.lrange(queue.intermediate_queue_key, 0, -1) == []
+        assert redis_conn.hget(job.key, "status") == JobStatus.STARTED.encode()
+        assert redis_conn.hget(job.key, "worker_name") == worker.name.encode()
+        assert not redis_conn.exists(job.execution_registry.key)
+        assert [e.job_id for e in worker.get_current_executions(refresh=True)] == [job.id]  # what a dashboard shows
+        assert 0 < redis_conn.ttl(execution.key) <= settings.job_lease
+        # The reaper hands back a job whose lease ran out, as RQ's cleanup does: the lease is the whole claim.
+        redis_conn.zadd(queue.started_job_registry.key, {execution.composite_key: current_timestamp() - 1})
+        redis_conn.sadd(keys.sites(), "demo")  # as seeding names it (a full pass reads the sites)
+        redis_conn.zadd(keys.claims(), {"demo": 0})  # as NEXT_JOB names it (the other passes read the claims)
+        retries = job.retries_left
+        assert joblife.reap(redis_conn)
+        job.refresh()
+        assert queue.get_job_ids() == [job.id] and job.retries_left == retries - 1
+        # Claimed again and finished: nothing of it is left.
+        redis_conn.lmove(queue.key, queue.intermediate_queue_key)
+        execution = joblife.claim(worker, job, queue)
+        job.started_at = job.ended_at = joblife.now()
+        joblife.finish(worker, job, execution)
+        assert not redis_conn.exists(job.key, execution.key)
+        assert not redis_conn.sismember(execution.worker_executions_key, execution.composite_key)
+        assert redis_conn.zcard(queue.started_job_registry.key) == 0
+    finally:
         rt.close()
 
 
@@ -1090,7 +1137,6 @@ def test_a_job_a_redis_outage_cut_short_is_handed_back_by_its_lease_keeper_not_w
         keeper.cut(worker, queue)
         wait_until(lambda: queue.get_job_ids() == [job.id], 2, "the cut job back in its queue")
         assert redis_conn.zscore(queue.started_job_registry.key, execution.composite_key) is None
-        assert not redis_conn.exists(execution.key)  # its execution ended, as if it had
         job.refresh()
         assert job.get_status() == "queued" and job.retries_left == retries - 1
         assert redis_conn.zscore(keys.ready(), "demo") is not None  # the scheduler sees its site
