@@ -18,7 +18,7 @@ import uuid
 from redis import Redis
 
 from . import keys, lua
-from .joblife import REAP_EVERY, STRANDED_AFTER
+from .reaper import REAP_EVERY, STRANDED_AFTER
 
 #: Seconds a note holds past its last renewal, beyond a job's lease (see the module docstring).
 NOTE_MARGIN = max(STRANDED_AFTER, REAP_EVERY) + REAP_EVERY + 2.0

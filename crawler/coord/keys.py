@@ -262,7 +262,7 @@ def moving() -> str:
 
 def claims() -> str:
     """Sorted set of sites whose RQ queues the reaper watches (jobs handed out, leases, retries), scored
-    by when (ms, Redis clock) it next looks at each (``joblife.reap``)."""
+    by when (ms, Redis clock) it next looks at each (``reaper.reap``)."""
     return f"{PREFIX}claims"
 
 

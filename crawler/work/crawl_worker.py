@@ -28,7 +28,8 @@ from rq.worker import WorkerStatus
 
 from ..backoff import outage_waits
 from ..coord import inflight, joblife, keys
-from ..coord.joblife import REAP_EVERY, WORKER_BEAT_EVERY, prune_dead_executions, reap
+from ..coord.joblife import WORKER_BEAT_EVERY, prune_dead_executions
+from ..coord.reaper import REAP_EVERY, reap
 from ..coord.vetting import CrawlerJob
 from ..store import outbox
 from . import drain, idle, listener, runtime
@@ -67,7 +68,7 @@ _addresses: weakref.WeakKeyDictionary[Redis, str] = weakref.WeakKeyDictionary()
 _addresses_lock = threading.Lock()
 #: Seconds after a process starts before its first pass of RQ's registry maintenance (then one each
 #: ``maintenance_interval``, 10 min). RQ runs it at once, some ten round trips a site as the crawl
-#: starts, for nothing the reaper (``joblife.reap``) does not do from its first pass.
+#: starts, for nothing the reaper (``reaper.reap``) does not do from its first pass.
 FIRST_MAINTENANCE_AFTER = 60.0
 #: Seconds between two heartbeats of a worker asleep in its process's idle room: its key lives
 #: ``worker_ttl`` + 60 s (RQ's default worker_ttl: 420 s).
@@ -444,7 +445,7 @@ class CrawlWorker(SimpleWorker):
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # A job cut before, during or after its claim is handed back by the lease keeper
             # (``LeaseKeeper.cut_claim``, ``cut``); one whose hand-out's reply was lost by the reaper
-            # (``joblife.rescue_stranded``).
+            # (``reaper.rescue_stranded``).
             self._redis_down(exc)
 
     def _claim_reads(self, pipe: Any, site: str) -> Callable[[list[Any]], None]:

@@ -14,7 +14,7 @@ from rq import Queue
 from rq.executions import Execution
 from rq.job import Job
 
-from ..coord import inflight, joblife
+from ..coord import inflight, joblife, reaper
 from ..coord.joblife import renew_every
 
 log = logging.getLogger("crawler.workers")
@@ -92,7 +92,7 @@ class LeaseKeeper:
         """A job of ``queue`` whose claim (as ``execution``) a Redis outage cut: handed back once Redis answers,
         whether the claim was made or not, until STRANDED_AFTER - CUT_MARGIN after its hand-out
         (``handed_out_at``, monotonic), when the reaper may hand back a job left handed out itself."""
-        give_up_at = handed_out_at + min(self._job_lease, joblife.STRANDED_AFTER) - joblife.CUT_MARGIN
+        give_up_at = handed_out_at + min(self._job_lease, reaper.STRANDED_AFTER) - joblife.CUT_MARGIN
         with self._cond:
             self._add_cut(queue, execution, retries_left, give_up_at)
 

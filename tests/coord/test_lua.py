@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from rq import Queue
 from rq.job import Job
 
-from crawler.coord import failover, inflight, joblife, keys, lua, pages
+from crawler.coord import failover, inflight, keys, lua, pages, reaper
 from crawler.coord.frontier import Frontier
 from crawler.coord.gate import site_gate
 from crawler.coord.pacing import Auto, Pacer
@@ -412,7 +412,7 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
         assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY
         inflight.note_idle(redis_conn, "host:1:a")
-        assert dict(joblife.survey(redis_conn, [keys.download_queue("shop")]))  # SURVEY_QUEUES
+        assert dict(reaper.survey(redis_conn, [keys.download_queue("shop")]))  # SURVEY_QUEUES
     for name, declared, touched in seen.calls:
         wrong = undeclared(name, declared, touched)
         assert not wrong, f"{name} touched keys not in its KEYS: {sorted(wrong)}"

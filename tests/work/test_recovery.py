@@ -25,11 +25,11 @@ import pytest
 from crawling import items_by_key
 from redis import Redis
 
-from crawler.coord import keys, redisclock
+from crawler.coord import keys, reaper, redisclock
 from crawler.coord.connection import connect, redis_server_binary
 from crawler.coord.frontier import seed
 from crawler.coord.gate import SEND_GRACE
-from crawler.coord.joblife import REAP_EVERY
+from crawler.coord.reaper import REAP_EVERY
 from crawler.coord.vetting import MAX_BATCH
 from crawler.demo import ShopSite
 from crawler.settings import Settings
@@ -770,7 +770,7 @@ def test_a_job_left_in_an_intermediate_list_by_a_worker_that_died_before_claimin
     """A job NEXT_JOB handed out to a worker that never claimed it (killed, or its Redis call failed
     in between) goes back to its queue: the burst ends and its page is fetched (issue 21: 30 jobs
     sat in ``:intermediate`` lists and ``--burst`` never ended)."""
-    from crawler.coord.joblife import STRANDED_AFTER
+    from crawler.coord.reaper import STRANDED_AFTER
     from crawler.coord.scheduler import JOBS_AHEAD, Scheduler
 
     settings = crawl_settings(settings)
@@ -886,7 +886,7 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
     stranded = job_of("site0900")
     redis_conn.lrem(queue_of("site0900").key, 1, stranded.id)
     redis_conn.lpush(queue_of("site0900").intermediate_queue_key, stranded.id)
-    redis_conn.hset(keys.stranded(), stranded.id, time.time() - 2 * joblife.STRANDED_AFTER)
+    redis_conn.hset(keys.stranded(), stranded.id, time.time() - 2 * reaper.STRANDED_AFTER)
     redis_conn.delete(keys.ready())
 
     round_trips = 0
@@ -898,7 +898,7 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
         return send(self, *args, **kwargs)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
-    assert joblife.reap(redis_conn)
+    assert reaper.reap(redis_conn)
     monkeypatch.undo()
     for site, job in (("site0100", abandoned), ("site0500", retry), ("site0900", stranded)):
         assert queue_of(site).get_job_ids() == [job.id], site  # back in its queue, for a worker to take
@@ -907,7 +907,7 @@ def test_a_reaper_pass_over_1000_sites_acts_on_those_with_something_to_do_in_a_f
     # Lock, site list, survey (2 chunks), the three sites' own work, ready set, stranded note: not 4 a site.
     print(f"a reaper pass over 1,000 sites: {round_trips} round trips")
     assert round_trips <= 30, f"a reaper pass over 1,000 sites took {round_trips} round trips"
-    assert not joblife.reap(redis_conn)  # one pass a period for the whole fleet
+    assert not reaper.reap(redis_conn)  # one pass a period for the whole fleet
 
 
 def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_out_of(redis_conn: Redis) -> None:
@@ -918,7 +918,6 @@ def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_ou
     from rq.job import JobStatus
     from rq.serializers import JSONSerializer
 
-    from crawler.coord import joblife
     from crawler.coord.frontier import Frontier
     from crawler.coord.scheduler import Scheduler, publish_conf
     from crawler.spiders.spider import Request
@@ -930,7 +929,7 @@ def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_ou
         front = Frontier(redis_conn, site, ["example.com"], failure_ttl=60, job_timeout=60)
         front.add([Request(f"http://example.com/{site}/{i}") for i in range(2)])
         front.refill(2)
-    assert joblife.reap(redis_conn)  # the first pass of a fleet surveys every queue
+    assert reaper.reap(redis_conn)  # the first pass of a fleet surveys every queue
     redis_conn.delete(keys.lock("reaper"))
     assert redis_conn.zcard(keys.claims()) == 0
 
@@ -948,12 +947,12 @@ def test_between_full_passes_the_reaper_surveys_only_the_sites_it_handed_jobs_ou
         return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
     before = commands()
-    assert joblife.reap(redis_conn)
+    assert reaper.reap(redis_conn)
     spent = commands() - before
     assert step.job_id in queue.get_job_ids()  # handed back, for a worker to take
     assert spent < 100, f"a pass that had one site to look at cost {spent} commands"
     redis_conn.delete(keys.lock("reaper"))
-    assert joblife.reap(redis_conn)  # looks again: only queued jobs, nothing to watch
+    assert reaper.reap(redis_conn)  # looks again: only queued jobs, nothing to watch
     assert redis_conn.zcard(keys.claims()) == 0
 
 
@@ -973,9 +972,9 @@ def test_a_survey_forgets_in_the_same_step_the_claims_of_sites_with_nothing_to_w
         queues[site].enqueue(DOWNLOAD_FUNC, payload, retry=joblife.job_retry())
     redis_conn.lmove(queues["busy"].key, queues["busy"].intermediate_queue_key)  # as NEXT_JOB hands it out
     redis_conn.zadd(keys.claims(), {site: 0 for site in names})
-    found = dict(joblife.survey(redis_conn, list(names.values())))
+    found = dict(reaper.survey(redis_conn, list(names.values())))
     assert (found[names["busy"]].handed_out, found[names["queued"]].queued) == (1, 1)
-    assert found[names["busy"]].next_look() == joblife.STRANDED_AFTER
+    assert found[names["busy"]].next_look() == reaper.STRANDED_AFTER
     assert {m.decode() for m in redis_conn.zrange(keys.claims(), 0, -1)} == {"busy"}  # queued jobs need no watch
 
 
@@ -991,12 +990,12 @@ def test_a_sighting_in_an_intermediate_list_too_old_to_be_this_stays_is_taken_ag
     queue = Queue(keys.download_queue("site"), connection=redis_conn, serializer=JSONSerializer)
     job = queue.enqueue(DOWNLOAD_FUNC, {"site": "site", "url": "https://site.example/"}, retry=joblife.job_retry())
     redis_conn.lmove(queue.key, queue.intermediate_queue_key)
-    redis_conn.hset(keys.stranded(), job.id, time.time() - joblife.STALE_SIGHTING - 1)
+    redis_conn.hset(keys.stranded(), job.id, time.time() - reaper.STALE_SIGHTING - 1)
     seen: dict[str, float] = {}
-    assert joblife.rescue_stranded(redis_conn, queue, seen) == 0
+    assert reaper.rescue_stranded(redis_conn, queue, seen) == 0
     assert time.time() - seen[job.id] < 5  # seen now, for the first time this stay
-    redis_conn.hset(keys.stranded(), job.id, time.time() - joblife.STRANDED_AFTER - 1)
-    assert joblife.rescue_stranded(redis_conn, queue, {}) == 1
+    redis_conn.hset(keys.stranded(), job.id, time.time() - reaper.STRANDED_AFTER - 1)
+    assert reaper.rescue_stranded(redis_conn, queue, {}) == 1
     assert queue.get_job_ids() == [job.id]
 
 
@@ -1077,7 +1076,7 @@ def test_a_claim_writes_what_is_read_and_a_finish_leaves_nothing_of_the_job(
         redis_conn.sadd(keys.sites(), "demo")  # as seeding names it (a full pass reads the sites)
         redis_conn.zadd(keys.claims(), {"demo": 0})  # as NEXT_JOB names it (the other passes read the claims)
         retries = job.retries_left
-        assert joblife.reap(redis_conn)
+        assert reaper.reap(redis_conn)
         job.refresh()
         assert queue.get_job_ids() == [job.id] and job.retries_left == retries - 1
         # Claimed again and finished: nothing of it is left.
@@ -1090,6 +1089,40 @@ def test_a_claim_writes_what_is_read_and_a_finish_leaves_nothing_of_the_job(
         assert redis_conn.zcard(queue.started_job_registry.key) == 0
     finally:
         rt.close()
+
+
+def test_a_worker_writes_its_job_count_a_job_and_its_working_time_once_a_beat(
+    redis_conn: Redis, settings: Settings
+) -> None:
+    """Each finish wrote the worker's total working time too (an HINCRBYFLOAT a job, which no crawl reads and
+    ``rq info`` does not show); its job count, which ``rq info`` shows, is still written a job."""
+    from datetime import timedelta
+
+    from crawler.coord import joblife
+
+    rt = Runtime(redis_conn, settings)
+    try:
+        worker, queue, job, execution = _claimed_job(redis_conn, rt)
+        for seconds in (2, 3):
+            if seconds == 3:
+                job, execution = _claim_another(redis_conn, worker, queue)
+            job.started_at = joblife.now()
+            job.ended_at = job.started_at + timedelta(seconds=seconds)
+            joblife.finish(worker, job, execution)
+        assert int(redis_conn.hget(worker.key, "successful_job_count") or 0) == 2
+        assert float(redis_conn.hget(worker.key, "total_working_time") or 0) == 2.0  # the first job's; the next later
+    finally:
+        rt.close()
+
+
+def _claim_another(redis_conn: Redis, worker: Any, queue: Any) -> tuple[Any, Any]:
+    """A second job of ``queue`` handed out and claimed by ``worker``: (job, execution)."""
+    from crawler.coord import joblife
+    from crawler.coord.vetting import DOWNLOAD_FUNC
+
+    job = queue.enqueue(DOWNLOAD_FUNC, {"site": "demo", "url": "https://demo.example/2"}, retry=joblife.job_retry())
+    redis_conn.lmove(queue.key, queue.intermediate_queue_key)
+    return job, joblife.claim(worker, job, queue)
 
 
 def _handed_out_job(redis_conn: Redis, rt: Runtime, site: str = "demo") -> tuple[Any, Any, Any]:
@@ -1299,7 +1332,7 @@ def test_a_cut_claim_is_left_to_the_reaper_once_its_hand_out_is_nearly_stranded(
         redis_conn.zrem(queue.started_job_registry.key, execution.composite_key)  # the claim was not made
         redis_conn.lpush(queue.intermediate_queue_key, job.id)
         job.set_status("queued")
-        handed_out = time.monotonic() - joblife.STRANDED_AFTER + joblife.CUT_MARGIN / 2
+        handed_out = time.monotonic() - reaper.STRANDED_AFTER + joblife.CUT_MARGIN / 2
         keeper.cut_claim(queue, execution, job.retries_left, handed_out)
         time.sleep(0.5)
         assert queue.get_job_ids() == [] and redis_conn.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
