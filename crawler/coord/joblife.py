@@ -136,7 +136,8 @@ def prune_dead_executions(connection: Redis, job: Job) -> int:
     RQ 3.0 keeps a dead execution's id in the job's execution registry for a minute
     after the execution itself expired; finishing the job meanwhile raises (the
     execution is "not found") and turns the success into a failure and another retry.
-    Only retried jobs can have such ids, so fresh jobs cost nothing here.
+    Only retried jobs can have such ids, so fresh jobs cost nothing here; ``claim`` writes no
+    such registry, so only a job claimed by RQ's own methods (an earlier crawler) has one.
     """
     if job.retries_left is None or job.retries_left >= RETRIES:
         return 0
