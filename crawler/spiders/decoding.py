@@ -89,12 +89,11 @@ def json_text(body: bytes, content_type_charset: str | None = None) -> str:
     characters say so (JSON's first two characters are ASCII); else the ``Content-Type``
     header's charset if it names an ASCII-compatible character set; else UTF-8.
     """
-    bom, mark = read_bom(body)
-    if bom is not None and mark is not None:
-        return decode(body[len(mark) :], bom)
+    # JSON's own detection, not w3lib's read_bom: browsers (and w3lib >= 2.6) read a UTF-32LE
+    # mark as UTF-16LE's, which JSON is not. Every encoding it names is a Python Unicode codec.
     detected = json.detect_encoding(body)
     if detected != "utf-8":
-        return decode(body, detected)
+        return body.decode(detected, "replace")
     declared = charset(content_type_charset)
     return decode(body, declared if declared is not None and not declared.startswith(_UTF_16_32) else "utf-8")
 

@@ -300,7 +300,8 @@ def test_an_auto_interval_follows_the_sites_latency_up_and_back_down_for_the_who
     # Back down slowly (10% per answer: about 15 steps from 0.5 s to 0.1 s), then to min.
     assert fast[0] >= 0.4, f"the pace fell at once: {fast[:5]}"
     assert sum(1 for g in fast if g >= 0.1) >= 10, f"the pace fell too fast: {fast[:20]}"
-    assert statistics.median(fast[-10:]) < 0.1, f"the pace did not come back down: {fast[-10:]}"
+    # Down to 5 × the answers' time: near min on a quiet machine, 0.1 s or so when a loaded one answers in 20 ms.
+    assert statistics.median(fast[-10:]) < min(slow) / 2, f"the pace did not come back down: {fast[-10:]}"
 
 
 def test_a_503_without_retry_after_closes_the_gate_for_every_worker(
