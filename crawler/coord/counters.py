@@ -5,7 +5,8 @@ increments to its process's ``Counters``, which writes the sums in one transacti
 FLUSH_EVERY after the first unwritten count (longer with many sites' counts waiting: those of
 every shard the process serves, ``FlushPace``), the metrics METRICS_PERIODS times less often, and
 everything at once on ``flush``/``flush_if_quiet``.
-Counts made before a site's reset are never written after it (``keys.resets``). Fields
+Counts made before a site's reset are never written after it (``keys.reset_at``; one read of the
+reset epoch a write, a site's own only once some site was reset). Fields
 program logic reads exact (``IMMEDIATE``, ``crawler:errors:SITE``) are written where they
 are decided. The design and its price: docs/ARCHITECTURE.md ("Counters are summed in
 memory") and docs/METRICS.md.
@@ -94,8 +95,8 @@ class Counters:
         self._cond = threading.Condition()  # guards every attribute below but _writing
         self._stats: dict[str, dict[str, int]] = {}
         self._metrics: dict[str, dict[str, Number]] = {}
-        self._counted_at: dict[str, int | None] = {}  # site -> reset count its pending stats were counted at
-        self._resets: dict[str, int] = {}  # site -> the reset count last seen in Redis
+        self._counted_at: dict[str, int | None] = {}  # site -> reset epoch its pending stats were counted at
+        self._epoch: int | None = None  # the reset epoch (``keys.reset_epoch``) last seen in Redis
         self._since: float | None = None  # when the oldest stats count not yet written was made (monotonic)
         self._metrics_since: float | None = None  # the same, of the metrics
         #: When the latest count was made (monotonic; read by ``FlushPace`` without the lock).
@@ -115,8 +116,8 @@ class Counters:
         """
         if stats and not IMMEDIATE.isdisjoint(stats):
             raise ValueError(f"{sorted(IMMEDIATE & set(stats))} are written at once, not counted here")
-        if stats and site not in self._resets:
-            self._learn_resets(site)
+        if stats and self._epoch is None:
+            self._learn_epoch()
         with self._cond:
             if site not in self._stats and site not in self._metrics and (stats or metrics):
                 self.sites_waiting += 1
@@ -124,7 +125,7 @@ class Counters:
                 pending = self._stats.get(site)
                 if pending is None:
                     pending = self._stats[site] = {}
-                    self._counted_at[site] = self._resets.get(site)
+                    self._counted_at[site] = self._epoch
                 for name, n in stats.items():
                     pending[name] = pending.get(name, 0) + n
             if metrics:
@@ -165,7 +166,7 @@ class Counters:
             if not stats and not metrics:
                 return True
             try:
-                resets = self._write(stats, metrics, counted_at)
+                epoch, dropped = self._write(stats, metrics, counted_at)
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 self._put_back(stats, metrics, counted_at)
                 if not self._failing:
@@ -178,11 +179,11 @@ class Counters:
         if self._failing:
             self._failing = False
             log.warning("counters written again")
-        with self._cond:
-            self._resets.update(resets)
-        for site, now in resets.items():
-            if counted_at.get(site) not in (None, now):
-                log.info("%s: %d counts made before its reset dropped", site, sum(stats[site].values()))
+        if epoch is not None:
+            with self._cond:
+                self._epoch = epoch
+        for site in dropped:
+            log.info("%s: %d counts made before its reset dropped", site, sum(stats[site].values()))
         return True
 
     def flush_if_quiet(self, quiet: float = QUIET) -> None:
@@ -203,27 +204,29 @@ class Counters:
         if not self.flush():
             log.warning("counters: %d fields of counts lost (Redis unreachable at exit)", self.pending())
 
-    def _learn_resets(self, site: str) -> None:
-        """Read the site's reset count once, before its first count (None, so counts go in anyway, if Redis fails)."""
+    def _learn_epoch(self) -> None:
+        """Read the reset epoch before the first count (None, so counts go in anyway, if Redis fails); each
+        write's reply says it since."""
         try:
-            now = int(self.connection.get(keys.resets(site)) or 0)
+            now = int(self.connection.get(keys.reset_epoch()) or 0)
         except redis.RedisError:
             return
         with self._cond:
-            self._resets.setdefault(site, now)
+            if self._epoch is None:
+                self._epoch = now
 
     def _write(
         self,
         stats: dict[str, dict[str, int]],
         metrics: dict[str, dict[str, Number]],
         counted_at: dict[str, int | None],
-    ) -> dict[str, int]:
+    ) -> tuple[int | None, list[str]]:
         """Every count in one ``ADD_COUNTS`` call (atomic), or in a transaction of one a SITES_A_CALL sites;
-        the reset count of each site whose stats it carried."""
+        the reset epoch now (None if nothing was written) and the sites whose stats it dropped."""
         sites = [site for site in dict.fromkeys([*stats, *metrics]) if _any(stats.get(site)) or _any(metrics.get(site))]
         calls: list[tuple[list[str], list[Any]]] = []
         for start in range(0, len(sites), SITES_A_CALL):
-            script_keys: list[str] = []
+            script_keys: list[str] = [keys.reset_epoch()]
             args: list[Any] = []
             for site in sites[start : start + SITES_A_CALL]:
                 at = counted_at.get(site)
@@ -231,22 +234,23 @@ class Counters:
                 amounts = metrics.get(site) or {}
                 whole = [(name, n) for name, n in amounts.items() if not isinstance(n, float) and n]
                 fractional = [(name, repr(n)) for name, n in amounts.items() if isinstance(n, float)]
-                script_keys += [keys.stats(site), keys.resets(site), keys.metrics(site)]
+                script_keys += [keys.stats(site), keys.reset_at(site), keys.metrics(site)]
                 args += ["" if at is None else at, len(counts), len(whole), len(fractional)]
                 for pairs in (counts, whole, fractional):
                     for name, n in pairs:
                         args += [name, n]
             calls.append((script_keys, args))
         if not calls:
-            return {}
+            return None, []
         if len(calls) == 1:
-            replies = list(self._add_counts(keys=calls[0][0], args=calls[0][1]))
+            replies = [self._add_counts(keys=calls[0][0], args=calls[0][1])]
         else:
             with self.connection.pipeline(transaction=True) as pipe:
                 for script_keys, args in calls:
                     self._add_counts(keys=script_keys, args=args, client=pipe)
-                replies = [n for reply in pipe.execute() for n in reply]
-        return {site: int(reply) for site, reply in zip(sites, replies, strict=True) if _any(stats.get(site))}
+                replies = pipe.execute()
+        dropped = [sites[n * SITES_A_CALL + int(at) - 1] for n, reply in enumerate(replies) for at in reply[1:]]
+        return int(replies[-1][0]), dropped
 
     def _put_back(
         self,
@@ -311,8 +315,9 @@ class Counters:
 
 def forget(pipe: Any, site: str) -> None:
     """Add to ``pipe`` (a transaction) what deletes ``site``'s stats for good: counts made before are dropped."""
-    pipe.delete(keys.stats(site))
-    pipe.incr(keys.resets(site))
+    pipe.register_script(lua.source("forget_counts"))(
+        keys=[keys.stats(site), keys.reset_at(site), keys.reset_epoch()], client=pipe
+    )
 
 
 def uncount(connection: Redis, site: str, field: str, n: int) -> None:

@@ -129,9 +129,14 @@ def admitted(site: str) -> str:
     return f"{PREFIX}admitted:{_tag(site)}"
 
 
-def resets(site: str) -> str:
-    """How many times ``site``'s counters were reset: counts made before a reset are not written (``counters``)."""
-    return f"{PREFIX}resets:{_tag(site)}"
+def reset_epoch() -> str:
+    """How many site resets this Redis has seen: a process's counts carry the value it last saw (``counters``)."""
+    return f"{PREFIX}reset-epoch"
+
+
+def reset_at(site: str) -> str:
+    """The ``reset_epoch`` of ``site``'s last reset: its counts carrying an older one are not written (``counters``)."""
+    return f"{PREFIX}reset-at:{_tag(site)}"
 
 
 def live_settings(site: str) -> str:

@@ -94,8 +94,10 @@ def move_site(
     time.sleep(settle)
     names = list(_site_keys(source, site))
     jobs = _job_keys(source, names)
+    # Its last reset's epoch is the source's (``keys.reset_epoch``): none moves, as its counts were written there.
+    copied = [name for name in names if name != keys.reset_at(site)]
     try:
-        _copy(source, target, site, names + jobs)
+        _copy(source, target, site, copied + jobs)
     except redis.RedisError as exc:  # a RESTORE refused (another Redis version's DUMP, a key in the way)
         try:
             _forget(target, site, names + jobs)  # what the transaction did write there

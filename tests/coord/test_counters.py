@@ -352,3 +352,34 @@ def test_a_shard_s_counters_are_quiet_only_once_the_whole_process_has_stopped_co
     finally:
         idle.close()
         busy.close()
+
+
+def test_a_write_reads_the_reset_epoch_once_and_a_sites_own_reset_only_once_some_site_was_reset(
+    redis_conn: Redis,
+) -> None:
+    """One read a write stands for every site's reset (``crawler:reset-epoch``); another site's reset moves
+    it, and that write reads each site's own to tell: their counts are kept, the reset site's dropped."""
+    sites = [f"s{i}" for i in range(50)]
+
+    def gets() -> int:
+        return int(redis_conn.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+
+    worker = Counters(redis_conn, flush_every=NEVER)
+    before = gets()
+    for site in sites:
+        worker.add(site, {"fetched": 1})
+    worker.flush()
+    assert gets() - before == 2, "the epoch read before the first count and in the write, no site's own"
+    for site in sites:
+        worker.add(site, {"fetched": 1})
+    reset_site(redis_conn, "s7")
+    before = gets()
+    worker.flush()
+    assert gets() - before == 1 + len(sites), "after a reset, the write reads each site's own"
+    assert stats(redis_conn, "s3") == {"fetched": 2} and stats(redis_conn, "s7") == {}
+    for site in sites:  # counted at the epoch the last write said
+        worker.add(site, {"fetched": 1})
+    before = gets()
+    worker.close()
+    assert gets() - before == 1
+    assert stats(redis_conn, "s3") == {"fetched": 3} and stats(redis_conn, "s7") == {"fetched": 1}

@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from rq import Queue
 from rq.job import Job
 
-from crawler.coord import failover, inflight, keys, lua, pages, reaper
+from crawler.coord import counters, failover, inflight, keys, lua, pages, reaper
 from crawler.coord.frontier import Frontier
 from crawler.coord.gate import site_gate
 from crawler.coord.pacing import Auto, Pacer
@@ -406,9 +406,12 @@ def test_every_script_touches_only_keys_passed_in_its_keys(redis_conn: Redis, re
         pages.reclaim(redis_conn, "c2", 0, 10)  # RECLAIM_PAGES
         pages.forget(redis_conn, 0, "c1")  # FORGET_CONSUMERS
         lua.script(redis_conn, "add_counts")(
-            keys=[keys.stats("shop"), keys.resets("shop"), keys.metrics("shop")],
+            keys=[keys.reset_epoch(), keys.stats("shop"), keys.reset_at("shop"), keys.metrics("shop")],
             args=["", 1, 1, 1, "x", 1, "y", 2, "z", "0.5"],
         )
+        with redis_conn.pipeline(transaction=True) as pipe:
+            counters.forget(pipe, "shop")  # FORGET_COUNTS
+            pipe.execute()
         inflight.note_busy(redis_conn, "host:1:a", 10)  # MARK_BUSY
         assert inflight.busy_processes(redis_conn) == 1  # COUNT_BUSY
         inflight.note_idle(redis_conn, "host:1:a")

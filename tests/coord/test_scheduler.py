@@ -307,6 +307,23 @@ def test_a_site_without_work_leaves_the_ready_set_only_with_its_turn_checked(red
     assert scheduler.next() == Next()
 
 
+def test_a_site_without_work_leaves_the_ready_set_paused_or_behind_a_shared_gate_its_conf_unread(
+    redis_conn: Redis,
+) -> None:
+    """Most looks at a slow site find its one page handed out already: no conf, no second call to learn its gate."""
+
+    def conf_reads() -> int:
+        return int(redis_conn.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
+
+    publish_conf(redis_conn, "paused", 0.05, 0.0, paused=True)
+    publish_conf(redis_conn, "shared", 0.05, 0.0, gate_key=keys.gate(keys.shared_gate_name("srv")))
+    redis_conn.zadd(keys.ready(), {"paused": 0, "shared": 0})
+    scheduler = Scheduler(redis_conn)
+    before = conf_reads()
+    assert scheduler.take("paused") is None and scheduler.take("shared") is None
+    assert conf_reads() == before and redis_conn.zcard(keys.ready()) == 0
+
+
 def test_a_shared_gate_named_by_the_sites_conf_is_learned_and_obeyed(redis_conn: Redis) -> None:
     shared = keys.gate(keys.shared_gate_name("srv"))
     front = fill(redis_conn, "a", 3, interval=10)

@@ -166,3 +166,32 @@ def test_a_restore_the_other_shard_refuses_midway_is_undone_there_and_the_site_s
     assert site_keys(other, "demo") == {}
     assert site_keys(redis_conn, "demo").keys() - {keys.live_settings("demo")} == before.keys()
     assert read_live(redis_conn, "demo").get("paused") == "0" and not other.smembers(keys.moving())
+
+
+def test_a_sites_counts_move_and_its_last_resets_epoch_stays_behind_so_no_count_is_dropped_there(
+    runtime: Runtime, redis_conn: Redis, other: Redis
+) -> None:
+    """The epoch of a site's last reset counts on its shard's reset epoch: carried to a shard of a lower one,
+    it would drop every count made there once another site of that shard was reset."""
+    from crawler.coord import counters
+    from crawler.coord.counters import Counters
+    from crawler.ops.reset import reset_site
+
+    for n in range(5):  # this shard has seen more resets than the other
+        reset_site(redis_conn, f"gone{n}")
+    seed(runtime.frontier("demo"), ["http://127.0.0.1:9/a"])
+    reset_site(redis_conn, "demo")
+    here = Counters(redis_conn, flush_every=3600)
+    here.add("demo", {"fetched": 4})
+    here.close()
+
+    move_site(redis_conn, other, "demo", lambda _: None, quiet_wait=5, settle=0)
+
+    assert other.hgetall(keys.stats("demo")) == {b"fetched": b"4"} and not other.exists(keys.reset_at("demo"))
+    there = Counters(other, flush_every=3600)
+    there.add("demo", {"fetched": 1})
+    with other.pipeline(transaction=True) as pipe:
+        counters.forget(pipe, "another")  # the epoch there moves: the write reads the site's own
+        pipe.execute()
+    there.close()
+    assert other.hgetall(keys.stats("demo")) == {b"fetched": b"5"}

@@ -39,11 +39,18 @@ local ready, conf_key, levels, queued_set, queue, intermediate, started, own_gat
     KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local site, REFILL_BELOW, ahead, hold = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local first_look = tonumber(ARGV[5])
-local now = now_ms()
 
 local due = tonumber(redis.call('ZSCORE', ready, site))
 if due == nil then return {-1} end
+local now = now_ms()
 if due - ahead > now then return {0, due - ahead - now} end
+local queued = redis.call('LLEN', queue)
+local compact = redis.call('ZCARD', levels)
+if queued == 0 and compact == 0 then
+    -- No work at all, whatever its conf says (paused or not): out of the ready set, its conf unread.
+    redis.call('ZREM', ready, site)
+    return {-1}
+end
 local conf = redis.call('HMGET', conf_key, 'interval_ms', 'paused', 'concurrency', 'robots_delay_ms', 'pace_ms',
                         'margin_ms', 'gate', 'batch')
 -- The gate the site's requests take: its own, or one it shares (by name, or by IP address).
@@ -58,22 +65,16 @@ end
 local margin = conf_number(conf[6], 0) or 0
 local interval = math.max(conf_number(conf[1], 1) or 1000, (conf_number(conf[4], 0) or 0) + margin,
                           (conf_number(conf[5], 0) or 0) + margin)
-local queued = redis.call('LLEN', queue)
-local compact = redis.call('ZCARD', levels)
 local function rescore(at)
     redis.call('ZADD', ready, at, site)
     return {0, at - ahead - now}
 end
 if conf[2] == '1' then return rescore(now + 1000) end
-if queued == 0 and compact > 0 then
+if queued == 0 then
     -- One worker refills; the others, which would all pick this site (the first due) and
     -- find the refill lock taken, pick other sites meanwhile.
     redis.call('ZADD', ready, now + hold, site)
     return {2}
-end
-if queued == 0 then
-    redis.call('ZREM', ready, site)
-    return {-1}
 end
 local cap = conf_number(conf[3], 1)
 if cap and redis.call('ZCARD', started) + redis.call('LLEN', intermediate) >= cap then return rescore(now + 50) end
