@@ -224,7 +224,7 @@ class RobotsCache:
         """
         cached, outage = self._cached(site, origin)
         if cached is not None:
-            return cached
+            return cached, LOCAL_TTL
         if outage is not None and outage.retry_at > time.time():
             return self._during(site, origin, outage)
         key = keys.robots_lock(site, origin)
@@ -233,7 +233,7 @@ class RobotsCache:
             # Another worker may have read robots.txt, or failed to, while this one waited.
             cached, outage = self._cached(site, origin)
             if cached is not None:
-                return cached
+                return cached, LOCAL_TTL
             if outage is not None and outage.retry_at > time.time():
                 return self._during(site, origin, outage)
             answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
@@ -245,16 +245,15 @@ class RobotsCache:
             outage.save(self.connection, site, origin)
         return self._during(site, origin, outage)
 
-    def _cached(self, site: str, origin: str) -> tuple[tuple[bytes, int] | None, Outage | None]:
-        """The robots.txt cached for ``origin`` and its seconds left (None when none is), and the
-        record of its outage (None when none is), in one round trip."""
-        key = keys.robots(site, origin)
+    def _cached(self, site: str, origin: str) -> tuple[bytes | None, Outage | None]:
+        """The robots.txt cached for ``origin`` (None when none is), and the record of its outage (None
+        when none is), in one round trip. Its time left is not read: a copy read LOCAL_TTL before its
+        day ends is as good for LOCAL_TTL more (``ROBOTS_TTL``)."""
         with self.connection.pipeline(transaction=False) as pipe:
-            pipe.get(key)
-            pipe.ttl(key)
+            pipe.get(keys.robots(site, origin))
             pipe.hgetall(keys.robots_outage(site, origin))
-            text, ttl, outage = pipe.execute()
-        return (None if text is None else (text, int(ttl))), Outage.of(outage)
+            text, outage = pipe.execute()
+        return (None if text is None else bytes(text)), Outage.of(outage)
 
     def _keep(self, site: str, origin: str, text: str, ended: bool) -> None:
         """Cache a readable robots.txt, keep it as the last copy, and end its outage (``ended``: the caller

@@ -172,14 +172,20 @@ def test_5xx_429_or_no_answer_disallows_the_origin_until_robots_txt_can_be_read(
     assert again is not None and (again.failures, again.since) == (2, outage.since)
 
 
-def test_a_process_finds_robots_txt_in_redis_or_its_outage_running_in_one_round_trip(
+def test_a_process_finds_robots_txt_in_redis_or_its_outage_running_in_one_round_trip_of_two_commands(
     runtime: Runtime, site: RobotsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every download process reads each site's robots.txt once: on a broad crawl, two commands a site."""
     site.answer("/robots.txt", 200, RULES)
     assert allowed(fresh_cache(runtime), runtime, f"{site.origin}/page")  # read, and cached in Redis
+    before = runtime.connection.info("commandstats")
     trips = count_round_trips(monkeypatch)
     assert not allowed(fresh_cache(runtime), runtime, f"{site.origin}/private/x")
     assert len(trips) == 1, "the copy cached in Redis took more than one round trip"
+    after = runtime.connection.info("commandstats")
+    made = {name: n["calls"] - before.get(name, {}).get("calls", 0) for name, n in after.items()}
+    made.pop("cmdstat_info")
+    assert {name: n for name, n in made.items() if n} == {"cmdstat_get": 1, "cmdstat_hgetall": 1}, "its TTL read"
 
     runtime.connection.delete(keys.robots(SITE, site.origin))
     Outage(time.time(), 1, time.time() + 60, "HTTP 503").save(runtime.connection, SITE, site.origin)
