@@ -253,7 +253,7 @@ class RobotsCache:
             pipe.get(keys.robots(site, origin))
             pipe.hgetall(keys.robots_outage(site, origin))
             text, outage = pipe.execute()
-        return (None if text is None else bytes(text)), Outage.of(outage)
+        return text, Outage.of(outage)
 
     def _keep(self, site: str, origin: str, text: str, ended: bool) -> None:
         """Cache a readable robots.txt, keep it as the last copy, and end its outage (``ended``: the caller
