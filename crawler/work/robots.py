@@ -1,7 +1,8 @@
 """robots.txt per RFC 9309: fetched through the site's gate, cached in Redis, parsed with protego.
 
 One worker at a time fetches an origin's robots.txt (a short lock); the others wait for
-the cached copy. What the answer means (RFC 9309 §2.3.1):
+the cached copy or the outage it leaves. A fetch that leaves a copy keeps the lock until
+it ends, since every worker reads the copy first. What the answer means (RFC 9309 §2.3.1):
 
 - **2xx**: its rules. The first ``ROBOTS_MAX_BYTES`` (500 KiB) are parsed, the rest is
   not read (§2.5 asks for at least 500 KiB).
@@ -30,18 +31,21 @@ as the origin's last copy for ``ROBOTS_COPY_TTL`` (60 days), for a long outage.
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+import redis
 from protego import Protego
 from redis import Redis
 
 from ..backoff import backoff
-from ..coord import keys
-from ..coord.gate import Gate
+from ..coord import keys, lua
+from ..coord.gate import RELEASE_POLL, Gate
 from ..coord.replies import text_map
 from ..errors import CrawlerError, ProxyError, RefusedURL, RobotsUnavailable
 from ..http.addresses import is_private_host, names_its_address
@@ -68,6 +72,9 @@ ROBOTS_OUTAGE_GRACE = 30 * 24 * 3600
 ROBOTS_COPY_TTL = 60 * 24 * 3600
 #: Longest a process keeps parsed rules without looking at Redis again.
 LOCAL_TTL = 300
+#: Seconds an origin's robots.txt lock lasts: one fetch, its redirects included; a worker frozen
+#: while holding it holds up the others that long.
+ROBOTS_LOCK_FOR = 60
 
 
 def origin_of(url: str) -> str:
@@ -223,27 +230,53 @@ class RobotsCache:
         Raises RobotsUnavailable while an outage's wait runs (see the module docstring).
         """
         cached, outage = self._cached(site, origin)
-        if cached is not None:
-            return cached, LOCAL_TTL
-        if outage is not None and outage.retry_at > time.time():
-            return self._during(site, origin, outage)
-        key = keys.robots_lock(site, origin)
-        lock = Gate(self.connection, f"robots:{site}:{origin}", expire=60, auto_release=True, key=key)
-        with lock:
-            # Another worker may have read robots.txt, or failed to, while this one waited.
-            cached, outage = self._cached(site, origin)
+        token, looks = None, 0
+        while True:
+            settled = cached is not None or (outage is not None and outage.retry_at > time.time())
+            if settled or token is not None:
+                break
+            if looks:
+                time.sleep(RELEASE_POLL)  # another worker fetches it: what it leaves is read again
+            token, cached, outage = self._lock(site, origin)
+            looks += 1
+        if settled:
+            if token is not None:
+                self._unlock(site, origin, token)  # another worker's fetch ended between the two reads
             if cached is not None:
                 return cached, LOCAL_TTL
-            if outage is not None and outage.retry_at > time.time():
-                return self._during(site, origin, outage)
+            assert outage is not None
+            return self._during(site, origin, outage)
+        assert token is not None
+        answer_kept = None
+        try:
             answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
             if answer.text is not None:
                 self._keep(site, origin, answer.text, outage is not None)
-                return answer.text.encode(), ROBOTS_TTL
+                answer_kept = answer.text.encode()
+                return answer_kept, ROBOTS_TTL
             now = time.time()
             outage = (outage or Outage(now, 0, now, "")).next(answer.reason, now, answer.retry_after)
             outage.save(self.connection, site, origin)
+        finally:
+            if answer_kept is None:  # the next attempt, when due, must not wait for the lock's end
+                with contextlib.suppress(redis.RedisError):  # an error that stopped the fetch is the one told
+                    self._unlock(site, origin, token)
         return self._during(site, origin, outage)
+
+    def _lock(self, site: str, origin: str) -> tuple[str | None, bytes | None, Outage | None]:
+        """Take the origin's robots.txt lock (``SET NX``) and read what ``_cached`` reads, in one round trip:
+        the lock's token (None if another worker holds it), the cached copy and the outage. The lock is
+        not released once robots.txt is cached: every worker reads the copy first."""
+        token = secrets.token_hex(8)
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.set(keys.robots_lock(site, origin), token, nx=True, ex=ROBOTS_LOCK_FOR)
+            pipe.get(keys.robots(site, origin))
+            pipe.hgetall(keys.robots_outage(site, origin))
+            taken, text, outage = pipe.execute()
+        return (token if taken else None), text, Outage.of(outage)
+
+    def _unlock(self, site: str, origin: str, token: str) -> None:
+        lua.script(self.connection, "release_if_owner")(keys=[keys.robots_lock(site, origin)], args=[token])
 
     def _cached(self, site: str, origin: str) -> tuple[bytes | None, Outage | None]:
         """The robots.txt cached for ``origin`` (None when none is), and the record of its outage (None

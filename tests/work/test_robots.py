@@ -196,6 +196,66 @@ def test_a_process_finds_robots_txt_in_redis_or_its_outage_running_in_one_round_
     assert site.paths == ["/robots.txt"]
 
 
+def test_many_workers_at_once_fetch_robots_txt_once_and_the_fetch_leaves_its_lock_to_expire(
+    runtime: Runtime, site: RobotsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight processes' first pages of a site at once: one fetch, every verdict right. The fetch takes
+    the lock in the round trip of its second look (a ``SET NX`` and the two reads) and does not release
+    it: the others find the copy first. Besides the gate's, 7 commands a site and no script."""
+    site.answer("/robots.txt", 200, RULES)
+    slow = site.server.RequestHandlerClass.do_GET
+    monkeypatch.setattr(site.server.RequestHandlerClass, "do_GET", lambda h: (time.sleep(0.3), slow(h)))
+    caches = [fresh_cache(runtime) for _ in range(8)]
+    verdicts: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda c=c: verdicts.append(allowed(c, runtime, f"{site.origin}/private/x")))
+        for c in caches
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert (site.paths, verdicts) == (["/robots.txt"], [False] * 8)
+    assert 0 < runtime.connection.ttl(keys.robots_lock(SITE, site.origin)) <= robots.ROBOTS_LOCK_FOR
+
+    runtime.connection.delete(keys.robots(SITE, site.origin), keys.robots_lock(SITE, site.origin))
+    cache = fresh_cache(runtime)
+    monkeypatch.setattr(cache, "_download", lambda *args: robots._Answer(RULES.decode()))  # no gate, no HTTP
+    before = runtime.connection.info("commandstats")
+    assert allowed(cache, runtime, f"{site.origin}/page")
+    after = runtime.connection.info("commandstats")
+    made = {name: n["calls"] - before.get(name, {}).get("calls", 0) for name, n in after.items()}
+    # the first look, then the lock and a second look, then the copy and the last copy kept
+    assert {name: n for name, n in made.items() if n and name != "cmdstat_info"} == {
+        "cmdstat_get": 2,
+        "cmdstat_hgetall": 2,
+        "cmdstat_set": 3,
+    }
+
+
+def test_a_fetch_that_fails_lets_the_lock_go_and_a_frozen_holder_s_lock_holds_until_it_expires(
+    runtime: Runtime, site: RobotsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site.answer("/robots.txt", 200, RULES)
+    cache = fresh_cache(runtime)
+    download = cache._download
+
+    def proxy_down(*args: Any) -> robots._Answer:
+        raise robots.ProxyError("proxy down")
+
+    monkeypatch.setattr(cache, "_download", proxy_down)
+    with pytest.raises(robots.ProxyError):
+        allowed(cache, runtime, f"{site.origin}/page")
+    assert runtime.connection.exists(keys.robots_lock(SITE, site.origin)) == 0  # the next one does not wait
+    monkeypatch.setattr(cache, "_download", download)
+
+    runtime.connection.set(keys.robots_lock(SITE, site.origin), "frozen worker", px=600)
+    started = time.monotonic()
+    assert allowed(cache, runtime, f"{site.origin}/page")
+    assert time.monotonic() - started >= 0.5
+    assert site.paths == ["/robots.txt"]
+
+
 def test_robots_txt_read_again_ends_the_outage_and_its_rules_apply(runtime: Runtime, site: RobotsServer) -> None:
     site.answer("/robots.txt", 503)
     with pytest.raises(RobotsUnavailable):
