@@ -288,7 +288,7 @@ def worker(
     each = f"up to {threads or MOST_DOWNLOAD_THREADS} in flight" if kind == "download" else f"{threads or 1} thread(s)"
     click.echo(f"{processes} {kind} worker process(es), {each} each, on {_where(obj, shards)}", err=True)
     try:
-        code = run_here(spec, obj.settings, obj.redis_url, processes)
+        code = run_here(spec, obj.settings, obj.redis_url, processes, spiders=obj.spider_set)
     finally:
         if server is not None:
             server.shutdown()
@@ -395,7 +395,7 @@ def run_crawl(
     specs += [WorkerSpec("parse", tuple(sites_), 1, True, shards=one)] * parsers
     before = {status.site: status for status in site_status(connection, sites_)}
     started = time.monotonic()
-    workers = start_workers(specs, obj.settings, obj.redis_url)
+    workers = start_workers(specs, obj.settings, obj.redis_url, spiders=obj.spider_set)
     try:
         with progress(connection, sites_, obj.settings.database_url) as refresh:
             while any(p.is_alive() for p in workers):

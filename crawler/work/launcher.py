@@ -32,6 +32,7 @@ from ..coord.connection import connect
 from ..coord.counters import FlushPace
 from ..coord.shards import shards_of
 from ..settings import Settings, scrub, secrets_of, url_secrets
+from ..spiders.loading import SpiderSet
 from . import idle
 from .download_worker import DownloadWorker
 from .events import JSONFormatter
@@ -94,11 +95,13 @@ def run_worker_process(
     redis_url: str,
     launcher_pid: int | None = None,
     told_to_stop: Any = None,
+    spiders: SpiderSet | None = None,
 ) -> None:
     """Body of one worker process: its workers (``WorkerThreads``) until stopped, drained, or orphaned.
 
     ``launcher_pid``: the process that started this one; when it is gone, the workers stop.
     ``told_to_stop``: a ``multiprocessing.Event`` the launcher sets to stop them after their jobs.
+    ``spiders``: the launcher's, when this process was forked from it (None: loaded here).
     """
     secrets = [secret for shard in shards_of(redis_url) for secret in url_secrets(shard.url)]
     configure_logging(spec.log_level, spec.log_format, secrets_of(settings) + secrets)
@@ -117,7 +120,7 @@ def run_worker_process(
     pace = FlushPace()  # every shard's counts written as often as one Redis's
     try:
         for shard in served:
-            spiders = runtimes[0].spider_set if runtimes else None  # loaded once, whatever the shards
+            spiders = runtimes[0].spider_set if runtimes else spiders  # loaded once, whatever the shards
             runtimes.append(Runtime(worker_connection(shard.url, most), settings, spiders, pace))
         if len(runtimes) == 1:
             WorkerThreads(spec, runtimes[0].connection, runtimes[0], stop, most).run()
@@ -128,8 +131,11 @@ def run_worker_process(
             rt.close()
 
 
-def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1) -> int:
+def run_here(
+    spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1, spiders: SpiderSet | None = None
+) -> int:
     """Run ``processes`` worker processes of ``spec``, this one among them; the worst exit code.
+    ``spiders``: the ones this process loaded, which every worker process uses (``start_workers``).
 
     A launcher that only waited for its children would hold every module it imported for
     nothing: the command is the first worker process, and starts the others
@@ -142,12 +148,14 @@ def run_here(spec: WorkerSpec, settings: Settings, redis_url: str, processes: in
     """
     told_to_stop = multiprocessing.get_context(start_method()).Event() if processes > 1 else None
     others = (
-        start_workers([spec] * (processes - 1), settings, redis_url, told_to_stop, first=1) if processes > 1 else []
+        start_workers([spec] * (processes - 1), settings, redis_url, told_to_stop, first=1, spiders=spiders)
+        if processes > 1
+        else []
     )
     multiprocessing.current_process().name = f"crawler-{spec.kind}-0"  # its log lines read as a child's
     code = 0
     try:
-        run_worker_process(spec, settings, redis_url)
+        run_worker_process(spec, settings, redis_url, spiders=spiders)
     except Exception:
         log.exception("the %s worker crashed", spec.kind)
         code = 1
@@ -438,12 +446,19 @@ def start_method() -> str:
 
 
 def start_workers(
-    specs: Sequence[WorkerSpec], settings: Settings, redis_url: str, told_to_stop: Any = None, first: int = 0
+    specs: Sequence[WorkerSpec],
+    settings: Settings,
+    redis_url: str,
+    told_to_stop: Any = None,
+    first: int = 0,
+    spiders: SpiderSet | None = None,
 ) -> list[Any]:
     """Start one process per spec (forked or spawned: ``start_method``); returns the processes.
 
     ``told_to_stop``: an event of the same start method that stops them after their jobs once
     set (``run_here``). ``first``: the number in the first one's name (``crawler-download-1``).
+    ``spiders``: this process's, handed to forked processes, which then neither compile the
+    sites' modules again nor hold a second copy of their classes; spawned ones load their own.
     """
     if not specs:
         return []
@@ -460,7 +475,7 @@ def start_workers(
         for i, spec in enumerate(specs):
             process = context.Process(
                 target=run_worker_process,
-                args=(spec, settings, redis_url, os.getpid(), told_to_stop),
+                args=(spec, settings, redis_url, os.getpid(), told_to_stop, spiders if forked else None),
                 name=f"crawler-{spec.kind}-{first + i}",
             )
             process.start()

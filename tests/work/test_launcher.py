@@ -284,3 +284,35 @@ def test_a_process_of_several_shards_ends_its_burst_only_when_every_shard_s_last
     assert threads._all_drained()
     first.last_run = (11.1 - MOVE_LEAST, 10.2)  # runs spread over more than a move is noted for
     assert not threads._all_drained()
+
+
+COUNTED_SPIDER = """
+import os
+from crawler import Spider
+
+with open({log!r}, "a") as log:  # one line each time this module is run
+    log.write(f"{{os.getpid()}}\\n")
+
+class Counted(Spider):
+    name = "counted"
+    start_urls = ["http://127.0.0.1:9/"]
+"""
+
+
+@pytest.mark.integration
+def test_forked_workers_use_the_launchers_spiders_and_compile_no_site_module_again(
+    redis_url: str, sqlite_url: str, tmp_path: Path
+) -> None:
+    """``crawler worker download -n 3``: the sites' modules run once, in the launcher (10,000 sites'
+    classes compiled once, held once in pages the processes share), not once more in each process."""
+    sites, log = tmp_path / "sites", tmp_path / "imports.log"
+    sites.mkdir()
+    (sites / "counted.py").write_text(COUNTED_SPIDER.format(log=str(log)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRAWLER_") and k != "REDIS_URL"}
+    cli = [sys.executable, "-c", "from crawler.cli.app import main; main()"]
+    command = [*cli, "--redis-url", redis_url, "--database-url", sqlite_url, "--sites", str(sites)]
+    command += ["worker", "download", "-n", "3", "--burst"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 download worker process(es)" in done.stderr
+    assert len(log.read_text().split()) == 1, log.read_text()
