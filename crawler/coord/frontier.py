@@ -123,6 +123,7 @@ class Frontier:
         max_url_length: int = DEFAULT_MAX_URL_LENGTH,
         max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
         max_pages: int | None = None,
+        scheduler: Scheduler | None = None,
     ):
         """``refresh`` gives a request's refresh interval (the spider's rule); None: no refreshes.
 
@@ -140,6 +141,8 @@ class Frontier:
 
         ``max_pages``: new pages admitted to the site's frontier, fleet-wide, after which
         new requests are dropped (``Spider.max_pages``); None: no limit.
+
+        ``scheduler``: the process's, shared by its sites' frontiers (None: one of its own).
         """
         if revisit_after is not None and not revisit_after > 0:
             raise ValueError(f"revisit_after must be a positive number of seconds, not {revisit_after!r}")
@@ -158,7 +161,7 @@ class Frontier:
         # Made now, not as cached properties: on Python 3.11 a cached property's first read takes a
         # lock of its class, which every site's frontier shares: at 1,000 sites 40 threads of a download
         # process waited on it at once, as each site's first refill came.
-        self.scheduler = Scheduler(connection)
+        self.scheduler = scheduler or Scheduler(connection)
         self._add_seen = lua.script(connection, "add_seen")
         self._add_seen_buckets = lua.script(connection, "add_seen_for_a_while")
         self.move = lua.script(connection, "move_to_queue")

@@ -72,6 +72,8 @@ ROBOTS_OUTAGE_GRACE = 30 * 24 * 3600
 ROBOTS_COPY_TTL = 60 * 24 * 3600
 #: Longest a process keeps parsed rules without looking at Redis again.
 LOCAL_TTL = 300
+#: Parsed rules a process holds before it first drops those past LOCAL_TTL.
+FORGET_EXPIRED_AT = 1024
 #: Seconds an origin's robots.txt lock lasts: one fetch, its redirects included; a worker frozen
 #: while holding it holds up the others that long.
 ROBOTS_LOCK_FOR = 60
@@ -159,6 +161,8 @@ class RobotsCache:
         #: Where a proxy robots.txt could not be asked through is benched (``gated_fetch.send``).
         self.proxies = proxies
         self._parsed: dict[tuple[str, str], tuple[float, Protego]] = {}
+        #: Rules held when expired ones are next dropped (``_forget_expired``).
+        self._forget_at = FORGET_EXPIRED_AT
         self._published_delay: dict[str, float] = {}
 
     def allowed(
@@ -214,7 +218,17 @@ class RobotsCache:
         text, ttl = self._text(site, origin, take_turn, on_fetch, allow_private, proxy)
         rules = Protego.parse(text.decode("utf-8", errors="replace"))
         self._parsed[(site, origin)] = (now + max(1, min(ttl, LOCAL_TTL)), rules)
+        if len(self._parsed) >= self._forget_at:
+            self._forget_expired(now)
         return rules
+
+    def _forget_expired(self, now: float) -> None:
+        """Drop the rules past their time, and look again once the rules held have doubled: a broad crawl
+        holds those of the origins met in the last LOCAL_TTL, not of every one it met. A thread's rules
+        added meanwhile may be dropped too: read again from Redis."""
+        kept = {origin: held for origin, held in list(self._parsed.items()) if held[0] > now}
+        self._parsed = kept
+        self._forget_at = max(FORGET_EXPIRED_AT, 2 * len(kept))
 
     def _text(
         self,

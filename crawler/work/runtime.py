@@ -270,6 +270,7 @@ class Runtime:
                 max_url_length=self.settings.max_url_length,
                 max_request_body_bytes=self.settings.max_request_body_bytes,
                 max_pages=spider.max_pages,
+                scheduler=self.scheduler,
             )
         frontier.batch = self.batch_size(site)
         return frontier

@@ -438,3 +438,29 @@ def test_a_burst_crawl_ends_on_a_site_whose_robots_txt_cannot_be_read_and_its_pa
             assert server.paths.count("/robots.txt") == 4  # asked again at once, read once
     finally:
         server.close()
+
+
+def test_a_process_holds_the_rules_of_the_origins_met_lately_not_of_every_one_it_met(
+    runtime: Runtime, site: RobotsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broad crawl meets each host once: rules past their LOCAL_TTL are dropped once the rules held
+    have doubled, so a process holds those of the last few minutes' origins, whatever it met before."""
+    monkeypatch.setattr(robots, "FORGET_EXPIRED_AT", 4)
+    monkeypatch.setattr(robots, "LOCAL_TTL", 20)
+    cache = fresh_cache(runtime)
+    monkeypatch.setattr(cache, "_download", lambda *args: robots._Answer(RULES.decode()))  # no gate, no HTTP
+    clock = [1000.0]
+    monkeypatch.setattr(robots.time, "monotonic", lambda: clock[0])
+    for n in range(3):
+        cache._rules(f"early{n}", site.origin, Turns(runtime), None, True)
+    clock[0] += robots.LOCAL_TTL + 1
+    cache._rules("late", site.origin, Turns(runtime), None, True)  # the fourth: the expired three dropped
+    assert list(cache._parsed) == [("late", site.origin)]
+    held = []
+    for n in range(200):  # one new site a second, for longer than LOCAL_TTL
+        clock[0] += 1.0
+        cache._rules(f"site{n}", site.origin, Turns(runtime), None, True)
+        held.append(len(cache._parsed))
+    assert max(held) <= 2 * (robots.LOCAL_TTL + 1), max(held)
+    assert held[-1] > robots.LOCAL_TTL  # the last LOCAL_TTL's sites are all held
+    assert not cache._rules("site199", site.origin, Turns(runtime), None, True).can_fetch("/private/x", AGENT)
