@@ -91,10 +91,7 @@ def test_a_write_is_one_script_call_whatever_its_sites_and_fields(redis_conn: Re
 
 def sent_since(connection: Redis, before: dict, *commands: str) -> dict[str, int]:
     after = connection.info("commandstats")
-    return {
-        c: after.get(f"cmdstat_{c}", {}).get("calls", 0) - before.get(f"cmdstat_{c}", {}).get("calls", 0)
-        for c in commands
-    }
+    return {c: after.get(f"cmdstat_{c}", {}).get("calls", 0) - before.get(f"cmdstat_{c}", {}).get("calls", 0) for c in commands}
 
 
 def test_a_hash_s_fields_are_added_in_one_read_and_one_write_and_keep_every_digit(redis_conn: Redis) -> None:
