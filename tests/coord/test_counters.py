@@ -89,43 +89,6 @@ def test_a_write_is_one_script_call_whatever_its_sites_and_fields(redis_conn: Re
     assert metrics(redis_conn, "other") == {"req:parse:ok:200": 2}
 
 
-def sent_since(connection: Redis, before: dict, *commands: str) -> dict[str, int]:
-    after = connection.info("commandstats")
-    return {c: after.get(f"cmdstat_{c}", {}).get("calls", 0) - before.get(f"cmdstat_{c}", {}).get("calls", 0) for c in commands}
-
-
-def test_a_hash_s_fields_are_added_in_one_read_and_one_write_and_keep_every_digit(redis_conn: Redis) -> None:
-    """Many fields of a hash: one HMGET and one HSET; a lone field: its HINCRBY. Integers stay exact
-    past 2**32, fractions are kept with all their digits, and a field holding no number counts from 0."""
-    redis_conn.hset(keys.metrics(SITE), mapping={"big": 2**52, "sum": repr(0.1), "junk": "not a number"})
-    tally = Counters(redis_conn, flush_every=NEVER)
-    tally.add(SITE, {"fetched": 1}, {"big": 3, "sum": 0.2, "junk": 2, "new": 1})
-    before = redis_conn.info("commandstats")
-    assert tally.flush()
-    assert sent_since(redis_conn, before, "hmget", "hset", "hincrby", "hincrbyfloat") == {
-        "hmget": 1,  # the metrics' four fields
-        "hset": 1,
-        "hincrby": 1,  # the stats' lone field
-        "hincrbyfloat": 0,
-    }
-    assert stats(redis_conn) == {"fetched": 1}
-    written = {k.decode(): v.decode() for k, v in redis_conn.hgetall(keys.metrics(SITE)).items()}
-    assert written["big"] == str(2**52 + 3)
-    assert float(written["sum"]) == 0.1 + 0.2  # the double Python adds up, not a shorter rounding
-    assert (written["junk"], written["new"]) == ("2", "1")
-    tally.add(SITE, {"fetched": 1, "items": 2}, {"sum": 0.5})
-    before = redis_conn.info("commandstats")
-    assert tally.flush()
-    assert sent_since(redis_conn, before, "hmget", "hset", "hincrby", "hincrbyfloat") == {
-        "hmget": 1,  # the stats' two fields
-        "hset": 1,
-        "hincrby": 0,
-        "hincrbyfloat": 1,  # the metrics' lone one
-    }
-    assert stats(redis_conn) == {"fetched": 2, "items": 2}
-    assert metrics(redis_conn)["sum"] == pytest.approx(0.8)
-
-
 def test_a_write_of_many_sites_is_one_transaction_of_a_call_a_hundred_sites(redis_conn: Redis) -> None:
     """More sites than SITES_A_CALL: a call each SITES_A_CALL sites, in one transaction (a write that fails
     is kept whole for the next, never half written); a site reset since its counts keeps its metrics only."""
