@@ -135,6 +135,7 @@ def run_here(
     spec: WorkerSpec, settings: Settings, redis_url: str, processes: int = 1, spiders: SpiderSet | None = None
 ) -> int:
     """Run ``processes`` worker processes of ``spec``, this one among them; the worst exit code.
+
     ``spiders``: the ones this process loaded, which every worker process uses (``start_workers``).
 
     A launcher that only waited for its children would hold every module it imported for

@@ -1,8 +1,9 @@
 """robots.txt per RFC 9309: fetched through the site's gate, cached in Redis, parsed with protego.
 
 One worker at a time fetches an origin's robots.txt (a short lock); the others wait for
-the cached copy or the outage it leaves. A fetch that leaves a copy keeps the lock until
-it ends, since every worker reads the copy first. What the answer means (RFC 9309 §2.3.1):
+the cached copy or the outage it leaves. A fetch that leaves a copy leaves the lock to
+expire (``ROBOTS_LOCK_FOR``), since every worker reads the copy first; any other outcome
+releases it. What the answer means (RFC 9309 §2.3.1):
 
 - **2xx**: its rules. The first ``ROBOTS_MAX_BYTES`` (500 KiB) are parsed, the rest is
   not read (§2.5 asks for at least 500 KiB).
@@ -261,18 +262,18 @@ class RobotsCache:
             assert outage is not None
             return self._during(site, origin, outage)
         assert token is not None
-        answer_kept = None
+        kept = False
         try:
             answer = self._download(site, origin, take_turn, on_fetch, allow_private, proxy)
             if answer.text is not None:
                 self._keep(site, origin, answer.text, outage is not None)
-                answer_kept = answer.text.encode()
-                return answer_kept, ROBOTS_TTL
+                kept = True
+                return answer.text.encode(), ROBOTS_TTL
             now = time.time()
             outage = (outage or Outage(now, 0, now, "")).next(answer.reason, now, answer.retry_after)
             outage.save(self.connection, site, origin)
         finally:
-            if answer_kept is None:  # the next attempt, when due, must not wait for the lock's end
+            if not kept:  # the next attempt, when due, must not wait for the lock's end
                 with contextlib.suppress(redis.RedisError):  # an error that stopped the fetch is the one told
                     self._unlock(site, origin, token)
         return self._during(site, origin, outage)

@@ -11,6 +11,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -450,7 +451,9 @@ def test_a_process_holds_the_rules_of_the_origins_met_lately_not_of_every_one_it
     cache = fresh_cache(runtime)
     monkeypatch.setattr(cache, "_download", lambda *args: robots._Answer(RULES.decode()))  # no gate, no HTTP
     clock = [1000.0]
-    monkeypatch.setattr(robots.time, "monotonic", lambda: clock[0])
+    now = types.SimpleNamespace(**{name: getattr(time, name) for name in ("time", "sleep", "strftime", "gmtime")})
+    monkeypatch.setattr(robots, "time", now)  # the module's clock only, not every thread's
+    now.monotonic = lambda: clock[0]
     for n in range(3):
         cache._rules(f"early{n}", site.origin, Turns(runtime), None, True)
     clock[0] += robots.LOCAL_TTL + 1
